@@ -1,0 +1,188 @@
+"""`autotune` command line: parse, build, run, print. The only place that prints errors and picks
+exit codes (2 for a problem the user can fix, 130 for Ctrl-C)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+
+import optuna
+from rich.console import Console
+from rich.table import Table
+
+from autotune import __version__, hardware
+from autotune.config import help_rows, load_config
+from autotune.errors import AutotuneError
+from autotune.models import catalogue_names, count_parameters, resolve_model
+from autotune.outputs import SearchOutputs, write_outputs
+from autotune.plan import SearchPlan, make_plan
+from autotune.records import TrialRecord, describe_params
+from autotune.study import open_study, run_search
+from autotune.trial import Status
+
+# Piped output (logs, CI) gets long lines instead of rich's 80-column default, so names and
+# settings are never cut or folded.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+errors = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
+
+
+def main(argv: list[str] | None = None) -> int:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own lines say what happens
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return args.handler(args)
+    except AutotuneError as exc:
+        errors.print(f"[bold red]error:[/] {exc}", markup=True, soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        errors.print("interrupted")
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autotune",
+        description="Find the fastest way to train a Hugging Face Transformers model here.",
+    )
+    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    search = commands.add_parser(
+        "search",
+        help="tune training settings with short real training runs",
+        description="Run an Optuna study over training settings; each trial is a short real "
+        "training run in a process of its own. Settings are key=value.",
+        epilog=_settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="autotune search model=NAME [key=value ...]",
+    )
+    search.add_argument("overrides", nargs="*", metavar="key=value")
+    search.set_defaults(handler=_search)
+
+    models = commands.add_parser("models", help="list the bundled model catalogue")
+    models.set_defaults(handler=_models)
+    return parser
+
+
+def _settings_help() -> str:
+    rows = help_rows()
+    key_width = max(len(r[0]) for r in rows) + 2
+    kind_width = min(max(len(r[1]) for r in rows), 24) + 2
+    lines = ["settings (key=value; default in brackets):"]
+    for key, kind, default, meaning in rows:
+        head = f"  {key:<{key_width}}{kind:<{kind_width}}"
+        if len(head) > key_width + kind_width + 2:
+            head += "\n" + " " * (key_width + kind_width + 2)
+        text = textwrap.fill(f"{meaning} [{default}]", width=100 - key_width - kind_width - 2)
+        lines.append(head + text.replace("\n", "\n" + " " * (key_width + kind_width + 2)))
+    lines += ["", "example:", "  autotune search model=bert-large-uncased seq_len=512 n_trials=30"]
+    return "\n".join(lines)
+
+
+def _search(args: argparse.Namespace) -> int:
+    config = load_config(args.overrides)
+    with console.status("probing the device"):
+        device_info = hardware.probe()
+    plan = make_plan(config, device_info)
+    _print_plan(plan)
+    study = open_study(plan)
+    done_before = sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished())
+    if done_before:
+        console.print(f"resuming: {done_before} finished trial(s) kept")
+    progress = {"done": done_before}
+
+    def on_trial_end(record: TrialRecord) -> None:
+        progress["done"] += 1
+        console.print(_trial_line(record, progress["done"], config.n_trials))
+
+    try:
+        with console.status("running trials (each is a real training run)"):
+            run_search(plan, study, on_trial_end=on_trial_end)
+    finally:
+        # Ctrl-C included: what finished is written before the process ends.
+        outputs = write_outputs(plan, study)
+    _print_outputs(plan, outputs)
+    return 0
+
+
+def _print_plan(plan: SearchPlan) -> None:
+    budget_gib = plan.memory_budget_bytes / 1024**3
+    console.print(
+        f"study [bold]{plan.study_name}[/]: {plan.model.name} ({plan.task}), seq_len "
+        f"{plan.config.seq_len}, {plan.device} ({plan.device_name}), space {plan.space.name}, "
+        f"budget {budget_gib:.1f} GiB, {plan.config.n_trials} trials -> {plan.study_dir}"
+    )
+
+
+def _trial_line(record: TrialRecord, done: int, total: int) -> str:
+    r = record.result
+    status = r.status.value if r.status is Status.OK else f"[red]{r.status.value}[/]"
+    head = f"[{done}/{total}] trial {record.number:>3} {status:<7} {describe_params(record.params)}"
+    if r.status is Status.OK:
+        return (
+            f"{head}: {r.samples_per_s:.2f} samples/s, {r.peak_memory_gib:.3f} GiB, "
+            f"step CV {r.step_time_cv:.0%}, {r.wall_s:.1f} s"
+        )
+    return f"{head}: {r.reason}"
+
+
+def _print_outputs(plan: SearchPlan, outputs: SearchOutputs) -> None:
+    table = Table(title="Pareto front (fastest first)")
+    for column in ("trial", "settings", "samples/s", "tokens/s", "peak GiB", "step CV"):
+        table.add_column(column, justify="left" if column == "settings" else "right")
+    for record in outputs.front:
+        r = record.result
+        mark = " *" if outputs.recommended and record.number == outputs.recommended.number else ""
+        table.add_row(
+            f"{record.number}{mark}",
+            describe_params(record.params),
+            f"{r.samples_per_s:.2f}",
+            f"{r.tokens_per_s:.0f}",
+            f"{r.peak_memory_gib:.3f}",
+            f"{r.step_time_cv:.0%}",
+        )
+    console.print(table)
+    best = outputs.recommended
+    if best is None:
+        console.print(
+            f"[yellow]no successful trial stays below {outputs.memory_limit_gib:.2f} GiB "
+            "(budget less headroom): nothing to recommend[/]"
+        )
+    else:
+        console.print(
+            f"recommended (*): trial {best.number}, {best.result.samples_per_s:.2f} samples/s at "
+            f"{best.result.peak_memory_gib:.3f} GiB: {describe_params(best.params)}"
+        )
+    console.print("wrote " + ", ".join(str(p) for p in outputs.paths))
+
+
+def _models(args: argparse.Namespace) -> int:
+    names = catalogue_names()
+    with console.status("counting parameters on the meta device"):
+        counts = count_parameters(names)
+    table = Table(title="Bundled models (model=NAME)")
+    for column in ("name", "architecture", "default task", "parameters", "max seq_len"):
+        table.add_column(
+            column, justify="right" if column == "parameters" else "left", overflow="fold"
+        )
+    for name in names:
+        spec = resolve_model(name)
+        table.add_row(
+            name,
+            spec.model_type,
+            spec.default_task,
+            f"{counts[name] / 1e6:,.1f}M",
+            str(spec.max_seq_len or "-"),
+        )
+    console.print(table)
+    console.print("model= also takes a local folder with config.json, or a hub id when online.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""The run configuration: typed, validated, with every default in one place.
+
+`autotune search key=value ...` overrides are parsed Hydra-style: the value is read as YAML
+(`n_trials=8` is an int, `storage=null` is None, `study=run1` a string), dotted keys address
+nested settings, and pydantic validates the result. Problems are collected and reported at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ByteSize,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+
+from autotune.errors import ConfigError
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_DURATION_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration_s(value: Any) -> Any:
+    """`90`, `90s`, `20m`, `1h30m`, `250ms` -> seconds as a float; other input passes through."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        parts = _DURATION_PART.findall(text)
+        if parts and "".join(n + u for n, u in parts) == text:
+            return sum(float(n) * _DURATION_UNIT_S[u] for n, u in parts)
+        raise ValueError("expected a duration such as 90s, 20m or 1h30m")
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0)]
+Task = Literal["auto", "sequence-classification", "causal-lm", "masked-lm", "seq2seq"]
+Device = Literal["auto", "cuda", "cpu"]
+
+
+class RunConfig(BaseModel):
+    """Everything one `autotune search` needs. Field descriptions are the `--help` text."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+    model: str = Field(
+        description="catalogue name (see `autotune models`), local folder with config.json, "
+        "or hub id",
+        json_schema_extra={"metavar": "NAME"},
+    )
+    task: Task = Field("auto", description="training head; auto picks it from the architecture")
+    seq_len: int = Field(512, gt=0, description="tokens per sample")
+    device: Device = Field("auto", description="where trials run; auto = cuda if present")
+    space: str = Field(
+        "auto",
+        description="search space: a shipped name (see search_spaces/) or a YAML path; "
+        "auto = default on cuda, cpu on cpu",
+        json_schema_extra={"metavar": "NAME|PATH"},
+    )
+    n_trials: int = Field(20, gt=0, description="trials in the study, finished ones included")
+    timeout: Duration | None = Field(
+        None,
+        description="stop starting trials after this long (e.g. 20m); null = no limit",
+        json_schema_extra={"metavar": "DURATION"},
+    )
+    trial_timeout: Duration = Field(
+        600.0,
+        description="kill a trial after this long (e.g. 5m)",
+        json_schema_extra={"metavar": "DURATION"},
+    )
+    warmup_steps: int = Field(3, ge=1, description="untimed optimizer steps before measuring")
+    measure_steps: int = Field(10, ge=2, description="timed optimizer steps per trial")
+    memory_budget: ByteSize | None = Field(
+        None,
+        description="memory a config may use, e.g. 24GiB; null = the device's memory",
+        json_schema_extra={"metavar": "SIZE"},
+    )
+    headroom: float = Field(
+        0.1, ge=0, lt=1, description="recommend only configs below budget x (1 - headroom)"
+    )
+    seed: int = Field(0, description="seed for the sampler, model init and synthetic data")
+    study: str | None = Field(
+        None, description="study name; null = derived from model, device and seq_len"
+    )
+    out: Path = Field(Path("reports"), description="folder holding one subfolder per study")
+    storage: str | None = Field(
+        None, description="Optuna storage URL; null = sqlite file study.db in the study folder"
+    )
+
+    @field_validator("study")
+    @classmethod
+    def _study_is_a_folder_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", value):
+            raise ValueError("use letters, digits, '.', '_' and '-' only (it names a folder)")
+        return value
+
+
+def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """`["a=1", "b.c=x"]` -> `({"a": 1, "b": {"c": "x"}}, problems)`."""
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    seen: set[str] = set()
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            problems.append(f"{item!r}: expected key=value")
+            continue
+        if key in seen:
+            problems.append(f"{key}: given more than once")
+            continue
+        seen.add(key)
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw  # not YAML (e.g. `[8,`): let validation say what is expected
+        node = values
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                problems.append(f"{key}: {part} is not a group of settings")
+                break
+        else:
+            node[leaf] = value
+    return values, problems
+
+
+def load_config(overrides: list[str]) -> RunConfig:
+    """Parse and validate command-line overrides into a RunConfig."""
+    values, problems = parse_overrides(overrides)
+    problems += [_unknown_key_problem(key) for key in _flat_keys(values) if _is_unknown(key)]
+    known = {k: v for k, v in values.items() if k in RunConfig.model_fields}
+    try:
+        config = RunConfig(**known)
+    except ValidationError as exc:
+        problems += [_describe(error, values) for error in exc.errors()]
+    if problems:
+        raise ConfigError(_format_problems(problems))
+    return config
+
+
+def _flat_keys(values: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in values.items():
+        dotted = prefix + key
+        if isinstance(value, dict) and key not in RunConfig.model_fields:
+            keys += _flat_keys(value, dotted + ".")
+        else:
+            keys.append(dotted)
+    return keys
+
+
+def _is_unknown(dotted_key: str) -> bool:
+    return dotted_key not in RunConfig.model_fields
+
+
+def _unknown_key_problem(key: str) -> str:
+    close = difflib.get_close_matches(key, RunConfig.model_fields, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else "; see `autotune search --help`"
+    return f"{key}: unknown key{hint}"
+
+
+def _describe(error: dict[str, Any], values: dict[str, Any]) -> str:
+    key = ".".join(str(p) for p in error["loc"])
+    if error["type"] == "missing":
+        return f"{key}: required, e.g. {key}={_example(key)}"
+    if error["type"].startswith("byte_size"):
+        expected = "expected a size such as 24GiB, 512MiB or 80GB"
+    else:
+        expected = error["msg"].removeprefix("Value error, ").replace("Input should be", "expected")
+    given = values.get(key, error.get("input"))
+    return f"{key}={given}: {expected}"
+
+
+def _example(key: str) -> str:
+    return {"model": "bert-large-uncased"}.get(key, "...")
+
+
+def _format_problems(problems: list[str]) -> str:
+    noun = "problem" if len(problems) == 1 else "problems"
+    return f"{len(problems)} {noun} in the run configuration:\n" + "\n".join(
+        f"  - {p}" for p in problems
+    )
+
+
+def help_rows() -> list[tuple[str, str, str, str]]:
+    """(key, type, default, meaning) for every setting, in declaration order."""
+    rows = []
+    for name, field in RunConfig.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        kind = str(extra.get("metavar") or _type_name(field.annotation))
+        default = "required" if field.is_required() else _show(field.default)
+        rows.append((name, kind, default, field.description or ""))
+    return rows
+
+
+def _type_name(annotation: Any) -> str:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is Literal:
+        return "|".join(args)
+    if args:
+        return _type_name(args[0])
+    return getattr(annotation, "__name__", str(annotation)).upper()
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

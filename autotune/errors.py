@@ -1,0 +1,29 @@
+"""Errors raised by autotune for problems a user can fix.
+
+Library code raises these; only `autotune.cli` catches them, prints the message and exits 2.
+Anything else is a bug and keeps its traceback.
+"""
+
+
+class AutotuneError(Exception):
+    """A problem with the user's input or environment, explained in the message."""
+
+
+class ConfigError(AutotuneError):
+    """Bad run configuration: unknown keys, bad values. The message names every problem."""
+
+
+class ModelNotFoundError(AutotuneError):
+    """The model name is neither in the catalogue, a local folder, nor reachable on the hub."""
+
+
+class SpaceError(AutotuneError):
+    """A search space file is missing or invalid."""
+
+
+class DeviceError(AutotuneError):
+    """The requested device is not available, or the device probe failed."""
+
+
+class StudyError(AutotuneError):
+    """The study folder or storage cannot be used (missing, unreadable, incompatible)."""

@@ -1,0 +1,116 @@
+"""Device facts from a short probe subprocess, so the parent never imports torch or touches CUDA.
+
+`python -m autotune.hardware` prints one JSON object; `probe()` runs it and returns `DeviceInfo`.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from autotune.errors import DeviceError
+
+PROBE_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceInfo:
+    cuda_available: bool
+    name: str
+    """The CUDA device's name, or the CPU model on a machine without CUDA."""
+    total_memory_bytes: int
+    free_memory_bytes: int
+    """What a trial can use now: free GPU memory, or available host RAM."""
+    compute_capability: str | None = None
+    bf16_supported: bool = False
+    torch_version: str = ""
+    transformers_version: str = ""
+    cpu_name: str = ""
+    host_total_memory_bytes: int = 0
+    host_available_memory_bytes: int = 0
+
+    def resolve(self, requested: str) -> str:
+        """`auto` -> cuda when present; refuses `cuda` on a machine without it."""
+        if requested == "cuda" and not self.cuda_available:
+            raise DeviceError(
+                "device=cuda: no CUDA device is visible to PyTorch here; use device=cpu or auto"
+            )
+        if requested == "auto":
+            return "cuda" if self.cuda_available else "cpu"
+        return requested
+
+    def memory_for(self, device: str) -> tuple[str, int]:
+        """(device name, bytes a trial may use) for the resolved device."""
+        if device == "cuda":
+            return self.name, self.free_memory_bytes
+        return self.cpu_name, self.host_available_memory_bytes
+
+
+def probe() -> DeviceInfo:
+    """Run the probe in a subprocess; CUDA is initialised there, never here."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "autotune.hardware"],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise DeviceError(f"the device probe did not answer in {PROBE_TIMEOUT_S:.0f} s") from exc
+    if proc.returncode != 0:
+        raise DeviceError(f"the device probe failed:\n{proc.stderr[-2000:]}")
+    return DeviceInfo(**json.loads(proc.stdout))
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass  # not Linux: platform's answer below is the best we have
+    return platform.processor() or platform.machine()
+
+
+def _probe_here() -> dict:
+    import psutil
+    import torch
+    import transformers
+
+    host = psutil.virtual_memory()
+    facts = {
+        "cuda_available": torch.cuda.is_available(),
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "cpu_name": _cpu_name(),
+        "host_total_memory_bytes": host.total,
+        "host_available_memory_bytes": host.available,
+    }
+    if facts["cuda_available"]:
+        free, total = torch.cuda.mem_get_info(0)
+        major, minor = torch.cuda.get_device_capability(0)
+        facts |= {
+            "name": torch.cuda.get_device_name(0),
+            "total_memory_bytes": total,
+            "free_memory_bytes": free,
+            "compute_capability": f"{major}.{minor}",
+            "bf16_supported": torch.cuda.is_bf16_supported(),
+        }
+    else:
+        facts |= {
+            "name": facts["cpu_name"],
+            "total_memory_bytes": host.total,
+            "free_memory_bytes": host.available,
+            # The Trainer runs bf16 autocast on CPU (with use_cpu=True).
+            "bf16_supported": True,
+        }
+    return facts
+
+
+if __name__ == "__main__":
+    print(json.dumps(_probe_here()))

@@ -1,0 +1,93 @@
+"""Everything a search needs, resolved and checked before the first trial starts.
+
+Turns a `RunConfig` into a `SearchPlan`: the model's config, the task, the device (from the
+probe subprocess), the memory budget, the search space and where the study lives. Problems
+with the model and the space are reported together.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.config import RunConfig
+from autotune.errors import AutotuneError, ConfigError
+from autotune.hardware import DeviceInfo
+from autotune.models import ModelSpec, resolve_model
+from autotune.space import SearchSpace, load_space
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchPlan:
+    config: RunConfig
+    model: ModelSpec
+    task: str
+    device: str
+    """`cuda` or `cpu`."""
+    device_name: str
+    memory_budget_bytes: int
+    space: SearchSpace
+    study_name: str
+    study_dir: Path
+    storage_url: str
+
+    def describe(self) -> dict[str, object]:
+        """The facts that make a study what it is; a resumed study must match them."""
+        return {
+            "model": self.model.name,
+            "task": self.task,
+            "seq_len": self.config.seq_len,
+            "device": self.device,
+            "space": self.space.name,
+        }
+
+
+def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
+    problems: list[str] = []
+    device = device_info.resolve(config.device)
+    model = space = None
+    try:
+        model = resolve_model(config.model)
+    except AutotuneError as exc:
+        problems.append(str(exc))
+    auto_space = "default" if device == "cuda" else "cpu"
+    space_name = auto_space if config.space == "auto" else config.space
+    try:
+        space = load_space(space_name)
+    except AutotuneError as exc:
+        problems.append(str(exc))
+    if space is not None and space.device not in ("any", device):
+        problems.append(
+            f"space={space.name} is for device={space.device}, but this search runs on {device}"
+        )
+    if model is not None:
+        task = model.default_task if config.task == "auto" else config.task
+        limit = model.max_seq_len
+        if limit is not None and config.seq_len > limit:
+            problems.append(f"seq_len={config.seq_len}: {model.name} takes at most {limit} tokens")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    assert model is not None and space is not None
+
+    device_name, available_bytes = device_info.memory_for(device)
+    study_name = config.study or default_study_name(model.name, device, config.seq_len)
+    study_dir = (config.out / study_name).resolve()
+    return SearchPlan(
+        config=config,
+        model=model,
+        task=task,
+        device=device,
+        device_name=device_name,
+        memory_budget_bytes=int(config.memory_budget or available_bytes),
+        space=space,
+        study_name=study_name,
+        study_dir=study_dir,
+        storage_url=config.storage or f"sqlite:///{study_dir / 'study.db'}",
+    )
+
+
+def default_study_name(model_name: str, device: str, seq_len: int) -> str:
+    """`gpt2`, `cuda`, 512 -> `gpt2-cuda-s512`; `/` in hub ids becomes `--`."""
+    stem = Path(model_name).name if Path(model_name).is_dir() else model_name.replace("/", "--")
+    return re.sub(r"[^A-Za-z0-9._-]", "_", f"{stem}-{device}-s{seq_len}")

@@ -1,0 +1,61 @@
+"""Trials as the user sees them: one `TrialRecord` per Optuna trial, read back from storage.
+
+The study loop stores each trial's complete knob values and its `TrialResult` as user attrs, so
+every output (tables, recommendation, report) can be rebuilt from the storage alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from autotune.trial import Status, TrialResult
+
+PARAMS_ATTR = "params"
+RESULT_ATTR = "result"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialRecord:
+    number: int
+    params: dict[str, Any]
+    result: TrialResult
+
+    @property
+    def status(self) -> Status:
+        return self.result.status
+
+
+def load_records(study: optuna.Study) -> list[TrialRecord]:
+    """Finished trials that carry a result, oldest first."""
+    return [
+        record_of(t)
+        for t in study.get_trials(deepcopy=False)
+        if t.state.is_finished() and RESULT_ATTR in t.user_attrs
+    ]
+
+
+def record_of(trial: optuna.trial.FrozenTrial) -> TrialRecord:
+    return TrialRecord(
+        number=trial.number,
+        params=dict(trial.user_attrs[PARAMS_ATTR]),
+        result=TrialResult.from_dict(trial.user_attrs[RESULT_ATTR]),
+    )
+
+
+_SHORT_NAMES = {"batch_size": "bs", "grad_accum": "ga", "gradient_checkpointing": "gc"}
+
+
+def describe_params(params: dict[str, Any]) -> str:
+    """`bs=16 ga=2 gc=on bf16 adamw_torch`: a trial's settings in one short line."""
+    parts = []
+    for key, value in params.items():
+        if key in ("precision", "optim"):
+            parts.append(str(value))
+        elif isinstance(value, bool):
+            parts.append(f"{_SHORT_NAMES.get(key, key)}={'on' if value else 'off'}")
+        else:
+            parts.append(f"{_SHORT_NAMES.get(key, key)}={value}")
+    return " ".join(parts)

@@ -1,0 +1,125 @@
+"""The parent <-> worker contract: `TrialSpec` in, `TrialResult` out, both JSON with a version.
+
+The parent writes a spec file, starts `python -m autotune.worker SPEC RESULT`, and decides the
+trial's fate from the worker's exit code and the result file alone (never from its stderr).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class Status(enum.StrEnum):
+    OK = "ok"
+    OOM = "oom"  # accelerator out of memory, or the memory budget exceeded
+    HOST_OOM = "host_oom"  # host RAM exhausted or the worker killed by the kernel
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"  # killed by a signal, non-zero exit, missing or unreadable result
+    NAN_LOSS = "nan_loss"
+    ERROR = "error"  # an exception in the worker
+    INVALID_CONFIG = "invalid_config"  # the settings were refused before training
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialSpec:
+    """What one trial runs: the model, the data shape and the tuned settings."""
+
+    trial_number: int
+    model_name: str
+    model_config: dict[str, Any]
+    """The transformers config as a dict (`config.json`); the worker builds the model from it."""
+    task: str
+    seq_len: int
+    device: str
+    """`cuda` or `cpu`, already resolved by the parent."""
+    params: dict[str, Any]
+    """Knob name -> value, as named in the search space."""
+    warmup_steps: int
+    measure_steps: int
+    seed: int
+    memory_budget_bytes: int | None = None
+    schema_version: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialResult:
+    """What one trial measured, or why it measured nothing."""
+
+    status: Status
+    reason: str = ""
+    """One line for the user: why a trial is not ok."""
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    step_time_median_ms: float | None = None
+    step_time_cv: float | None = None
+    """Coefficient of variation (stdev / mean) of the timed optimizer steps."""
+    measured_steps: int = 0
+    peak_memory_gib: float | None = None
+    """CUDA: peak reserved by PyTorch's allocator. CPU: peak RSS above the worker's baseline."""
+    final_loss: float | None = None
+    build_s: float | None = None
+    """Seconds spent building the model and the Trainer."""
+    train_s: float | None = None
+    """Seconds spent in `Trainer.train`, warm-up included."""
+    wall_s: float | None = None
+    """Seconds from starting the worker process to reading its result (set by the parent)."""
+    n_params: int | None = None
+    worker_pid: int | None = None
+    """The process that ran the trial: each trial has one of its own."""
+    device_name: str = ""
+    training_args: dict[str, Any] = field(default_factory=dict)
+    """The tuned `TrainingArguments` kwargs the worker trained with (no run-only fields)."""
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    stderr_tail: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["status"] = self.status.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialResult:
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"result schema {data.get('schema_version')} != {SCHEMA_VERSION}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown result fields: {sorted(unknown)}")
+        return cls(**{**data, "status": Status(data["status"])})
+
+
+def spec_to_dict(spec: TrialSpec) -> dict[str, Any]:
+    return dataclasses.asdict(spec)
+
+
+def spec_from_dict(data: dict[str, Any]) -> TrialSpec:
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"spec schema {data.get('schema_version')} != {SCHEMA_VERSION}")
+    return TrialSpec(**data)
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON so that a reader sees the old file, the new file, or none: never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, allow_nan=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; these are ordinary output files
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

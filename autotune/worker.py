@@ -1,0 +1,168 @@
+"""One trial in a process of its own: `python -m autotune.worker SPEC.json RESULT.json`.
+
+Builds the model from its config, synthetic data (random token ids, as the HF guide does) and
+the real HF `Trainer` with the `TrainingArguments` from `autotune.export`, trains warm-up plus
+measured steps, and writes a `TrialResult` atomically. The only code that touches the device;
+it never imports optuna. Exit code 0 means the result file says what happened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+import transformers
+
+from autotune import export, measure
+from autotune.models import ModelSpec, build_model
+from autotune.trial import Status, TrialResult, TrialSpec, spec_from_dict, write_json_atomic
+
+GIB = 1024**3
+
+
+class SyntheticDataset(torch.utils.data.Dataset):
+    """Random token ids of one length, with labels the task's head expects."""
+
+    def __init__(self, *, task: str, vocab_size: int, seq_len: int, n_samples: int, seed: int):
+        generator = torch.Generator().manual_seed(seed)
+        self.input_ids = torch.randint(vocab_size, (n_samples, seq_len), generator=generator)
+        if task == "sequence-classification":
+            self.labels = torch.randint(2, (n_samples,), generator=generator)
+        elif task == "seq2seq":
+            self.labels = torch.randint(vocab_size, (n_samples, seq_len), generator=generator)
+        else:  # causal-lm shifts inside the model; masked-lm predicts every position
+            self.labels = self.input_ids
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids[i], "labels": self.labels[i]}
+
+
+class InvalidConfig(Exception):
+    """The settings were refused before training started."""
+
+
+def run_trial(spec: TrialSpec) -> TrialResult:
+    # The Trainer wants an output folder; with saving and logging off it stays empty.
+    with tempfile.TemporaryDirectory(prefix="autotune-trainer-") as workdir:
+        return _train(spec, workdir)
+
+
+def _train(spec: TrialSpec, workdir: str) -> TrialResult:
+    transformers.set_seed(spec.seed)
+    on_cuda = spec.device == "cuda"
+    baseline_rss = psutil.Process().memory_info().rss
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats()
+
+    started = time.perf_counter()
+    fields = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    tuned_args = export.training_args(spec.params, device=spec.device, fields=fields)
+    try:
+        args = transformers.TrainingArguments(
+            output_dir=workdir,
+            max_steps=spec.warmup_steps + spec.measure_steps,
+            save_strategy="no",
+            logging_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            seed=spec.seed,
+            **tuned_args,
+        )
+    except (ValueError, ImportError) as exc:  # TrainingArguments validates combinations here
+        raise InvalidConfig(f"TrainingArguments refused the settings: {exc}") from exc
+
+    model = build_model(
+        ModelSpec(name=spec.model_name, source="spec", config=spec.model_config), spec.task
+    )
+    samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    dataset = SyntheticDataset(
+        task=spec.task,
+        vocab_size=model.config.vocab_size,
+        seq_len=spec.seq_len,
+        n_samples=samples_per_step * args.max_steps,
+        seed=spec.seed,
+    )
+    timer = measure.StepTimer(spec.warmup_steps, torch.cuda.synchronize if on_cuda else _no_sync)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer])
+    build_s = time.perf_counter() - started
+
+    started = time.perf_counter()
+    output = trainer.train()
+    train_s = time.perf_counter() - started
+
+    if on_cuda:
+        peak_bytes = torch.cuda.max_memory_reserved()
+        device_name = torch.cuda.get_device_name()
+    else:
+        peak_bytes = measure.peak_rss_bytes() - baseline_rss
+        device_name = "cpu"
+    step_times_s = timer.measured_step_times_s()
+    common: dict[str, Any] = {
+        "peak_memory_gib": peak_bytes / GIB,
+        "final_loss": output.training_loss,
+        "build_s": build_s,
+        "train_s": train_s,
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "device_name": device_name,
+        "training_args": tuned_args,
+        "measured_steps": len(step_times_s),
+    }
+    if len(step_times_s) < spec.measure_steps:
+        return TrialResult(
+            status=Status.ERROR,
+            reason=f"only {len(step_times_s)} of {spec.measure_steps} measured steps ran",
+            **common,
+        )
+    if not math.isfinite(output.training_loss):
+        return TrialResult(status=Status.NAN_LOSS, reason="training loss is not finite", **common)
+    stats = measure.throughput(
+        step_times_s, samples_per_step=samples_per_step, seq_len=spec.seq_len
+    )
+    del common["measured_steps"]
+    return TrialResult(status=Status.OK, **common, **dataclasses.asdict(stats))
+
+
+def _no_sync() -> None:
+    """CPU work is synchronous: nothing to wait for before reading the clock."""
+
+
+def _failure(status: Status, exc: BaseException) -> TrialResult:
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return TrialResult(
+        status=status,
+        reason=f"{type(exc).__name__}: {first_line}"[:300],
+        stderr_tail="".join(traceback.format_exception(exc))[-4000:],
+    )
+
+
+def main(argv: list[str]) -> int:
+    spec_path, result_path = Path(argv[0]), Path(argv[1])
+    spec = spec_from_dict(json.loads(spec_path.read_text()))
+    try:
+        result = run_trial(spec)
+    except torch.OutOfMemoryError as exc:
+        result = _failure(Status.OOM, exc)
+    except InvalidConfig as exc:
+        result = _failure(Status.INVALID_CONFIG, exc.__cause__ or exc)
+    except Exception as exc:  # noqa: BLE001 - any failure is this trial's result, named and kept
+        result = _failure(Status.ERROR, exc)
+    result = dataclasses.replace(result, worker_pid=os.getpid())
+    write_json_atomic(result_path, result.to_dict())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

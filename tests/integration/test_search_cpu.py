@@ -1,0 +1,134 @@
+"""Real searches on CPU: real worker processes, the real HF Trainer, a tiny BERT."""
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import transformers
+
+from tests.conftest import TINY_MODEL
+
+pytestmark = pytest.mark.slow
+OUTPUT_FILES = (
+    "study.db",
+    "trials.csv",
+    "pareto.csv",
+    "recommended.json",
+    "recommended.py",
+    "report.html",
+)
+
+
+def autotune(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def search(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reports")
+    args = [f"model={TINY_MODEL}", "n_trials=6", "seq_len=64", f"out={out}"]
+    first = autotune("search", *args)
+    study_dir = out / "google--bert_uncased_L-2_H-128_A-2-cpu-s64"
+    return args, first, study_dir
+
+
+def test_search_writes_every_output(search):
+    _, proc, study_dir = search
+    assert proc.returncode == 0, proc.stderr
+    for name in OUTPUT_FILES:
+        assert (study_dir / name).is_file(), name
+    assert "Pareto front" in proc.stdout and "recommended (*)" in proc.stdout
+
+
+def test_trials_are_measured_each_in_a_process_of_its_own(search):
+    _, _, study_dir = search
+    table = rows(study_dir / "trials.csv")
+    assert len(table) == 6
+    ok = [r for r in table if r["status"] == "ok"]
+    assert ok, table
+    for row in ok:
+        assert float(row["samples_per_s"]) > 0
+        assert float(row["peak_memory_gib"]) > 0
+    pids = {json.loads(p.read_text())["worker_pid"] for p in study_dir.glob("trials/*/result.json")}
+    assert len(pids) == 6 and os.getpid() not in pids
+
+
+def test_recommendation_builds_training_arguments(search, tmp_path):
+    _, _, study_dir = search
+    recommended = json.loads((study_dir / "recommended.json").read_text())
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), **recommended["training_args"])
+    assert args.per_device_train_batch_size == recommended["params"]["batch_size"]
+    assert recommended["metrics"]["samples_per_s"] > 0
+    assert recommended["model_kwargs"] == {}
+    front = rows(study_dir / "pareto.csv")
+    assert str(recommended["trial"]) in {r["number"] for r in front}
+
+
+def test_report_is_self_contained(search):
+    _, _, study_dir = search
+    html = (study_dir / "report.html").read_text()
+    assert "Throughput vs peak memory" in html
+    assert not re.findall(r"<script[^>]*\bsrc=", html)  # plotly.js is inline, no CDN
+    assert "Plotly.newPlot" in html
+
+
+def test_rerun_resumes_and_adds_only_the_missing_trials(search):
+    args, _, study_dir = search
+    proc = autotune("search", *args[:1], "n_trials=8", *args[2:])
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming: 6 finished trial(s) kept" in proc.stdout
+    assert [int(r["number"]) for r in rows(study_dir / "trials.csv")] == list(range(8))
+
+
+def test_a_study_made_for_another_run_is_not_resumed(search):
+    args, _, study_dir = search
+    proc = autotune(
+        "search",
+        f"model={TINY_MODEL}",
+        "seq_len=32",
+        "study=" + study_dir.name,
+        f"out={study_dir.parent}",
+    )
+    assert proc.returncode == 2
+    assert "pick another study= name" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["model=gpt2", "n_trails=5"], "n_trails: unknown key; did you mean n_trials?"),
+        (["model=gpt2", "n_trials=abc"], "n_trials=abc: expected a valid integer"),
+        (["model=no-such-model"], "model=no-such-model: not in the catalogue"),
+        ([f"model={TINY_MODEL}", "seq_len=4096"], "takes at most 512 tokens"),
+        ([f"model={TINY_MODEL}", "space=nope"], "no such shipped space"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message_and_no_traceback(args, message, tmp_path):
+    proc = autotune("search", *args, f"out={tmp_path}")
+    assert proc.returncode == 2
+    assert message in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr
+    assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+def test_help_and_models_work_from_another_directory(tmp_path):
+    assert "n_trials" in autotune("search", "--help", cwd=tmp_path).stdout
+    listing = autotune("models", cwd=tmp_path)
+    assert listing.returncode == 0
+    assert "bert-large-uncased" in listing.stdout and "335.1M" in listing.stdout

@@ -1,0 +1,66 @@
+import dataclasses
+import subprocess
+import sys
+
+import transformers
+
+from autotune.export import render_py, training_args
+
+INSTALLED = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+PARAMS = {
+    "batch_size": 16,
+    "grad_accum": 2,
+    "gradient_checkpointing": True,
+    "precision": "bf16",
+    "optim": "adafactor",
+    "dataloader_num_workers": 0,
+}
+
+
+def test_knobs_map_to_training_arguments():
+    kwargs = training_args(PARAMS, device="cuda", fields=INSTALLED)
+    assert kwargs["per_device_train_batch_size"] == 16
+    assert kwargs["gradient_accumulation_steps"] == 2
+    assert kwargs["bf16"] is True and kwargs["fp16"] is False
+    assert kwargs["optim"] == "adafactor"
+    assert "use_cpu" not in kwargs
+
+
+def test_checkpointing_field_follows_the_installed_transformers():
+    new = training_args(PARAMS, device="cuda", fields={"activation_checkpointing"})
+    old = training_args(PARAMS, device="cuda", fields={"gradient_checkpointing"})
+    assert new["activation_checkpointing"] is True and "gradient_checkpointing" not in new
+    assert old["gradient_checkpointing"] is True and "activation_checkpointing" not in old
+
+
+def test_cpu_runs_say_so_and_build_without_deprecation_warnings(recwarn):
+    kwargs = training_args(PARAMS, device="cpu", fields=INSTALLED)
+    assert kwargs["use_cpu"] is True
+    args = transformers.TrainingArguments(output_dir="unused", **kwargs)
+    assert args.per_device_train_batch_size == 16
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
+
+
+def test_tf32_is_set_only_when_chosen():
+    assert training_args({"precision": "tf32"}, device="cuda", fields=INSTALLED)["tf32"] is True
+    assert "tf32" not in training_args({"precision": "fp16"}, device="cuda", fields=INSTALLED)
+
+
+def test_rendered_snippet_runs_and_builds_the_same_arguments(tmp_path):
+    kwargs = training_args(PARAMS, device="cpu", fields=INSTALLED)
+    recommendation = {
+        "model": "gpt2",
+        "task": "causal-lm",
+        "seq_len": 128,
+        "device": "cpu",
+        "trial": 3,
+        "study": "s",
+        "training_args": kwargs,
+        "model_kwargs": {},
+        "metrics": {"samples_per_s": 12.5, "peak_memory_gib": 1.25},
+    }
+    script = tmp_path / "recommended.py"
+    script.write_text(render_py(recommendation))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
+    assert '"per_device_train_batch_size": 16' in out.stdout
+    assert '"optim": "adafactor"' in out.stdout

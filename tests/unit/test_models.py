@@ -1,0 +1,67 @@
+import json
+
+import pytest
+
+from autotune.errors import ModelNotFoundError
+from autotune.models import catalogue_names, count_parameters, resolve_model
+
+REQUIRED = [
+    "bert-base-uncased",
+    "bert-large-uncased",
+    "roberta-base",
+    "roberta-large",
+    "distilbert-base-uncased",
+    "gpt2",
+    "gpt2-medium",
+    "t5-small",
+    "t5-base",
+    "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+    "Qwen/Qwen2.5-0.5B",
+    "google/bert_uncased_L-2_H-128_A-2",
+    "google/bert_uncased_L-4_H-256_A-4",
+]
+
+
+def test_catalogue_holds_the_bundled_models_under_hub_names():
+    assert set(REQUIRED) <= set(catalogue_names())
+
+
+@pytest.mark.parametrize(
+    ("name", "task", "max_seq_len"),
+    [
+        ("bert-large-uncased", "sequence-classification", 512),
+        ("roberta-base", "sequence-classification", 512),  # 514 positions, 2 used by padding
+        ("gpt2", "causal-lm", 1024),
+        ("t5-small", "seq2seq", None),
+        ("Qwen/Qwen2.5-0.5B", "causal-lm", 32768),
+    ],
+)
+def test_default_task_and_sequence_limit(name, task, max_seq_len):
+    spec = resolve_model(name)
+    assert spec.default_task == task
+    assert spec.max_seq_len == max_seq_len
+
+
+def test_parameter_counts_on_the_meta_device():
+    counts = count_parameters(["bert-large-uncased", "TinyLlama/TinyLlama-1.1B-Chat-v1.0"])
+    # bert-large with a 2-label classification head: 335,143,938 parameters.
+    assert 334e6 < counts["bert-large-uncased"] < 336e6
+    assert 1.09e9 < counts["TinyLlama/TinyLlama-1.1B-Chat-v1.0"] < 1.11e9
+
+
+def test_a_local_folder_with_config_json(tmp_path):
+    config = {"model_type": "gpt2", "n_layer": 1, "architectures": ["GPT2LMHeadModel"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = resolve_model(str(tmp_path))
+    assert spec.source == "local"
+    assert spec.default_task == "causal-lm"
+
+
+def test_a_local_folder_without_config_json(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        resolve_model(str(tmp_path))
+
+
+def test_unknown_model_suggests_close_catalogue_names():
+    with pytest.raises(ModelNotFoundError, match="did you mean bert-large-uncased"):
+        resolve_model("bert-larg-uncased")

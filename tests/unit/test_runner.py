@@ -1,0 +1,93 @@
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autotune.runner import run_trial
+from autotune.trial import Status, TrialSpec
+
+FAKE = str(Path(__file__).parent / "fakes" / "worker.py")
+
+
+def spec() -> TrialSpec:
+    return TrialSpec(
+        trial_number=0,
+        model_name="tiny",
+        model_config={"model_type": "bert"},
+        task="sequence-classification",
+        seq_len=16,
+        device="cpu",
+        params={"batch_size": 8},
+        warmup_steps=1,
+        measure_steps=2,
+        seed=0,
+    )
+
+
+def run(mode: str, tmp_path: Path, timeout_s: float = 30):
+    return run_trial(spec(), tmp_path, timeout_s=timeout_s, command=(sys.executable, FAKE, mode))
+
+
+def test_ok_result_is_read_and_timed(tmp_path):
+    result = run("ok", tmp_path)
+    assert result.status is Status.OK
+    assert result.samples_per_s == 108.0
+    assert result.worker_pid not in (None, os.getpid())
+    assert result.wall_s > 0
+
+
+def test_exception_without_result_is_crashed_with_exit_code_and_log_tail(tmp_path):
+    result = run("raise", tmp_path)
+    assert result.status is Status.CRASHED
+    assert "exited with code 1" in result.reason
+    assert "boom in the worker" in result.stderr_tail
+
+
+def test_nonzero_exit_is_crashed(tmp_path):
+    result = run("exit3", tmp_path)
+    assert result.status is Status.CRASHED
+    assert "code 3" in result.reason
+
+
+def test_segfault_is_crashed_and_names_the_signal(tmp_path):
+    result = run("segfault", tmp_path)
+    assert result.status is Status.CRASHED
+    assert "SIGSEGV" in result.reason
+
+
+def test_garbage_result_is_crashed(tmp_path):
+    result = run("garbage", tmp_path)
+    assert result.status is Status.CRASHED
+    assert "unreadable result" in result.reason
+
+
+def test_timeout_kills_the_worker_and_its_children(tmp_path):
+    started = time.monotonic()
+    result = run("spawn_sleep", tmp_path, timeout_s=3)
+    assert result.status is Status.TIMEOUT
+    assert time.monotonic() - started < 15
+    grandchild = int((tmp_path / "pid.txt").read_text())
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(grandchild) and time.monotonic() < deadline:
+        # A killed child of a killed parent is reaped by init; give it a moment.
+        if psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE:
+            break
+        time.sleep(0.1)
+    assert not psutil.pid_exists(grandchild) or (
+        psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+    )
+
+
+def test_a_stale_result_from_an_earlier_run_is_not_reused(tmp_path):
+    assert run("ok", tmp_path).status is Status.OK
+    assert run("exit3", tmp_path).status is Status.CRASHED
+
+
+@pytest.mark.parametrize("mode", ["raise", "segfault", "garbage"])
+def test_spec_is_written_for_the_worker(tmp_path, mode):
+    run(mode, tmp_path)
+    assert (tmp_path / "spec.json").is_file()
+    assert (tmp_path / "worker.log").read_text().startswith("fake worker")
