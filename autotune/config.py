@@ -80,7 +80,8 @@ class RunConfig(BaseModel):
     measure_steps: int = Field(10, ge=2, description="timed optimizer steps per trial")
     memory_budget: ByteSize | None = Field(
         None,
-        description="memory a config may use, e.g. 24GiB; null = the device's memory",
+        description="memory the recommended config may use, e.g. 24GiB; "
+        "null = the device's free memory",
         json_schema_extra={"metavar": "SIZE"},
     )
     headroom: float = Field(

@@ -45,7 +45,12 @@ def record_of(trial: optuna.trial.FrozenTrial) -> TrialRecord:
     )
 
 
-_SHORT_NAMES = {"batch_size": "bs", "grad_accum": "ga", "gradient_checkpointing": "gc"}
+_SHORT_NAMES = {
+    "batch_size": "bs",
+    "grad_accum": "ga",
+    "gradient_checkpointing": "gc",
+    "dataloader_num_workers": "workers",
+}
 
 
 def describe_params(params: dict[str, Any]) -> str:

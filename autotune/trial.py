@@ -64,6 +64,8 @@ class TrialResult:
     step_time_cv: float | None = None
     """Coefficient of variation (stdev / mean) of the timed optimizer steps."""
     measured_steps: int = 0
+    step_times_ms: list[float] = field(default_factory=list)
+    """Each timed optimizer step, in order: the raw data behind the median and the CV."""
     peak_memory_gib: float | None = None
     """CUDA: peak reserved by PyTorch's allocator. CPU: peak RSS above the worker's baseline."""
     final_loss: float | None = None

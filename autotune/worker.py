@@ -119,6 +119,7 @@ def _train(spec: TrialSpec, workdir: str) -> TrialResult:
         "device_name": device_name,
         "training_args": tuned_args,
         "measured_steps": len(step_times_s),
+        "step_times_ms": [t * 1e3 for t in step_times_s],
     }
     if len(step_times_s) < spec.measure_steps:
         return TrialResult(

@@ -97,7 +97,7 @@ def test_rerun_resumes_and_adds_only_the_missing_trials(search):
 
 
 def test_a_study_made_for_another_run_is_not_resumed(search):
-    args, _, study_dir = search
+    _, _, study_dir = search
     proc = autotune(
         "search",
         f"model={TINY_MODEL}",

@@ -58,7 +58,7 @@ def test_a_local_folder_with_config_json(tmp_path):
 
 
 def test_a_local_folder_without_config_json(tmp_path):
-    with pytest.raises(ModelNotFoundError, match="no config.json"):
+    with pytest.raises(ModelNotFoundError, match=r"no config\.json"):
         resolve_model(str(tmp_path))
 
 
