@@ -13,11 +13,12 @@ from rich.table import Table
 
 from autotune import __version__, hardware
 from autotune.config import help_rows, load_config
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, SpaceError
 from autotune.models import catalogue_names, count_parameters, resolve_model
 from autotune.outputs import SearchOutputs, write_outputs
 from autotune.plan import SearchPlan, make_plan
 from autotune.records import TrialRecord, describe_params
+from autotune.space import SoftwareFacts, load_space, shipped_names
 from autotune.study import open_study, run_search
 from autotune.trial import Status
 
@@ -66,6 +67,19 @@ def _parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="list the bundled model catalogue")
     models.set_defaults(handler=_models)
+
+    spaces = commands.add_parser("spaces", help="list the shipped search spaces")
+    spaces.set_defaults(handler=_spaces)
+
+    validate = commands.add_parser(
+        "validate",
+        help="check search space files and report every problem",
+        description="Check search space YAML files: syntax, knobs, types, empty choices, "
+        "conditions, the batch-size rule, and optimizer/compile names against the installed "
+        "transformers and torch. Exit 2 on any problem.",
+    )
+    validate.add_argument("files", nargs="+", metavar="FILE")
+    validate.set_defaults(handler=_validate)
     return parser
 
 
@@ -117,6 +131,9 @@ def _print_plan(plan: SearchPlan) -> None:
         f"{plan.config.seq_len}, {plan.device} ({plan.device_name}), space {plan.space.name}, "
         f"budget {budget_gib:.1f} GiB, {plan.config.n_trials} trials -> {plan.study_dir}"
     )
+    console.print(f"batch: {plan.batch_mode}")
+    for note in plan.space.notes:
+        console.print(f"[yellow]note:[/] {note}")
 
 
 def _trial_line(record: TrialRecord, done: int, total: int) -> str:
@@ -181,6 +198,38 @@ def _models(args: argparse.Namespace) -> int:
         )
     console.print(table)
     console.print("model= also takes a local folder with config.json, or a hub id when online.")
+    return 0
+
+
+def _spaces(args: argparse.Namespace) -> int:
+    table = Table(title="Shipped search spaces (space=NAME)")
+    for column in ("name", "device", "knobs searched", "description"):
+        table.add_column(column, overflow="fold")
+    for name in shipped_names():
+        space = load_space(name)
+        searched = [k for k, knob in space.knobs.items() if len(knob.choices) > 1]
+        table.add_row(name, space.device, ", ".join(searched), space.description)
+    console.print(table)
+    console.print("space= also takes a YAML path; `autotune validate FILE` checks one.")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    with console.status("reading optimizer and compile backend names from the installed packages"):
+        info = hardware.probe()
+    facts = SoftwareFacts(
+        optimizer_names=info.optimizer_names, compile_backends=info.compile_backends
+    )
+    problems = []
+    for path in args.files:
+        try:
+            space = load_space(path, facts)
+        except AutotuneError as exc:
+            problems.append(str(exc))
+            continue
+        console.print(f"{path}: ok ({len(space.knobs)} knobs, device {space.device})")
+    if problems:
+        raise SpaceError("\n".join(problems))
     return 0
 
 

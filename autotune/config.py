@@ -65,6 +65,12 @@ class RunConfig(BaseModel):
         "auto = default on cuda, cpu on cpu",
         json_schema_extra={"metavar": "NAME|PATH"},
     )
+    effective_batch_size: int | None = Field(
+        None,
+        gt=0,
+        description="fix batch_size x grad_accum to this (grad_accum derived); "
+        "null = grad_accum as the space says",
+    )
     n_trials: int = Field(20, gt=0, description="trials in the study, finished ones included")
     timeout: Duration | None = Field(
         None,

@@ -30,19 +30,32 @@ def training_args(
     if "gradient_checkpointing" in params:
         name = next(f for f in _CHECKPOINTING_FIELDS if f in fields)
         kwargs[name] = params["gradient_checkpointing"]
-    precision = params.get("precision", "fp32")
-    kwargs["bf16"] = precision == "bf16"
-    kwargs["fp16"] = precision == "fp16"
-    if precision == "tf32":
+    precision = params.get("precision", "fp32").split("+")  # e.g. bf16+tf32
+    kwargs["bf16"] = "bf16" in precision
+    kwargs["fp16"] = "fp16" in precision
+    if "tf32" in precision:
         kwargs["tf32"] = True
-    if "optim" in params:
-        kwargs["optim"] = params["optim"]
-    if "dataloader_num_workers" in params:
-        kwargs["dataloader_num_workers"] = params["dataloader_num_workers"]
+    for name in ("optim", "dataloader_num_workers", "dataloader_pin_memory"):
+        if name in params:
+            kwargs[name] = params[name]
+    backend = params.get("torch_compile", "off")
+    if backend != "off":
+        kwargs["torch_compile"] = True
+        kwargs["torch_compile_backend"] = backend
+        kwargs["torch_compile_mode"] = params.get("compile_mode", "default")
     if device == "cpu":
         # Without it the Trainer picks a GPU when one exists, and refuses bf16 on CPU.
         kwargs["use_cpu"] = True
     return kwargs
+
+
+def model_kwargs(params: dict[str, Any]) -> dict[str, Any]:
+    """`from_config`/`from_pretrained` kwargs the knobs set (the attention kernel)."""
+    return (
+        {"attn_implementation": params["attn_implementation"]}
+        if "attn_implementation" in params
+        else {}
+    )
 
 
 def write_recommendation(study_dir: Path, recommendation: dict[str, Any]) -> list[Path]:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import subprocess
@@ -26,11 +27,27 @@ class DeviceInfo:
     """What a trial can use now: free GPU memory, or available host RAM."""
     compute_capability: str | None = None
     bf16_supported: bool = False
+    tf32_supported: bool = False
     torch_version: str = ""
     transformers_version: str = ""
     cpu_name: str = ""
     host_total_memory_bytes: int = 0
     host_available_memory_bytes: int = 0
+    bitsandbytes_error: str | None = None
+    """Why `import bitsandbytes` failed; None when it imports."""
+    compile_backends: tuple[str, ...] = ()
+    """`torch.compile` backends this torch offers (`torch._dynamo.list_backends`)."""
+    optimizer_names: tuple[str, ...] = ()
+    """Values `TrainingArguments.optim` accepts in the installed transformers."""
+
+    @property
+    def tensor_core_64(self) -> bool:
+        """A100/H100-class GPU (compute capability 8.0, 9.0, 10.0): 16-bit matmuls tile best
+        with dimensions in multiples of 64. The x.6/x.9 parts (A10G, L4, RTX) are not."""
+        if self.compute_capability is None:
+            return False
+        major, minor = (int(p) for p in self.compute_capability.split("."))
+        return major >= 8 and minor == 0
 
     def resolve(self, requested: str) -> str:
         """`auto` -> cuda when present; refuses `cuda` on a machine without it."""
@@ -63,7 +80,8 @@ def probe() -> DeviceInfo:
         raise DeviceError(f"the device probe did not answer in {PROBE_TIMEOUT_S:.0f} s") from exc
     if proc.returncode != 0:
         raise DeviceError(f"the device probe failed:\n{proc.stderr[-2000:]}")
-    return DeviceInfo(**json.loads(proc.stdout))
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    return DeviceInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in facts.items()})
 
 
 def _cpu_name() -> str:
@@ -77,10 +95,22 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _bitsandbytes_error() -> str | None:
+    try:
+        # bitsandbytes prints notices on stdout at import; keep stdout for the probe's JSON.
+        with contextlib.redirect_stdout(sys.stderr):
+            import bitsandbytes  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any failure to import means "not usable here"
+        return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+    return None
+
+
 def _probe_here() -> dict:
     import psutil
     import torch
+    import torch._dynamo
     import transformers
+    from transformers.training_args import OptimizerNames
 
     host = psutil.virtual_memory()
     facts = {
@@ -90,6 +120,10 @@ def _probe_here() -> dict:
         "cpu_name": _cpu_name(),
         "host_total_memory_bytes": host.total,
         "host_available_memory_bytes": host.available,
+        "bitsandbytes_error": _bitsandbytes_error(),
+        # exclude_tags=() also lists the debugging backends (eager, aot_eager) users may name.
+        "compile_backends": sorted(torch._dynamo.list_backends(exclude_tags=())),
+        "optimizer_names": [o.value for o in OptimizerNames],
     }
     if facts["cuda_available"]:
         free, total = torch.cuda.mem_get_info(0)
@@ -99,7 +133,10 @@ def _probe_here() -> dict:
             "total_memory_bytes": total,
             "free_memory_bytes": free,
             "compute_capability": f"{major}.{minor}",
-            "bf16_supported": torch.cuda.is_bf16_supported(),
+            # Native bf16 and tf32 tensor cores start with Ampere (8.0); older parts emulate
+            # bf16 slowly, so it is treated as unsupported.
+            "bf16_supported": major >= 8,
+            "tf32_supported": major >= 8,
         }
     else:
         facts |= {

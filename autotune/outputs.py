@@ -67,6 +67,8 @@ def write_outputs(plan: SearchPlan, study: optuna.Study) -> SearchOutputs:
             "seq_len": str(plan.config.seq_len),
             "device": f"{plan.device} ({plan.device_name})",
             "space": plan.space.name,
+            "batch mode": plan.batch_mode,
+            **{f"note {i + 1}": note for i, note in enumerate(plan.space.notes)},
         },
         records=records,
         front=front,
@@ -114,6 +116,7 @@ def recommendation(plan: SearchPlan, record: TrialRecord, limit_gib: float) -> d
         },
         "memory_budget_gib": plan.memory_budget_bytes / GIB,
         "memory_limit_gib": limit_gib,
+        "batch_mode": plan.batch_mode,
     }
 
 

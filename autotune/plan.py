@@ -11,11 +11,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune.capabilities import apply_rules, fit_space
 from autotune.config import RunConfig
 from autotune.errors import AutotuneError, ConfigError
 from autotune.hardware import DeviceInfo
 from autotune.models import ModelSpec, resolve_model
-from autotune.space import SearchSpace, load_space
+from autotune.space import SamplingRules, SearchSpace, SoftwareFacts, load_space
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -28,6 +29,8 @@ class SearchPlan:
     device_name: str
     memory_budget_bytes: int
     space: SearchSpace
+    """Fitted to the device: its notes say what was removed and why."""
+    rules: SamplingRules
     study_name: str
     study_dir: Path
     storage_url: str
@@ -40,7 +43,14 @@ class SearchPlan:
             "seq_len": self.config.seq_len,
             "device": self.device,
             "space": self.space.name,
+            "effective_batch_size": self.config.effective_batch_size,
         }
+
+    @property
+    def batch_mode(self) -> str:
+        if self.rules.effective_batch_size:
+            return f"effective batch {self.rules.effective_batch_size} (grad_accum derived)"
+        return "grad_accum as the space says (effective batch varies)"
 
 
 def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
@@ -53,14 +63,24 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         problems.append(str(exc))
     auto_space = "default" if device == "cuda" else "cpu"
     space_name = auto_space if config.space == "auto" else config.space
+    facts = SoftwareFacts(
+        optimizer_names=device_info.optimizer_names or None,
+        compile_backends=device_info.compile_backends or None,
+    )
+    rules = SamplingRules(
+        effective_batch_size=config.effective_batch_size,
+        tensor_core_64=device == "cuda" and device_info.tensor_core_64,
+    )
     try:
-        space = load_space(space_name)
+        space = load_space(space_name, facts)
+        if space.device not in ("any", device):
+            raise ConfigError(
+                f"space={space.name} is for device={space.device}, but this search runs on {device}"
+            )
+        space = apply_rules(fit_space(space, device, device_info), rules)
     except AutotuneError as exc:
         problems.append(str(exc))
-    if space is not None and space.device not in ("any", device):
-        problems.append(
-            f"space={space.name} is for device={space.device}, but this search runs on {device}"
-        )
+        space = None
     if model is not None:
         task = model.default_task if config.task == "auto" else config.task
         limit = model.max_seq_len
@@ -81,6 +101,7 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         device_name=device_name,
         memory_budget_bytes=int(config.memory_budget or available_bytes),
         space=space,
+        rules=rules,
         study_name=study_name,
         study_dir=study_dir,
         storage_url=config.storage or f"sqlite:///{study_dir / 'study.db'}",

@@ -50,6 +50,10 @@ _SHORT_NAMES = {
     "grad_accum": "ga",
     "gradient_checkpointing": "gc",
     "dataloader_num_workers": "workers",
+    "attn_implementation": "attn",
+    "dataloader_pin_memory": "pin",
+    "torch_compile": "compile",
+    "compile_mode": "mode",
 }
 
 

@@ -22,6 +22,7 @@ from autotune.trial import Status, TrialSpec
 DIRECTIONS = (optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE)
 OBJECTIVES = ("samples_per_s", "peak_memory_gib")
 PLAN_ATTR = "plan"
+NOTES_ATTR = "space_notes"
 
 
 def open_study(plan: SearchPlan) -> optuna.Study:
@@ -53,6 +54,7 @@ def open_study(plan: SearchPlan) -> optuna.Study:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(list(OBJECTIVES))
     study.set_user_attr(PLAN_ATTR, plan.describe())
+    study.set_user_attr(NOTES_ATTR, list(plan.space.notes))
     return study
 
 
@@ -67,8 +69,8 @@ def run_search(
     config = plan.config
     deadline = time.monotonic() + config.timeout if config.timeout else float("inf")
     while _count_finished(study) < config.n_trials and time.monotonic() < deadline:
-        trial = study.ask(plan.space.distributions)
-        params = plan.space.complete(trial.params)
+        trial = study.ask()
+        params = plan.space.sample(trial, plan.rules)
         spec = TrialSpec(
             trial_number=trial.number,
             model_name=plan.model.name,

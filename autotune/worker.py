@@ -84,8 +84,11 @@ def _train(spec: TrialSpec, workdir: str) -> TrialResult:
     except (ValueError, ImportError) as exc:  # TrainingArguments validates combinations here
         raise InvalidConfig(f"TrainingArguments refused the settings: {exc}") from exc
 
+    model_kwargs = export.model_kwargs(spec.params)
     model = build_model(
-        ModelSpec(name=spec.model_name, source="spec", config=spec.model_config), spec.task
+        ModelSpec(name=spec.model_name, source="spec", config=spec.model_config),
+        spec.task,
+        **model_kwargs,
     )
     samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
     dataset = SyntheticDataset(
@@ -118,6 +121,7 @@ def _train(spec: TrialSpec, workdir: str) -> TrialResult:
         "n_params": sum(p.numel() for p in model.parameters()),
         "device_name": device_name,
         "training_args": tuned_args,
+        "model_kwargs": model_kwargs,
         "measured_steps": len(step_times_s),
         "step_times_ms": [t * 1e3 for t in step_times_s],
     }

@@ -6,7 +6,9 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
+import optuna
 import pytest
 import transformers
 
@@ -75,7 +77,9 @@ def test_recommendation_builds_training_arguments(search, tmp_path):
     args = transformers.TrainingArguments(output_dir=str(tmp_path), **recommended["training_args"])
     assert args.per_device_train_batch_size == recommended["params"]["batch_size"]
     assert recommended["metrics"]["samples_per_s"] > 0
-    assert recommended["model_kwargs"] == {}
+    assert recommended["model_kwargs"] == {
+        "attn_implementation": recommended["params"]["attn_implementation"]
+    }
     front = rows(study_dir / "pareto.csv")
     assert str(recommended["trial"]) in {r["number"] for r in front}
 
@@ -107,6 +111,52 @@ def test_a_study_made_for_another_run_is_not_resumed(search):
     )
     assert proc.returncode == 2
     assert "pick another study= name" in proc.stderr
+
+
+def test_effective_batch_search_reports_removed_values(tmp_path):
+    proc = autotune(
+        "search",
+        f"model={TINY_MODEL}",
+        "space=memory",
+        "effective_batch_size=32",
+        "n_trials=3",
+        "seq_len=32",
+        "warmup_steps=1",
+        "measure_steps=3",
+        f"out={tmp_path}",
+        "study=eff",
+    )
+    assert proc.returncode == 0, proc.stderr
+    # On CPU the memory space loses fp16 (a silent no-op in the Trainer) and paged optimizers.
+    assert "removed precision=fp16: the Trainer ignores fp16 on CPU" in proc.stdout
+    assert "removed optim=paged_adamw_8bit" in proc.stdout
+    table = rows(tmp_path / "eff" / "trials.csv")
+    assert len(table) == 3
+    assert all(int(r["batch_size"]) * int(r["grad_accum"]) == 32 for r in table)
+    storage = f"sqlite:///{tmp_path / 'eff' / 'study.db'}"
+    notes = optuna.load_study(study_name="eff", storage=storage).user_attrs["space_notes"]
+    assert any(n.startswith("removed precision=fp16") for n in notes)
+    if (tmp_path / "eff" / "recommended.json").exists():
+        recommended = json.loads((tmp_path / "eff" / "recommended.json").read_text())
+        assert recommended["batch_mode"] == "effective batch 32 (grad_accum derived)"
+
+
+def test_validate_reports_every_problem_and_passes_shipped_spaces(tmp_path):
+    shipped = sorted(str(p) for p in (Path(__file__).parents[2] / "search_spaces").glob("*.yaml"))
+    ok = autotune("validate", *shipped)
+    assert ok.returncode == 0, ok.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "knobs:\n  precision: {choices: [fp8]}\n  batch_size: {choices: [12]}\n"
+        "  warp_drive: {choices: [1]}\n"
+    )
+    proc = autotune("validate", str(bad))
+    assert proc.returncode == 2
+    message = " ".join(proc.stderr.split())
+    assert "3 problem(s)" in message
+    assert "bad.yaml:2: knobs.precision" in message
+    assert "bad.yaml:3: knobs.batch_size: batch size 12 breaks the rule" in message
+    assert "bad.yaml:4: knobs.warp_drive: unknown knob" in message
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,31 @@ def test_cpu_runs_say_so_and_build_without_deprecation_warnings(recwarn):
     assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
 
 
+def test_compile_pin_memory_and_attention_map_to_their_fields():
+    from autotune.export import model_kwargs
+
+    params = {
+        "torch_compile": "inductor",
+        "compile_mode": "max-autotune",
+        "dataloader_pin_memory": True,
+    }
+    kwargs = training_args(params, device="cuda", fields=INSTALLED)
+    assert kwargs["torch_compile"] is True
+    assert kwargs["torch_compile_backend"] == "inductor"
+    assert kwargs["torch_compile_mode"] == "max-autotune"
+    assert kwargs["dataloader_pin_memory"] is True
+    assert "torch_compile" not in training_args(
+        {"torch_compile": "off"}, device="cuda", fields=INSTALLED
+    )
+    assert model_kwargs({"attn_implementation": "eager"}) == {"attn_implementation": "eager"}
+    assert model_kwargs({}) == {}
+
+
+def test_tf32_combines_with_16_bit_precision():
+    kwargs = training_args({"precision": "bf16+tf32"}, device="cuda", fields=INSTALLED)
+    assert kwargs["bf16"] is True and kwargs["tf32"] is True and kwargs["fp16"] is False
+
+
 def test_tf32_is_set_only_when_chosen():
     assert training_args({"precision": "tf32"}, device="cuda", fields=INSTALLED)["tf32"] is True
     assert "tf32" not in training_args({"precision": "fp16"}, device="cuda", fields=INSTALLED)

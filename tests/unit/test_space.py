@@ -1,63 +1,175 @@
+import optuna
 import pytest
-from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from autotune.errors import SpaceError
-from autotune.space import load_space, parse_space, shipped_names
+from autotune.space import SamplingRules, SoftwareFacts, load_space, parse_space, shipped_names
+
+FACTS = SoftwareFacts(
+    optimizer_names=("adamw_torch", "adamw_torch_fused", "adafactor", "sgd"),
+    compile_backends=("inductor", "cudagraphs", "eager"),
+)
 
 
-def test_shipped_spaces_load_into_optuna_distributions():
-    assert {"cpu", "default"} <= set(shipped_names())
-    cpu = load_space("cpu")
-    assert cpu.device == "cpu"
-    assert isinstance(cpu.distributions["batch_size"], CategoricalDistribution)
-    assert cpu.fixed == {"dataloader_num_workers": 0}
-    default = load_space("default")
-    assert default.distributions["batch_size"] == IntDistribution(8, 128, step=8)
-    for knob in ("batch_size", "grad_accum", "gradient_checkpointing", "precision", "optim"):
-        assert knob in cpu.distributions and knob in default.distributions
+def sample(space, rules=None, seed=0):
+    rules = rules or SamplingRules()
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    return space.sample(study.ask(), rules)
 
 
-def test_complete_merges_fixed_values_in_knob_order():
-    space = load_space("cpu")
-    params = space.complete({"optim": "sgd", "batch_size": 8})
-    assert list(params) == ["batch_size", "optim", "dataloader_num_workers"]
+def test_shipped_spaces_are_listed_with_descriptions():
+    assert {"cpu", "default", "memory", "quick"} <= set(shipped_names())
+    for name in shipped_names():
+        assert load_space(name).description
+
+
+def test_ranges_expand_and_plain_values_fix_a_knob():
+    space = load_space("default")
+    assert space.knobs["batch_size"].choices == tuple(range(8, 257))
+    assert space.knobs["batch_size"].is_range
+    assert space.knobs["dataloader_num_workers"].choices == (0,)
+    params = sample(space)
+    assert params["dataloader_num_workers"] == 0
+    assert params["batch_size"] % 8 == 0
+
+
+def test_params_come_back_in_display_order():
+    params = sample(load_space("cpu"))
+    assert list(params)[:2] == ["batch_size", "grad_accum"]
 
 
 def test_a_space_file_by_path(tmp_path):
     path = tmp_path / "mine.yaml"
-    path.write_text("device: any\nknobs:\n  batch_size: {low: 8, high: 32, step: 8}\n")
+    path.write_text("device: any\nknobs:\n  batch_size: {low: 8, high: 32, multiple_of: 8}\n")
     space = load_space(str(path))
     assert space.name == "mine"
-    assert space.distributions["batch_size"] == IntDistribution(8, 32, step=8)
+    assert space.batch_candidates(None, SamplingRules()) == (8, 16, 24, 32)
 
 
-def test_every_mistake_in_a_space_is_reported():
+def test_log_range_walks_powers_of_two():
+    space = parse_space(
+        {"knobs": {"batch_size": {"low": 8, "high": 100, "log": True}}}, name="x", source="x"
+    )
+    assert space.knobs["batch_size"].choices == (8, 16, 32, 64)
+
+
+def test_conditions_activate_a_knob_only_when_they_hold():
     data = {
-        "device": "tpu",
         "knobs": {
-            "batch_size": {"choices": [8, "sixteen"]},
-            "precision": {"choices": ["fp32", "fp8"]},
-            "warp_drive": {"choices": [1]},
-            "grad_accum": {"low": 4, "high": 2},
-        },
+            "torch_compile": {"choices": ["off", "inductor"]},
+            "compile_mode": {
+                "choices": ["default", "max-autotune"],
+                "when": {"torch_compile": {"not": "off"}},
+            },
+        }
     }
+    space = parse_space(data, name="x", source="x", facts=FACTS)
+    seen = [sample(space, seed=s) for s in range(30)]
+    assert all(("compile_mode" in p) == (p["torch_compile"] != "off") for p in seen)
+    assert {p["torch_compile"] for p in seen} == {"off", "inductor"}
+
+
+def test_yaml_off_means_no_compile():
+    space = parse_space({"knobs": {"torch_compile": False}}, name="x", source="x", facts=FACTS)
+    assert space.knobs["torch_compile"].choices == ("off",)
+
+
+def test_effective_batch_derives_grad_accum_and_skips_non_divisors():
+    space = parse_space(
+        {
+            "knobs": {
+                "batch_size": {"choices": [8, 16, 24, 32, 64]},
+                "grad_accum": {"choices": [1, 2]},
+            }
+        },
+        name="x",
+        source="x",
+    )
+    rules = SamplingRules(effective_batch_size=32)
+    assert space.batch_candidates(None, rules) == (8, 16, 32)
+    for seed in range(20):
+        params = sample(space, rules, seed)
+        assert params["batch_size"] * params["grad_accum"] == 32
+
+
+def test_auto_multiple_is_64_for_16_bit_on_tensor_core_gpus_only():
+    space = load_space("default")
+    hopper = SamplingRules(tensor_core_64=True)
+    assert space.batch_candidates("bf16", hopper) == (64, 128, 192, 256)
+    assert space.batch_candidates("fp16+tf32", hopper) == (64, 128, 192, 256)
+    assert space.batch_candidates("fp32", hopper)[:3] == (8, 16, 24)
+    assert space.batch_candidates("bf16", SamplingRules())[:3] == (8, 16, 24)
+
+
+def test_small_batches_only_when_listed():
+    memory = load_space("memory")
+    assert memory.batch_candidates("bf16", SamplingRules())[:3] == (1, 2, 4)
+    ranged = parse_space({"knobs": {"batch_size": {"low": 1, "high": 16}}}, name="x", source="x")
+    assert ranged.batch_candidates(None, SamplingRules()) == (8, 16)
+
+
+def test_every_mistake_in_a_file_is_reported_with_its_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "device: cuda\n"
+        "knobs:\n"
+        "  precision: {choices: [fp32, fp8]}\n"
+        "  batch_size: {choices: [8, 12]}\n"
+        "  optim: {choices: [adamw_torh]}\n"
+        "  compile_mode: {choices: [default], when: {torch_compile: inductor}}\n"
+        "  warp_drive: {choices: [1]}\n"
+        "  grad_accum: {choices: []}\n"
+    )
     with pytest.raises(SpaceError) as error:
-        parse_space(data, name="bad", source="bad.yaml")
+        load_space(str(path), FACTS)
     message = str(error.value)
-    assert "5 problem(s)" in message
     for part in (
-        "device: 'tpu'",
-        "'sixteen' is not a positive integer",
-        "'fp8' is not one of",
-        "knobs.warp_drive: unknown knob",
-        "high (2) is below low (4)",
+        f"{path}:3: knobs.precision: 'fp8' is not one of",
+        f"{path}:4: knobs.batch_size: batch size 12 breaks the rule",
+        f"{path}:5: knobs.optim: 'adamw_torh' is not a TrainingArguments.optim name here; "
+        "did you mean adamw_torch?",
+        f"{path}:6: knobs.compile_mode: when: torch_compile is not in this space",
+        f"{path}:7: knobs.warp_drive: unknown knob",
+        f"{path}:8: knobs.grad_accum: choices must be a non-empty list",
     ):
         assert part in message
 
 
-def test_booleans_are_not_integers():
-    with pytest.raises(SpaceError, match="True is not a positive integer"):
-        parse_space({"knobs": {"batch_size": {"choices": [True, 8]}}}, name="x", source="x")
+def test_broken_yaml_names_the_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("knobs:\n  batch_size: [8\n")
+    with pytest.raises(SpaceError, match=r"broken\.yaml:3: not valid YAML"):
+        load_space(str(path))
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"batch_size": {"choices": [True, 8]}}, "True is not a positive integer"),
+        ({"batch_size": {"low": 8, "high": 48, "multiple_of": "auto"}}, "needs a multiple of 64"),
+        ({"grad_accum": {"low": 4, "high": 2}}, "high (2) is below low (4)"),
+        ({"precision": {"low": 1, "high": 2}}, "expected `choices: [...]` or a single value"),
+        (
+            {"optim": {"choices": ["sgd"], "multiple_of": 8}},
+            "multiple_of applies to batch_size only",
+        ),
+        ({"grad_accum": {"choices": [1, 1]}}, "choices repeat a value"),
+        (
+            {"batch_size": 8, "compile_mode": {"choices": ["default"], "when": {"batch_size": 16}}},
+            "is chosen after compile_mode",
+        ),
+        (
+            {
+                "torch_compile": "off",
+                "compile_mode": {"choices": ["default"], "when": {"torch_compile": "inductor"}},
+            },
+            "no value of torch_compile (off) satisfies it",
+        ),
+    ],
+)
+def test_rule_violations_and_impossible_conditions(knobs, message):
+    with pytest.raises(SpaceError) as error:
+        parse_space({"knobs": knobs}, name="x", source="x", facts=FACTS)
+    assert message in str(error.value)
 
 
 def test_unknown_shipped_name_lists_the_shipped_ones():

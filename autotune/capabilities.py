@@ -1,0 +1,134 @@
+"""Fit a search space to the device in hand: remove values that cannot run, say why.
+
+Runs in the parent on the facts of the device probe (`hardware.DeviceInfo`); the notes it returns
+are shown to the user and stored with the study.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from autotune.errors import SpaceError
+from autotune.hardware import DeviceInfo
+from autotune.space import SamplingRules, SearchSpace
+
+# TrainingArguments.optim values backed by bitsandbytes.
+BNB_OPTIMIZERS = frozenset({
+    "adamw_bnb_8bit", "adamw_8bit", "ademamix", "ademamix_8bit", "lion_8bit", "lion_32bit",
+    "paged_adamw_32bit", "paged_adamw_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit",
+    "paged_lion_32bit", "paged_lion_8bit", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
+})  # fmt: skip
+
+Rule = Callable[[Any, str, DeviceInfo], str | None]
+
+
+def _precision(value: str, device: str, info: DeviceInfo) -> str | None:
+    parts = value.split("+")
+    if device == "cpu" and "fp16" in parts:
+        return "the Trainer ignores fp16 on CPU: it would silently run as fp32"
+    if device == "cpu" and "tf32" in parts:
+        return "tf32 is a CUDA tensor-core mode (TrainingArguments refuses it on CPU)"
+    if device == "cuda" and "tf32" in parts and not info.tf32_supported:
+        return f"tf32 needs an Ampere or newer GPU (this one is {info.compute_capability})"
+    if device == "cuda" and "bf16" in parts and not info.bf16_supported:
+        return f"bf16 needs an Ampere or newer GPU (this one is {info.compute_capability})"
+    return None
+
+
+def _optim(value: str, device: str, info: DeviceInfo) -> str | None:
+    if value in BNB_OPTIMIZERS and info.bitsandbytes_error:
+        return f"bitsandbytes does not import here ({info.bitsandbytes_error})"
+    if value.startswith("paged_") and device == "cpu":
+        return "paged optimizers page their state between GPU and host memory: CUDA only"
+    return None
+
+
+def _torch_compile(value: str, device: str, info: DeviceInfo) -> str | None:
+    if value == "cudagraphs" and device == "cpu":
+        return "the cudagraphs backend records CUDA graphs: CUDA only"
+    return None
+
+
+def _compile_mode(value: str, device: str, info: DeviceInfo) -> str | None:
+    if value == "reduce-overhead" and device == "cpu":
+        return "reduce-overhead works through CUDA graphs: CUDA only"
+    return None
+
+
+def _pin_memory(value: bool, device: str, info: DeviceInfo) -> str | None:
+    if value and device == "cpu":
+        return "pinned memory only speeds host-to-GPU copies: there are none on CPU"
+    return None
+
+
+RULES: dict[str, Rule] = {
+    "precision": _precision,
+    "optim": _optim,
+    "torch_compile": _torch_compile,
+    "compile_mode": _compile_mode,
+    "dataloader_pin_memory": _pin_memory,
+}
+
+
+def fit_space(space: SearchSpace, device: str, info: DeviceInfo) -> SearchSpace:
+    """The space less what cannot run on `device`; the reasons are in the result's notes."""
+    notes = []
+    emptied = []
+    for name, knob in space.knobs.items():
+        rule = RULES.get(name)
+        if rule is None:
+            continue
+        kept, removed = [], []
+        for value in knob.choices:
+            reason = rule(value, device, info)
+            if reason:
+                removed.append(f"{name}={value}: {reason}")
+            else:
+                kept.append(value)
+        if removed and not kept:
+            emptied.append(f"{name}: every value is removed on {device}: " + "; ".join(removed))
+        elif removed:
+            notes += [f"removed {r}" for r in removed]
+            space = space.with_choices(name, tuple(kept))
+    if emptied:
+        raise SpaceError(f"space {space.name} cannot run here:\n" + "\n".join(
+            f"  - {e}" for e in emptied
+        ))  # fmt: skip
+    workers = space.knobs.get("dataloader_num_workers")
+    if workers and len(workers.choices) > 1:
+        notes.append(
+            "dataloader_num_workers cannot matter here: the data is synthetic and already in "
+            "memory, so loader workers only add start-up time"
+        )
+    return replace(space, notes=space.notes + tuple(notes))
+
+
+def apply_rules(space: SearchSpace, rules: SamplingRules) -> SearchSpace:
+    """Check the batch-size rule and a fixed effective batch against the space; note the mode."""
+    notes = []
+    if "batch_size" not in space.knobs:
+        if rules.effective_batch_size:
+            raise SpaceError(f"space {space.name} has no batch_size knob for effective_batch_size")
+        return space
+    precisions = space.knobs["precision"].choices if "precision" in space.knobs else (None,)
+    for precision in precisions:
+        if not space.batch_candidates(precision, rules):
+            shown = ", ".join(map(str, space.knobs["batch_size"].choices))
+            target = f"precision={precision}" if precision else "the space"
+            raise SpaceError(
+                f"effective_batch_size={rules.effective_batch_size}: no batch size of "
+                f"{target} divides it under the batch-size rule (batch sizes: {shown})"
+            )
+    if rules.effective_batch_size:
+        notes.append(
+            f"effective batch fixed at {rules.effective_batch_size}: grad_accum = "
+            f"{rules.effective_batch_size} / batch_size"
+            + (
+                "; the space's grad_accum values are not used"
+                if "grad_accum" in space.knobs
+                else ""
+            )
+        )
+    return replace(space, notes=space.notes + tuple(notes))

@@ -1,0 +1,193 @@
+import dataclasses
+import itertools
+import warnings
+
+import optuna
+import pytest
+import torch._dynamo
+import transformers
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers.training_args import OptimizerNames
+
+from autotune.capabilities import apply_rules, fit_space
+from autotune.errors import SpaceError
+from autotune.export import training_args
+from autotune.hardware import DeviceInfo
+from autotune.space import (
+    SMALL_BATCHES,
+    SamplingRules,
+    SoftwareFacts,
+    load_space,
+    multiple_for,
+    shipped_names,
+)
+
+FACTS = SoftwareFacts(
+    optimizer_names=tuple(o.value for o in OptimizerNames),
+    compile_backends=tuple(torch._dynamo.list_backends(exclude_tags=())),
+)
+COMMON = dict(
+    total_memory_bytes=80 * 2**30,
+    free_memory_bytes=79 * 2**30,
+    optimizer_names=FACTS.optimizer_names,
+    compile_backends=FACTS.compile_backends,
+)
+PROFILES = {
+    "cpu": ("cpu", DeviceInfo(cuda_available=False, name="cpu", bf16_supported=True, **COMMON)),
+    "v100": (
+        "cuda",
+        DeviceInfo(
+            cuda_available=True, name="Tesla V100-SXM2-32GB", compute_capability="7.0", **COMMON
+        ),
+    ),
+    "h100": (
+        "cuda",
+        DeviceInfo(
+            cuda_available=True,
+            name="NVIDIA H100 80GB HBM3",
+            compute_capability="9.0",
+            bf16_supported=True,
+            tf32_supported=True,
+            **COMMON,
+        ),
+    ),
+}
+COMBINATIONS = [
+    (space, profile, effective)
+    for space, profile, effective in itertools.product(shipped_names(), PROFILES, (None, 32, 64))
+    if load_space(space).device in ("any", PROFILES[profile][0])
+]
+
+
+def fitted(space_name, profile, effective):
+    device, info = PROFILES[profile]
+    rules = SamplingRules(effective_batch_size=effective, tensor_core_64=info.tensor_core_64)
+    space = apply_rules(fit_space(load_space(space_name, FACTS), device, info), rules)
+    return space, rules, device
+
+
+def test_cpu_removes_fp16_tf32_paged_and_says_why():
+    space, _, _ = fitted("memory", "cpu", None)
+    assert space.knobs["precision"].choices == ("bf16",)
+    assert "paged_adamw_8bit" not in space.knobs["optim"].choices
+    notes = "\n".join(space.notes)
+    assert "precision=fp16: the Trainer ignores fp16 on CPU" in notes
+    assert "optim=paged_adamw_8bit: paged optimizers" in notes
+
+
+def test_pre_ampere_gpus_lose_bf16_and_tf32():
+    space, _, _ = fitted("default", "v100", None)
+    assert space.knobs["precision"].choices == ("fp32", "fp16")
+    assert "bf16 needs an Ampere or newer GPU (this one is 7.0)" in "\n".join(space.notes)
+
+
+def test_bitsandbytes_optimizers_go_when_it_does_not_import():
+    device, info = PROFILES["h100"]
+    broken = dataclasses.replace(info, bitsandbytes_error="ImportError: no libcudart")
+    space = fit_space(load_space("default", FACTS), device, broken)
+    assert not {"adamw_bnb_8bit", "paged_adamw_8bit"} & set(space.knobs["optim"].choices)
+    assert "bitsandbytes does not import here (ImportError: no libcudart)" in "\n".join(space.notes)
+
+
+def test_a_knob_left_without_values_is_an_error_naming_the_reasons(tmp_path):
+    path = tmp_path / "fp16only.yaml"
+    path.write_text("knobs:\n  precision: {choices: [fp16, tf32]}\n")
+    device, info = PROFILES["cpu"]
+    with pytest.raises(SpaceError, match="precision: every value is removed on cpu"):
+        fit_space(load_space(str(path)), device, info)
+
+
+def test_effective_batch_that_no_batch_size_divides_is_refused():
+    with pytest.raises(
+        SpaceError, match="effective_batch_size=32: no batch size of precision=bf16"
+    ):
+        fitted("quick", "h100", 32)  # 16-bit on H100: multiples of 64 only
+
+
+def test_synthetic_data_makes_loader_workers_irrelevant(tmp_path):
+    path = tmp_path / "workers.yaml"
+    path.write_text("knobs:\n  dataloader_num_workers: {choices: [0, 2, 4]}\n")
+    space = fit_space(load_space(str(path)), *PROFILES["cpu"])
+    assert any("dataloader_num_workers cannot matter here" in n for n in space.notes)
+
+
+@pytest.mark.parametrize(("space_name", "profile", "effective"), COMBINATIONS)
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_sampled_configs_obey_every_rule(space_name, profile, effective, seed):
+    try:
+        space, rules, device = fitted(space_name, profile, effective)
+    except SpaceError as exc:
+        assert "effective_batch_size" in str(exc)
+        return
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=3)
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+    for _ in range(6):  # several trials: Optuna must accept the distributions from trial to trial
+        trial = study.ask()
+        params = space.sample(trial, rules)
+        study.tell(trial, [float(params["batch_size"]), float(params.get("grad_accum", 1))])
+        check_rules(space, rules, device, PROFILES[profile][1], params)
+
+
+def check_rules(space, rules, device, info, params):
+    for name, value in params.items():
+        if name != "grad_accum" or not rules.effective_batch_size:
+            assert value in space.knobs[name].choices, (name, value)
+    batch = params["batch_size"]
+    knob = space.knobs["batch_size"]
+    multiple = multiple_for(knob, params.get("precision"), rules)
+    assert batch % multiple == 0 or (batch in SMALL_BATCHES and not knob.is_range)
+    if (
+        info.tensor_core_64
+        and knob.multiple_of == "auto"
+        and params["precision"][:4] in ("bf16", "fp16")
+    ):
+        assert batch % 64 == 0
+    if rules.effective_batch_size:
+        assert batch * params["grad_accum"] == rules.effective_batch_size
+    assert ("compile_mode" in params) == (params.get("torch_compile", "off") != "off")
+    precision = params.get("precision", "fp32").split("+")
+    if device == "cpu":
+        assert "fp16" not in precision and "tf32" not in precision
+        assert not params.get("optim", "").startswith("paged_")
+        assert params.get("torch_compile") != "cudagraphs"
+        assert params.get("dataloader_pin_memory") is not True
+    if not info.bf16_supported:
+        assert "bf16" not in precision
+    if not info.tf32_supported and device == "cuda":
+        assert "tf32" not in precision
+
+
+def extreme_configs(space):
+    """Every value of every knob at least once, paired with the smallest and largest batch."""
+    batch = space.knobs["batch_size"].choices
+    for name, knob in space.knobs.items():
+        for value in knob.choices:
+            for size in (batch[0], batch[-1]):
+                params = {k: v.choices[0] for k, v in space.knobs.items()}
+                params.update({"batch_size": size, name: value})
+                if params.get("torch_compile", "off") == "off":
+                    params.pop("compile_mode", None)
+                yield params
+
+
+@pytest.mark.parametrize("space_name", shipped_names())
+def test_extreme_configs_build_training_arguments_without_warnings(
+    space_name, monkeypatch, tmp_path
+):
+    profile = "cpu" if load_space(space_name).device in ("cpu", "any") else "h100"
+    space, _, device = fitted(space_name, profile, None)
+    if device == "cuda":
+        # TrainingArguments checks the GPU for tf32/bf16; this machine may have none, so the
+        # checks answer as they would on the H100 this profile describes.
+        monkeypatch.setattr(transformers.training_args, "is_torch_tf32_available", lambda: True)
+        monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)
+    fields = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    for params in extreme_configs(space):
+        kwargs = training_args(params, device=device, fields=fields)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            warnings.simplefilter("error", DeprecationWarning)
+            args = transformers.TrainingArguments(output_dir=str(tmp_path), **kwargs)
+        assert args.per_device_train_batch_size == params["batch_size"]
