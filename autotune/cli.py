@@ -17,9 +17,9 @@ from autotune.errors import AutotuneError, SpaceError
 from autotune.models import catalogue_names, count_parameters, resolve_model
 from autotune.outputs import SearchOutputs, write_outputs
 from autotune.plan import SearchPlan, make_plan
-from autotune.records import TrialRecord, describe_params
+from autotune.records import TrialRecord, describe_params, load_records
 from autotune.space import SoftwareFacts, load_space, shipped_names
-from autotune.study import open_study, run_search
+from autotune.study import open_study, retry_interrupted, run_search
 from autotune.trial import Status
 
 # Piped output (logs, CI) gets long lines instead of rich's 80-column default, so names and
@@ -105,9 +105,11 @@ def _search(args: argparse.Namespace) -> int:
     plan = make_plan(config, device_info)
     _print_plan(plan)
     study = open_study(plan)
-    done_before = sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished())
+    done_before = len(load_records(study))
     if done_before:
         console.print(f"resuming: {done_before} finished trial(s) kept")
+    for number in retry_interrupted(study):
+        console.print(f"trial {number} was interrupted: its settings run again first")
     progress = {"done": done_before}
 
     def on_trial_end(record: TrialRecord) -> None:
@@ -116,7 +118,8 @@ def _search(args: argparse.Namespace) -> int:
 
     try:
         with console.status("running trials (each is a real training run)"):
-            run_search(plan, study, on_trial_end=on_trial_end)
+            stopped = run_search(plan, study, on_trial_end=on_trial_end)
+        console.print(f"search ended: {stopped}")
     finally:
         # Ctrl-C included: what finished is written before the process ends.
         outputs = write_outputs(plan, study)

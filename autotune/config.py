@@ -82,6 +82,11 @@ class RunConfig(BaseModel):
         description="kill a trial after this long (e.g. 5m)",
         json_schema_extra={"metavar": "DURATION"},
     )
+    compile_timeout: Duration = Field(
+        600.0,
+        description="extra time a torch.compile trial gets for compiling (e.g. 10m)",
+        json_schema_extra={"metavar": "DURATION"},
+    )
     warmup_steps: int = Field(3, ge=1, description="untimed optimizer steps before measuring")
     measure_steps: int = Field(10, ge=2, description="timed optimizer steps per trial")
     memory_budget: ByteSize | None = Field(

@@ -31,6 +31,7 @@ METRIC_COLUMNS = (
     "step_time_median_ms",
     "step_time_cv",
     "wall_s",
+    "overhead_s",
 )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import optuna
 
-from autotune.records import TrialRecord, record_of
+from autotune.records import RESULT_ATTR, TrialRecord, record_of
 
 GIB = 1024**3
 
@@ -13,7 +13,8 @@ def pareto_front(study: optuna.Study) -> list[TrialRecord]:
     """Successful trials that no other beats on both samples/s and peak memory, fastest first."""
     # Optuna's best_trials is the non-dominated set of COMPLETE trials; only `ok` trials are
     # told as COMPLETE, so failures never reach it.
-    front = [record_of(t) for t in study.best_trials]
+    # Repeated settings are told with their first run's values; only first runs are kept.
+    front = [record_of(t) for t in study.best_trials if RESULT_ATTR in t.user_attrs]
     return sorted(front, key=lambda r: r.result.samples_per_s, reverse=True)
 
 

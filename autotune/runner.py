@@ -1,23 +1,128 @@
-"""Parent side of a trial: start the worker in a session of its own, enforce the timeout, read
-the result. The trial's fate comes from the exit code and the result file, never from stderr;
-the stderr tail is kept only to show the user.
+"""Parent side of a trial: start the worker in a session of its own, watch it, read its result.
+
+The trial's fate comes from the exit code, the result file and what the parent saw (its own
+timeout or memory watchdog), never from the worker's stderr; the log tail is kept for the user.
+
+Two launchers start workers. `ForkserverLauncher` (the default) forks each trial from a server
+that has torch and transformers imported but has never touched CUDA, so a trial starts in a
+fraction of a second instead of paying ~7 s of imports. `CommandLauncher` runs any command as
+`COMMAND SPEC RESULT` in a fresh process: the cold path, and the way tests plug in fake workers.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Protocol
+
+import psutil
 
 from autotune.trial import Status, TrialResult, TrialSpec, spec_to_dict, write_json_atomic
 
 WORKER_COMMAND = (sys.executable, "-m", "autotune.worker")
+PRELOAD = ("torch", "transformers", "transformers.trainer", "autotune.worker")
 STDERR_TAIL_CHARS = 4000
+POLL_S = 0.05
+GIB = 1024**3
+_PR_SET_PDEATHSIG = 1
+
+
+class Worker(Protocol):
+    pid: int
+
+    def poll(self) -> int | None:
+        """The exit code (negative: killed by that signal), or None while running."""
+
+    def reap(self) -> None:
+        """Wait for the (killed or exited) worker so it leaves no zombie."""
+
+
+class Launcher(Protocol):
+    def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker: ...
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (e.g. the search gets kill -9)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class _Popen:
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def reap(self) -> None:
+        self.proc.wait()
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandLauncher:
+    command: tuple[str, ...] = WORKER_COMMAND
+
+    def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [*self.command, str(spec_path), str(result_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # Its own session: a timeout kills its whole process group by id.
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        return _Popen(proc)
+
+
+class _Forked:
+    def __init__(self, process: multiprocessing.process.BaseProcess) -> None:
+        self.process = process
+        self.pid = process.pid
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def reap(self) -> None:
+        self.process.join()
+
+
+class ForkserverLauncher:
+    def __init__(self) -> None:
+        self.context = multiprocessing.get_context("forkserver")
+        # The server imports these once; importing torch does not initialise CUDA, so every
+        # forked trial still gets a CUDA context of its own.
+        self.context.set_forkserver_preload(list(PRELOAD))
+
+    def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker:
+        # Not a daemon: daemonic processes may not have children, and DataLoader workers are.
+        process = self.context.Process(
+            target=_forked_main, args=(str(spec_path), str(result_path), str(log_path))
+        )
+        process.start()
+        return _Forked(process)
+
+
+def _forked_main(spec_path: str, result_path: str, log_path: str) -> None:
+    """Runs in the forked trial process."""
+    os.setsid()  # its own session and process group, as with CommandLauncher
+    _die_with_parent()  # the parent is the fork server, which exits with the search
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for fd in (1, 2):
+        os.dup2(log_fd, fd)
+    from autotune import worker
+
+    sys.exit(worker.main([spec_path, result_path]))
 
 
 def run_trial(
@@ -25,61 +130,115 @@ def run_trial(
     trial_dir: Path,
     *,
     timeout_s: float,
-    command: tuple[str, ...] = WORKER_COMMAND,
+    launcher: Launcher,
+    rss_limit_bytes: int | None = None,
 ) -> TrialResult:
-    """Run one trial as `command SPEC RESULT` and return what happened to it."""
+    """Run one trial and return what happened to it.
+
+    `rss_limit_bytes` turns on the CPU memory watchdog: the worker's process tree may grow by
+    that much over the worker's own baseline before it is killed and the trial is `oom`.
+    """
     trial_dir.mkdir(parents=True, exist_ok=True)
     spec_path, result_path, log_path = (
-        trial_dir / "spec.json",
-        trial_dir / "result.json",
-        trial_dir / "worker.log",
+        trial_dir / n for n in ("spec.json", "result.json", "worker.log")
     )
-    result_path.unlink(missing_ok=True)
+    progress_path = trial_dir / "progress.json"
+    for stale in (result_path, progress_path):
+        stale.unlink(missing_ok=True)
     write_json_atomic(spec_path, spec_to_dict(spec))
 
     started = time.perf_counter()
-    with open(log_path, "wb") as log:
-        # A new session makes the worker the leader of its own process group, so a timeout
-        # can kill it together with its DataLoader workers and compile subprocesses, by id.
-        proc = subprocess.Popen(
-            [*command, str(spec_path), str(result_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            _kill_group(proc)
-    wall_s = time.perf_counter() - started
-    tail = _tail(log_path)
-
-    if timed_out:
-        result = TrialResult(status=Status.TIMEOUT, reason=f"no result after {timeout_s:.0f} s")
-    else:
-        result = _read_result(result_path, returncode)
-    return _with(result, wall_s=wall_s, stderr_tail=result.stderr_tail or tail)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill whatever is left of the worker's process group and reap the worker."""
+    worker = launcher.start(spec_path, result_path, log_path)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+        verdict = _supervise(worker, started + timeout_s, rss_limit_bytes, progress_path)
+    finally:
+        # Also on Ctrl-C: nothing of the trial may outlive it.
+        _kill_group(worker.pid)
+        worker.reap()
+    wall_s = time.perf_counter() - started
+
+    if verdict is not None:
+        result = verdict
+    else:
+        result = _read_result(result_path, worker.poll())
+    overhead_s = None
+    if result.build_s is not None and result.train_s is not None:
+        overhead_s = wall_s - result.build_s - result.train_s
+    return dataclasses.replace(
+        result,
+        wall_s=wall_s,
+        overhead_s=overhead_s,
+        stderr_tail=result.stderr_tail or _tail(log_path),
+    )
+
+
+def _supervise(
+    worker: Worker, deadline: float, rss_limit_bytes: int | None, progress_path: Path
+) -> TrialResult | None:
+    """Wait for the worker; a TrialResult when the parent ends the trial, None when it exits."""
+    baseline = None
+    peak = 0
+    while worker.poll() is None:
+        if time.perf_counter() > deadline:
+            return TrialResult(status=Status.TIMEOUT, reason="no result before trial_timeout")
+        if rss_limit_bytes is not None:
+            baseline = baseline or _baseline_rss(progress_path)
+            if baseline is not None:
+                grown = _tree_rss(worker.pid) - baseline
+                peak = max(peak, grown)
+                if grown > rss_limit_bytes:
+                    return TrialResult(
+                        status=Status.OOM,
+                        reason=f"memory {grown / GIB:.2f} GiB over the worker's start exceeded "
+                        f"memory_budget {rss_limit_bytes / GIB:.2f} GiB",
+                        peak_memory_gib=peak / GIB,
+                    )
+        time.sleep(POLL_S)
+    return None
+
+
+def _baseline_rss(progress_path: Path) -> int | None:
+    try:
+        return json.loads(progress_path.read_text())["baseline_rss_bytes"]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return None  # not written yet
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident memory of a process and its descendants (DataLoader workers, compilers).
+
+    RSS counts pages shared after fork in each process, so the sum can exceed what the tree
+    really holds: the watchdog errs on the side of calling a trial too big.
+    """
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for process in processes:
+        try:
+            total += process.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass  # exited between listing and reading
+    return total
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
         pass  # the group is already gone: the normal case after a clean exit
-    proc.wait()
 
 
-def _read_result(path: Path, returncode: int) -> TrialResult:
-    if returncode < 0:
+def _read_result(path: Path, returncode: int | None) -> TrialResult:
+    if returncode is not None and returncode < 0:
         name = signal.Signals(-returncode).name
-        status = Status.HOST_OOM if name == "SIGKILL" else Status.CRASHED
-        why = " (the kernel's OOM killer sends SIGKILL)" if status is Status.HOST_OOM else ""
-        return TrialResult(status=status, reason=f"worker killed by {name}{why}")
+        if name == "SIGKILL":
+            # Nobody here sent it: on Linux that is the kernel's OOM killer.
+            return TrialResult(status=Status.HOST_OOM, reason="worker killed by SIGKILL "
+                               "(host memory exhausted: the kernel's OOM killer)")  # fmt: skip
+        return TrialResult(status=Status.CRASHED, reason=f"worker killed by {name}")
     try:
         result = TrialResult.from_dict(json.loads(path.read_text()))
     except FileNotFoundError:
@@ -89,15 +248,15 @@ def _read_result(path: Path, returncode: int) -> TrialResult:
     except (json.JSONDecodeError, ValueError, TypeError, KeyError) as exc:
         return TrialResult(status=Status.CRASHED, reason=f"unreadable result file: {exc}"[:300])
     if returncode != 0 and result.status is Status.OK:
-        return _with(result, status=Status.CRASHED, reason=f"worker exited with code {returncode}")
+        return dataclasses.replace(
+            result, status=Status.CRASHED, reason=f"worker exited with code {returncode}"
+        )
     return result
 
 
 def _tail(path: Path) -> str:
+    if not path.exists():
+        return ""
     with open(path, "rb") as f:
         f.seek(max(0, path.stat().st_size - STDERR_TAIL_CHARS))
         return f.read().decode(errors="replace")
-
-
-def _with(result: TrialResult, **changes: object) -> TrialResult:
-    return dataclasses.replace(result, **changes)

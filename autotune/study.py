@@ -6,22 +6,27 @@ finished trials are kept and count toward `n_trials`.
 
 from __future__ import annotations
 
+import json
 import time
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune import runner
 from autotune.errors import StudyError
 from autotune.plan import SearchPlan
 from autotune.records import PARAMS_ATTR, RESULT_ATTR, TrialRecord, record_of
-from autotune.trial import Status, TrialSpec
+from autotune.trial import Status, TrialResult, TrialSpec
 
 DIRECTIONS = (optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE)
 OBJECTIVES = ("samples_per_s", "peak_memory_gib")
 PLAN_ATTR = "plan"
+RETRY_OF_ATTR = "retry_of"
+REPEAT_OF_ATTR = "repeat_of"
+MAX_REPEATS = 50
 NOTES_ATTR = "space_notes"
 
 
@@ -38,7 +43,7 @@ def open_study(plan: SearchPlan) -> optuna.Study:
                 f"study={plan.study_name} in {plan.storage_url} was made for {stored}, "
                 f"not {plan.describe()}; pick another study= name or out= folder"
             )
-        finished = _count_finished(optuna.load_study(study_name=plan.study_name, storage=storage))
+        finished = len(_finished(optuna.load_study(study_name=plan.study_name, storage=storage)))
     # Offset the seed by the trials already run, so a resumed study does not replay the same
     # random start-up proposals it made the first time.
     sampler = optuna.samplers.TPESampler(seed=plan.config.seed + finished)
@@ -63,44 +68,117 @@ def run_search(
     study: optuna.Study,
     *,
     on_trial_end: Callable[[TrialRecord], None] = lambda record: None,
-    worker_command: tuple[str, ...] = runner.WORKER_COMMAND,
-) -> None:
-    """Run trials until `n_trials` are finished or `timeout` has passed."""
+    launcher: runner.Launcher | None = None,
+) -> str:
+    """Run trials until `n_trials` are finished or `timeout` has passed; says why it stopped.
+
+    Trials interrupted earlier (Ctrl-C, or the search process killed) are retried once first.
+    A configuration that was already run is not run again.
+    """
     config = plan.config
+    launcher = launcher or runner.ForkserverLauncher()
     deadline = time.monotonic() + config.timeout if config.timeout else float("inf")
-    while _count_finished(study) < config.n_trials and time.monotonic() < deadline:
+    retry_interrupted(study)
+    done = {_key(t.user_attrs[PARAMS_ATTR]): t for t in _finished(study)}
+    repeats = 0
+    while len(done) < config.n_trials:
+        if time.monotonic() > deadline:
+            return f"timeout: {len(done)} of {config.n_trials} trials finished"
         trial = study.ask()
         params = plan.space.sample(trial, plan.rules)
-        spec = TrialSpec(
-            trial_number=trial.number,
-            model_name=plan.model.name,
-            model_config=plan.model.config,
-            task=plan.task,
-            seq_len=config.seq_len,
-            device=plan.device,
-            params=params,
-            warmup_steps=config.warmup_steps,
-            measure_steps=config.measure_steps,
-            seed=config.seed,
-            memory_budget_bytes=plan.memory_budget_bytes,
-        )
-        trial_dir = plan.study_dir / "trials" / f"{trial.number:04d}"
+        trial.set_user_attr(PARAMS_ATTR, params)
+        earlier = done.get(_key(params))
+        if earlier is not None:
+            _tell_repeat(study, trial, earlier)
+            repeats += 1
+            if repeats >= MAX_REPEATS:
+                return (
+                    f"the last {MAX_REPEATS} proposals repeated settings already run: "
+                    f"the space looks exhausted after {len(done)} trials"
+                )
+            continue
+        repeats = 0
         try:
-            result = runner.run_trial(
-                spec, trial_dir, timeout_s=config.trial_timeout, command=worker_command
-            )
+            result = _run(plan, trial.number, params, launcher)
         except BaseException:
-            # Ctrl-C or a bug in the parent: do not leave the trial RUNNING in storage.
+            # Ctrl-C or a bug in the parent: the trial ends FAIL without a result, which is
+            # how a later run of the same study recognises it as interrupted and retries it.
             study.tell(trial, state=TrialState.FAIL)
             raise
-        trial.set_user_attr(PARAMS_ATTR, params)
         trial.set_user_attr(RESULT_ATTR, result.to_dict())
         if result.status is Status.OK:
             study.tell(trial, [result.samples_per_s, result.peak_memory_gib])
         else:
             study.tell(trial, state=TrialState.FAIL)
-        on_trial_end(record_of(study.get_trials(deepcopy=False)[trial.number]))
+        finished = study.get_trials(deepcopy=False)[trial.number]
+        done[_key(params)] = finished
+        on_trial_end(record_of(finished))
+    return f"{len(done)} of {config.n_trials} trials finished"
 
 
-def _count_finished(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)))
+def _run(
+    plan: SearchPlan, number: int, params: dict[str, Any], launcher: runner.Launcher
+) -> TrialResult:
+    config = plan.config
+    spec = TrialSpec(
+        trial_number=number,
+        model_name=plan.model.name,
+        model_config=plan.model.config,
+        task=plan.task,
+        seq_len=config.seq_len,
+        device=plan.device,
+        params=params,
+        warmup_steps=config.warmup_steps,
+        measure_steps=config.measure_steps,
+        seed=config.seed,
+        memory_budget_bytes=plan.memory_budget_bytes,
+        compile_cache_dir=str(plan.study_dir / "inductor-cache"),
+    )
+    compiling = params.get("torch_compile", "off") != "off"
+    return runner.run_trial(
+        spec,
+        plan.study_dir / "trials" / f"{number:04d}",
+        # Compiling gets its own allowance on top of the training time.
+        timeout_s=config.trial_timeout + (config.compile_timeout if compiling else 0),
+        launcher=launcher,
+        # On CUDA the worker caps its allocator at the budget; on CPU the parent watches RSS.
+        rss_limit_bytes=plan.memory_budget_bytes if plan.device == "cpu" else None,
+    )
+
+
+def retry_interrupted(study: optuna.Study) -> list[int]:
+    """Close trials a killed search left RUNNING, and queue each interrupted config once."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        # Single-writer storage (the default SQLite file): a RUNNING trial at start-up was
+        # left by a search that died.
+        study.tell(trial.number, state=TrialState.FAIL)
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get(RETRY_OF_ATTR) for t in trials}
+    queued = []
+    for trial in trials:
+        interrupted = (
+            trial.state is TrialState.FAIL
+            and RESULT_ATTR not in trial.user_attrs
+            and REPEAT_OF_ATTR not in trial.user_attrs
+        )
+        if interrupted and trial.number not in retried and RETRY_OF_ATTR not in trial.user_attrs:
+            study.enqueue_trial(trial.params, user_attrs={RETRY_OF_ATTR: trial.number})
+            queued.append(trial.number)
+    return queued
+
+
+def _tell_repeat(study: optuna.Study, trial: optuna.Trial, earlier: FrozenTrial) -> None:
+    """Tell the sampler what the earlier run of these settings measured, without running."""
+    trial.set_user_attr(REPEAT_OF_ATTR, earlier.number)
+    if earlier.state is TrialState.COMPLETE:
+        study.tell(trial, earlier.values)
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+
+
+def _finished(study: optuna.Study) -> list[FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False) if RESULT_ATTR in t.user_attrs]
+
+
+def _key(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True)

@@ -48,6 +48,9 @@ class TrialSpec:
     measure_steps: int
     seed: int
     memory_budget_bytes: int | None = None
+    """Enforced inside the worker on CUDA (allocator cap); on CPU the parent's watchdog does."""
+    compile_cache_dir: str | None = None
+    """Inductor cache shared by the trials of a study, so a compile is paid once."""
     schema_version: int = SCHEMA_VERSION
 
 
@@ -75,6 +78,8 @@ class TrialResult:
     """Seconds spent in `Trainer.train`, warm-up included."""
     wall_s: float | None = None
     """Seconds from starting the worker process to reading its result (set by the parent)."""
+    overhead_s: float | None = None
+    """wall_s less build_s and train_s: process start, imports, teardown (set by the parent)."""
     n_params: int | None = None
     worker_pid: int | None = None
     """The process that ran the trial: each trial has one of its own."""

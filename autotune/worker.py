@@ -54,17 +54,33 @@ class InvalidConfig(Exception):
     """The settings were refused before training started."""
 
 
-def run_trial(spec: TrialSpec) -> TrialResult:
+def run_trial(spec: TrialSpec, progress_path: Path) -> TrialResult:
     # The Trainer wants an output folder; with saving and logging off it stays empty.
     with tempfile.TemporaryDirectory(prefix="autotune-trainer-") as workdir:
-        return _train(spec, workdir)
+        return _train(spec, workdir, progress_path)
 
 
-def _train(spec: TrialSpec, workdir: str) -> TrialResult:
+def _cap_cuda_memory(budget_bytes: int | None) -> None:
+    """Cap PyTorch's allocator at the budget, so an 80 GB card can tune for a 24 GB one.
+
+    Must run before the model reaches the GPU; past the cap, allocations raise
+    torch.OutOfMemoryError as a smaller card would.
+    """
+    total = torch.cuda.get_device_properties(0).total_memory
+    if budget_bytes is not None and budget_bytes < total:
+        torch.cuda.set_per_process_memory_fraction(budget_bytes / total)
+
+
+def _train(spec: TrialSpec, workdir: str, progress_path: Path) -> TrialResult:
     transformers.set_seed(spec.seed)
     on_cuda = spec.device == "cuda"
+    if spec.compile_cache_dir:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = spec.compile_cache_dir
     baseline_rss = psutil.Process().memory_info().rss
+    # The parent's CPU memory watchdog measures growth from here.
+    write_json_atomic(progress_path, {"baseline_rss_bytes": baseline_rss})
     if on_cuda:
+        _cap_cuda_memory(spec.memory_budget_bytes)
         torch.cuda.reset_peak_memory_stats()
 
     started = time.perf_counter()
@@ -125,19 +141,23 @@ def _train(spec: TrialSpec, workdir: str) -> TrialResult:
         "measured_steps": len(step_times_s),
         "step_times_ms": [t * 1e3 for t in step_times_s],
     }
-    if len(step_times_s) < spec.measure_steps:
-        return TrialResult(
-            status=Status.ERROR,
-            reason=f"only {len(step_times_s)} of {spec.measure_steps} measured steps ran",
-            **common,
-        )
-    if not math.isfinite(output.training_loss):
-        return TrialResult(status=Status.NAN_LOSS, reason="training loss is not finite", **common)
+    status, reason = judge(len(step_times_s), spec.measure_steps, output.training_loss)
+    if status is not Status.OK:
+        return TrialResult(status=status, reason=reason, **common)
     stats = measure.throughput(
         step_times_s, samples_per_step=samples_per_step, seq_len=spec.seq_len
     )
     del common["measured_steps"]
     return TrialResult(status=Status.OK, **common, **dataclasses.asdict(stats))
+
+
+def judge(measured_steps: int, planned_steps: int, loss: float) -> tuple[Status, str]:
+    """A finished training run is `ok` only with every planned step timed and a finite loss."""
+    if measured_steps < planned_steps:
+        return Status.ERROR, f"only {measured_steps} of {planned_steps} measured steps ran"
+    if not math.isfinite(loss):
+        return Status.NAN_LOSS, f"training loss is {loss}"
+    return Status.OK, ""
 
 
 def _no_sync() -> None:
@@ -157,13 +177,15 @@ def main(argv: list[str]) -> int:
     spec_path, result_path = Path(argv[0]), Path(argv[1])
     spec = spec_from_dict(json.loads(spec_path.read_text()))
     try:
-        result = run_trial(spec)
+        result = run_trial(spec, result_path.parent / "progress.json")
     except torch.OutOfMemoryError as exc:
         result = _failure(Status.OOM, exc)
     except InvalidConfig as exc:
         result = _failure(Status.INVALID_CONFIG, exc.__cause__ or exc)
     except Exception as exc:  # noqa: BLE001 - any failure is this trial's result, named and kept
-        result = _failure(Status.ERROR, exc)
+        # Some libraries (bitsandbytes, compiled kernels) raise out-of-memory as RuntimeError.
+        status = Status.OOM if "out of memory" in str(exc).lower() else Status.ERROR
+        result = _failure(status, exc)
     result = dataclasses.replace(result, worker_pid=os.getpid())
     write_json_atomic(result_path, result.to_dict())
     return 0

@@ -6,7 +6,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.runner import run_trial
+from autotune.runner import CommandLauncher, run_trial
 from autotune.trial import Status, TrialSpec
 
 FAKE = str(Path(__file__).parent / "fakes" / "worker.py")
@@ -27,8 +27,14 @@ def spec() -> TrialSpec:
     )
 
 
-def run(mode: str, tmp_path: Path, timeout_s: float = 30):
-    return run_trial(spec(), tmp_path, timeout_s=timeout_s, command=(sys.executable, FAKE, mode))
+def run(mode: str, tmp_path: Path, timeout_s: float = 30, rss_limit_bytes=None):
+    return run_trial(
+        spec(),
+        tmp_path,
+        timeout_s=timeout_s,
+        launcher=CommandLauncher((sys.executable, FAKE, mode)),
+        rss_limit_bytes=rss_limit_bytes,
+    )
 
 
 def test_ok_result_is_read_and_timed(tmp_path):
@@ -37,6 +43,7 @@ def test_ok_result_is_read_and_timed(tmp_path):
     assert result.samples_per_s == 108.0
     assert result.worker_pid not in (None, os.getpid())
     assert result.wall_s > 0
+    assert result.overhead_s == pytest.approx(result.wall_s - 0.3)
 
 
 def test_exception_without_result_is_crashed_with_exit_code_and_log_tail(tmp_path):
@@ -91,3 +98,22 @@ def test_spec_is_written_for_the_worker(tmp_path, mode):
     run(mode, tmp_path)
     assert (tmp_path / "spec.json").is_file()
     assert (tmp_path / "worker.log").read_text().startswith("fake worker")
+
+
+def test_growing_past_the_memory_budget_is_oom_and_the_worker_is_killed(tmp_path):
+    started = time.monotonic()
+    result = run("alloc", tmp_path, rss_limit_bytes=200 * 2**20)
+    assert result.status is Status.OOM
+    assert "exceeded memory_budget 0.20 GiB" in result.reason
+    assert result.peak_memory_gib > 0.2
+    assert time.monotonic() - started < 20  # killed, not waited for
+
+
+def test_the_watchdog_is_off_without_a_limit(tmp_path):
+    result = run("alloc", tmp_path, timeout_s=3)
+    assert result.status is Status.TIMEOUT
+
+
+@pytest.mark.parametrize(("mode", "status"), [("nan", Status.NAN_LOSS), ("zero", Status.ERROR)])
+def test_worker_verdicts_are_kept(tmp_path, mode, status):
+    assert run(mode, tmp_path).status is status

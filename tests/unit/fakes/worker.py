@@ -1,7 +1,7 @@
 """A stand-in worker: `python fakes/worker.py MODE SPEC RESULT` behaves as MODE says.
 
-Modes: ok, raise, exit3, segfault, sleep, garbage, spawn_sleep (leaves a grandchild that
-writes its pid to pid.txt beside the spec, then sleeps past any timeout).
+MODE `sequence:DIR:m1,m2,...` takes the next mode from the list on each call (a counter file in
+DIR), so one search can meet every fault in turn.
 """
 
 import json
@@ -13,32 +13,59 @@ import time
 from pathlib import Path
 
 mode, spec_path, result_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+if mode.startswith("sequence:"):
+    _, state_dir, modes = mode.split(":")
+    counter = Path(state_dir) / "calls"
+    calls = int(counter.read_text()) if counter.exists() else 0
+    counter.write_text(str(calls + 1))
+    mode = modes.split(",")[calls % len(modes.split(","))]
 spec = json.loads(spec_path.read_text())
 print(f"fake worker: {mode}", file=sys.stderr, flush=True)
+progress = spec_path.parent / "progress.json"
+
+
+def write_result(**fields):
+    result = {"schema_version": 1, "worker_pid": os.getpid(), **fields}
+    result_path.write_text(json.dumps(result))
+
 
 if mode == "ok":
-    result = {
-        "schema_version": 1,
-        "status": "ok",
-        "samples_per_s": 100.0 + spec["params"]["batch_size"],
-        "tokens_per_s": 6400.0,
-        "peak_memory_gib": spec["params"]["batch_size"] / 64,
-        "step_time_cv": 0.01,
-        "measured_steps": spec["measure_steps"],
-        "training_args": {"per_device_train_batch_size": spec["params"]["batch_size"]},
-        "worker_pid": os.getpid(),
-    }
-    result_path.write_text(json.dumps(result))
+    batch = spec["params"]["batch_size"]
+    write_result(
+        status="ok",
+        samples_per_s=100.0 + batch,
+        tokens_per_s=6400.0,
+        peak_memory_gib=batch / 64,
+        step_time_cv=0.01,
+        measured_steps=spec["measure_steps"],
+        build_s=0.1,
+        train_s=0.2,
+        training_args={"per_device_train_batch_size": batch},
+    )
 elif mode == "raise":
     raise RuntimeError("boom in the worker")
+elif mode == "error":  # what the real worker writes for an exception it caught
+    write_result(status="error", reason="ValueError: bad things", stderr_tail="Traceback ...")
+elif mode == "nan":
+    write_result(status="nan_loss", reason="training loss is nan", measured_steps=10)
+elif mode == "zero":
+    write_result(status="error", reason="only 0 of 10 measured steps ran")
 elif mode == "exit3":
     sys.exit(3)
+elif mode == "sigkill":  # as the kernel's OOM killer does
+    os.kill(os.getpid(), signal.SIGKILL)
 elif mode == "segfault":
     os.kill(os.getpid(), signal.SIGSEGV)
 elif mode == "sleep":
     time.sleep(60)
 elif mode == "garbage":
     result_path.write_text("{not json")
+elif mode == "alloc":  # grow well past any small budget, then linger
+    progress.write_text(json.dumps({"baseline_rss_bytes": 0}))
+    hog = bytearray(600 * 2**20)
+    for i in range(0, len(hog), 4096):
+        hog[i] = 1  # touch every page so it is resident
+    time.sleep(60)
 elif mode == "spawn_sleep":
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     (spec_path.parent / "pid.txt").write_text(str(child.pid))

@@ -1,0 +1,157 @@
+"""The sandbox with real workers: memory budget, kill -9 and Ctrl-C, fast start, no leftovers."""
+
+import csv
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+
+from autotune.models import resolve_model
+from autotune.records import PARAMS_ATTR, RESULT_ATTR
+from autotune.runner import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, run_trial
+from autotune.study import RETRY_OF_ATTR
+from autotune.trial import Status, TrialSpec
+from tests.conftest import TINY_MODEL
+
+pytestmark = pytest.mark.slow
+SPACE = """
+description: three batch sizes, the rest fixed
+device: any
+knobs:
+  batch_size: {choices: [8, 16, 256]}
+  precision: fp32
+  optim: sgd
+  gradient_checkpointing: false
+  dataloader_num_workers: 0
+"""
+
+
+def search_command(out: Path, space: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=128",
+        f"space={space}", "warmup_steps=1", "measure_steps=2", f"out={out}", "study=s", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def space(tmp_path):
+    path = tmp_path / "three.yaml"
+    path.write_text(SPACE)
+    return path
+
+
+def rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_batch_over_the_memory_budget_is_oom_the_rest_ok(tmp_path, space):
+    # Measured here: batch 8 and 16 grow the worker by ~0.1-0.2 GiB, batch 256 by ~0.9 GiB.
+    proc = subprocess.run(
+        search_command(tmp_path, space, "n_trials=3", "memory_budget=600MiB"),
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    status = {int(r["batch_size"]): r["status"] for r in rows(tmp_path / "s" / "trials.csv")}
+    assert status == {8: "ok", 16: "ok", 256: "oom"}
+    assert "exceeded memory_budget 0.59 GiB" in proc.stdout
+
+
+def descendants(proc: subprocess.Popen) -> set[int]:
+    try:
+        return {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def wait_gone(pids: set[int], timeout_s: float = 10) -> set[int]:
+    deadline = time.monotonic() + timeout_s
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {
+            p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+        }
+        time.sleep(0.1)
+    return alive
+
+
+def start_and_interrupt(command: list[str], study_dir: Path, sig: int) -> tuple[int, set[int]]:
+    """Start a search, send `sig` while trial 1 runs; its exit code and every process it had."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 120
+    while not (study_dir / "trials" / "0001" / "progress.json").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        seen |= descendants(proc)
+        time.sleep(0.05)
+    seen |= descendants(proc)
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+    return proc.returncode, seen
+
+
+def test_kill_9_mid_trial_then_rerun_finishes_exactly_n_trials_once_each(tmp_path, space):
+    command = search_command(tmp_path, space, "n_trials=3", "trial_timeout=2m")
+    code, processes = start_and_interrupt(command, tmp_path / "s", signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    assert processes, "the search had started its worker processes"
+    assert not wait_gone(processes), "a worker outlived the killed search"
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert again.returncode == 0, again.stderr
+    assert "trial 1 was interrupted: its settings run again first" in again.stdout
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
+    measured = [t for t in study.trials if RESULT_ATTR in t.user_attrs]
+    assert len(measured) == 3
+    configs = [json.dumps(t.user_attrs[PARAMS_ATTR], sort_keys=True) for t in measured]
+    assert len(set(configs)) == 3, "a config was measured twice"
+    retries = [t for t in measured if t.user_attrs.get(RETRY_OF_ATTR) == 1]
+    assert len(retries) == 1
+    assert retries[0].user_attrs[PARAMS_ATTR] == study.trials[1].user_attrs[PARAMS_ATTR]
+
+
+def test_ctrl_c_stops_the_trial_writes_outputs_and_exits_130(tmp_path, space):
+    command = search_command(tmp_path, space, "n_trials=3")
+    code, processes = start_and_interrupt(command, tmp_path / "s", signal.SIGINT)
+    assert code == 130
+    assert not wait_gone(processes), "a worker outlived the interrupted search"
+    finished = rows(tmp_path / "s" / "trials.csv")
+    assert [r["number"] for r in finished] == ["0"]
+    assert (tmp_path / "s" / "report.html").is_file()
+
+
+def tiny_spec(number: int) -> TrialSpec:
+    model = resolve_model(TINY_MODEL)
+    return TrialSpec(
+        trial_number=number, model_name=model.name, model_config=model.config,
+        task="sequence-classification", seq_len=64, device="cpu",
+        params={"batch_size": 8, "precision": "fp32", "optim": "sgd"},
+        warmup_steps=1, measure_steps=3, seed=0,
+    )  # fmt: skip
+
+
+def test_forked_trials_start_far_faster_than_a_cold_process(tmp_path):
+    forked = ForkserverLauncher()
+    overheads = []
+    for number in range(4):
+        result = run_trial(
+            tiny_spec(number), tmp_path / str(number), timeout_s=120, launcher=forked
+        )
+        assert result.status is Status.OK, result.reason
+        overheads.append(result.overhead_s)
+    cold = run_trial(
+        tiny_spec(9), tmp_path / "cold", timeout_s=120, launcher=CommandLauncher(WORKER_COMMAND)
+    )
+    assert cold.status is Status.OK, cold.reason
+    warm_median = statistics.median(overheads[1:])  # the first pays the server's start
+    print(f"overhead_s: forked {overheads} (median after the first {warm_median:.3f}), "
+          f"cold {cold.overhead_s:.3f}")  # fmt: skip
+    assert warm_median < 1.0
+    assert cold.overhead_s > 3 * warm_median

@@ -1,0 +1,51 @@
+"""Every fault a trial can meet, in one search: each gets its status, the search goes on."""
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune import cli, runner
+from tests.conftest import TINY_MODEL
+
+FAKE = str(Path(__file__).parent / "fakes" / "worker.py")
+EXPECTED = {
+    "ok": ("ok", ""),
+    "raise": ("crashed", "worker exited with code 1 and no result"),
+    "error": ("error", "ValueError: bad things"),
+    "nan": ("nan_loss", "training loss is nan"),
+    "zero": ("error", "only 0 of 10 measured steps ran"),
+    "exit3": ("crashed", "worker exited with code 3 and no result"),
+    "segfault": ("crashed", "worker killed by SIGSEGV"),
+    "sigkill": ("host_oom", "worker killed by SIGKILL"),
+    "sleep": ("timeout", "no result before trial_timeout"),
+    "garbage": ("crashed", "unreadable result file"),
+    "alloc": ("oom", "exceeded memory_budget"),
+}
+
+
+@pytest.fixture
+def fake_launcher(monkeypatch, tmp_path):
+    mode = f"sequence:{tmp_path}:{','.join(EXPECTED)}"
+    launcher = runner.CommandLauncher((sys.executable, FAKE, mode))
+    monkeypatch.setattr(runner, "ForkserverLauncher", lambda: launcher)
+
+
+def test_each_fault_is_named_and_the_search_continues(fake_launcher, tmp_path, capsys):
+    out = tmp_path / "reports"
+    code = cli.main([
+        "search", f"model={TINY_MODEL}", f"n_trials={len(EXPECTED)}", "seq_len=32",
+        "trial_timeout=3s", "memory_budget=256MiB", f"out={out}", "study=faults",
+    ])  # fmt: skip
+    terminal = capsys.readouterr().out
+    assert code == 0
+    with open(out / "faults" / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(EXPECTED)
+    for row, (mode, (status, reason)) in zip(rows, EXPECTED.items(), strict=True):
+        assert row["status"] == status, mode
+        assert reason in row["reason"], mode
+        if reason:
+            assert reason in terminal, mode
+    assert "recommended (*)" in terminal  # the ok trial still makes a recommendation
