@@ -91,7 +91,7 @@ class RunConfig(BaseModel):
     measure_steps: int = Field(10, ge=2, description="timed optimizer steps per trial")
     memory_budget: ByteSize | None = Field(
         None,
-        description="memory the recommended config may use, e.g. 24GiB; "
+        description="memory a trial may use, e.g. 24GiB: past it the trial is oom; "
         "null = the device's free memory",
         json_schema_extra={"metavar": "SIZE"},
     )

@@ -1,6 +1,7 @@
 """The sandbox with real workers: memory budget, kill -9 and Ctrl-C, fast start, no leftovers."""
 
 import csv
+import dataclasses
 import json
 import signal
 import statistics
@@ -155,3 +156,22 @@ def test_forked_trials_start_far_faster_than_a_cold_process(tmp_path):
           f"cold {cold.overhead_s:.3f}")  # fmt: skip
     assert warm_median < 1.0
     assert cold.overhead_s > 3 * warm_median
+
+
+def test_compiled_trials_share_the_study_inductor_cache(tmp_path):
+    cache = tmp_path / "inductor-cache"
+    launcher = ForkserverLauncher()
+    walls = []
+    for number in range(2):
+        spec = tiny_spec(number)
+        compiled = dataclasses.replace(
+            spec,
+            params={**spec.params, "torch_compile": "inductor"},
+            compile_cache_dir=str(cache),
+        )
+        result = run_trial(compiled, tmp_path / str(number), timeout_s=300, launcher=launcher)
+        assert result.status is Status.OK, result.reason
+        walls.append(result.wall_s)
+    assert any(cache.iterdir()), "the compile cache stayed empty"
+    print(f"compiled trial wall_s: cold cache {walls[0]:.1f}, warm cache {walls[1]:.1f}")
+    assert walls[1] < 0.7 * walls[0]
