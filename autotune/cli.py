@@ -15,7 +15,7 @@ from autotune import __version__, hardware
 from autotune.config import help_rows, load_config
 from autotune.errors import AutotuneError, SpaceError
 from autotune.models import catalogue_names, count_parameters, resolve_model
-from autotune.outputs import SearchOutputs, write_outputs
+from autotune.outputs import SearchOutputs, describe_baseline, write_outputs
 from autotune.plan import SearchPlan, make_plan
 from autotune.records import TrialRecord, describe_params, load_records
 from autotune.space import SoftwareFacts, load_space, shipped_names
@@ -152,33 +152,47 @@ def _trial_line(record: TrialRecord, done: int, total: int) -> str:
 
 
 def _print_outputs(plan: SearchPlan, outputs: SearchOutputs) -> None:
+    picks = outputs.picks
     table = Table(title="Pareto front (fastest first)")
-    for column in ("trial", "settings", "samples/s", "tokens/s", "peak GiB", "step CV"):
+    for column in ("trial", "settings", "samples/s", "x baseline", "peak GiB", "MFU", "step CV"):
         table.add_column(column, justify="left" if column == "settings" else "right")
     for record in outputs.front:
         r = record.result
-        mark = " *" if outputs.recommended and record.number == outputs.recommended.number else ""
+        marks = ((picks.fastest, " *"), (picks.saver, " m"))
+        mark = "".join(m for pick, m in marks if pick is not None and pick.number == record.number)
         table.add_row(
             f"{record.number}{mark}",
             describe_params(record.params),
             f"{r.samples_per_s:.2f}",
-            f"{r.tokens_per_s:.0f}",
+            _times(picks.speedup(record)),
             f"{r.peak_memory_gib:.3f}",
-            f"{r.step_time_cv:.0%}",
+            "n/a" if r.mfu is None else f"{r.mfu:.1%}",
+            f"{r.step_time_cv:.0%}" + (" noisy" if r.step_time_cv > plan.config.noise_cv else ""),
         )
     console.print(table)
-    best = outputs.recommended
-    if best is None:
+    console.print(f"baseline: {describe_baseline(picks)}")
+    if picks.baseline is not None and picks.baseline.result.samples_per_s is None:
+        console.print("[yellow]the HF defaults did not run here, so there is no speedup figure[/]")
+    if picks.fastest is None:
         console.print(
             f"[yellow]no successful trial stays below {outputs.memory_limit_gib:.2f} GiB "
             "(budget less headroom): nothing to recommend[/]"
         )
     else:
-        console.print(
-            f"recommended (*): trial {best.number}, {best.result.samples_per_s:.2f} samples/s at "
-            f"{best.result.peak_memory_gib:.3f} GiB: {describe_params(best.params)}"
-        )
+        for label, record in (
+            ("recommended (*)", picks.fastest),
+            ("memory saver (m)", picks.saver),
+        ):
+            console.print(
+                f"{label}: trial {record.number}, {record.result.samples_per_s:.2f} samples/s "
+                f"({_times(picks.speedup(record))} the baseline) at "
+                f"{record.result.peak_memory_gib:.3f} GiB: {describe_params(record.params)}"
+            )
     console.print("wrote " + ", ".join(str(p) for p in outputs.paths))
+
+
+def _times(speedup: float | None) -> str:
+    return "n/a" if speedup is None else f"{speedup:.2f}x"
 
 
 def _models(args: argparse.Namespace) -> int:

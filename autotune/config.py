@@ -42,6 +42,7 @@ def parse_duration_s(value: Any) -> Any:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0)]
+Sampler = Literal["auto", "tpe", "gp", "nsga2", "random", "grid"]
 Task = Literal["auto", "sequence-classification", "causal-lm", "masked-lm", "seq2seq"]
 Device = Literal["auto", "cuda", "cpu"]
 
@@ -97,6 +98,19 @@ class RunConfig(BaseModel):
     )
     headroom: float = Field(
         0.1, ge=0, lt=1, description="recommend only configs below budget x (1 - headroom)"
+    )
+    sampler: Sampler = Field(
+        "auto",
+        description="Optuna sampler; auto = TPE (multivariate), best on small budgets here",
+    )
+    noise_cv: float = Field(
+        0.1, gt=0, description="flag a trial as noisy when its step-time CV is above this"
+    )
+    peak_tflops: float | None = Field(
+        None,
+        gt=0,
+        description="the device's dense peak TFLOP/s for MFU, for devices not in the "
+        "built-in table; null = look the device up",
     )
     seed: int = Field(0, description="seed for the sampler, model init and synthetic data")
     study: str | None = Field(

@@ -39,6 +39,8 @@ class DeviceInfo:
     """`torch.compile` backends this torch offers (`torch._dynamo.list_backends`)."""
     optimizer_names: tuple[str, ...] = ()
     """Values `TrainingArguments.optim` accepts in the installed transformers."""
+    default_optim: str = "adamw_torch"
+    """`TrainingArguments().optim` in the installed transformers: the baseline's optimizer."""
 
     @property
     def tensor_core_64(self) -> bool:
@@ -124,6 +126,7 @@ def _probe_here() -> dict:
         # exclude_tags=() also lists the debugging backends (eager, aot_eager) users may name.
         "compile_backends": sorted(torch._dynamo.list_backends(exclude_tags=())),
         "optimizer_names": [o.value for o in OptimizerNames],
+        "default_optim": str(transformers.TrainingArguments.__dataclass_fields__["optim"].default),
     }
     if facts["cuda_available"]:
         free, total = torch.cuda.mem_get_info(0)

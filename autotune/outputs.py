@@ -1,8 +1,8 @@
 """Everything a finished (or interrupted) search leaves in its study folder.
 
 trials.csv        one row per trial
-pareto.csv        the non-dominated successful trials
-recommended.json  TrainingArguments kwargs + model kwargs + measured metrics
+pareto.csv        the non-dominated feasible trials
+recommended.json  TrainingArguments kwargs + model kwargs + measured metrics + baseline
 recommended.py    a runnable snippet building those TrainingArguments
 report.html       the interactive report
 """
@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 
 from autotune import export
-from autotune.pareto import GIB, memory_limit_gib, pareto_front, recommend
+from autotune.pareto import GIB, Picks, memory_limit_gib, pareto_front, pick
 from autotune.plan import SearchPlan
 from autotune.records import TrialRecord, load_records
 from autotune.report.data import build_report_data
@@ -28,8 +28,13 @@ METRIC_COLUMNS = (
     "samples_per_s",
     "tokens_per_s",
     "peak_memory_gib",
+    "peak_allocated_gib",
+    "nvml_used_gib",
+    "alloc_retries",
+    "mfu",
     "step_time_median_ms",
     "step_time_cv",
+    "compile_s",
     "wall_s",
     "overhead_s",
 )
@@ -39,7 +44,7 @@ METRIC_COLUMNS = (
 class SearchOutputs:
     records: list[TrialRecord]
     front: list[TrialRecord]
-    recommended: TrialRecord | None
+    picks: Picks
     memory_limit_gib: float
     paths: list[Path]
 
@@ -48,17 +53,18 @@ def write_outputs(plan: SearchPlan, study: optuna.Study) -> SearchOutputs:
     records = load_records(study)
     front = pareto_front(study)
     limit_gib = memory_limit_gib(plan.memory_budget_bytes, plan.config.headroom)
-    best = recommend(front, limit_gib)
+    baseline = next((r for r in records if r.baseline), None)
+    picks = pick(front, limit_gib, baseline)
     out = plan.study_dir
+    noise_cv = plan.config.noise_cv
     paths = [
-        write_table(out / "trials.csv", records),
-        write_table(out / "pareto.csv", front),
+        write_table(out / "trials.csv", records, noise_cv),
+        write_table(out / "pareto.csv", front, noise_cv),
     ]
-    stale = [out / "recommended.json", out / "recommended.py"]
-    for path in stale:
-        path.unlink(missing_ok=True)
-    if best is not None:
-        paths += export.write_recommendation(out, recommendation(plan, best, limit_gib))
+    for stale in (out / "recommended.json", out / "recommended.py"):
+        stale.unlink(missing_ok=True)
+    if picks.fastest is not None:
+        paths += export.write_recommendation(out, recommendation(plan, picks, limit_gib))
     data = build_report_data(
         title=f"autotune: {plan.model.name} on {plan.device_name}",
         facts={
@@ -69,55 +75,98 @@ def write_outputs(plan: SearchPlan, study: optuna.Study) -> SearchOutputs:
             "device": f"{plan.device} ({plan.device_name})",
             "space": plan.space.name,
             "batch mode": plan.batch_mode,
+            "baseline": describe_baseline(picks),
             **{f"note {i + 1}": note for i, note in enumerate(plan.space.notes)},
         },
         records=records,
         front=front,
-        recommended=best,
+        recommended=picks.fastest,
         memory_budget_gib=plan.memory_budget_bytes / GIB,
         memory_limit_gib=limit_gib,
     )
     paths.append(write_report(data, out / "report.html"))
     return SearchOutputs(
-        records=records, front=front, recommended=best, memory_limit_gib=limit_gib, paths=paths
+        records=records, front=front, picks=picks, memory_limit_gib=limit_gib, paths=paths
     )
 
 
-def write_table(path: Path, records: list[TrialRecord]) -> Path:
+def write_table(path: Path, records: list[TrialRecord], noise_cv: float) -> Path:
     knobs = [k for k in KNOBS if any(k in r.params for r in records)]
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["number", *knobs, "status", *METRIC_COLUMNS, "reason"])
+        writer.writerow(
+            ["number", "baseline", *knobs, "status", *METRIC_COLUMNS, "noisy", "reason"]
+        )
         for r in records:
             metrics = [_cell(getattr(r.result, m)) for m in METRIC_COLUMNS]
             params = [r.params.get(k, "") for k in knobs]
-            writer.writerow([r.number, *params, r.status.value, *metrics, r.result.reason])
+            cv = r.result.step_time_cv
+            noisy = "" if cv is None else cv > noise_cv
+            row = [r.number, r.baseline, *params, r.status.value, *metrics, noisy, r.result.reason]
+            writer.writerow(row)
     return path
 
 
-def recommendation(plan: SearchPlan, record: TrialRecord, limit_gib: float) -> dict[str, Any]:
-    result = record.result
+def describe_baseline(picks: Picks) -> str:
+    baseline = picks.baseline
+    if baseline is None:
+        return "not run"
+    head = f"trial {baseline.number} (HF defaults)"
+    if baseline.result.samples_per_s is None:
+        return f"{head}: {baseline.status.value}: {baseline.result.reason}"
+    return (
+        f"{head}: {baseline.result.samples_per_s:.2f} samples/s, "
+        f"{baseline.result.peak_memory_gib:.3f} GiB"
+    )
+
+
+def recommendation(plan: SearchPlan, picks: Picks, limit_gib: float) -> dict[str, Any]:
+    fastest = picks.fastest
+    assert fastest is not None
+    baseline = picks.baseline
     return {
         "study": plan.study_name,
-        "trial": record.number,
+        "trial": fastest.number,
         "model": plan.model.name,
         "task": plan.task,
         "seq_len": plan.config.seq_len,
         "device": plan.device,
-        "device_name": result.device_name,
-        "params": record.params,
-        "training_args": result.training_args,
-        "model_kwargs": result.model_kwargs,
-        "metrics": {
-            "samples_per_s": result.samples_per_s,
-            "tokens_per_s": result.tokens_per_s,
-            "peak_memory_gib": result.peak_memory_gib,
-            "step_time_median_ms": result.step_time_median_ms,
-            "step_time_cv": result.step_time_cv,
+        "device_name": fastest.result.device_name,
+        "params": fastest.params,
+        "training_args": fastest.result.training_args,
+        "model_kwargs": fastest.result.model_kwargs,
+        "metrics": _metrics(fastest),
+        "speedup_vs_baseline": picks.speedup(fastest),
+        "baseline": None if baseline is None else {
+            "trial": baseline.number,
+            "status": baseline.status.value,
+            "reason": baseline.result.reason,
+            "params": baseline.params,
+            "metrics": _metrics(baseline),
+        },
+        "memory_saver": None if picks.saver is None else {
+            "trial": picks.saver.number,
+            "params": picks.saver.params,
+            "training_args": picks.saver.result.training_args,
+            "model_kwargs": picks.saver.result.model_kwargs,
+            "metrics": _metrics(picks.saver),
+            "speedup_vs_baseline": picks.speedup(picks.saver),
         },
         "memory_budget_gib": plan.memory_budget_bytes / GIB,
         "memory_limit_gib": limit_gib,
         "batch_mode": plan.batch_mode,
+    }  # fmt: skip
+
+
+def _metrics(record: TrialRecord) -> dict[str, Any]:
+    result = record.result
+    return {
+        "samples_per_s": result.samples_per_s,
+        "tokens_per_s": result.tokens_per_s,
+        "peak_memory_gib": result.peak_memory_gib,
+        "step_time_median_ms": result.step_time_median_ms,
+        "step_time_cv": result.step_time_cv,
+        "mfu": result.mfu,
     }
 
 

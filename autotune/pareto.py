@@ -1,19 +1,23 @@
-"""The trade-off between speed and memory: the Pareto front, and the config to recommend."""
+"""The trade-off between speed and memory: the Pareto front, and the configs to recommend."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import optuna
 
 from autotune.records import RESULT_ATTR, TrialRecord, record_of
+from autotune.trial import Status
 
 GIB = 1024**3
+SAVER_WITHIN = 0.10
+"""The memory saver may be this much slower than the fastest pick."""
 
 
 def pareto_front(study: optuna.Study) -> list[TrialRecord]:
-    """Successful trials that no other beats on both samples/s and peak memory, fastest first."""
-    # Optuna's best_trials is the non-dominated set of COMPLETE trials; only `ok` trials are
-    # told as COMPLETE, so failures never reach it.
-    # Repeated settings are told with their first run's values; only first runs are kept.
+    """Feasible trials that no other beats on both samples/s and peak memory, fastest first."""
+    # Optuna's best_trials is the non-dominated set of COMPLETE feasible trials (out-of-memory
+    # trials are COMPLETE but infeasible). Repeats carry their first run's values: keep first runs.
     front = [record_of(t) for t in study.best_trials if RESULT_ATTR in t.user_attrs]
     return sorted(front, key=lambda r: r.result.samples_per_s, reverse=True)
 
@@ -23,7 +27,31 @@ def memory_limit_gib(memory_budget_bytes: int, headroom: float) -> float:
     return memory_budget_bytes * (1 - headroom) / GIB
 
 
-def recommend(front: list[TrialRecord], limit_gib: float) -> TrialRecord | None:
-    """The fastest trial on the front whose peak memory stays under `limit_gib`."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Picks:
+    fastest: TrialRecord | None
+    """The highest samples/s under the limit."""
+    saver: TrialRecord | None
+    """The least memory within SAVER_WITHIN of the fastest's samples/s."""
+    baseline: TrialRecord | None
+    """The HF-defaults trial, when it ran."""
+
+    def speedup(self, record: TrialRecord) -> float | None:
+        """samples/s relative to the baseline; None when the baseline has no figure."""
+        if self.baseline is None or self.baseline.status is not Status.OK:
+            return None
+        return record.result.samples_per_s / self.baseline.result.samples_per_s
+
+
+def pick(front: list[TrialRecord], limit_gib: float, baseline: TrialRecord | None) -> Picks:
     fitting = [r for r in front if r.result.peak_memory_gib <= limit_gib]
-    return max(fitting, key=lambda r: r.result.samples_per_s, default=None)
+    fastest = max(fitting, key=lambda r: r.result.samples_per_s, default=None)
+    saver = None
+    if fastest is not None:
+        close = [
+            r
+            for r in fitting
+            if r.result.samples_per_s >= (1 - SAVER_WITHIN) * fastest.result.samples_per_s
+        ]
+        saver = min(close, key=lambda r: r.result.peak_memory_gib)
+    return Picks(fastest=fastest, saver=saver, baseline=baseline)

@@ -7,6 +7,7 @@ with the model and the space are reported together.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,8 @@ class SearchPlan:
     space: SearchSpace
     """Fitted to the device: its notes say what was removed and why."""
     rules: SamplingRules
+    baseline: dict[str, object]
+    """The HF default TrainingArguments as knobs: the first trial, the yardstick for speedups."""
     study_name: str
     study_dir: Path
     storage_url: str
@@ -102,10 +105,27 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         memory_budget_bytes=int(config.memory_budget or available_bytes),
         space=space,
         rules=rules,
+        baseline=baseline_params(device_info.default_optim, config.effective_batch_size),
         study_name=study_name,
         study_dir=study_dir,
         storage_url=config.storage or f"sqlite:///{study_dir / 'study.db'}",
     )
+
+
+def baseline_params(default_optim: str, effective_batch_size: int | None) -> dict[str, object]:
+    """What `TrainingArguments(output_dir=...)` trains with: batch 8, fp32, the default
+    optimizer, no checkpointing, SDPA attention, no compile; at the fixed effective batch
+    when there is one (batch 8 when it divides it)."""
+    batch = math.gcd(8, effective_batch_size) if effective_batch_size else 8
+    return {
+        "batch_size": batch,
+        "grad_accum": effective_batch_size // batch if effective_batch_size else 1,
+        "gradient_checkpointing": False,
+        "precision": "fp32",
+        "optim": default_optim,
+        "attn_implementation": "sdpa",
+        "dataloader_num_workers": 0,
+    }
 
 
 def default_study_name(model_name: str, device: str, seq_len: int) -> str:

@@ -15,6 +15,7 @@ from autotune.trial import Status, TrialResult
 
 PARAMS_ATTR = "params"
 RESULT_ATTR = "result"
+BASELINE_ATTR = "baseline"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -22,6 +23,8 @@ class TrialRecord:
     number: int
     params: dict[str, Any]
     result: TrialResult
+    baseline: bool = False
+    """The HF-defaults trial every speedup is measured against."""
 
     @property
     def status(self) -> Status:
@@ -42,6 +45,7 @@ def record_of(trial: optuna.trial.FrozenTrial) -> TrialRecord:
         number=trial.number,
         params=dict(trial.user_attrs[PARAMS_ATTR]),
         result=TrialResult.from_dict(trial.user_attrs[RESULT_ATTR]),
+        baseline=bool(trial.user_attrs.get(BASELINE_ATTR)),
     )
 
 

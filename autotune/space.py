@@ -135,6 +135,24 @@ class SearchSpace:
             values = [v for v in values if rules.effective_batch_size % v == 0]
         return tuple(values)
 
+    def grid(self, rules: SamplingRules) -> dict[str, list[Any]]:
+        """Every Optuna parameter `sample` may suggest, with all its values (for GridSampler)."""
+        grid: dict[str, list[Any]] = {}
+        precisions = self.knobs["precision"].choices if "precision" in self.knobs else (None,)
+        for name in SAMPLE_ORDER:
+            knob = self.knobs.get(name)
+            if knob is None or len(knob.choices) == 1:
+                continue
+            if name == "batch_size":
+                for precision in precisions:
+                    candidates = self.batch_candidates(precision, rules)
+                    if len(candidates) > 1:
+                        multiple = multiple_for(knob, precision, rules)
+                        grid[_batch_param(multiple)] = list(candidates)
+            elif not (name == "grad_accum" and rules.effective_batch_size):
+                grid[name] = list(knob.choices)
+        return grid
+
     def sample(self, trial: optuna.Trial, rules: SamplingRules) -> dict[str, Any]:
         """Suggest one configuration (define-by-run: conditions see earlier choices)."""
         params: dict[str, Any] = {}
@@ -170,11 +188,14 @@ def _suggest_batch(
     candidates = space.batch_candidates(precision, rules)
     if len(candidates) == 1:
         return candidates[0]
+    multiple = multiple_for(space.knobs["batch_size"], precision, rules)
+    return trial.suggest_categorical(_batch_param(multiple), candidates)
+
+
+def _batch_param(multiple: int) -> str:
     # One Optuna parameter per rule: each keeps the same choices in every trial, as Optuna
     # requires, and the sampler learns 16-bit tensor-core batch sizes on their own.
-    multiple = multiple_for(space.knobs["batch_size"], precision, rules)
-    name = "batch_size" if multiple <= BASE_MULTIPLE else f"batch_size_x{multiple}"
-    return trial.suggest_categorical(name, candidates)
+    return "batch_size" if multiple <= BASE_MULTIPLE else f"batch_size_x{multiple}"
 
 
 # ---- loading and validation ----

@@ -6,19 +6,20 @@ finished trials are kept and count toward `n_trials`.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import runner
-from autotune.errors import StudyError
+from autotune.errors import ConfigError, StudyError
 from autotune.plan import SearchPlan
-from autotune.records import PARAMS_ATTR, RESULT_ATTR, TrialRecord, record_of
+from autotune.records import BASELINE_ATTR, PARAMS_ATTR, RESULT_ATTR, TrialRecord, record_of
 from autotune.trial import Status, TrialResult, TrialSpec
 
 DIRECTIONS = (optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE)
@@ -27,6 +28,9 @@ PLAN_ATTR = "plan"
 RETRY_OF_ATTR = "retry_of"
 REPEAT_OF_ATTR = "repeat_of"
 MAX_REPEATS = 50
+CONSTRAINT = "peak_over_budget_gib"
+MEMORY_STATUSES = (Status.OOM, Status.HOST_OOM, Status.SKIPPED)
+GIB = 1024**3
 NOTES_ATTR = "space_notes"
 
 
@@ -46,7 +50,7 @@ def open_study(plan: SearchPlan) -> optuna.Study:
         finished = len(_finished(optuna.load_study(study_name=plan.study_name, storage=storage)))
     # Offset the seed by the trials already run, so a resumed study does not replay the same
     # random start-up proposals it made the first time.
-    sampler = optuna.samplers.TPESampler(seed=plan.config.seed + finished)
+    sampler = make_sampler(plan, seed=plan.config.seed + finished)
     study = optuna.create_study(
         study_name=plan.study_name,
         storage=storage,
@@ -63,6 +67,30 @@ def open_study(plan: SearchPlan) -> optuna.Study:
     return study
 
 
+def make_sampler(plan: SearchPlan, *, seed: int) -> optuna.samplers.BaseSampler:
+    """The configured sampler. TPE, NSGA-II and GP read each trial's constraint, so trials that
+    ran out of memory steer them away; random and grid ignore constraints."""
+    name = plan.config.sampler
+    if name in ("auto", "tpe"):
+        # Multivariate TPE models the knobs jointly (batch size and checkpointing interact);
+        # `group` splits the conditional space (compile_mode, 64-multiple batches) into parts
+        # that always appear together, instead of falling back to independent sampling.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
+    if name == "gp":
+        # Optuna's GP runs on torch (CPU tensors, never CUDA) and needs scipy.
+        if importlib.util.find_spec("scipy") is None:
+            raise ConfigError("sampler=gp needs scipy: pip install scipy, or use sampler=tpe")
+        return optuna.samplers.GPSampler(seed=seed)
+    if name == "nsga2":
+        population = max(4, min(50, plan.config.n_trials // 4))
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.GridSampler(plan.space.grid(plan.rules), seed=seed)
+
+
 def run_search(
     plan: SearchPlan,
     study: optuna.Study,
@@ -72,8 +100,9 @@ def run_search(
 ) -> str:
     """Run trials until `n_trials` are finished or `timeout` has passed; says why it stopped.
 
-    Trials interrupted earlier (Ctrl-C, or the search process killed) are retried once first.
-    A configuration that was already run is not run again.
+    The first trial of a study is the baseline (HF defaults). Trials interrupted earlier
+    (Ctrl-C, or the search process killed) are retried once. Settings already run are not run
+    again, and settings at least as memory-hungry as a known OOM are skipped.
     """
     config = plan.config
     launcher = launcher or runner.ForkserverLauncher()
@@ -85,7 +114,12 @@ def run_search(
         if time.monotonic() > deadline:
             return f"timeout: {len(done)} of {config.n_trials} trials finished"
         trial = study.ask()
-        params = plan.space.sample(trial, plan.rules)
+        if not done:
+            # The baseline comes first and is run as it is, outside the sampler's space.
+            params = dict(plan.baseline)
+            trial.set_user_attr(BASELINE_ATTR, True)
+        else:
+            params = plan.space.sample(trial, plan.rules)
         trial.set_user_attr(PARAMS_ATTR, params)
         earlier = done.get(_key(params))
         if earlier is not None:
@@ -98,22 +132,72 @@ def run_search(
                 )
             continue
         repeats = 0
-        try:
-            result = _run(plan, trial.number, params, launcher)
-        except BaseException:
-            # Ctrl-C or a bug in the parent: the trial ends FAIL without a result, which is
-            # how a later run of the same study recognises it as interrupted and retries it.
-            study.tell(trial, state=TrialState.FAIL)
-            raise
-        trial.set_user_attr(RESULT_ATTR, result.to_dict())
-        if result.status is Status.OK:
-            study.tell(trial, [result.samples_per_s, result.peak_memory_gib])
+        oom = doomed_by(params, done.values())
+        if oom is not None:
+            result = TrialResult(
+                status=Status.SKIPPED,
+                reason=f"at least as memory-hungry as trial {oom.number}, which ran out of memory",
+            )
         else:
-            study.tell(trial, state=TrialState.FAIL)
+            try:
+                result = _run(plan, trial.number, params, launcher)
+            except BaseException:
+                # Ctrl-C or a bug in the parent: the trial ends FAIL without a result, which
+                # is how a later run of the same study recognises it as interrupted.
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+        _tell(study, trial, result, plan.memory_budget_bytes / GIB)
         finished = study.get_trials(deepcopy=False)[trial.number]
         done[_key(params)] = finished
         on_trial_end(record_of(finished))
     return f"{len(done)} of {config.n_trials} trials finished"
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, budget_gib: float) -> None:
+    """Tell Optuna the outcome. Out-of-memory is information, so OOM and skipped trials are
+    COMPLETE but infeasible (samplers ignore FAIL trials and would keep proposing the region);
+    failures that say nothing about memory are FAIL."""
+    trial.set_user_attr(RESULT_ATTR, result.to_dict())
+    if result.status is Status.OK:
+        # Feasible when <= 0: the peak fits the budget.
+        trial.set_constraint(CONSTRAINT, result.peak_memory_gib - budget_gib)
+        study.tell(trial, [result.samples_per_s, result.peak_memory_gib])
+    elif result.status in MEMORY_STATUSES:
+        peak_gib = max(result.peak_memory_gib or budget_gib, budget_gib)
+        # How far over is unknown (the allocator refused); any positive value is infeasible.
+        trial.set_constraint(CONSTRAINT, max(peak_gib - budget_gib, 1.0))
+        study.tell(trial, [0.0, peak_gib])
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+
+
+def doomed_by(params: dict[str, Any], trials: Iterable[FrozenTrial]) -> FrozenTrial | None:
+    """A trial that ran out of memory with settings no hungrier than `params`, if any."""
+    for trial in trials:
+        status = trial.user_attrs[RESULT_ATTR]["status"]
+        if status in (Status.OOM, Status.HOST_OOM) and at_least_as_hungry(
+            params, trial.user_attrs[PARAMS_ATTR]
+        ):
+            return trial
+    return None
+
+
+def at_least_as_hungry(candidate: dict[str, Any], oom: dict[str, Any]) -> bool:
+    """Same settings except a batch at least as large, or checkpointing off where the OOM had
+    it on. Other knobs have no safe memory order (mixed precision keeps fp32 master weights),
+    so they must match."""
+    if set(candidate) != set(oom):
+        return False
+    for knob, value in candidate.items():
+        if knob == "batch_size":
+            if value < oom[knob]:
+                return False
+        elif knob == "gradient_checkpointing":
+            if value and not oom[knob]:
+                return False
+        elif value != oom[knob]:
+            return False
+    return True
 
 
 def _run(
@@ -171,6 +255,8 @@ def _tell_repeat(study: optuna.Study, trial: optuna.Trial, earlier: FrozenTrial)
     """Tell the sampler what the earlier run of these settings measured, without running."""
     trial.set_user_attr(REPEAT_OF_ATTR, earlier.number)
     if earlier.state is TrialState.COMPLETE:
+        for key, value in earlier.constraints.items():
+            trial.set_constraint(key, value)
         study.tell(trial, earlier.values)
     else:
         study.tell(trial, state=TrialState.FAIL)

@@ -51,6 +51,8 @@ class TrialSpec:
     """Enforced inside the worker on CUDA (allocator cap); on CPU the parent's watchdog does."""
     compile_cache_dir: str | None = None
     """Inductor cache shared by the trials of a study, so a compile is paid once."""
+    peak_tflops: float | None = None
+    """The device's dense peak for MFU when it is not in the built-in table."""
     schema_version: int = SCHEMA_VERSION
 
 
@@ -66,11 +68,22 @@ class TrialResult:
     step_time_median_ms: float | None = None
     step_time_cv: float | None = None
     """Coefficient of variation (stdev / mean) of the timed optimizer steps."""
+    compile_s: float | None = None
+    """Warm-up time beyond ordinary steps in a compiled trial: the cost of compiling."""
+    mfu: float | None = None
+    """Model FLOPs utilisation: achieved model FLOP/s over the device's dense peak."""
+    flops_per_sample: float | None = None
     measured_steps: int = 0
     step_times_ms: list[float] = field(default_factory=list)
     """Each timed optimizer step, in order: the raw data behind the median and the CV."""
     peak_memory_gib: float | None = None
     """CUDA: peak reserved by PyTorch's allocator. CPU: peak RSS above the worker's baseline."""
+    peak_allocated_gib: float | None = None
+    """CUDA: peak held by tensors (reserved minus the allocator's cache)."""
+    alloc_retries: int | None = None
+    """CUDA: times the allocator freed its cache to retry an allocation (memory pressure)."""
+    nvml_used_gib: float | None = None
+    """CUDA: the process's memory as NVML sees it, CUDA context included."""
     final_loss: float | None = None
     build_s: float | None = None
     """Seconds spent building the model and the Trainer."""

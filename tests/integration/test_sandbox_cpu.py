@@ -53,16 +53,46 @@ def rows(path):
         return list(csv.DictReader(f))
 
 
-def test_batch_over_the_memory_budget_is_oom_the_rest_ok(tmp_path, space):
+def test_over_budget_batches_are_oom_and_larger_ones_after_an_oom_are_skipped(tmp_path):
     # Measured here: batch 8 and 16 grow the worker by ~0.1-0.2 GiB, batch 256 by ~0.9 GiB.
+    space = tmp_path / "batches.yaml"
+    space.write_text(SPACE.replace("[8, 16, 256]", "[8, 16, 256, 384, 512, 640]"))
     proc = subprocess.run(
-        search_command(tmp_path, space, "n_trials=3", "memory_budget=600MiB"),
+        search_command(tmp_path, space, "n_trials=7", "memory_budget=600MiB"),
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    status = {int(r["batch_size"]): r["status"] for r in rows(tmp_path / "s" / "trials.csv")}
-    assert status == {8: "ok", 16: "ok", 256: "oom"}
+    table = [r for r in rows(tmp_path / "s" / "trials.csv") if r["baseline"] == "False"]
+    status = {int(r["batch_size"]): r["status"] for r in table}
+    assert set(status) == {8, 16, 256, 384, 512, 640}
+    assert status[8] == status[16] == "ok"
     assert "exceeded memory_budget 0.59 GiB" in proc.stdout
+    first_oom = None
+    for row in table:  # in the order they ran
+        batch = int(row["batch_size"])
+        if first_oom is not None and batch >= first_oom:
+            assert row["status"] == "skipped", row
+            assert "as memory-hungry as trial" in row["reason"]
+            assert not (tmp_path / "s" / "trials" / f"{int(row['number']):04d}").exists()
+        elif batch >= 256:
+            assert row["status"] == "oom", row
+            first_oom = batch if first_oom is None else min(first_oom, batch)
+    assert "skipped" in status.values(), "seed 0 runs a larger batch after a smaller OOM"
+
+
+def test_two_identical_trials_agree_within_ten_percent(tmp_path):
+    launcher = ForkserverLauncher()
+    specs = [dataclasses.replace(tiny_spec(n), warmup_steps=3, measure_steps=10) for n in range(3)]
+    runs = [
+        run_trial(s, tmp_path / str(s.trial_number), timeout_s=120, launcher=launcher)
+        for s in specs
+    ]
+    a, b = runs[1], runs[2]  # the first pays the fork server's start
+    assert a.status is b.status is Status.OK
+    print(f"samples/s {a.samples_per_s:.1f} vs {b.samples_per_s:.1f}, "
+          f"CV {a.step_time_cv:.3f} / {b.step_time_cv:.3f}")  # fmt: skip
+    assert abs(a.samples_per_s - b.samples_per_s) / max(a.samples_per_s, b.samples_per_s) < 0.10
+    assert a.step_time_cv is not None and len(a.step_times_ms) == 10
 
 
 def descendants(proc: subprocess.Popen) -> set[int]:
@@ -99,7 +129,7 @@ def start_and_interrupt(command: list[str], study_dir: Path, sig: int) -> tuple[
 
 
 def test_kill_9_mid_trial_then_rerun_finishes_exactly_n_trials_once_each(tmp_path, space):
-    command = search_command(tmp_path, space, "n_trials=3", "trial_timeout=2m")
+    command = search_command(tmp_path, space, "n_trials=3", "trial_timeout=2m")  # baseline + 2
     code, processes = start_and_interrupt(command, tmp_path / "s", signal.SIGKILL)
     assert code == -signal.SIGKILL
     assert processes, "the search had started its worker processes"

@@ -82,6 +82,16 @@ def test_recommendation_builds_training_arguments(search, tmp_path):
     }
     front = rows(study_dir / "pareto.csv")
     assert str(recommended["trial"]) in {r["number"] for r in front}
+    assert recommended["metrics"]["peak_memory_gib"] <= recommended["memory_limit_gib"]
+    baseline = recommended["baseline"]
+    assert baseline["trial"] == 0 and baseline["params"]["batch_size"] == 8
+    assert recommended["speedup_vs_baseline"] == pytest.approx(
+        recommended["metrics"]["samples_per_s"] / baseline["metrics"]["samples_per_s"]
+    )
+    assert (
+        recommended["memory_saver"]["metrics"]["samples_per_s"]
+        >= 0.9 * (recommended["metrics"]["samples_per_s"])
+    )
 
 
 def test_report_is_self_contained(search):

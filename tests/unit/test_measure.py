@@ -31,3 +31,61 @@ def test_variation_is_reported_as_a_coefficient_of_variation():
 def test_warmup_must_be_at_least_one_step():
     with pytest.raises(ValueError, match="warmup_steps"):
         measure.StepTimer(warmup_steps=0)
+
+
+def test_compile_time_is_the_warmup_beyond_ordinary_steps(monkeypatch):
+    # train begins at 0; step 1 ends at 40 (compiling), step 2 at 41, then 1 s steps.
+    clock = iter([0.0, 40.0, 41.0, 42.0, 43.0, 44.0])
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(clock))
+    timer = measure.StepTimer(warmup_steps=2)
+    timer.on_train_begin(None, None, None)
+    for _ in range(5):
+        timer.on_step_end(None, None, None)
+    assert timer.warmup_step_times_s() == [40.0, 1.0]
+    assert timer.measured_step_times_s() == [1.0, 1.0, 1.0]
+    assert measure.compile_s(timer.warmup_step_times_s(), median_step_s=1.0) == 39.0
+
+
+def test_bert_large_flops_match_a_hand_count():
+    import torch
+
+    from autotune.models import build_model, resolve_model
+
+    with torch.device("meta"):
+        model = build_model(resolve_model("bert-large-uncased"), "sequence-classification")
+    d, ffn, layers, seq = 1024, 4096, 24, 512
+    # Per layer: Q, K, V, O (4 d^2) and the two FFN matmuls (2 d ffn); plus pooler and head.
+    matmul_weights = layers * (4 * d * d + 2 * d * ffn) + d * d + d * 2
+    attention = 12 * layers * d * seq  # per token: scores and weighted sum, x3 for training
+    hand_per_token = 6 * matmul_weights + attention
+    ours_per_token = measure.flops_per_sample(model, seq) / seq
+    assert ours_per_token == pytest.approx(hand_per_token, rel=0.02)
+    assert ours_per_token == pytest.approx(1.969e9, rel=0.01)
+
+
+def test_flops_count_both_sides_of_an_encoder_decoder():
+    import torch
+
+    from autotune.models import build_model, resolve_model
+
+    with torch.device("meta"):
+        model = build_model(resolve_model("t5-small"), "seq2seq")
+    blocks, width = measure.attention_layers(model.config)
+    assert (blocks, width) == (6 + 2 * 6, 8 * 64)  # encoder self, decoder self + cross
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+        ("NVIDIA H100 PCIe", "bf16+tf32", 756.0),
+        ("NVIDIA H100 80GB HBM3", "tf32", 494.7),
+        ("NVIDIA A100-SXM4-80GB", "fp32", 19.5),
+        ("Tesla V100-SXM2-16GB", "fp16", 125.0),
+        ("NVIDIA L4", "bf16", 121.0),
+        ("NVIDIA L40S", "bf16", 362.0),
+        ("cpu", "fp32", None),
+    ],
+)
+def test_peak_table_is_keyed_by_nvml_name_and_precision(name, precision, tflops):
+    assert measure.peak_tflops(name, precision) == tflops

@@ -1,15 +1,19 @@
 import optuna
 import pytest
 
-from autotune.pareto import GIB, memory_limit_gib, pareto_front, recommend
-from autotune.records import PARAMS_ATTR, RESULT_ATTR
+from autotune.pareto import GIB, memory_limit_gib, pareto_front, pick
+from autotune.records import BASELINE_ATTR, PARAMS_ATTR, RESULT_ATTR, record_of
+from autotune.study import _tell
 from autotune.trial import Status, TrialResult
 
+BUDGET_GIB = 10.0
 
-def study_with(trials):
-    """trials: (samples_per_s, peak_gib) for ok trials, or a Status for failed ones."""
+
+def study_with(outcomes):
+    """outcomes: (samples_per_s, peak_gib) for ok trials, or a Status for the others.
+    The first trial is the baseline."""
     study = optuna.create_study(directions=["maximize", "minimize"])
-    for i, outcome in enumerate(trials):
+    for i, outcome in enumerate(outcomes):
         trial = study.ask()
         if isinstance(outcome, Status):
             result = TrialResult(status=outcome, reason="x")
@@ -18,26 +22,47 @@ def study_with(trials):
                 status=Status.OK, samples_per_s=outcome[0], peak_memory_gib=outcome[1]
             )
         trial.set_user_attr(PARAMS_ATTR, {"batch_size": 8 * (i + 1)})
-        trial.set_user_attr(RESULT_ATTR, result.to_dict())
-        if result.status is Status.OK:
-            study.tell(trial, list(outcome))
-        else:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        trial.set_user_attr(BASELINE_ATTR, i == 0)
+        _tell(study, trial, result, BUDGET_GIB)
     return study
 
 
-def test_front_holds_only_non_dominated_successful_trials_fastest_first():
-    study = study_with([(100, 4.0), (80, 2.0), (90, 5.0), Status.CRASHED, (120, 8.0)])
+def test_front_holds_only_non_dominated_feasible_trials_fastest_first():
+    study = study_with([(100, 4.0), (80, 2.0), (90, 5.0), Status.CRASHED, (120, 8.0), (500, 12.0)])
     front = pareto_front(study)
-    assert [r.number for r in front] == [4, 0, 1]  # trial 2 is slower and bigger than trial 0
+    # trial 2 is slower and bigger than trial 0; trial 5 is over the 10 GiB budget.
+    assert [r.number for r in front] == [4, 0, 1]
 
 
-def test_recommendation_is_the_fastest_front_trial_under_the_limit():
-    front = pareto_front(study_with([(100, 4.0), (80, 2.0), (120, 8.0)]))
-    assert recommend(front, limit_gib=10).number == 2
-    assert recommend(front, limit_gib=5).number == 0
-    assert recommend(front, limit_gib=1) is None
+def test_oom_and_skipped_trials_are_complete_but_infeasible():
+    study = study_with([(100, 4.0), Status.OOM, Status.SKIPPED, Status.ERROR])
+    states = [t.state for t in study.trials]
+    C, F = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL
+    assert states == [C, C, C, F]
+    assert study.trials[0].constraints["peak_over_budget_gib"] == pytest.approx(-6.0)
+    assert study.trials[1].constraints["peak_over_budget_gib"] > 0
+    assert study.trials[2].constraints["peak_over_budget_gib"] > 0
+    assert [r.number for r in pareto_front(study)] == [0]
+
+
+def test_picks_fastest_under_the_limit_and_a_memory_saver_within_ten_percent():
+    study = study_with([(50, 1.0), (100, 6.0), (95, 3.0), (80, 2.0), (120, 9.5)])
+    front = pareto_front(study)
+    baseline = record_of(study.trials[0])
+    picks = pick(front, limit_gib=9.0, baseline=baseline)
+    assert picks.fastest.number == 1  # 120 samples/s needs 9.5 GiB: over the limit
+    assert picks.saver.number == 2  # 95 >= 0.9 x 100, and 3 GiB instead of 6
+    assert picks.speedup(picks.fastest) == pytest.approx(2.0)
+    assert pick(front, limit_gib=0.5, baseline=baseline).fastest is None
+
+
+def test_no_speedup_when_the_baseline_ran_out_of_memory():
+    study = study_with([Status.OOM, (100, 2.0)])
+    picks = pick(pareto_front(study), limit_gib=9.0, baseline=record_of(study.trials[0]))
+    assert picks.fastest.number == 1
+    assert picks.speedup(picks.fastest) is None
 
 
 def test_memory_limit_leaves_the_headroom():
     assert memory_limit_gib(10 * GIB, 0.1) == pytest.approx(9.0)
+    assert RESULT_ATTR in study_with([(1, 1)]).trials[0].user_attrs
