@@ -82,7 +82,7 @@ def make_sampler(plan: SearchPlan, *, seed: int) -> optuna.samplers.BaseSampler:
         # Optuna's GP runs on torch (CPU tensors, never CUDA) and needs scipy.
         if importlib.util.find_spec("scipy") is None:
             raise ConfigError("sampler=gp needs scipy: pip install scipy, or use sampler=tpe")
-        return optuna.samplers.GPSampler(seed=seed)
+        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
     if name == "nsga2":
         population = max(4, min(50, plan.config.n_trials // 4))
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
