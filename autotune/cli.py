@@ -179,14 +179,15 @@ def _print_outputs(plan: SearchPlan, outputs: SearchOutputs) -> None:
             "(budget less headroom): nothing to recommend[/]"
         )
     else:
-        for label, record in (
-            ("recommended (*)", picks.fastest),
-            ("memory saver (m)", picks.saver),
-        ):
+        fastest, saver = picks.fastest, picks.saver
+        console.print(
+            f"recommended (*): {picks.describe(fastest)}: {describe_params(fastest.params)}"
+        )
+        if saver.number == fastest.number:
+            console.print("memory saver (m): the same trial: nothing within 10% uses less memory")
+        else:
             console.print(
-                f"{label}: trial {record.number}, {record.result.samples_per_s:.2f} samples/s "
-                f"({_times(picks.speedup(record))} the baseline) at "
-                f"{record.result.peak_memory_gib:.3f} GiB: {describe_params(record.params)}"
+                f"memory saver (m): {picks.describe(saver)}: {describe_params(saver.params)}"
             )
     console.print("wrote " + ", ".join(str(p) for p in outputs.paths))
 

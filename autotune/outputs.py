@@ -80,7 +80,7 @@ def write_outputs(plan: SearchPlan, study: optuna.Study) -> SearchOutputs:
         },
         records=records,
         front=front,
-        recommended=picks.fastest,
+        picks=picks,
         memory_budget_gib=plan.memory_budget_bytes / GIB,
         memory_limit_gib=limit_gib,
     )

@@ -42,6 +42,15 @@ class Picks:
             return None
         return record.result.samples_per_s / self.baseline.result.samples_per_s
 
+    def describe(self, record: TrialRecord) -> str:
+        """`trial 7: 512.30 samples/s (1.42x the baseline) at 3.210 GiB`."""
+        speedup = self.speedup(record)
+        times = f" ({speedup:.2f}x the baseline)" if speedup is not None else ""
+        return (
+            f"trial {record.number}: {record.result.samples_per_s:.2f} samples/s{times} at "
+            f"{record.result.peak_memory_gib:.3f} GiB"
+        )
+
 
 def pick(front: list[TrialRecord], limit_gib: float, baseline: TrialRecord | None) -> Picks:
     fitting = [r for r in front if r.result.peak_memory_gib <= limit_gib]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from autotune.pareto import Picks
 from autotune.records import TrialRecord, describe_params
 from autotune.trial import Status
 
@@ -45,12 +46,12 @@ def build_report_data(
     facts: dict[str, str],
     records: list[TrialRecord],
     front: list[TrialRecord],
-    recommended: TrialRecord | None,
+    picks: Picks,
     memory_budget_gib: float,
     memory_limit_gib: float,
 ) -> ReportData:
     front_numbers = {r.number for r in front}
-    recommended_number = recommended.number if recommended else None
+    recommended_number = picks.fastest.number if picks.fastest else None
     points = [
         Point(
             number=r.number,
@@ -71,11 +72,9 @@ def build_report_data(
         "memory budget": f"{memory_budget_gib:.2f} GiB (recommend below {memory_limit_gib:.2f})",
         "trials": ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "none",
     }
-    if recommended:
-        summary["recommended"] = (
-            f"trial {recommended.number}: {recommended.result.samples_per_s:.2f} samples/s, "
-            f"{recommended.result.peak_memory_gib:.3f} GiB"
-        )
+    if picks.fastest and picks.saver:
+        summary["recommended"] = picks.describe(picks.fastest)
+        summary["memory saver"] = picks.describe(picks.saver)
     rows = [
         Row(
             number=r.number,
