@@ -113,6 +113,7 @@ class RunConfig(BaseModel):
         "built-in table; null = look the device up",
     )
     seed: int = Field(0, description="seed for the sampler, model init and synthetic data")
+    quiet: bool = Field(False, description="print only errors and the paths written")
     study: str | None = Field(
         None, description="study name; null = derived from model, device and seq_len"
     )
@@ -160,13 +161,40 @@ def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
     return values, problems
 
 
-def load_config(overrides: list[str]) -> RunConfig:
-    """Parse and validate command-line overrides into a RunConfig."""
+class ExportConfig(BaseModel):
+    """`autotune export STUDY_DIR key=value ...`"""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+    format: Literal["json", "yaml", "py", "cli"] = Field(
+        "json",
+        description="json/yaml: TrainingArguments kwargs; py: a runnable script; "
+        "cli: flags for the HF example scripts",
+    )
+    trial: int | None = Field(None, ge=0, description="trial number; null = the recommended one")
+    storage: str | None = Field(None, description="Optuna storage URL; null = STUDY_DIR/study.db")
+    study: str | None = Field(None, description="study name in the storage; null = its only one")
+
+
+class ReportConfig(BaseModel):
+    """`autotune report STUDY_DIR key=value ...`"""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+    storage: str | None = Field(None, description="Optuna storage URL; null = STUDY_DIR/study.db")
+    study: str | None = Field(None, description="study name in the storage; null = its only one")
+
+
+def load_config(overrides: list[str], schema: type[BaseModel] = RunConfig) -> Any:
+    """Parse and validate command-line overrides into `schema` (RunConfig by default)."""
     values, problems = parse_overrides(overrides)
-    problems += [_unknown_key_problem(key) for key in _flat_keys(values) if _is_unknown(key)]
-    known = {k: v for k, v in values.items() if k in RunConfig.model_fields}
+    problems += [
+        _unknown_key_problem(key, schema) for key in _flat_keys(values, schema)
+        if key not in schema.model_fields
+    ]  # fmt: skip
+    known = {k: v for k, v in values.items() if k in schema.model_fields}
     try:
-        config = RunConfig(**known)
+        config = schema(**known)
     except ValidationError as exc:
         problems += [_describe(error, values) for error in exc.errors()]
     if problems:
@@ -174,24 +202,20 @@ def load_config(overrides: list[str]) -> RunConfig:
     return config
 
 
-def _flat_keys(values: dict[str, Any], prefix: str = "") -> list[str]:
+def _flat_keys(values: dict[str, Any], schema: type[BaseModel], prefix: str = "") -> list[str]:
     keys = []
     for key, value in values.items():
         dotted = prefix + key
-        if isinstance(value, dict) and key not in RunConfig.model_fields:
-            keys += _flat_keys(value, dotted + ".")
+        if isinstance(value, dict) and key not in schema.model_fields:
+            keys += _flat_keys(value, schema, dotted + ".")
         else:
             keys.append(dotted)
     return keys
 
 
-def _is_unknown(dotted_key: str) -> bool:
-    return dotted_key not in RunConfig.model_fields
-
-
-def _unknown_key_problem(key: str) -> str:
-    close = difflib.get_close_matches(key, RunConfig.model_fields, n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]}?" if close else "; see `autotune search --help`"
+def _unknown_key_problem(key: str, schema: type[BaseModel]) -> str:
+    close = difflib.get_close_matches(key, schema.model_fields, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else "; see --help"
     return f"{key}: unknown key{hint}"
 
 
@@ -218,10 +242,10 @@ def _format_problems(problems: list[str]) -> str:
     )
 
 
-def help_rows() -> list[tuple[str, str, str, str]]:
+def help_rows(schema: type[BaseModel] = RunConfig) -> list[tuple[str, str, str, str]]:
     """(key, type, default, meaning) for every setting, in declaration order."""
     rows = []
-    for name, field in RunConfig.model_fields.items():
+    for name, field in schema.model_fields.items():
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         kind = str(extra.get("metavar") or _type_name(field.annotation))
         default = "required" if field.is_required() else _show(field.default)

@@ -7,11 +7,17 @@ exporter writes those recorded kwargs. So what is recommended is exactly what wa
 from __future__ import annotations
 
 import json
+import pprint
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from autotune.trial import write_json_atomic
+
+if TYPE_CHECKING:  # the worker imports this module and must not import optuna via records
+    from autotune.records import RunInfo, TrialRecord
 
 # transformers 5.23 renamed gradient_checkpointing to activation_checkpointing (the old name
 # warns); older 5.x releases have only the old one. The worker passes the installed fields.
@@ -58,40 +64,110 @@ def model_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def write_recommendation(study_dir: Path, recommendation: dict[str, Any]) -> list[Path]:
+def write_recommendation(
+    study_dir: Path, recommendation: dict[str, Any], script: str
+) -> list[Path]:
     """recommended.json and recommended.py; returns the paths written."""
     json_path = study_dir / "recommended.json"
     py_path = study_dir / "recommended.py"
     write_json_atomic(json_path, recommendation)
-    py_path.write_text(render_py(recommendation))
+    py_path.write_text(script)
     return [json_path, py_path]
 
 
-def render_py(recommendation: dict[str, Any]) -> str:
-    """A runnable snippet that builds the recommended `TrainingArguments`."""
-    args = recommendation["training_args"]
-    metrics = recommendation["metrics"]
-    lines = [
-        f'"""TrainingArguments recommended by autotune for {recommendation["model"]}',
-        f"(task {recommendation['task']}, seq_len {recommendation['seq_len']}, "
-        f"{recommendation['device']}).",
-        "",
-        f"Measured in trial {recommendation['trial']} of study {recommendation['study']}: "
-        f"{metrics['samples_per_s']:.2f} samples/s, {metrics['peak_memory_gib']:.2f} GiB peak.",
-        '"""',
-        "",
-        "from transformers import TrainingArguments",
-        "",
-    ]
-    if recommendation["model_kwargs"]:
-        lines += [f"model_kwargs = {recommendation['model_kwargs']!r}  # for from_pretrained", ""]
-    lines.append("training_args = TrainingArguments(")
-    lines.append('    output_dir="output",')
-    lines += [f"    {key}={_py_literal(value)}," for key, value in args.items()]
-    lines += [")", "", 'if __name__ == "__main__":']
-    lines += ["    print(training_args.to_json_string())", ""]
-    return "\n".join(lines)
+def render(fmt: str, *, info: RunInfo, record: TrialRecord) -> str:
+    """One trial's settings as json, yaml, a runnable script (py) or example-script flags."""
+    payload = {
+        "training_args": record.result.training_args,
+        "model_kwargs": record.result.model_kwargs,
+    }
+    if fmt == "json":
+        return json.dumps(payload, indent=2) + "\n"
+    if fmt == "yaml":
+        return yaml.safe_dump(payload, sort_keys=False)
+    if fmt == "cli":
+        return render_cli(record.result.training_args) + "\n"
+    return render_script(info, record)
 
 
-def _py_literal(value: Any) -> str:
-    return repr(value) if not isinstance(value, str) else json.dumps(value)
+def render_cli(training_args: dict[str, Any]) -> str:
+    """Flags for the HF example scripts (HfArgumentParser): `--bf16`, `--optim adamw_torch`."""
+    flags = []
+    for key, value in training_args.items():
+        if value is True:
+            flags.append(f"--{key}")
+        else:  # False is spelled out: it is not every field's default
+            flags.append(f"--{key} {value}")
+    return " ".join(flags)
+
+
+def render_script(info: RunInfo, record: TrialRecord) -> str:
+    """A runnable script: the model from its config, random tokens, a Trainer with the args."""
+    metrics = record.result
+    return f'''"""Train {info.model} with the TrainingArguments autotune measured for it.
+
+Trial {record.number} of study {info.study} on {info.device_name}: {metrics.samples_per_s:.2f} \
+samples/s, {metrics.peak_memory_gib:.2f} GiB peak ({info.task}, seq_len {info.seq_len}).
+
+    python {{this file}} [--max-steps N] [--output-dir DIR]
+
+It builds the model from its config with random weights and trains on random tokens, as the
+search did. For your own run, load pretrained weights with from_pretrained({info.model!r},
+**MODEL_KWARGS) and pass your dataset as train_dataset.
+"""
+
+import argparse
+
+import torch
+import transformers
+
+MODEL_CONFIG = {pprint.pformat(info.model_config, indent=4, sort_dicts=True)}
+TASK = {info.task!r}
+SEQ_LEN = {info.seq_len}
+TRAINING_ARGS = {pprint.pformat(metrics.training_args, indent=4, sort_dicts=False)}
+MODEL_KWARGS = {pprint.pformat(metrics.model_kwargs, indent=4)}
+AUTO_CLASS = {{
+    "sequence-classification": transformers.AutoModelForSequenceClassification,
+    "causal-lm": transformers.AutoModelForCausalLM,
+    "masked-lm": transformers.AutoModelForMaskedLM,
+    "seq2seq": transformers.AutoModelForSeq2SeqLM,
+}}[TASK]
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    def __init__(self, vocab_size, n_samples):
+        self.input_ids = torch.randint(vocab_size, (n_samples, SEQ_LEN))
+        if TASK == "sequence-classification":
+            self.labels = torch.randint(2, (n_samples,))
+        elif TASK == "seq2seq":
+            self.labels = torch.randint(vocab_size, (n_samples, SEQ_LEN))
+        else:
+            self.labels = self.input_ids
+
+    def __len__(self):
+        return len(self.input_ids)
+
+    def __getitem__(self, i):
+        return {{"input_ids": self.input_ids[i], "labels": self.labels[i]}}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-steps", type=int, default=10)
+    parser.add_argument("--output-dir", default="output")
+    cli = parser.parse_args()
+    config = transformers.AutoConfig.for_model(**MODEL_CONFIG)
+    if TASK == "sequence-classification" and config.pad_token_id is None:
+        config.pad_token_id = config.eos_token_id
+    model = AUTO_CLASS.from_config(config, **MODEL_KWARGS)
+    args = transformers.TrainingArguments(
+        output_dir=cli.output_dir, max_steps=cli.max_steps, report_to="none", **TRAINING_ARGS
+    )
+    samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * cli.max_steps
+    dataset = RandomTokens(config.vocab_size, samples)
+    transformers.Trainer(model=model, args=args, train_dataset=dataset).train()
+
+
+if __name__ == "__main__":
+    main()
+'''

@@ -18,8 +18,7 @@ import optuna
 
 from autotune import export
 from autotune.pareto import GIB, Picks, memory_limit_gib, pareto_front, pick
-from autotune.plan import SearchPlan
-from autotune.records import TrialRecord, load_records
+from autotune.records import RunInfo, TrialRecord, load_records
 from autotune.report.data import build_report_data
 from autotune.report.html import write_report
 from autotune.space import KNOBS
@@ -49,45 +48,47 @@ class SearchOutputs:
     paths: list[Path]
 
 
-def write_outputs(plan: SearchPlan, study: optuna.Study) -> SearchOutputs:
+def write_outputs(info: RunInfo, study: optuna.Study, out: Path) -> SearchOutputs:
+    """Every output file, from the study storage alone (also for `autotune report`)."""
+    out.mkdir(parents=True, exist_ok=True)
     records = load_records(study)
     front = pareto_front(study)
-    limit_gib = memory_limit_gib(plan.memory_budget_bytes, plan.config.headroom)
+    limit_gib = memory_limit_gib(info.memory_budget_bytes, info.headroom)
     baseline = next((r for r in records if r.baseline), None)
     picks = pick(front, limit_gib, baseline)
-    out = plan.study_dir
-    noise_cv = plan.config.noise_cv
     paths = [
-        write_table(out / "trials.csv", records, noise_cv),
-        write_table(out / "pareto.csv", front, noise_cv),
+        write_table(out / "trials.csv", records, info.noise_cv),
+        write_table(out / "pareto.csv", front, info.noise_cv),
     ]
     for stale in (out / "recommended.json", out / "recommended.py"):
         stale.unlink(missing_ok=True)
+    script = flags = ""
     if picks.fastest is not None:
-        paths += export.write_recommendation(out, recommendation(plan, picks, limit_gib))
+        script = export.render_script(info, picks.fastest)
+        flags = export.render_cli(picks.fastest.result.training_args)
+        paths += export.write_recommendation(out, recommendation(info, picks, limit_gib), script)
     data = build_report_data(
-        title=f"autotune: {plan.model.name} on {plan.device_name}",
-        facts={
-            "study": plan.study_name,
-            "model": plan.model.name,
-            "task": plan.task,
-            "seq_len": str(plan.config.seq_len),
-            "device": f"{plan.device} ({plan.device_name})",
-            "space": plan.space.name,
-            "batch mode": plan.batch_mode,
-            "baseline": describe_baseline(picks),
-            **{f"note {i + 1}": note for i, note in enumerate(plan.space.notes)},
-        },
+        info=info,
         records=records,
         front=front,
         picks=picks,
-        memory_budget_gib=plan.memory_budget_bytes / GIB,
-        memory_limit_gib=limit_gib,
+        search_s=search_seconds(study),
+        code=script,
+        cli_flags=flags,
     )
     paths.append(write_report(data, out / "report.html"))
     return SearchOutputs(
         records=records, front=front, picks=picks, memory_limit_gib=limit_gib, paths=paths
     )
+
+
+def search_seconds(study: optuna.Study) -> float | None:
+    """From the first trial's start to the last one's end."""
+    trials = [t for t in study.get_trials(deepcopy=False) if t.datetime_complete]
+    if not trials:
+        return None
+    started = min(t.datetime_start for t in trials if t.datetime_start)
+    return (max(t.datetime_complete for t in trials) - started).total_seconds()
 
 
 def write_table(path: Path, records: list[TrialRecord], noise_cv: float) -> Path:
@@ -120,17 +121,17 @@ def describe_baseline(picks: Picks) -> str:
     )
 
 
-def recommendation(plan: SearchPlan, picks: Picks, limit_gib: float) -> dict[str, Any]:
+def recommendation(info: RunInfo, picks: Picks, limit_gib: float) -> dict[str, Any]:
     fastest = picks.fastest
     assert fastest is not None
     baseline = picks.baseline
     return {
-        "study": plan.study_name,
+        "study": info.study,
         "trial": fastest.number,
-        "model": plan.model.name,
-        "task": plan.task,
-        "seq_len": plan.config.seq_len,
-        "device": plan.device,
+        "model": info.model,
+        "task": info.task,
+        "seq_len": info.seq_len,
+        "device": info.device,
         "device_name": fastest.result.device_name,
         "params": fastest.params,
         "training_args": fastest.result.training_args,
@@ -152,9 +153,9 @@ def recommendation(plan: SearchPlan, picks: Picks, limit_gib: float) -> dict[str
             "metrics": _metrics(picks.saver),
             "speedup_vs_baseline": picks.speedup(picks.saver),
         },
-        "memory_budget_gib": plan.memory_budget_bytes / GIB,
+        "memory_budget_gib": info.memory_budget_bytes / GIB,
         "memory_limit_gib": limit_gib,
-        "batch_mode": plan.batch_mode,
+        "batch_mode": info.batch_mode,
     }  # fmt: skip
 
 

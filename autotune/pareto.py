@@ -64,3 +64,14 @@ def pick(front: list[TrialRecord], limit_gib: float, baseline: TrialRecord | Non
         ]
         saver = min(close, key=lambda r: r.result.peak_memory_gib)
     return Picks(fastest=fastest, saver=saver, baseline=baseline)
+
+
+def hypervolume(points: list[tuple[float, float]], max_memory_gib: float) -> float:
+    """Area (samples/s x GiB) dominated by (samples/s up, memory down) points, measured from
+    zero throughput and the memory budget: the larger, the better the front."""
+    area, best = 0.0, 0.0
+    for speed, memory in sorted(points, key=lambda p: p[1]):
+        if speed > best and memory < max_memory_gib:
+            area += (speed - best) * (max_memory_gib - memory)
+            best = speed
+    return area

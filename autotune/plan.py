@@ -17,6 +17,7 @@ from autotune.config import RunConfig
 from autotune.errors import AutotuneError, ConfigError
 from autotune.hardware import DeviceInfo
 from autotune.models import ModelSpec, resolve_model
+from autotune.records import RunInfo
 from autotune.space import SamplingRules, SearchSpace, SoftwareFacts, load_space
 
 
@@ -48,6 +49,23 @@ class SearchPlan:
             "space": self.space.name,
             "effective_batch_size": self.config.effective_batch_size,
         }
+
+    def run_info(self) -> RunInfo:
+        return RunInfo(
+            study=self.study_name,
+            model=self.model.name,
+            model_config=self.model.config,
+            task=self.task,
+            seq_len=self.config.seq_len,
+            device=self.device,
+            device_name=self.device_name,
+            space=self.space.name,
+            space_notes=list(self.space.notes),
+            batch_mode=self.batch_mode,
+            memory_budget_bytes=self.memory_budget_bytes,
+            headroom=self.config.headroom,
+            noise_cv=self.config.noise_cv,
+        )
 
     @property
     def batch_mode(self) -> str:

@@ -6,16 +6,43 @@ every output (tables, recommendation, report) can be rebuilt from the storage al
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import optuna
 
+from autotune.errors import StudyError
 from autotune.trial import Status, TrialResult
 
 PARAMS_ATTR = "params"
 RESULT_ATTR = "result"
 BASELINE_ATTR = "baseline"
+RUN_ATTR = "run"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunInfo:
+    """What a study was run for, stored with it so outputs can be rebuilt from storage alone."""
+
+    study: str
+    model: str
+    model_config: dict[str, Any]
+    task: str
+    seq_len: int
+    device: str
+    device_name: str
+    space: str
+    space_notes: list[str]
+    batch_mode: str
+    memory_budget_bytes: int
+    headroom: float
+    noise_cv: float
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> RunInfo:
+        if RUN_ATTR not in study.user_attrs:
+            raise StudyError(f"study {study.study_name} was not made by autotune search")
+        return cls(**study.user_attrs[RUN_ATTR])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -29,6 +56,10 @@ class TrialRecord:
     @property
     def status(self) -> Status:
         return self.result.status
+
+
+def store_run_info(study: optuna.Study, info: RunInfo) -> None:
+    study.set_user_attr(RUN_ATTR, asdict(info))
 
 
 def load_records(study: optuna.Study) -> list[TrialRecord]:

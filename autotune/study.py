@@ -11,6 +11,7 @@ import json
 import time
 import warnings
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -19,7 +20,14 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune import runner
 from autotune.errors import ConfigError, StudyError
 from autotune.plan import SearchPlan
-from autotune.records import BASELINE_ATTR, PARAMS_ATTR, RESULT_ATTR, TrialRecord, record_of
+from autotune.records import (
+    BASELINE_ATTR,
+    PARAMS_ATTR,
+    RESULT_ATTR,
+    TrialRecord,
+    record_of,
+    store_run_info,
+)
 from autotune.trial import Status, TrialResult, TrialSpec
 
 DIRECTIONS = (optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE)
@@ -31,7 +39,6 @@ MAX_REPEATS = 50
 CONSTRAINT = "peak_over_budget_gib"
 MEMORY_STATUSES = (Status.OOM, Status.HOST_OOM, Status.SKIPPED)
 GIB = 1024**3
-NOTES_ATTR = "space_notes"
 
 
 def open_study(plan: SearchPlan) -> optuna.Study:
@@ -63,8 +70,27 @@ def open_study(plan: SearchPlan) -> optuna.Study:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(list(OBJECTIVES))
     study.set_user_attr(PLAN_ATTR, plan.describe())
-    study.set_user_attr(NOTES_ATTR, list(plan.space.notes))
+    store_run_info(study, plan.run_info())
     return study
+
+
+def load_study_dir(study_dir: Path, storage_url: str | None, name: str | None) -> optuna.Study:
+    """A finished or running study, from its folder's study.db or another storage."""
+    if storage_url is None:
+        db = study_dir / "study.db"
+        if not db.is_file():
+            raise StudyError(f"{db}: no such file; give the study folder of a search, or storage=")
+        storage_url = f"sqlite:///{db.resolve()}"
+    storage = optuna.storages.RDBStorage(storage_url)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    if name is None:
+        if len(names) != 1:
+            raise StudyError(f"{storage_url} holds {len(names)} studies ({', '.join(names)}): "
+                             "pick one with study=NAME")  # fmt: skip
+        name = names[0]
+    elif name not in names:
+        raise StudyError(f"study={name} is not in {storage_url} (it has: {', '.join(names)})")
+    return optuna.load_study(study_name=name, storage=storage)
 
 
 def make_sampler(plan: SearchPlan, *, seed: int) -> optuna.samplers.BaseSampler:

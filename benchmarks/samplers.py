@@ -25,6 +25,7 @@ import optuna
 
 from autotune.capabilities import apply_rules, fit_space
 from autotune.hardware import DeviceInfo
+from autotune.pareto import hypervolume
 from autotune.space import SamplingRules, SoftwareFacts, load_space
 
 PARAMS = 335e6
@@ -70,16 +71,6 @@ def simulate(params: dict, rng: random.Random) -> tuple[float, float] | None:
     return bs * ga / step_s * rng.lognormvariate(0, 0.03), peak_gb
 
 
-def hypervolume(points: list[tuple[float, float]]) -> float:
-    """Area dominated by (samples/s up, GB down) points, from the origin to the budget."""
-    area, best_speed = 0.0, 0.0
-    for speed, memory in sorted(points, key=lambda p: p[1]):
-        if speed > best_speed:
-            area += (speed - best_speed) * (BUDGET_GB - memory)
-            best_speed = speed
-    return area
-
-
 def sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampler:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -116,7 +107,7 @@ def run(name: str, seed: int, trials: int) -> float:
                 points.append(outcome)
         trial.set_constraint("peak_over_budget_gib", over)
         study.tell(trial, values)
-    return hypervolume(points)
+    return hypervolume(points, BUDGET_GB)
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,9 @@ from pathlib import Path
 import optuna
 import pytest
 import transformers
+import yaml
 
+from autotune.records import RunInfo
 from tests.conftest import TINY_MODEL
 
 pytestmark = pytest.mark.slow
@@ -144,7 +147,7 @@ def test_effective_batch_search_reports_removed_values(tmp_path):
     assert len(table) == 3
     assert all(int(r["batch_size"]) * int(r["grad_accum"]) == 32 for r in table)
     storage = f"sqlite:///{tmp_path / 'eff' / 'study.db'}"
-    notes = optuna.load_study(study_name="eff", storage=storage).user_attrs["space_notes"]
+    notes = RunInfo.of(optuna.load_study(study_name="eff", storage=storage)).space_notes
     assert any(n.startswith("removed precision=fp16") for n in notes)
     if (tmp_path / "eff" / "recommended.json").exists():
         recommended = json.loads((tmp_path / "eff" / "recommended.json").read_text())
@@ -192,3 +195,52 @@ def test_help_and_models_work_from_another_directory(tmp_path):
     listing = autotune("models", cwd=tmp_path)
     assert listing.returncode == 0
     assert "bert-large-uncased" in listing.stdout and "335.1M" in listing.stdout
+
+
+def test_every_export_format_builds_training_arguments(search, tmp_path):
+    _, _, study_dir = search
+    exported = {}
+    for fmt in ("json", "yaml", "py", "cli"):
+        proc = autotune("export", str(study_dir), f"format={fmt}")
+        assert proc.returncode == 0, proc.stderr
+        exported[fmt] = proc.stdout
+    for payload in (json.loads(exported["json"]), yaml.safe_load(exported["yaml"])):
+        args = transformers.TrainingArguments(output_dir=str(tmp_path), **payload["training_args"])
+        assert args.per_device_train_batch_size > 0
+        assert set(payload["model_kwargs"]) == {"attn_implementation"}
+    parser = transformers.HfArgumentParser(transformers.TrainingArguments)
+    (args,) = parser.parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), *exported["cli"].split()]
+    )
+    assert (
+        args.per_device_train_batch_size
+        == json.loads(exported["json"])["training_args"]["per_device_train_batch_size"]
+    )
+    script = tmp_path / "train.py"
+    script.write_text(exported["py"])
+    run = subprocess.run(
+        [sys.executable, str(script), "--max-steps", "1", "--output-dir", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "train_runtime" in run.stdout  # the Trainer ran its step
+
+
+def test_export_of_another_trial_and_of_a_missing_one(search):
+    _, _, study_dir = search
+    assert autotune("export", str(study_dir), "trial=1").returncode == 0
+    missing = autotune("export", str(study_dir), "trial=99")
+    assert missing.returncode == 2 and "trial=99: no finished trial" in missing.stderr
+
+
+def test_report_is_rebuilt_from_the_study_storage_alone(search, tmp_path):
+    _, _, study_dir = search
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(study_dir / "study.db", copy / "study.db")  # nothing else
+    proc = autotune("report", str(copy))
+    assert proc.returncode == 0, proc.stderr
+    for name in OUTPUT_FILES:
+        assert (copy / name).is_file(), name
+    assert (copy / "report.html").read_text() == (study_dir / "report.html").read_text()
+    assert (copy / "trials.csv").read_text() == (study_dir / "trials.csv").read_text()

@@ -1,10 +1,8 @@
 import dataclasses
-import subprocess
-import sys
 
 import transformers
 
-from autotune.export import render_py, training_args
+from autotune.export import render_cli, training_args
 
 INSTALLED = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
 PARAMS = {
@@ -71,21 +69,11 @@ def test_tf32_is_set_only_when_chosen():
     assert "tf32" not in training_args({"precision": "fp16"}, device="cuda", fields=INSTALLED)
 
 
-def test_rendered_snippet_runs_and_builds_the_same_arguments(tmp_path):
-    kwargs = training_args(PARAMS, device="cpu", fields=INSTALLED)
-    recommendation = {
-        "model": "gpt2",
-        "task": "causal-lm",
-        "seq_len": 128,
-        "device": "cpu",
-        "trial": 3,
-        "study": "s",
-        "training_args": kwargs,
-        "model_kwargs": {},
-        "metrics": {"samples_per_s": 12.5, "peak_memory_gib": 1.25},
-    }
-    script = tmp_path / "recommended.py"
-    script.write_text(render_py(recommendation))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
-    assert '"per_device_train_batch_size": 16' in out.stdout
-    assert '"optim": "adafactor"' in out.stdout
+def test_cli_flags_follow_hf_argument_parser_conventions():
+    flags = render_cli({"per_device_train_batch_size": 32, "bf16": True, "fp16": False,
+                        "optim": "adamw_torch_fused"})  # fmt: skip
+    assert flags == "--per_device_train_batch_size 32 --bf16 --fp16 False --optim adamw_torch_fused"
+    parser = transformers.HfArgumentParser(transformers.TrainingArguments)
+    (args,) = parser.parse_args_into_dataclasses(["--output_dir", "x", "--use_cpu", *flags.split()])
+    assert args.per_device_train_batch_size == 32 and args.bf16 and not args.fp16
+    assert args.optim == "adamw_torch_fused"

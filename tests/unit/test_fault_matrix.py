@@ -49,3 +49,29 @@ def test_each_fault_is_named_and_the_search_continues(fake_launcher, tmp_path, c
         if reason:
             assert reason in terminal, mode
     assert "recommended (*)" in terminal  # the ok trial still makes a recommendation
+
+
+def test_a_failed_trial_is_not_exported(fake_launcher, tmp_path, capsys):
+    out = tmp_path / "reports"
+    args = [f"model={TINY_MODEL}", "n_trials=2", "seq_len=32", f"out={out}", "study=f"]
+    assert cli.main(["search", *args]) == 0
+    capsys.readouterr()
+    assert cli.main(["export", str(out / "f"), "trial=1"]) == 2  # the second fake raised
+    assert "trial=1 is crashed (worker exited with code 1 and no result)" in capsys.readouterr().err
+
+
+def test_quiet_prints_only_the_paths_and_the_log_keeps_everything(fake_launcher, tmp_path, capsys):
+    out = tmp_path / "reports"
+    args = [
+        f"model={TINY_MODEL}",
+        "n_trials=2",
+        "seq_len=32",
+        f"out={out}",
+        "study=q",
+        "quiet=true",
+    ]
+    assert cli.main(["search", *args]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("wrote ") and "trial" not in printed.split("wrote ")[0]
+    log = (out / "q" / "search.log").read_text()
+    assert "[1/2] trial   0 ok" in log and "search ended: 2 of 2 trials finished" in log

@@ -1,0 +1,76 @@
+"""`autotune report` and `autotune export`: what a user takes away from a finished study."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from autotune import export
+from autotune.cli._console import console
+from autotune.config import ExportConfig, ReportConfig, help_rows, load_config
+from autotune.errors import StudyError
+from autotune.outputs import write_outputs
+from autotune.pareto import memory_limit_gib, pareto_front, pick
+from autotune.records import RunInfo, load_records
+from autotune.study import load_study_dir
+from autotune.trial import Status
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    for name, schema, handler, summary in (
+        ("report", ReportConfig, _report, "rebuild every output of a study from its storage"),
+        ("export", ExportConfig, _export, "print a trial's settings as json, yaml, py or cli"),
+    ):
+        parser = commands.add_parser(
+            name,
+            help=summary,
+            description=summary + ".",
+            epilog="settings (key=value):\n"
+            + "\n".join(
+                f"  {key:<9}{kind:<22}{meaning} [{default}]"
+                for key, kind, default, meaning in help_rows(schema)
+            ),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        parser.add_argument("study_dir", type=Path, metavar="STUDY_DIR")
+        parser.add_argument("overrides", nargs="*", metavar="key=value")
+        parser.set_defaults(handler=handler)
+
+
+def _report(args: argparse.Namespace) -> int:
+    config = load_config(args.overrides, ReportConfig)
+    study = load_study_dir(args.study_dir, config.storage, config.study)
+    with console.status("building the report"):
+        outputs = write_outputs(RunInfo.of(study), study, args.study_dir)
+    console.print("wrote " + ", ".join(str(p) for p in outputs.paths), soft_wrap=True)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    config = load_config(args.overrides, ExportConfig)
+    study = load_study_dir(args.study_dir, config.storage, config.study)
+    info = RunInfo.of(study)
+    records = {r.number: r for r in load_records(study)}
+    if config.trial is None:
+        limit = memory_limit_gib(info.memory_budget_bytes, info.headroom)
+        baseline = next((r for r in records.values() if r.baseline), None)
+        record = pick(pareto_front(study), limit, baseline).fastest
+        if record is None:
+            raise StudyError("no trial to recommend in this study; pick one with trial=N")
+    elif config.trial not in records:
+        raise StudyError(f"trial={config.trial}: no finished trial with that number")
+    else:
+        record = records[config.trial]
+        if record.status is not Status.OK:
+            raise StudyError(
+                f"trial={record.number} is {record.status.value} ({record.result.reason}): "
+                "it has no measured settings to export"
+            )
+        if record.result.peak_memory_gib > info.memory_budget_bytes / 1024**3:
+            raise StudyError(
+                f"trial={record.number} is infeasible: its peak {record.result.peak_memory_gib:.2f}"
+                f" GiB exceeds the memory budget"
+            )
+    sys.stdout.write(export.render(config.format, info=info, record=record))
+    return 0

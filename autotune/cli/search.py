@@ -1,0 +1,163 @@
+"""`autotune search`: plan, run the study with progress, write and show the outputs."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from autotune import hardware
+from autotune.cli._console import Reporter, console
+from autotune.config import help_rows, load_config
+from autotune.outputs import SearchOutputs, describe_baseline, write_outputs
+from autotune.plan import SearchPlan, make_plan
+from autotune.records import TrialRecord, describe_params, load_records
+from autotune.study import open_study, retry_interrupted, run_search
+from autotune.trial import Status
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "search",
+        help="tune training settings with short real training runs",
+        description="Run an Optuna study over training settings; each trial is a short real "
+        "training run in a process of its own. Settings are key=value.",
+        epilog=_settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="autotune search model=NAME [key=value ...]",
+    )
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    parser.set_defaults(handler=run)
+
+
+def _settings_help() -> str:
+    rows = help_rows()
+    key_width = max(len(r[0]) for r in rows) + 2
+    kind_width = min(max(len(r[1]) for r in rows), 24) + 2
+    lines = ["settings (key=value; default in brackets):"]
+    for key, kind, default, meaning in rows:
+        head = f"  {key:<{key_width}}{kind:<{kind_width}}"
+        if len(head) > key_width + kind_width + 2:
+            head += "\n" + " " * (key_width + kind_width + 2)
+        text = textwrap.fill(f"{meaning} [{default}]", width=100 - key_width - kind_width - 2)
+        lines.append(head + text.replace("\n", "\n" + " " * (key_width + kind_width + 2)))
+    lines += ["", "example:", "  autotune search model=bert-large-uncased seq_len=512 n_trials=30"]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.overrides)
+    report = Reporter(quiet=config.quiet)
+    with console.status("probing the device"):
+        device_info = hardware.probe()
+    plan = make_plan(config, device_info)
+    study = open_study(plan)
+    report.open_log(plan.study_dir / "search.log")
+    _print_plan(report, plan)
+    done_before = len(load_records(study))
+    if done_before:
+        report.line(f"resuming: {done_before} finished trial(s) kept")
+    for number in retry_interrupted(study):
+        report.line(f"trial {number} was interrupted: its settings run again first")
+
+    progress = Progress(
+        TextColumn("trials"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[best]}"),
+        console=console,
+        transient=True,
+        disable=config.quiet,
+    )
+    task = progress.add_task("trials", total=config.n_trials, completed=done_before, best="")
+    best = [0.0]
+
+    def on_trial_end(record: TrialRecord) -> None:
+        done = int(progress.tasks[0].completed) + 1
+        if record.status is Status.OK:
+            best[0] = max(best[0], record.result.samples_per_s)
+        progress.update(task, completed=done, best=f"best {best[0]:.2f} samples/s")
+        report.line(_trial_line(record, done, config.n_trials))
+
+    try:
+        with progress:
+            stopped = run_search(plan, study, on_trial_end=on_trial_end)
+        report.line(f"search ended: {stopped}")
+    finally:
+        # Ctrl-C included: what finished is written before the process ends.
+        outputs = write_outputs(plan.run_info(), study, plan.study_dir)
+    _print_outputs(report, plan, outputs)
+    return 0
+
+
+def _print_plan(report: Reporter, plan: SearchPlan) -> None:
+    budget_gib = plan.memory_budget_bytes / 1024**3
+    report.line(
+        f"study [bold]{plan.study_name}[/]: {plan.model.name} ({plan.task}), seq_len "
+        f"{plan.config.seq_len}, {plan.device} ({plan.device_name}), space {plan.space.name}, "
+        f"budget {budget_gib:.1f} GiB, {plan.config.n_trials} trials -> {plan.study_dir}"
+    )
+    report.line(f"batch: {plan.batch_mode}")
+    for note in plan.space.notes:
+        report.line(f"[yellow]note:[/] {note}")
+
+
+def _trial_line(record: TrialRecord, done: int, total: int) -> str:
+    r = record.result
+    status = r.status.value if r.status is Status.OK else f"[red]{r.status.value}[/]"
+    head = f"[{done}/{total}] trial {record.number:>3} {status:<7} {describe_params(record.params)}"
+    if r.status is Status.OK:
+        return (
+            f"{head}: {r.samples_per_s:.2f} samples/s, {r.peak_memory_gib:.3f} GiB, "
+            f"step CV {r.step_time_cv:.0%}, {r.wall_s:.1f} s"
+        )
+    return f"{head}: {r.reason}"
+
+
+def _print_outputs(report: Reporter, plan: SearchPlan, outputs: SearchOutputs) -> None:
+    picks = outputs.picks
+    table = Table(title="Pareto front (fastest first)")
+    for column in ("trial", "settings", "samples/s", "x baseline", "peak GiB", "MFU", "step CV"):
+        table.add_column(column, justify="left" if column == "settings" else "right")
+    for record in outputs.front:
+        r = record.result
+        marks = ((picks.fastest, " *"), (picks.saver, " m"))
+        mark = "".join(m for pick, m in marks if pick is not None and pick.number == record.number)
+        table.add_row(
+            f"{record.number}{mark}",
+            describe_params(record.params),
+            f"{r.samples_per_s:.2f}",
+            _times(picks.speedup(record)),
+            f"{r.peak_memory_gib:.3f}",
+            "n/a" if r.mfu is None else f"{r.mfu:.1%}",
+            f"{r.step_time_cv:.0%}" + (" noisy" if r.step_time_cv > plan.config.noise_cv else ""),
+        )
+    if not report.quiet:
+        console.print(table)
+    report.line(f"baseline: {describe_baseline(picks)}")
+    if picks.baseline is not None and picks.baseline.result.samples_per_s is None:
+        report.line("[yellow]the HF defaults did not run here, so there is no speedup figure[/]")
+    if picks.fastest is None:
+        report.line(
+            f"[yellow]no successful trial stays below {outputs.memory_limit_gib:.2f} GiB "
+            "(budget less headroom): nothing to recommend[/]"
+        )
+    else:
+        fastest, saver = picks.fastest, picks.saver
+        report.line(
+            f"recommended (*): {picks.describe(fastest)}: {describe_params(fastest.params)}"
+        )
+        if saver.number == fastest.number:
+            report.line("memory saver (m): the same trial: nothing within 10% uses less memory")
+        else:
+            report.line(
+                f"memory saver (m): {picks.describe(saver)}: {describe_params(saver.params)}"
+            )
+    report.line(always=True, markup="wrote " + ", ".join(str(p) for p in outputs.paths))
+
+
+def _times(speedup: float | None) -> str:
+    return "n/a" if speedup is None else f"{speedup:.2f}x"
