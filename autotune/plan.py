@@ -39,17 +39,6 @@ class SearchPlan:
     study_dir: Path
     storage_url: str
 
-    def describe(self) -> dict[str, object]:
-        """The facts that make a study what it is; a resumed study must match them."""
-        return {
-            "model": self.model.name,
-            "task": self.task,
-            "seq_len": self.config.seq_len,
-            "device": self.device,
-            "space": self.space.name,
-            "effective_batch_size": self.config.effective_batch_size,
-        }
-
     def run_info(self) -> RunInfo:
         return RunInfo(
             study=self.study_name,

@@ -95,7 +95,6 @@ class Knob:
     multiple_of: int | str | None = None
     """batch_size only: 8, 64, ..., or `auto`."""
     when: tuple[Condition, ...] = ()
-    line: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -295,7 +294,7 @@ def parse_space(
             problem(path, f"unknown knob (known: {', '.join(KNOBS)})")
             continue
         try:
-            knobs[knob_name] = _parse_knob(knob_name, spec, lines.get(path), facts)
+            knobs[knob_name] = _parse_knob(knob_name, spec, facts)
         except ValueError as exc:
             for message in str(exc).split("\n"):
                 problem(path, message)
@@ -315,7 +314,7 @@ def parse_space(
     )
 
 
-def _parse_knob(name: str, spec: Any, line: int | None, facts: SoftwareFacts) -> Knob:
+def _parse_knob(name: str, spec: Any, facts: SoftwareFacts) -> Knob:
     kind = KNOBS[name]
     if not isinstance(spec, dict):
         spec = {"choices": [spec]}
@@ -354,7 +353,6 @@ def _parse_knob(name: str, spec: Any, line: int | None, facts: SoftwareFacts) ->
         is_range=is_range,
         multiple_of=multiple_of,
         when=when,
-        line=line,
     )
 
 

@@ -24,6 +24,7 @@ from autotune.records import (
     BASELINE_ATTR,
     PARAMS_ATTR,
     RESULT_ATTR,
+    RUN_ATTR,
     TrialRecord,
     record_of,
     store_run_info,
@@ -32,7 +33,8 @@ from autotune.trial import Status, TrialResult, TrialSpec
 
 DIRECTIONS = (optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE)
 OBJECTIVES = ("samples_per_s", "peak_memory_gib")
-PLAN_ATTR = "plan"
+# What makes a study what it is: a resumed study must have been made for the same.
+IDENTITY = ("model", "task", "seq_len", "device", "space", "batch_mode")
 RETRY_OF_ATTR = "retry_of"
 REPEAT_OF_ATTR = "repeat_of"
 MAX_REPEATS = 50
@@ -48,11 +50,13 @@ def open_study(plan: SearchPlan) -> optuna.Study:
     existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
     finished = 0
     if plan.study_name in existing:
-        stored = existing[plan.study_name].user_attrs.get(PLAN_ATTR)
-        if stored != plan.describe():
+        stored = existing[plan.study_name].user_attrs.get(RUN_ATTR, {})
+        made_for = {k: stored.get(k) for k in IDENTITY}
+        wanted = {k: getattr(plan.run_info(), k) for k in IDENTITY}
+        if made_for != wanted:
             raise StudyError(
-                f"study={plan.study_name} in {plan.storage_url} was made for {stored}, "
-                f"not {plan.describe()}; pick another study= name or out= folder"
+                f"study={plan.study_name} in {plan.storage_url} was made for {made_for}, "
+                f"not {wanted}; pick another study= name or out= folder"
             )
         finished = len(_finished(optuna.load_study(study_name=plan.study_name, storage=storage)))
     # Offset the seed by the trials already run, so a resumed study does not replay the same
@@ -69,7 +73,6 @@ def open_study(plan: SearchPlan) -> optuna.Study:
         # Stable in practice since Optuna 3.2; it names the objectives in Optuna's own tools.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(list(OBJECTIVES))
-    study.set_user_attr(PLAN_ATTR, plan.describe())
     store_run_info(study, plan.run_info())
     return study
 
