@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         TextColumn("{task.fields[best]}"),
         console=console,
         transient=True,
-        disable=config.quiet,
+        disable=config.quiet or not console.is_terminal,  # a bar only for a person watching
     )
     task = progress.add_task("trials", total=config.n_trials, completed=done_before, best="")
     best = [0.0]
