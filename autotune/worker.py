@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 import torch
 import transformers
+import transformers.trainer
 
 from autotune import export, measure
 from autotune.models import ModelSpec, build_model
@@ -81,6 +82,8 @@ def _train(spec: TrialSpec, workdir: str, progress_path: Path) -> TrialResult:
     on_cuda = spec.device == "cuda"
     if spec.compile_cache_dir:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = spec.compile_cache_dir
+    # Every module a trial needs is imported by now (transformers.trainer at the top of this
+    # file, as the fork server preloads it), so growth past this point is the trial's own.
     baseline_rss = psutil.Process().memory_info().rss
     # The parent's CPU memory watchdog measures growth from here.
     write_json_atomic(progress_path, {"baseline_rss_bytes": baseline_rss})

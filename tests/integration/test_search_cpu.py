@@ -244,3 +244,20 @@ def test_report_is_rebuilt_from_the_study_storage_alone(search, tmp_path):
         assert (copy / name).is_file(), name
     assert (copy / "report.html").read_text() == (study_dir / "report.html").read_text()
     assert (copy / "trials.csv").read_text() == (study_dir / "trials.csv").read_text()
+
+
+def test_fidelity_script_reruns_the_recommendation_in_a_plain_trainer(search, tmp_path):
+    _, _, study_dir = search
+    out = tmp_path / "fidelity.json"
+    script = Path(__file__).parents[2] / "benchmarks" / "fidelity.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(study_dir), "--steps", "20", "--warmup-steps", "3",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["timed_steps"] == 17
+    # Same process shape, same data: the long run lands near the search's figures on CPU too.
+    assert 0.5 < report["samples_per_s_ratio"] < 2.0
+    assert 0.5 < report["peak_memory_ratio"] < 2.0
