@@ -99,6 +99,10 @@ class _Forked:
 
 class ForkserverLauncher:
     def __init__(self) -> None:
+        # Imports may ask torch.cuda.is_available(); answered through NVML it leaves CUDA
+        # uninitialised in the server, so forked trials can still create their own context.
+        # The server inherits this process's environment when it starts.
+        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         self.context = multiprocessing.get_context("forkserver")
         # The server imports these once; importing torch does not initialise CUDA, so every
         # forked trial still gets a CUDA context of its own.
