@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 
 from autotune import export
-from autotune.pareto import GIB, Picks, memory_limit_gib, pareto_front, pick
+from autotune.pareto import GIB, Picks, memory_limit_gib, pareto_front, study_picks
 from autotune.records import RunInfo, TrialRecord, load_records
 from autotune.report.data import build_report_data
 from autotune.report.html import write_report
@@ -54,8 +54,7 @@ def write_outputs(info: RunInfo, study: optuna.Study, out: Path) -> SearchOutput
     records = load_records(study)
     front = pareto_front(study)
     limit_gib = memory_limit_gib(info.memory_budget_bytes, info.headroom)
-    baseline = next((r for r in records if r.baseline), None)
-    picks = pick(front, limit_gib, baseline)
+    picks = study_picks(study, info)
     paths = [
         write_table(out / "trials.csv", records, info.noise_cv),
         write_table(out / "pareto.csv", front, info.noise_cv),

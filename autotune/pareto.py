@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import optuna
 
-from autotune.records import RESULT_ATTR, TrialRecord, record_of
+from autotune.records import RESULT_ATTR, RunInfo, TrialRecord, load_records, record_of
 from autotune.trial import Status
 
 GIB = 1024**3
@@ -50,6 +50,13 @@ class Picks:
             f"trial {record.number}: {record.result.samples_per_s:.2f} samples/s{times} at "
             f"{record.result.peak_memory_gib:.3f} GiB"
         )
+
+
+def study_picks(study: optuna.Study, info: RunInfo) -> Picks:
+    """The picks of a stored study, by its own budget and headroom."""
+    baseline = next((r for r in load_records(study) if r.baseline), None)
+    limit = memory_limit_gib(info.memory_budget_bytes, info.headroom)
+    return pick(pareto_front(study), limit, baseline)
 
 
 def pick(front: list[TrialRecord], limit_gib: float, baseline: TrialRecord | None) -> Picks:

@@ -24,8 +24,8 @@ import transformers
 
 from autotune import measure
 from autotune.models import ModelSpec, build_model
-from autotune.pareto import memory_limit_gib, pareto_front, pick
-from autotune.records import RunInfo, load_records
+from autotune.pareto import study_picks
+from autotune.records import RunInfo
 from autotune.study import load_study_dir
 from autotune.worker import SyntheticDataset
 
@@ -42,10 +42,7 @@ def main() -> None:
 
     study = load_study_dir(args.study_dir, None, None)
     info = RunInfo.of(study)
-    records = load_records(study)
-    baseline = next((r for r in records if r.baseline), None)
-    picked = pick(pareto_front(study), memory_limit_gib(info.memory_budget_bytes, info.headroom),
-                  baseline).fastest  # fmt: skip
+    picked = study_picks(study, info).fastest
     if picked is None:
         raise SystemExit("the study has no recommended trial")
     searched = picked.result

@@ -11,7 +11,7 @@ from autotune.cli._console import console
 from autotune.config import ExportConfig, ReportConfig, help_rows, load_config
 from autotune.errors import StudyError
 from autotune.outputs import write_outputs
-from autotune.pareto import memory_limit_gib, pareto_front, pick
+from autotune.pareto import study_picks
 from autotune.records import RunInfo, load_records
 from autotune.study import load_study_dir
 from autotune.trial import Status
@@ -53,9 +53,7 @@ def _export(args: argparse.Namespace) -> int:
     info = RunInfo.of(study)
     records = {r.number: r for r in load_records(study)}
     if config.trial is None:
-        limit = memory_limit_gib(info.memory_budget_bytes, info.headroom)
-        baseline = next((r for r in records.values() if r.baseline), None)
-        record = pick(pareto_front(study), limit, baseline).fastest
+        record = study_picks(study, info).fastest
         if record is None:
             raise StudyError("no trial to recommend in this study; pick one with trial=N")
     elif config.trial not in records:
