@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 
 from autotune import export
-from autotune.pareto import GIB, Picks, memory_limit_gib, pareto_front, study_picks
+from autotune.pareto import GIB, Picks, baseline_of, memory_limit_gib, pareto_front, pick
 from autotune.records import RunInfo, TrialRecord, load_records
 from autotune.report.data import build_report_data
 from autotune.report.html import write_report
@@ -54,7 +54,7 @@ def write_outputs(info: RunInfo, study: optuna.Study, out: Path) -> SearchOutput
     records = load_records(study)
     front = pareto_front(study)
     limit_gib = memory_limit_gib(info.memory_budget_bytes, info.headroom)
-    picks = study_picks(study, info)
+    picks = pick(front, limit_gib, baseline_of(records))
     paths = [
         write_table(out / "trials.csv", records, info.noise_cv),
         write_table(out / "pareto.csv", front, info.noise_cv),
@@ -105,19 +105,6 @@ def write_table(path: Path, records: list[TrialRecord], noise_cv: float) -> Path
             row = [r.number, r.baseline, *params, r.status.value, *metrics, noisy, r.result.reason]
             writer.writerow(row)
     return path
-
-
-def describe_baseline(picks: Picks) -> str:
-    baseline = picks.baseline
-    if baseline is None:
-        return "not run"
-    head = f"trial {baseline.number} (HF defaults)"
-    if baseline.result.samples_per_s is None:
-        return f"{head}: {baseline.status.value}: {baseline.result.reason}"
-    return (
-        f"{head}: {baseline.result.samples_per_s:.2f} samples/s, "
-        f"{baseline.result.peak_memory_gib:.3f} GiB"
-    )
 
 
 def recommendation(info: RunInfo, picks: Picks, limit_gib: float) -> dict[str, Any]:

@@ -42,6 +42,18 @@ class Picks:
             return None
         return record.result.samples_per_s / self.baseline.result.samples_per_s
 
+    def describe_baseline(self) -> str:
+        if self.baseline is None:
+            return "not run"
+        if self.baseline.result.samples_per_s is None:
+            status = self.baseline.status.value
+            return f"trial {self.baseline.number}: {status}: {self.baseline.result.reason}"
+        r = self.baseline.result
+        return (
+            f"trial {self.baseline.number}: {r.samples_per_s:.2f} samples/s at "
+            f"{r.peak_memory_gib:.3f} GiB"
+        )
+
     def describe(self, record: TrialRecord) -> str:
         """`trial 7: 512.30 samples/s (1.42x the baseline) at 3.210 GiB`."""
         speedup = self.speedup(record)
@@ -54,9 +66,12 @@ class Picks:
 
 def study_picks(study: optuna.Study, info: RunInfo) -> Picks:
     """The picks of a stored study, by its own budget and headroom."""
-    baseline = next((r for r in load_records(study) if r.baseline), None)
     limit = memory_limit_gib(info.memory_budget_bytes, info.headroom)
-    return pick(pareto_front(study), limit, baseline)
+    return pick(pareto_front(study), limit, baseline_of(load_records(study)))
+
+
+def baseline_of(records: list[TrialRecord]) -> TrialRecord | None:
+    return next((r for r in records if r.baseline), None)
 
 
 def pick(front: list[TrialRecord], limit_gib: float, baseline: TrialRecord | None) -> Picks:

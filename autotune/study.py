@@ -47,10 +47,14 @@ def open_study(plan: SearchPlan) -> optuna.Study:
     """Create the study, or load it when it exists and was made for the same run."""
     plan.study_dir.mkdir(parents=True, exist_ok=True)
     storage = optuna.storages.RDBStorage(plan.storage_url)
-    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
-    finished = 0
-    if plan.study_name in existing:
-        stored = existing[plan.study_name].user_attrs.get(RUN_ATTR, {})
+    study = optuna.create_study(
+        study_name=plan.study_name,
+        storage=storage,
+        directions=list(DIRECTIONS),
+        load_if_exists=True,
+    )
+    if study.user_attrs:  # an existing study: it must have been made for this run
+        stored = study.user_attrs.get(RUN_ATTR, {})
         made_for = {k: stored.get(k) for k in IDENTITY}
         wanted = {k: getattr(plan.run_info(), k) for k in IDENTITY}
         if made_for != wanted:
@@ -58,17 +62,9 @@ def open_study(plan: SearchPlan) -> optuna.Study:
                 f"study={plan.study_name} in {plan.storage_url} was made for {made_for}, "
                 f"not {wanted}; pick another study= name or out= folder"
             )
-        finished = len(_finished(optuna.load_study(study_name=plan.study_name, storage=storage)))
     # Offset the seed by the trials already run, so a resumed study does not replay the same
     # random start-up proposals it made the first time.
-    sampler = make_sampler(plan, seed=plan.config.seed + finished)
-    study = optuna.create_study(
-        study_name=plan.study_name,
-        storage=storage,
-        directions=list(DIRECTIONS),
-        sampler=sampler,
-        load_if_exists=True,
-    )
+    study.sampler = make_sampler(plan, seed=plan.config.seed + len(_finished(study)))
     with warnings.catch_warnings():
         # Stable in practice since Optuna 3.2; it names the objectives in Optuna's own tools.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

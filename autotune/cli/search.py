@@ -11,7 +11,7 @@ from rich.table import Table
 from autotune import hardware
 from autotune.cli._console import Reporter, console
 from autotune.config import help_rows, load_config
-from autotune.outputs import SearchOutputs, describe_baseline, write_outputs
+from autotune.outputs import SearchOutputs, write_outputs
 from autotune.plan import SearchPlan, make_plan
 from autotune.records import TrialRecord, describe_params, load_records
 from autotune.study import open_study, retry_interrupted, run_search
@@ -137,7 +137,7 @@ def _print_outputs(report: Reporter, plan: SearchPlan, outputs: SearchOutputs) -
         )
     if not report.quiet:
         console.print(table)
-    report.line(f"baseline: {describe_baseline(picks)}")
+    report.line(f"baseline (HF defaults): {picks.describe_baseline()}")
     if picks.baseline is not None and picks.baseline.result.samples_per_s is None:
         report.line("[yellow]the HF defaults did not run here, so there is no speedup figure[/]")
     if picks.fastest is None:

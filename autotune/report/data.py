@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import optuna
 
@@ -14,6 +14,7 @@ from autotune.records import RunInfo, TrialRecord, describe_params
 from autotune.trial import Status
 
 GIB = 1024**3
+POINT_KINDS = ("front", "dominated", "over budget", "oom", "skipped")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,9 +68,6 @@ class ReportData:
     rows: list[Row]
     code: str = ""
     cli_flags: str = ""
-    point_kinds: tuple[str, ...] = field(
-        default=("front", "dominated", "over budget", "oom", "skipped")
-    )
 
 
 def build_report_data(
@@ -124,13 +122,7 @@ def _summary(
         "trials": ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "none",
         "search time": "n/a" if search_s is None else f"{search_s / 60:.1f} min",
     }
-    baseline = picks.baseline
-    if baseline is None:
-        summary["baseline (HF defaults)"] = "not run"
-    elif baseline.result.samples_per_s is None:
-        summary["baseline (HF defaults)"] = f"trial {baseline.number}: {baseline.status.value}"
-    else:
-        summary["baseline (HF defaults)"] = picks.describe(baseline)
+    summary["baseline (HF defaults)"] = picks.describe_baseline()
     if picks.fastest and picks.saver:
         summary["recommended"] = picks.describe(picks.fastest)
         summary["memory saver"] = picks.describe(picks.saver)

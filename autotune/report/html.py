@@ -7,7 +7,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from autotune.report.data import ReportData, Series
+from autotune.report.data import POINT_KINDS, ReportData, Series
 
 STYLE = {
     "front": {"color": "#1a73e8", "symbol": "circle", "size": 11},
@@ -21,7 +21,7 @@ LAYOUT = {"template": "plotly_white", "height": 460, "margin": {"t": 50, "b": 50
 
 def pareto_figure(data: ReportData) -> go.Figure:
     fig = go.Figure()
-    for kind in data.point_kinds:
+    for kind in POINT_KINDS:
         points = sorted((p for p in data.points if p.kind == kind), key=lambda p: p.peak_memory_gib)
         if not points:
             continue
