@@ -229,7 +229,11 @@ def _importances(ok: list[TrialRecord], budget_gib: float) -> dict[str, dict[str
             importance = optuna.importance.get_param_importances(
                 copy, target=lambda t, i=index, sign=sign: sign * t.values[i]
             )
-        importances[objective] = {k: float(v) for k, v in importance.items()}
+        # Optuna orders ties as a set iterates, which changes with the hash seed, and knobs
+        # that always moved together differ in the last bits. Rounded, with ties in name
+        # order, a report rebuilt in another process is identical.
+        rounded = {k: round(float(v), 12) for k, v in importance.items()}
+        importances[objective] = dict(sorted(rounded.items(), key=lambda kv: (-kv[1], kv[0])))
     return importances
 
 
