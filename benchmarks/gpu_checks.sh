@@ -1,17 +1,86 @@
 #!/usr/bin/env bash
-# The CUDA checks, in order of value: the device probe, a real bert-large search (~8 min), the
+# The CUDA checks, in order of value: the device probe, a real bert-large search, the
 # recommended config in a 200-step plain Trainer run, and the HF guide's eight configurations.
-# Run from the repo root with autotune importable (installed, or PYTHONPATH=$PWD).
 #
-#     OUT=benchmarks/results/$(date +%F)-h100 bash benchmarks/gpu_checks.sh [N_TRIALS]
+# They are split into stages so that each one ends inside ten minutes and can run as one job on
+# an offline GPU machine; each GPU stage writes at most eight files, flat, into $OUT.
+#
+#   bash benchmarks/gpu_checks.sh wheels
+#       (where pip can download) fetch into ./.whl the wheels listed in gpu_wheels.txt: what the
+#       GPU machine's image lacks of autotune's dependencies (~60 MB).
+#   OUT=DIR bash benchmarks/gpu_checks.sh search [STUDY_TGZ]
+#       (GPU, <= ~9 min) probe.json, env.txt, search.txt, trials.csv, recommended.json,
+#       report.html and study.tgz (the study folder without its inductor cache and report).
+#       Given the study.tgz of an earlier search stage, the search resumes that study.
+#   OUT=DIR bash benchmarks/gpu_checks.sh follow-up STUDY_TGZ
+#       (GPU, ~5 min) fidelity.json, guide_table.md, guide_table.json and follow_up.txt.
+#
+# GPU stages install ./.whl (if present) into /tmp/site first. MODEL and SEQ_LEN pick another
+# model; SEARCH_ARGS (key=value ...) replaces the bounded search settings below. A dry run of
+# the mechanics on CPU: MODEL=google/bert_uncased_L-2_H-128_A-2 SEQ_LEN=64 SEARCH_ARGS=n_trials=4
 set -euo pipefail
+cd "$(dirname "$0")/.."
+stage=${1:?usage: gpu_checks.sh wheels | search [STUDY_TGZ] | follow-up STUDY_TGZ}
+work=/tmp/gpu-checks
+study=gpu-check
+model=${MODEL:-bert-large-uncased}
+seq_len=${SEQ_LEN:-512}
+# Bounded so the search stage ends inside ten minutes: trials start for 4m30s, and the last one
+# may run 100 s (+100 s to compile). A fixed effective batch keeps each trial to 13 steps of 128
+# samples (fp32 bert-large: about a minute) and reaches the memory edge (fp32 at micro batch 64,
+# 16-bit at 128).
+search_args=${SEARCH_ARGS:-effective_batch_size=128 n_trials=60 timeout=4m30s trial_timeout=100s \
+compile_timeout=100s}
+
+if [ "$stage" = wheels ]; then
+  mkdir -p .whl
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .whl -r <(grep -v '^#' benchmarks/gpu_wheels.txt)
+  du -sh .whl
+  exit 0
+fi
+
 OUT=${OUT:?set OUT to the folder for the results}
-N_TRIALS=${1:-24}
-mkdir -p "$OUT"
-python3 -m autotune.hardware > "$OUT/probe.json"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi.csv" || true
-python3 -m autotune search model=bert-large-uncased seq_len=512 "n_trials=$N_TRIALS" timeout=7m \
-  "out=$OUT/reports" study=bert-large-s512 2>&1 | tee "$OUT/search.txt"
-cp "$OUT/reports/bert-large-s512/"{trials.csv,pareto.csv,recommended.json} "$OUT/"
-python3 benchmarks/fidelity.py "$OUT/reports/bert-large-s512" --steps 200 --out "$OUT/fidelity.json"
-python3 benchmarks/guide_table.py --out "$OUT/guide_table.md"
+mkdir -p "$OUT" "$work/reports"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+if [ -n "${2:-}" ]; then
+  tar -xzf "$2" -C "$work/reports"
+fi
+
+case "$stage" in
+search)
+  python3 -m autotune.hardware > "$OUT/probe.json"
+  {
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
+    python3 -c "import sys, torch, transformers, optuna, bitsandbytes; \
+print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda); \
+print('transformers', transformers.__version__); print('optuna', optuna.__version__); \
+print('bitsandbytes', bitsandbytes.__version__)"
+  } > "$OUT/env.txt" 2>&1
+  # shellcheck disable=SC2086  # search_args is a list of key=value words
+  python3 -m autotune search "model=$model" "seq_len=$seq_len" $search_args \
+    "out=$work/reports" "study=$study" 2>&1 | tee "$OUT/search.txt"
+  cp "$work/reports/$study/"{trials.csv,recommended.json,report.html} "$OUT/"
+  tar -czf "$OUT/study.tgz" -C "$work/reports" --exclude=inductor-cache --exclude=report.html \
+    "$study"
+  ;;
+follow-up)
+  [ -n "${2:-}" ] || { echo "follow-up needs the search stage's study.tgz" >&2; exit 2; }
+  {
+    python3 benchmarks/fidelity.py "$work/reports/$study" --steps 200 --out "$OUT/fidelity.json"
+    python3 benchmarks/guide_table.py --model "$model" --seq-len "$seq_len" \
+      --out "$OUT/guide_table.md"
+  } 2>&1 | tee "$OUT/follow_up.txt"
+  ;;
+*)
+  echo "unknown stage $stage: wheels | search | follow-up" >&2
+  exit 2
+  ;;
+esac
