@@ -9,7 +9,7 @@
 #       (where pip can download) fetch into ./.whl the wheels listed in gpu_wheels.txt: what the
 #       GPU machine's image lacks of autotune's dependencies (~60 MB).
 #   OUT=DIR bash benchmarks/gpu_checks.sh search [STUDY_TGZ]
-#       (GPU, <= ~9 min) probe.json, env.txt, search.txt, trials.csv, recommended.json,
+#       (GPU, <= 9 min) probe.json, env.txt, search.txt, trials.csv, recommended.json,
 #       report.html and study.tgz (the study folder without its inductor cache and report).
 #       Given the study.tgz of an earlier search stage, the search resumes that study.
 #   OUT=DIR bash benchmarks/gpu_checks.sh follow-up STUDY_TGZ
@@ -25,12 +25,14 @@ work=/tmp/gpu-checks
 study=gpu-check
 model=${MODEL:-bert-large-uncased}
 seq_len=${SEQ_LEN:-512}
-# Bounded so the search stage ends inside ten minutes: trials start for 4m30s, and the last one
-# may run 100 s (+100 s to compile). A fixed effective batch keeps each trial to 13 steps of 128
-# samples (fp32 bert-large: about a minute) and reaches the memory edge (fp32 at micro batch 64,
-# 16-bit at 128).
-search_args=${SEARCH_ARGS:-effective_batch_size=128 n_trials=60 timeout=4m30s trial_timeout=100s \
+# Bounded so the search stage ends inside ten minutes: trials start for 5 minutes and each may
+# run 150 s (+100 s to compile); at 8 minutes the search is interrupted as Ctrl-C would do it
+# (outputs written, the running trial retried on resume). A fixed effective batch keeps a trial
+# to 13 steps of 128 samples (fp32 bert-large: about a minute) and reaches the memory edge
+# (fp32 at micro batch 64, 16-bit at 128).
+search_args=${SEARCH_ARGS:-effective_batch_size=128 n_trials=60 timeout=5m trial_timeout=150s \
 compile_timeout=100s}
+search_wall_s=${SEARCH_WALL_S:-480}
 
 if [ "$stage" = wheels ]; then
   mkdir -p .whl
@@ -65,11 +67,14 @@ print('transformers', transformers.__version__); print('optuna', optuna.__versio
 print('bitsandbytes', bitsandbytes.__version__)"
   } > "$OUT/env.txt" 2>&1
   # shellcheck disable=SC2086  # search_args is a list of key=value words
-  python3 -m autotune search "model=$model" "seq_len=$seq_len" $search_args \
-    "out=$work/reports" "study=$study" 2>&1 | tee "$OUT/search.txt"
-  cp "$work/reports/$study/"{trials.csv,recommended.json,report.html} "$OUT/"
+  timeout -s INT "$search_wall_s" python3 -m autotune search "model=$model" "seq_len=$seq_len" \
+    $search_args "out=$work/reports" "study=$study" 2>&1 | tee "$OUT/search.txt" \
+    || echo "search exited with ${PIPESTATUS[0]}" | tee -a "$OUT/search.txt"
   tar -czf "$OUT/study.tgz" -C "$work/reports" --exclude=inductor-cache --exclude=report.html \
     "$study"
+  for name in trials.csv recommended.json report.html; do
+    cp "$work/reports/$study/$name" "$OUT/" || true  # none without an ok trial
+  done
   ;;
 follow-up)
   [ -n "${2:-}" ] || { echo "follow-up needs the search stage's study.tgz" >&2; exit 2; }
