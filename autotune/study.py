@@ -113,7 +113,23 @@ def make_sampler(plan: SearchPlan, *, seed: int) -> optuna.samplers.BaseSampler:
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.GridSampler(plan.space.grid(plan.rules), seed=seed)
+    return AskTellGridSampler(plan.space.grid(plan.rules), seed=seed)
+
+
+class AskTellGridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid, for an ask-and-tell loop: `run_search` checks `is_exhausted` itself.
+
+    GridSampler ends a study by calling `study.stop()` after the last grid point, which only
+    works inside `study.optimize`; told through `study.tell` it raises."""
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: list[float] | None,
+    ) -> None:
+        pass
 
 
 def run_search(
@@ -138,6 +154,13 @@ def run_search(
     while len(done) < config.n_trials:
         if time.monotonic() > deadline:
             return f"timeout: {len(done)} of {config.n_trials} trials finished"
+        sampler = study.sampler
+        if isinstance(sampler, AskTellGridSampler) and sampler.is_exhausted(study):
+            return f"every grid point has run: {len(done)} trials finished"
+        if not done and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            # Enqueued, the baseline takes no grid point (it suggests nothing). A baseline
+            # interrupted earlier is queued already, by retry_interrupted.
+            study.enqueue_trial({})
         trial = study.ask()
         if not done:
             # The baseline comes first and is run as it is, outside the sampler's space.

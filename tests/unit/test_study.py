@@ -1,6 +1,11 @@
+import csv
+import sys
+from pathlib import Path
+
 import optuna
 import pytest
 
+from autotune import cli, runner
 from autotune.config import load_config
 from autotune.errors import ConfigError
 from autotune.hardware import DeviceInfo
@@ -108,3 +113,32 @@ def test_gp_without_scipy_is_a_clear_error(tmp_path, monkeypatch):
     plan = make_plan(load_config([f"model={TINY_MODEL}", "sampler=gp", f"out={tmp_path}"]), CPU)
     with pytest.raises(ConfigError, match="sampler=gp needs scipy"):
         make_sampler(plan, seed=0)
+
+
+TWO_POINT_SPACE = """
+description: a grid of two points
+device: any
+knobs:
+  batch_size: {choices: [8, 16]}
+  precision: fp32
+  optim: sgd
+"""
+
+
+def test_a_grid_search_runs_every_point_then_stops(tmp_path, monkeypatch, capsys):
+    fake = Path(__file__).parent / "fakes" / "worker.py"
+    launcher = runner.CommandLauncher((sys.executable, str(fake), "ok"))
+    monkeypatch.setattr(runner, "ForkserverLauncher", lambda: launcher)
+    space = tmp_path / "two.yaml"
+    space.write_text(TWO_POINT_SPACE)
+    args = [f"model={TINY_MODEL}", "seq_len=32", "sampler=grid", "n_trials=6",
+            f"space={space}", f"out={tmp_path}", "study=g"]  # fmt: skip
+    assert cli.main(["search", *args]) == 0
+    assert "search ended: every grid point has run: 3 trials finished" in capsys.readouterr().out
+    with open(tmp_path / "g" / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    # The baseline takes no grid point: both points run after it, once each.
+    assert [r["baseline"] for r in rows] == ["True", "False", "False"]
+    assert sorted(int(r["batch_size"]) for r in rows[1:]) == [8, 16]
+    assert cli.main(["search", *args]) == 0  # resumed: nothing is left to run
+    assert "every grid point has run: 3 trials finished" in capsys.readouterr().out
