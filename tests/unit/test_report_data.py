@@ -118,7 +118,7 @@ import json
 from autotune.records import TrialRecord
 from autotune.report.data import _importances
 from autotune.trial import Status, TrialResult
-# 'zeta' and 'alpha' always move together, so their importances tie exactly.
+# 'zeta' and 'alpha' always move together: their importances tie (but for the last bits).
 outcomes = [(8, 100.0, 4.0), (16, 180.0, 3.0), (32, 250.0, 5.0), (16, 150.0, 8.0),
             (8, 120.0, 2.0), (32, 260.0, 6.0)]
 records = [
