@@ -125,9 +125,24 @@ class RunConfig(BaseModel):
     @field_validator("study")
     @classmethod
     def _study_is_a_folder_name(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", value):
-            raise ValueError("use letters, digits, '.', '_' and '-' only (it names a folder)")
+        problem = None if value is None else study_name_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
+
+
+STUDY_NAME_MAX_CHARS = 100
+
+
+def study_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a study folder inside `out=`, or None when it can."""
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        return "use letters, digits, '.', '_' and '-' only (it names a folder)"
+    if name in (".", ".."):
+        return "it names a folder inside out=, not out= itself or its parent"
+    if len(name) > STUDY_NAME_MAX_CHARS:
+        return f"at most {STUDY_NAME_MAX_CHARS} characters (it has {len(name)})"
+    return None
 
 
 def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:

@@ -10,7 +10,7 @@ import json
 import platform
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autotune.errors import DeviceError
 
@@ -41,6 +41,10 @@ class DeviceInfo:
     """Values `TrainingArguments.optim` accepts in the installed transformers."""
     default_optim: str = "adamw_torch"
     """`TrainingArguments().optim` in the installed transformers: the baseline's optimizer."""
+    model_types: tuple[str, ...] = ()
+    """`model_type` values the installed transformers can build."""
+    task_model_types: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Task -> the model types with that head in the installed transformers."""
 
     @property
     def tensor_core_64(self) -> bool:
@@ -83,6 +87,7 @@ def probe() -> DeviceInfo:
     if proc.returncode != 0:
         raise DeviceError(f"the device probe failed:\n{proc.stderr[-2000:]}")
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    facts["task_model_types"] = {k: tuple(v) for k, v in facts["task_model_types"].items()}
     return DeviceInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in facts.items()})
 
 
@@ -112,7 +117,10 @@ def _probe_here() -> dict:
     import torch
     import torch._dynamo
     import transformers
+    from transformers.models.auto import configuration_auto, modeling_auto
     from transformers.training_args import OptimizerNames
+
+    from autotune.models import TASK_CLASSES
 
     host = psutil.virtual_memory()
     facts = {
@@ -127,6 +135,10 @@ def _probe_here() -> dict:
         "compile_backends": sorted(torch._dynamo.list_backends(exclude_tags=())),
         "optimizer_names": [o.value for o in OptimizerNames],
         "default_optim": str(transformers.TrainingArguments.__dataclass_fields__["optim"].default),
+        "model_types": sorted(configuration_auto.CONFIG_MAPPING_NAMES),
+        "task_model_types": {
+            task: sorted(getattr(modeling_auto, table)) for task, (_, table) in TASK_CLASSES.items()
+        },
     }
     if facts["cuda_available"]:
         free, total = torch.cuda.mem_get_info(0)

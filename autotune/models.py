@@ -21,7 +21,16 @@ from typing import Any
 
 from autotune.errors import ModelNotFoundError
 
-TASKS = ("sequence-classification", "causal-lm", "masked-lm", "seq2seq")
+# Task -> (the Auto class that builds its head, the transformers table of model types it has).
+TASK_CLASSES = {
+    "sequence-classification": (
+        "AutoModelForSequenceClassification",
+        "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    ),
+    "causal-lm": ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    "masked-lm": ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    "seq2seq": ("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+}
 # Models whose learned position table starts after the padding index (position ids run from
 # pad_token_id + 1), so seq_len can reach max_position_embeddings - pad_token_id - 1 only.
 _PADDING_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "longformer"}
@@ -151,12 +160,7 @@ def build_model(spec: ModelSpec, task: str, *, attn_implementation: str | None =
     if task == "sequence-classification" and config.pad_token_id is None:
         # Decoder models refuse batches > 1 without a pad id; synthetic data has no padding.
         config.pad_token_id = config.eos_token_id
-    auto_class = {
-        "sequence-classification": transformers.AutoModelForSequenceClassification,
-        "causal-lm": transformers.AutoModelForCausalLM,
-        "masked-lm": transformers.AutoModelForMaskedLM,
-        "seq2seq": transformers.AutoModelForSeq2SeqLM,
-    }[task]
+    auto_class = getattr(transformers, TASK_CLASSES[task][0])
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     return auto_class.from_config(config, **kwargs)
 

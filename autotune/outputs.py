@@ -17,11 +17,12 @@ from typing import Any
 import optuna
 
 from autotune import export
-from autotune.pareto import GIB, Picks, baseline_of, memory_limit_gib, pareto_front, pick
+from autotune.pareto import Picks, baseline_of, memory_limit_gib, pareto_front, pick
 from autotune.records import RunInfo, TrialRecord, load_records
 from autotune.report.data import build_report_data
 from autotune.report.html import write_report
 from autotune.space import KNOBS
+from autotune.units import GIB
 
 METRIC_COLUMNS = (
     "samples_per_s",

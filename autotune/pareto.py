@@ -8,8 +8,8 @@ import optuna
 
 from autotune.records import RESULT_ATTR, RunInfo, TrialRecord, load_records, record_of
 from autotune.trial import Status
+from autotune.units import GIB
 
-GIB = 1024**3
 SAVER_WITHIN = 0.10
 """The memory saver may be this much slower than the fastest pick."""
 

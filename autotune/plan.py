@@ -7,17 +7,18 @@ with the model and the space are reported together.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.capabilities import apply_rules, fit_space
-from autotune.config import RunConfig
+from autotune.config import STUDY_NAME_MAX_CHARS, RunConfig
 from autotune.errors import AutotuneError, ConfigError
 from autotune.hardware import DeviceInfo
 from autotune.models import ModelSpec, resolve_model
-from autotune.records import RunInfo
+from autotune.records import RunInfo, batch_mode
 from autotune.space import SamplingRules, SearchSpace, SoftwareFacts, load_space
 
 
@@ -50,7 +51,7 @@ class SearchPlan:
             device_name=self.device_name,
             space=self.space.name,
             space_notes=list(self.space.notes),
-            batch_mode=self.batch_mode,
+            effective_batch_size=self.rules.effective_batch_size,
             memory_budget_bytes=self.memory_budget_bytes,
             headroom=self.config.headroom,
             noise_cv=self.config.noise_cv,
@@ -58,9 +59,7 @@ class SearchPlan:
 
     @property
     def batch_mode(self) -> str:
-        if self.rules.effective_batch_size:
-            return f"effective batch {self.rules.effective_batch_size} (grad_accum derived)"
-        return "grad_accum as the space says (effective batch varies)"
+        return batch_mode(self.rules.effective_batch_size)
 
 
 def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
@@ -96,13 +95,18 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         limit = model.max_seq_len
         if limit is not None and config.seq_len > limit:
             problems.append(f"seq_len={config.seq_len}: {model.name} takes at most {limit} tokens")
+        problems += model_problems(model, task, device_info)
+    study_name = study_dir = None
+    if model is not None:
+        study_name = config.study or default_study_name(model.name, device, config.seq_len)
+        study_dir = (config.out / study_name).resolve()
+        if not study_dir.is_relative_to(config.out.resolve()):
+            problems.append(f"study={study_name}: {study_dir} lies outside out={config.out}")
     if problems:
         raise ConfigError("\n".join(problems))
-    assert model is not None and space is not None
+    assert model is not None and space is not None and study_name and study_dir
 
     device_name, available_bytes = device_info.memory_for(device)
-    study_name = config.study or default_study_name(model.name, device, config.seq_len)
-    study_dir = (config.out / study_name).resolve()
     return SearchPlan(
         config=config,
         model=model,
@@ -135,7 +139,26 @@ def baseline_params(default_optim: str, effective_batch_size: int | None) -> dic
     }
 
 
+def model_problems(model: ModelSpec, task: str, device_info: DeviceInfo) -> list[str]:
+    """What the installed transformers cannot build, found before any trial runs."""
+    known, heads = device_info.model_types, device_info.task_model_types.get(task)
+    if known and model.model_type not in known:
+        close = difflib.get_close_matches(model.model_type, known, n=3)
+        hint = f" (close: {', '.join(close)})" if close else ""
+        return [
+            f"model={model.name}: model_type {model.model_type!r} is not one transformers "
+            f"{device_info.transformers_version} knows{hint}"
+        ]
+    if heads and model.model_type not in heads:
+        return [f"task={task}: transformers has no {task} head for {model.model_type} models"]
+    return []
+
+
 def default_study_name(model_name: str, device: str, seq_len: int) -> str:
-    """`gpt2`, `cuda`, 512 -> `gpt2-cuda-s512`; `/` in hub ids becomes `--`."""
-    stem = Path(model_name).name if Path(model_name).is_dir() else model_name.replace("/", "--")
-    return re.sub(r"[^A-Za-z0-9._-]", "_", f"{stem}-{device}-s{seq_len}")
+    """`gpt2`, `cuda`, 512 -> `gpt2-cuda-s512`; `/` in hub ids becomes `--`; at most
+    STUDY_NAME_MAX_CHARS characters."""
+    path = Path(model_name)
+    stem = path.resolve().name if path.is_dir() else model_name.replace("/", "--")
+    suffix = f"-{device}-s{seq_len}"
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", stem)[: STUDY_NAME_MAX_CHARS - len(suffix)]
+    return stem + suffix

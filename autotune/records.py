@@ -6,6 +6,7 @@ every output (tables, recommendation, report) can be rebuilt from the storage al
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -33,16 +34,33 @@ class RunInfo:
     device_name: str
     space: str
     space_notes: list[str]
-    batch_mode: str
+    effective_batch_size: int | None
+    """batch_size x grad_accum when fixed by `effective_batch_size=`; None when it varies."""
     memory_budget_bytes: int
+    """Resolved once when the study was made; every trial is judged against it."""
     headroom: float
     noise_cv: float
+
+    @property
+    def batch_mode(self) -> str:
+        return batch_mode(self.effective_batch_size)
 
     @classmethod
     def of(cls, study: optuna.Study) -> RunInfo:
         if RUN_ATTR not in study.user_attrs:
             raise StudyError(f"study {study.study_name} was not made by autotune search")
-        return cls(**study.user_attrs[RUN_ATTR])
+        stored = dict(study.user_attrs[RUN_ATTR])
+        if "batch_mode" in stored:  # studies made before the setting itself was stored
+            fixed = re.match(r"effective batch (\d+)", stored.pop("batch_mode"))
+            stored["effective_batch_size"] = int(fixed.group(1)) if fixed else None
+        return cls(**stored)
+
+
+def batch_mode(effective_batch_size: int | None) -> str:
+    """How a study treats the effective batch, in words."""
+    if effective_batch_size:
+        return f"effective batch {effective_batch_size} (grad_accum derived)"
+    return "grad_accum as the space says (effective batch varies)"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

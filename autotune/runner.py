@@ -11,7 +11,6 @@ fraction of a second instead of paying ~7 s of imports. `CommandLauncher` runs a
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import multiprocessing
@@ -20,19 +19,21 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 import psutil
 
+from autotune.oom_killer import OomWitness
+from autotune.processes import die_with_parent
 from autotune.trial import Status, TrialResult, TrialSpec, spec_to_dict, write_json_atomic
+from autotune.units import GIB, format_bytes
 
 WORKER_COMMAND = (sys.executable, "-m", "autotune.worker")
 PRELOAD = ("torch", "transformers", "transformers.trainer", "autotune.worker")
 STDERR_TAIL_CHARS = 4000
 POLL_S = 0.05
-GIB = 1024**3
-_PR_SET_PDEATHSIG = 1
 
 
 class Worker(Protocol):
@@ -46,13 +47,10 @@ class Worker(Protocol):
 
 
 class Launcher(Protocol):
+    def ready(self) -> None:
+        """Get ready to start workers at once (called before a trial's clock starts)."""
+
     def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker: ...
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (e.g. the search gets kill -9)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class _Popen:
@@ -71,6 +69,9 @@ class _Popen:
 class CommandLauncher:
     command: tuple[str, ...] = WORKER_COMMAND
 
+    def ready(self) -> None:
+        pass  # every worker is a fresh process: nothing to prepare
+
     def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
@@ -80,7 +81,7 @@ class CommandLauncher:
                 stderr=subprocess.STDOUT,
                 # Its own session: a timeout kills its whole process group by id.
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         return _Popen(proc)
 
@@ -107,6 +108,18 @@ class ForkserverLauncher:
         # The server imports these once; importing torch does not initialise CUDA, so every
         # forked trial still gets a CUDA context of its own.
         self.context.set_forkserver_preload(list(PRELOAD))
+        self._ready = False
+
+    def ready(self) -> None:
+        """Start the server and wait until it has imported PRELOAD (~7 s on 2 CPU cores).
+
+        The first fork waits for those imports; done here, they are not charged to the first
+        trial's `trial_timeout`."""
+        if not self._ready:
+            process = self.context.Process(target=_nothing)
+            process.start()
+            process.join()
+            self._ready = True
 
     def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker:
         # Not a daemon: daemonic processes may not have children, and DataLoader workers are.
@@ -117,10 +130,24 @@ class ForkserverLauncher:
         return _Forked(process)
 
 
+def _nothing() -> None:
+    """A process that only proves the fork server is up."""
+
+
 def _forked_main(spec_path: str, result_path: str, log_path: str) -> None:
     """Runs in the forked trial process."""
     os.setsid()  # its own session and process group, as with CommandLauncher
-    _die_with_parent()  # the parent is the fork server, which exits with the search
+    # multiprocessing hands every forked child the write end of the server's "alive" pipe (so
+    # that children may start processes of their own); the server exits only when every copy
+    # is closed. Kept here, a search killed with -9 would leave the server, and so this
+    # worker, running to the end of the trial.
+    from multiprocessing import forkserver
+
+    alive_fd = forkserver._forkserver._forkserver_alive_fd
+    if alive_fd is not None:
+        os.close(alive_fd)
+        forkserver._forkserver._forkserver_alive_fd = None
+    die_with_parent()  # the parent is the fork server, which now exits with the search
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     for fd in (1, 2):
         os.dup2(log_fd, fd)
@@ -136,11 +163,13 @@ def run_trial(
     timeout_s: float,
     launcher: Launcher,
     rss_limit_bytes: int | None = None,
+    oom_witness: Callable[[int], OomWitness] = OomWitness.watch,
 ) -> TrialResult:
     """Run one trial and return what happened to it.
 
     `rss_limit_bytes` turns on the CPU memory watchdog: the worker's process tree may grow by
     that much over the worker's own baseline before it is killed and the trial is `oom`.
+    `oom_witness` watches the worker for the kernel's OOM killer (tests point it elsewhere).
     """
     trial_dir.mkdir(parents=True, exist_ok=True)
     spec_path, result_path, log_path = (
@@ -155,8 +184,10 @@ def run_trial(
     # few seconds later otherwise, and on a small CPU box that stalls the timed steps (CV 11-21%
     # in one trial of six on 2 cores, 2-3% with this).
     os.sync()
+    launcher.ready()  # outside the clock: a fork server's start is not the trial's time
     started = time.perf_counter()
     worker = launcher.start(spec_path, result_path, log_path)
+    witness = oom_witness(worker.pid)
     try:
         verdict = _supervise(worker, started + timeout_s, rss_limit_bytes, progress_path)
     finally:
@@ -168,7 +199,7 @@ def run_trial(
     if verdict is not None:
         result = verdict
     else:
-        result = _read_result(result_path, worker.poll())
+        result = _read_result(result_path, worker.poll(), witness)
     overhead_s = None
     if result.build_s is not None and result.train_s is not None:
         overhead_s = wall_s - result.build_s - result.train_s
@@ -197,8 +228,8 @@ def _supervise(
                 if grown > rss_limit_bytes:
                     return TrialResult(
                         status=Status.OOM,
-                        reason=f"memory {grown / GIB:.2f} GiB over the worker's start exceeded "
-                        f"memory_budget {rss_limit_bytes / GIB:.2f} GiB",
+                        reason=f"memory {format_bytes(grown)} over the worker's start exceeded "
+                        f"memory_budget {format_bytes(rss_limit_bytes)}",
                         peak_memory_gib=peak / GIB,
                     )
         time.sleep(POLL_S)
@@ -239,13 +270,23 @@ def _kill_group(pid: int) -> None:
         pass  # the group is already gone: the normal case after a clean exit
 
 
-def _read_result(path: Path, returncode: int | None) -> TrialResult:
+def _read_result(path: Path, returncode: int | None, witness: OomWitness) -> TrialResult:
     if returncode is not None and returncode < 0:
         name = signal.Signals(-returncode).name
         if name == "SIGKILL":
-            # Nobody here sent it: on Linux that is the kernel's OOM killer.
-            return TrialResult(status=Status.HOST_OOM, reason="worker killed by SIGKILL "
-                               "(host memory exhausted: the kernel's OOM killer)")  # fmt: skip
+            # Not sent by the search. Out of memory only when the kernel says so: anyone may
+            # kill -9 a process, and a false OOM steers the search away from a good region.
+            evidence = witness.evidence()
+            if evidence is not None:
+                return TrialResult(
+                    status=Status.HOST_OOM,
+                    reason=f"worker killed by SIGKILL: the kernel's OOM killer ({evidence})",
+                )
+            return TrialResult(
+                status=Status.CRASHED,
+                reason="worker killed by SIGKILL from outside the search "
+                "(no sign of the kernel's OOM killer)",
+            )
         return TrialResult(status=Status.CRASHED, reason=f"worker killed by {name}")
     try:
         result = TrialResult.from_dict(json.loads(path.read_text()))

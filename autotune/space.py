@@ -238,7 +238,16 @@ class SoftwareFacts:
 def load_space(name_or_path: str, facts: SoftwareFacts | None = None) -> SearchSpace:
     """A shipped space by name, or a YAML file by path; SpaceError names every problem."""
     path = space_path(name_or_path)
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise SpaceError(
+            f"{path}:{line}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+            f"{exc.start}); save the space as UTF-8 YAML"
+        ) from exc
+    except OSError as exc:
+        raise SpaceError(f"{path}: cannot read it: {exc.strerror}") from exc
     try:
         data = yaml.safe_load(text)
         lines = _key_lines(yaml.compose(text))

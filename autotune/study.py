@@ -6,15 +6,21 @@ finished trials are kept and count toward `n_trials`.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib.util
 import json
+import shutil
+import socket
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import optuna
+import psutil
+import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import runner
@@ -25,43 +31,125 @@ from autotune.records import (
     PARAMS_ATTR,
     RESULT_ATTR,
     RUN_ATTR,
+    RunInfo,
     TrialRecord,
     record_of,
     store_run_info,
 )
+from autotune.study_lock import StudyLock
 from autotune.trial import Status, TrialResult, TrialSpec
+from autotune.units import GIB, format_bytes
 
 DIRECTIONS = (optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE)
 OBJECTIVES = ("samples_per_s", "peak_memory_gib")
 # What makes a study what it is: a resumed study must have been made for the same.
-IDENTITY = ("model", "task", "seq_len", "device", "space", "batch_mode")
+IDENTITY = ("model", "task", "seq_len", "device", "space", "effective_batch_size")
 RETRY_OF_ATTR = "retry_of"
 REPEAT_OF_ATTR = "repeat_of"
+OWNER_ATTR = "owner"
+"""The search process running a trial: {host, pid, pid_started}."""
 MAX_REPEATS = 50
 CONSTRAINT = "peak_over_budget_gib"
 MEMORY_STATUSES = (Status.OOM, Status.HOST_OOM, Status.SKIPPED)
-GIB = 1024**3
+INTERRUPTED_RESULT = "result.interrupted.json"
+"""What a worker wrote for a trial whose search died before recording it: set aside, not used."""
 
 
-def open_study(plan: SearchPlan) -> optuna.Study:
-    """Create the study, or load it when it exists and was made for the same run."""
-    plan.study_dir.mkdir(parents=True, exist_ok=True)
-    storage = optuna.storages.RDBStorage(plan.storage_url)
+@contextlib.contextmanager
+def locked_study(plan: SearchPlan) -> Iterator[tuple[optuna.Study, SearchPlan]]:
+    """The study, opened under the study folder's lock, and the plan with the stored budget.
+
+    Refuses a study another search holds. A failure before the study opens leaves no trace: a
+    study folder made by this call is removed again.
+    """
+    created = _make_study_dir(plan.study_dir)
+    opened = False
+    try:
+        with StudyLock.acquire(plan.study_dir, plan.study_name):
+            study, plan = open_study(plan)
+            opened = True
+            yield study, plan
+    finally:
+        if created and not opened:
+            shutil.rmtree(plan.study_dir, ignore_errors=True)
+
+
+def _make_study_dir(study_dir: Path) -> bool:
+    """Create the study folder; True when it did not exist before."""
+    if study_dir.is_dir():
+        return False
+    try:
+        study_dir.mkdir(parents=True)
+    except OSError as exc:
+        raise StudyError(
+            f"cannot create the study folder {study_dir}: {exc.strerror}; "
+            "check out= (it must be a folder this user can write)"
+        ) from exc
+    return True
+
+
+def open_storage(url: str, *, shown: str | None = None) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage, or a StudyError that says why it cannot be opened."""
+    shown = shown or f"storage={_safe_url(url)}"
+    try:
+        return optuna.storages.RDBStorage(url)
+    except sqlalchemy.exc.OperationalError as exc:
+        if "readonly database" in str(exc):
+            # Opened read-only, Optuna found none of its tables and tried to create them.
+            raise StudyError(
+                f"{shown}: not an Optuna study storage (it has no study tables)"
+            ) from exc
+        raise StudyError(f"{shown}: cannot open it: {_first_line(exc.orig or exc)}") from exc
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
+        cause = exc.__cause__ or exc  # Optuna wraps a missing driver's ModuleNotFoundError
+        raise StudyError(f"{shown}: cannot open it: {_first_line(cause)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def _safe_url(url: str) -> str:
+    """The URL with any password masked, for messages."""
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except sqlalchemy.exc.ArgumentError:
+        return url
+
+
+def open_study(plan: SearchPlan) -> tuple[optuna.Study, SearchPlan]:
+    """Create the study, or load it when it exists and was made for the same run.
+
+    The memory budget is part of a study: resolved once and stored, so that every trial's
+    feasibility is judged against the same figure. A resumed study keeps its stored budget; an
+    explicit `memory_budget=` that differs is refused.
+    """
+    storage = open_storage(plan.storage_url)
     study = optuna.create_study(
         study_name=plan.study_name,
         storage=storage,
         directions=list(DIRECTIONS),
         load_if_exists=True,
     )
-    if study.user_attrs:  # an existing study: it must have been made for this run
-        stored = study.user_attrs.get(RUN_ATTR, {})
-        made_for = {k: stored.get(k) for k in IDENTITY}
+    if RUN_ATTR in study.user_attrs:  # an existing study: it must have been made for this run
+        stored = RunInfo.of(study)
+        made_for = {k: getattr(stored, k) for k in IDENTITY}
         wanted = {k: getattr(plan.run_info(), k) for k in IDENTITY}
         if made_for != wanted:
             raise StudyError(
-                f"study={plan.study_name} in {plan.storage_url} was made for {made_for}, "
-                f"not {wanted}; pick another study= name or out= folder"
+                f"study={plan.study_name} in {_safe_url(plan.storage_url)} was made for "
+                f"{made_for}, not {wanted}; pick another study= name or out= folder"
             )
+        explicit = plan.config.memory_budget
+        if explicit is not None and int(explicit) != stored.memory_budget_bytes:
+            raise StudyError(
+                f"memory_budget={format_bytes(int(explicit))}: study={plan.study_name} was "
+                f"searched with a budget of {format_bytes(stored.memory_budget_bytes)}, and its "
+                "trials were judged against it. Leave memory_budget out to resume with the "
+                "stored one, or use another study= name for another budget"
+            )
+        plan = dataclasses.replace(plan, memory_budget_bytes=stored.memory_budget_bytes)
     # Offset the seed by the trials already run, so a resumed study does not replay the same
     # random start-up proposals it made the first time.
     study.sampler = make_sampler(plan, seed=plan.config.seed + len(_finished(study)))
@@ -70,26 +158,44 @@ def open_study(plan: SearchPlan) -> optuna.Study:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(list(OBJECTIVES))
     store_run_info(study, plan.run_info())
-    return study
+    return study, plan
 
 
 def load_study_dir(study_dir: Path, storage_url: str | None, name: str | None) -> optuna.Study:
-    """A finished or running study, from its folder's study.db or another storage."""
+    """A finished or running study, from its folder's study.db or another storage.
+
+    SQLite files are opened read-only: reading a study never writes to it (Optuna would
+    otherwise create its tables in any file it is pointed at)."""
     if storage_url is None:
         db = study_dir / "study.db"
         if not db.is_file():
             raise StudyError(f"{db}: no such file; give the study folder of a search, or storage=")
         storage_url = f"sqlite:///{db.resolve()}"
-    storage = optuna.storages.RDBStorage(storage_url)
+    shown = _safe_url(storage_url)
+    storage = open_storage(_read_only(storage_url), shown=shown)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
     if name is None:
         if len(names) != 1:
-            raise StudyError(f"{storage_url} holds {len(names)} studies ({', '.join(names)}): "
+            raise StudyError(f"{shown} holds {len(names)} studies ({', '.join(names)}): "
                              "pick one with study=NAME")  # fmt: skip
         name = names[0]
     elif name not in names:
-        raise StudyError(f"study={name} is not in {storage_url} (it has: {', '.join(names)})")
+        raise StudyError(f"study={name} is not in {shown} (it has: {', '.join(names)})")
     return optuna.load_study(study_name=name, storage=storage)
+
+
+def _read_only(url: str) -> str:
+    """`sqlite:///path` -> SQLite's read-only URI form; other URLs unchanged."""
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except sqlalchemy.exc.ArgumentError:
+        return url  # open_storage names the problem
+    if parsed.get_backend_name() != "sqlite" or parsed.query or not parsed.database:
+        return url
+    path = Path(parsed.database)
+    if not path.is_file():
+        raise StudyError(f"{path}: no such file")
+    return f"sqlite:///file:{path.resolve()}?mode=ro&uri=true"
 
 
 def make_sampler(plan: SearchPlan, *, seed: int) -> optuna.samplers.BaseSampler:
@@ -148,7 +254,7 @@ def run_search(
     config = plan.config
     launcher = launcher or runner.ForkserverLauncher()
     deadline = time.monotonic() + config.timeout if config.timeout else float("inf")
-    retry_interrupted(study)
+    retry_interrupted(study, plan.study_dir)
     done = {_key(t.user_attrs[PARAMS_ATTR]): t for t in _finished(study)}
     repeats = 0
     while len(done) < config.n_trials:
@@ -162,6 +268,7 @@ def run_search(
             # interrupted earlier is queued already, by retry_interrupted.
             study.enqueue_trial({})
         trial = study.ask()
+        trial.set_user_attr(OWNER_ATTR, _this_process())
         if not done:
             # The baseline comes first and is run as it is, outside the sampler's space.
             params = dict(plan.baseline)
@@ -193,6 +300,7 @@ def run_search(
                 # Ctrl-C or a bug in the parent: the trial ends FAIL without a result, which
                 # is how a later run of the same study recognises it as interrupted.
                 study.tell(trial, state=TrialState.FAIL)
+                _set_aside_result(_trial_dir(plan.study_dir, trial.number))
                 raise
         _tell(study, trial, result, plan.memory_budget_bytes / GIB)
         finished = study.get_trials(deepcopy=False)[trial.number]
@@ -265,11 +373,12 @@ def _run(
         seed=config.seed,
         memory_budget_bytes=plan.memory_budget_bytes,
         compile_cache_dir=str(plan.study_dir / "inductor-cache"),
+        peak_tflops=config.peak_tflops,
     )
     compiling = params.get("torch_compile", "off") != "off"
     return runner.run_trial(
         spec,
-        plan.study_dir / "trials" / f"{number:04d}",
+        _trial_dir(plan.study_dir, number),
         # Compiling gets its own allowance on top of the training time.
         timeout_s=config.trial_timeout + (config.compile_timeout if compiling else 0),
         launcher=launcher,
@@ -278,12 +387,46 @@ def _run(
     )
 
 
-def retry_interrupted(study: optuna.Study) -> list[int]:
-    """Close trials a killed search left RUNNING, and queue each interrupted config once."""
+def _trial_dir(study_dir: Path, number: int) -> Path:
+    return study_dir / "trials" / f"{number:04d}"
+
+
+def _set_aside_result(trial_dir: Path) -> None:
+    """A result the search never recorded (it was interrupted) must not pass for a measurement:
+    the study, not this file, says what a trial measured."""
+    result = trial_dir / "result.json"
+    if result.exists():
+        result.replace(trial_dir / INTERRUPTED_RESULT)
+
+
+def _this_process() -> dict[str, Any]:
+    me = psutil.Process()
+    return {"host": socket.gethostname(), "pid": me.pid, "pid_started": me.create_time()}
+
+
+def _owner_is_gone(owner: dict[str, Any] | None) -> bool:
+    """Whether the search that ran a trial has ended. Only a process on this host can be
+    checked; a trial run from another host is never touched here."""
+    if owner is None:
+        return True  # written before trials named their owner, by a single search
+    if owner["host"] != socket.gethostname():
+        return False
+    try:
+        # The same pid with another start time is a new process that reused the number.
+        return psutil.Process(owner["pid"]).create_time() != owner["pid_started"]
+    except psutil.NoSuchProcess:
+        return True
+
+
+def retry_interrupted(study: optuna.Study, study_dir: Path) -> list[int]:
+    """Close trials a dead search left RUNNING, and queue each interrupted config once.
+
+    A RUNNING trial whose search still lives (another process on this host, or any on another
+    host) is left alone: it is not ours to end."""
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        # Single-writer storage (the default SQLite file): a RUNNING trial at start-up was
-        # left by a search that died.
-        study.tell(trial.number, state=TrialState.FAIL)
+        if _owner_is_gone(trial.user_attrs.get(OWNER_ATTR)):
+            study.tell(trial.number, state=TrialState.FAIL)
+            _set_aside_result(_trial_dir(study_dir, trial.number))
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get(RETRY_OF_ATTR) for t in trials}
     queued = []

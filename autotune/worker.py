@@ -27,9 +27,9 @@ import transformers.trainer
 
 from autotune import export, measure
 from autotune.models import ModelSpec, build_model
+from autotune.processes import children_die_with_this_process
 from autotune.trial import Status, TrialResult, TrialSpec, spec_from_dict, write_json_atomic
-
-GIB = 1024**3
+from autotune.units import GIB
 
 
 class SyntheticDataset(torch.utils.data.Dataset):
@@ -223,6 +223,8 @@ def _failure(status: Status, exc: BaseException) -> TrialResult:
 
 
 def main(argv: list[str]) -> int:
+    # DataLoader workers and other forked helpers must not outlive this process.
+    children_die_with_this_process()
     spec_path, result_path = Path(argv[0]), Path(argv[1])
     spec = spec_from_dict(json.loads(spec_path.read_text()))
     try:

@@ -15,6 +15,7 @@ from autotune.pareto import study_picks
 from autotune.records import RunInfo, load_records
 from autotune.study import load_study_dir
 from autotune.trial import Status
+from autotune.units import GIB, format_bytes, format_gib
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -65,10 +66,11 @@ def _export(args: argparse.Namespace) -> int:
                 f"trial={record.number} is {record.status.value} ({record.result.reason}): "
                 "it has no measured settings to export"
             )
-        if record.result.peak_memory_gib > info.memory_budget_bytes / 1024**3:
+        if record.result.peak_memory_gib > info.memory_budget_bytes / GIB:
             raise StudyError(
-                f"trial={record.number} is infeasible: its peak {record.result.peak_memory_gib:.2f}"
-                f" GiB exceeds the memory budget"
+                f"trial={record.number} is infeasible: its peak "
+                f"{format_gib(record.result.peak_memory_gib)} exceeds the memory budget "
+                f"{format_bytes(info.memory_budget_bytes)}"
             )
     sys.stdout.write(export.render(config.format, info=info, record=record))
     return 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+import optuna
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -14,8 +16,9 @@ from autotune.config import help_rows, load_config
 from autotune.outputs import SearchOutputs, write_outputs
 from autotune.plan import SearchPlan, make_plan
 from autotune.records import TrialRecord, describe_params, load_records
-from autotune.study import open_study, retry_interrupted, run_search
+from autotune.study import locked_study, retry_interrupted, run_search
 from autotune.trial import Status
+from autotune.units import format_bytes, format_gib
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -47,19 +50,30 @@ def _settings_help() -> str:
     return "\n".join(lines)
 
 
+NOTHING_TO_RECOMMEND = 3
+"""Exit code of a search that finished but has no trial to recommend."""
+
+
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.overrides)
     report = Reporter(quiet=config.quiet)
     with console.status("probing the device"):
         device_info = hardware.probe()
     plan = make_plan(config, device_info)
-    study = open_study(plan)
+    with locked_study(plan) as (study, plan):
+        outputs = _search(report, plan, study)
+    _print_outputs(report, plan, outputs)
+    return 0 if outputs.picks.fastest is not None else NOTHING_TO_RECOMMEND
+
+
+def _search(report: Reporter, plan: SearchPlan, study: optuna.Study) -> SearchOutputs:
+    config = plan.config
     report.open_log(plan.study_dir / "search.log")
     _print_plan(report, plan)
     done_before = len(load_records(study))
     if done_before:
         report.line(f"resuming: {done_before} finished trial(s) kept")
-    for number in retry_interrupted(study):
+    for number in retry_interrupted(study, plan.study_dir):
         report.line(f"trial {number} was interrupted: its settings run again first")
 
     progress = Progress(
@@ -89,16 +103,15 @@ def run(args: argparse.Namespace) -> int:
     finally:
         # Ctrl-C included: what finished is written before the process ends.
         outputs = write_outputs(plan.run_info(), study, plan.study_dir)
-    _print_outputs(report, plan, outputs)
-    return 0
+    return outputs
 
 
 def _print_plan(report: Reporter, plan: SearchPlan) -> None:
-    budget_gib = plan.memory_budget_bytes / 1024**3
     report.line(
-        f"study [bold]{plan.study_name}[/]: {plan.model.name} ({plan.task}), seq_len "
-        f"{plan.config.seq_len}, {plan.device} ({plan.device_name}), space {plan.space.name}, "
-        f"budget {budget_gib:.1f} GiB, {plan.config.n_trials} trials -> {plan.study_dir}"
+        f"study [bold]{escape(plan.study_name)}[/]: {escape(plan.model.name)} ({plan.task}), "
+        f"seq_len {plan.config.seq_len}, {plan.device} ({escape(plan.device_name)}), space "
+        f"{escape(plan.space.name)}, budget {format_bytes(plan.memory_budget_bytes)}, "
+        f"{plan.config.n_trials} trials -> {escape(str(plan.study_dir))}"
     )
     report.line(f"batch: {plan.batch_mode}")
     for note in plan.space.notes:
@@ -111,10 +124,10 @@ def _trial_line(record: TrialRecord, done: int, total: int) -> str:
     head = f"[{done}/{total}] trial {record.number:>3} {status:<7} {describe_params(record.params)}"
     if r.status is Status.OK:
         return (
-            f"{head}: {r.samples_per_s:.2f} samples/s, {r.peak_memory_gib:.3f} GiB, "
+            f"{head}: {r.samples_per_s:.2f} samples/s, {format_gib(r.peak_memory_gib, 3)}, "
             f"step CV {r.step_time_cv:.0%}, {r.wall_s:.1f} s"
         )
-    return f"{head}: {r.reason}"
+    return f"{head}: {escape(r.reason)}"
 
 
 def _print_outputs(report: Reporter, plan: SearchPlan, outputs: SearchOutputs) -> None:
@@ -131,7 +144,7 @@ def _print_outputs(report: Reporter, plan: SearchPlan, outputs: SearchOutputs) -
             describe_params(record.params),
             f"{r.samples_per_s:.2f}",
             _times(picks.speedup(record)),
-            f"{r.peak_memory_gib:.3f}",
+            format_gib(r.peak_memory_gib, 3).removesuffix(" GiB"),
             "n/a" if r.mfu is None else f"{r.mfu:.1%}",
             f"{r.step_time_cv:.0%}" + (" noisy" if r.step_time_cv > plan.config.noise_cv else ""),
         )
@@ -142,8 +155,8 @@ def _print_outputs(report: Reporter, plan: SearchPlan, outputs: SearchOutputs) -
         report.line("[yellow]the HF defaults did not run here, so there is no speedup figure[/]")
     if picks.fastest is None:
         report.line(
-            f"[yellow]no successful trial stays below {outputs.memory_limit_gib:.2f} GiB "
-            "(budget less headroom): nothing to recommend[/]"
+            f"[yellow]no successful trial stays below {format_gib(outputs.memory_limit_gib)} "
+            f"(budget less headroom): nothing to recommend (exit code {NOTHING_TO_RECOMMEND})[/]"
         )
     else:
         fastest, saver = picks.fastest, picks.saver

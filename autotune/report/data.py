@@ -12,8 +12,8 @@ import optuna
 from autotune.pareto import Picks, hypervolume
 from autotune.records import RunInfo, TrialRecord, describe_params
 from autotune.trial import Status
+from autotune.units import GIB, format_gib
 
-GIB = 1024**3
 POINT_KINDS = ("front", "dominated", "over budget", "oom", "skipped")
 
 
@@ -117,7 +117,7 @@ def _summary(
         "task": info.task,
         "seq_len": str(info.seq_len),
         "device": f"{info.device} ({info.device_name})",
-        "memory budget": f"{budget_gib:.2f} GiB (recommend below {limit_gib:.2f} GiB)",
+        "memory budget": f"{format_gib(budget_gib)} (recommend below {format_gib(limit_gib)})",
         "space": f"{info.space}; {info.batch_mode}",
         "trials": ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "none",
         "search time": "n/a" if search_s is None else f"{search_s / 60:.1f} min",
@@ -126,6 +126,11 @@ def _summary(
     if picks.fastest and picks.saver:
         summary["recommended"] = picks.describe(picks.fastest)
         summary["memory saver"] = picks.describe(picks.saver)
+    else:
+        summary["recommended"] = (
+            f"nothing to recommend: no successful trial peaks below {format_gib(limit_gib)} "
+            "(the search exits with code 3)"
+        )
     return summary
 
 
@@ -135,7 +140,7 @@ def _hover(record: TrialRecord) -> str:
     if r.samples_per_s is not None:
         lines.append(f"{r.samples_per_s:.2f} samples/s, {r.tokens_per_s:.0f} tokens/s")
     if r.peak_memory_gib is not None:
-        lines.append(f"peak {r.peak_memory_gib:.3f} GiB")
+        lines.append(f"peak {format_gib(r.peak_memory_gib, 3)}")
     if r.mfu is not None:
         lines.append(f"MFU {r.mfu:.1%}")
     if r.reason:

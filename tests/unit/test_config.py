@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from autotune.config import RunConfig, help_rows, load_config
@@ -66,3 +68,18 @@ def test_help_lists_every_key_with_type_and_default():
     assert rows["device"] == ("auto|cuda|cpu", "auto")
     assert rows["timeout"] == ("DURATION", "null")
     assert rows["model"][1] == "required"
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("..", "not out= itself or its parent"),
+        (".", "not out= itself or its parent"),
+        ("a" * 101, "at most 100 characters (it has 101)"),
+        ("../up", "letters, digits"),
+    ],
+)
+def test_a_study_name_cannot_leave_the_out_folder(name, problem):
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        load_config(["model=gpt2", f"study={name}"])
+    assert load_config(["model=gpt2", "study=" + "a" * 100]).study == "a" * 100

@@ -18,7 +18,7 @@ EXPECTED = {
     "zero": ("error", "only 0 of 10 measured steps ran"),
     "exit3": ("crashed", "worker exited with code 3 and no result"),
     "segfault": ("crashed", "worker killed by SIGSEGV"),
-    "sigkill": ("host_oom", "worker killed by SIGKILL"),
+    "sigkill": ("crashed", "worker killed by SIGKILL from outside the search"),
     "sleep": ("timeout", "no result before trial_timeout"),
     "garbage": ("crashed", "unreadable result file"),
     "alloc": ("oom", "exceeded memory_budget"),

@@ -17,7 +17,7 @@ GIB = 1024**3
 INFO = RunInfo(
     study="s", model="tiny", model_config={"model_type": "bert"}, task="sequence-classification",
     seq_len=64, device="cuda", device_name="NVIDIA H100 80GB HBM3", space="default",
-    space_notes=["removed precision=fp16: because"], batch_mode="grad_accum as the space says",
+    space_notes=["removed precision=fp16: because"], effective_batch_size=None,
     memory_budget_bytes=10 * GIB, headroom=0.1, noise_cv=0.1,
 )  # fmt: skip
 # (batch, precision, optim, outcome): outcome is (samples/s, GiB) or a Status
