@@ -31,7 +31,13 @@ from autotune.trial import Status, TrialResult, TrialSpec, spec_to_dict, write_j
 from autotune.units import GIB, format_bytes
 
 WORKER_COMMAND = (sys.executable, "-m", "autotune.worker")
-PRELOAD = ("torch", "transformers", "transformers.trainer", "autotune.worker")
+PRELOAD = (
+    "autotune.fork_server_init",
+    "torch",
+    "transformers",
+    "transformers.trainer",
+    "autotune.worker",
+)
 STDERR_TAIL_CHARS = 4000
 POLL_S = 0.05
 
@@ -148,6 +154,10 @@ def _forked_main(spec_path: str, result_path: str, log_path: str) -> None:
         os.close(alive_fd)
         forkserver._forkserver._forkserver_alive_fd = None
     die_with_parent()  # the parent is the fork server, which now exits with the search
+    # A forked child inherits the server's start method; DataLoader workers started through a
+    # fork server of this worker's own would hold its alive pipe and outlive everything. Fork
+    # them, as a worker started by CommandLauncher does, so they die with this process.
+    multiprocessing.set_start_method("fork", force=True)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     for fd in (1, 2):
         os.dup2(log_fd, fd)

@@ -6,6 +6,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autotune.oom_killer import OomWitness, read_oom_kills
 from autotune.runner import CommandLauncher, run_trial
 from autotune.trial import Status, TrialSpec
 
@@ -117,3 +118,69 @@ def test_the_watchdog_is_off_without_a_limit(tmp_path):
 @pytest.mark.parametrize(("mode", "status"), [("nan", Status.NAN_LOSS), ("zero", Status.ERROR)])
 def test_worker_verdicts_are_kept(tmp_path, mode, status):
     assert run(mode, tmp_path).status is status
+
+
+def witness_of(counter_file: Path):
+    def watch(pid: int) -> OomWitness:
+        # A counter file of the test's own, and no kernel log: only what the test arranges.
+        return OomWitness(
+            pid=pid,
+            counter_file=counter_file,
+            kills_before=read_oom_kills(counter_file),
+            started_s=time.clock_gettime(time.CLOCK_MONOTONIC),
+            kmsg=counter_file.parent / "no-kmsg",
+        )
+
+    return watch
+
+
+def test_sigkill_without_evidence_of_the_oom_killer_is_crashed_not_host_oom(tmp_path):
+    events = tmp_path / "memory.events"
+    events.write_text("oom 0\noom_kill 0\n")
+    result = run_trial(
+        spec(), tmp_path, timeout_s=30, oom_witness=witness_of(events),
+        launcher=CommandLauncher((sys.executable, FAKE, "sigkill")),
+    )  # fmt: skip
+    assert result.status is Status.CRASHED
+    assert "SIGKILL from outside the search (no sign of the kernel's OOM killer)" in result.reason
+
+
+def test_sigkill_while_the_cgroup_oom_kill_counter_rises_is_host_oom(tmp_path):
+    events = tmp_path / "memory.events"
+    events.write_text("oom 0\noom_kill 0\n")
+    result = run_trial(
+        spec(), tmp_path, timeout_s=30, oom_witness=witness_of(events),
+        launcher=CommandLauncher((sys.executable, FAKE, "oomkill")),
+    )  # fmt: skip
+    assert result.status is Status.HOST_OOM
+    assert f"oom_kill in {events} rose from 0 to 1" in result.reason
+
+
+def test_the_launcher_is_made_ready_before_the_trial_clock_starts(tmp_path):
+    class SlowToStart(CommandLauncher):
+        """Like the fork server: the first start waits for imports unless made ready first."""
+
+        def __init__(self, command):
+            super().__init__(command)
+            self.warm = False
+
+        def ready(self) -> None:
+            if not self.warm:
+                time.sleep(2)
+                self.warm = True
+
+        def start(self, *paths):
+            self.ready()
+            return super().start(*paths)
+
+    result = run_trial(
+        spec(), tmp_path, timeout_s=1, launcher=SlowToStart((sys.executable, FAKE, "sleep"))
+    )
+    assert result.status is Status.TIMEOUT
+    assert result.wall_s < 1 + 2
+
+
+def test_a_budget_below_ten_mib_is_not_written_as_zero_gib(tmp_path):
+    result = run("alloc", tmp_path, rss_limit_bytes=5 * 2**20)
+    assert result.status is Status.OOM
+    assert "exceeded memory_budget 5.0 MiB" in result.reason

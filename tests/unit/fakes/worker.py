@@ -52,8 +52,21 @@ elif mode == "zero":
     write_result(status="error", reason="only 0 of 10 measured steps ran")
 elif mode == "exit3":
     sys.exit(3)
-elif mode == "sigkill":  # as the kernel's OOM killer does
+elif mode == "sigkill":  # as `kill -9` from anyone does
     os.kill(os.getpid(), signal.SIGKILL)
+elif mode == "oomkill":  # the kernel's OOM killer: its cgroup counter rises, then SIGKILL
+    events = spec_path.parent / "memory.events"
+    kills = int(events.read_text().split()[-1])
+    events.write_text(f"oom 1\noom_kill {kills + 1}\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+elif mode == "hog":  # grow until something stops it
+    time.sleep(0.5)  # time for the test to move this process into a small cgroup
+    chunks = []
+    while True:
+        chunk = bytearray(64 * 2**20)
+        for i in range(0, len(chunk), 4096):
+            chunk[i] = 1
+        chunks.append(chunk)
 elif mode == "segfault":
     os.kill(os.getpid(), signal.SIGSEGV)
 elif mode == "sleep":

@@ -1,0 +1,212 @@
+"""The sandbox and the study under attack, with real processes: kill -9 of the search, a second
+search on a live study, the first trial's timeout, the kernel's OOM killer."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+
+from autotune.oom_killer import OomWitness
+from autotune.runner import CommandLauncher, run_trial
+from autotune.study_lock import StudyLock
+from autotune.trial import Status, TrialSpec
+from tests.conftest import TINY_MODEL
+
+pytestmark = pytest.mark.slow
+FAKE = str(Path(__file__).parents[1] / "unit" / "fakes" / "worker.py")
+LOADER_SPACE = """
+description: one config whose trial reads batches through two DataLoader worker processes
+device: any
+knobs:
+  batch_size: {choices: [8]}
+  precision: fp32
+  optim: sgd
+  dataloader_num_workers: 2
+"""
+LONG = "measure_steps=20000"  # hours of training: only a kill or a timeout ends such a trial
+
+
+def search_command(out: Path, *extra: str) -> list[str]:
+    steps = [] if LONG in extra else ["measure_steps=2"]
+    return [
+        sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
+        "warmup_steps=1", *steps, f"out={out}", "study=s", *extra,
+    ]  # fmt: skip
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def alive(pids: set[int]) -> set[int]:
+    """Those still running (a zombie has ended: it only waits for its parent to reap it)."""
+    running = set()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.add(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+def wait_for(condition, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def test_kill_9_of_the_search_ends_every_process_it_started_within_two_seconds(tmp_path):
+    space = tmp_path / "loader.yaml"
+    space.write_text(LOADER_SPACE)
+    first = subprocess.run(  # the baseline (no loader workers) first, so trial 1 is the one
+        search_command(tmp_path, f"space={space}", "n_trials=1"),
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    search = subprocess.Popen(
+        search_command(tmp_path, f"space={space}", "n_trials=2", LONG),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    # Running trial 1: the fork server's child (the worker) has its two DataLoader workers.
+    wait_for(lambda: any(len(p.children()) >= 2 for p in tree(search.pid)), search)
+    processes = {p.pid for p in tree(search.pid)}
+    assert len(processes) >= 4, "fork server, worker and two loader workers at least"
+
+    search.kill()
+    search.wait(timeout=10)
+    killed_at = time.monotonic()
+    while alive(processes) and time.monotonic() < killed_at + 2:
+        time.sleep(0.05)
+    survivors = [psutil.Process(p).cmdline() for p in alive(processes)]
+    assert not survivors, f"still running 2 s after the search died: {survivors}"
+    with StudyLock.acquire(tmp_path / "s", "s"):  # and the study's lock went with it
+        pass
+
+
+def test_a_second_search_on_a_live_study_is_refused_and_the_first_goes_on(tmp_path):
+    first = subprocess.Popen(
+        search_command(tmp_path, "n_trials=1", LONG),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    wait_for(lambda: (tmp_path / "s" / "trials" / "0000" / "progress.json").exists(), first)
+
+    second = subprocess.run(
+        search_command(tmp_path, "n_trials=1", LONG),
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert second.returncode == 2, second.stderr
+    assert f"pid {first.pid} on host" in second.stderr
+    assert "being searched right now" in second.stderr
+
+    storage = f"sqlite:///file:{tmp_path / 's' / 'study.db'}?mode=ro&uri=true"
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert [t.state.name for t in study.trials] == ["RUNNING"], "the live trial was touched"
+    assert first.poll() is None, "the first search died"
+    first.send_signal(signal.SIGINT)
+    _, stderr = first.communicate(timeout=60)
+    assert first.returncode == 130
+    assert "Traceback" not in stderr
+    assert (tmp_path / "s" / "report.html").is_file()
+
+
+def test_two_searches_started_together_one_runs_and_one_is_refused(tmp_path):
+    command = search_command(tmp_path, "n_trials=1")
+    searches = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outcomes = sorted((p.wait(timeout=300), p.stderr.read()) for p in searches)
+    assert [code for code, _ in outcomes] == [0, 2], outcomes
+    assert "being searched right now" in outcomes[1][1]
+    assert "Traceback" not in outcomes[0][1] + outcomes[1][1]
+
+
+def test_the_first_trial_ends_within_trial_timeout_although_the_fork_server_starts_first(
+    tmp_path,
+):
+    proc = subprocess.run(
+        search_command(tmp_path, "n_trials=1", LONG, "trial_timeout=3s"),
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr  # nothing to recommend: the only trial timed out
+    storage = f"sqlite:///file:{tmp_path / 's' / 'study.db'}?mode=ro&uri=true"
+    (trial,) = optuna.load_study(study_name="s", storage=storage).trials
+    result = trial.user_attrs["result"]
+    assert result["status"] == "timeout"
+    assert result["wall_s"] < 3 + 2, "the fork server's start was charged to the first trial"
+
+
+def memory_cgroup(limit_bytes: int) -> Path:
+    """A new memory cgroup below this process's own, capped at `limit_bytes`."""
+    own = Path(f"/proc/{os.getpid()}/cgroup").read_text().splitlines()
+    for line in own:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):  # cgroup v1
+            parent = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            parent = parent if parent.is_dir() else Path("/sys/fs/cgroup/memory")
+            files = ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
+        elif controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").is_file():
+            parent = Path("/sys/fs/cgroup") / path.lstrip("/")
+            files = ("memory.max", "memory.swap.max")
+        else:
+            continue
+        group = parent / f"autotune-test-{os.getpid()}"
+        try:
+            group.mkdir()
+            for name in files:
+                if (group / name).exists():
+                    (group / name).write_text("0" if "swap.max" in name else str(limit_bytes))
+        except OSError as exc:
+            problem = str(exc)
+            break
+        return group
+    else:
+        problem = "no memory controller found"
+    reason = f"needs a memory cgroup this user can create (root; cgroup v1 or v2): {problem}"
+    if os.environ.get("CI"):
+        pytest.fail(reason)  # CI runs as root on Linux: it must not skip this
+    pytest.skip(reason)
+
+
+class InCgroup(CommandLauncher):
+    """Starts the worker, then moves it into a small memory cgroup before it allocates."""
+
+    def __init__(self, command, cgroup: Path):
+        super().__init__(command)
+        object.__setattr__(self, "cgroup", cgroup)
+
+    def start(self, *paths):
+        worker = super().start(*paths)
+        (self.cgroup / "cgroup.procs").write_text(str(worker.pid))
+        return worker
+
+
+def test_a_worker_the_kernel_oom_killer_ends_is_host_oom_with_the_evidence(tmp_path):
+    group = memory_cgroup(200 * 2**20)
+    spec = TrialSpec(
+        trial_number=0, model_name="tiny", model_config={"model_type": "bert"},
+        task="sequence-classification", seq_len=16, device="cpu", params={"batch_size": 8},
+        warmup_steps=1, measure_steps=2, seed=0,
+    )  # fmt: skip
+    try:
+        result = run_trial(
+            spec, tmp_path, timeout_s=60, launcher=InCgroup((sys.executable, FAKE, "hog"), group),
+            oom_witness=OomWitness.watch,
+        )  # fmt: skip
+    finally:
+        group.rmdir()
+    assert result.status is Status.HOST_OOM, result.reason
+    assert "the kernel's OOM killer" in result.reason
+    assert "oom_kill in" in result.reason or "kernel log:" in result.reason
