@@ -1,0 +1,101 @@
+"""Every bad input is one clear error with exit code 2, nothing half-written; a search with
+nothing to recommend exits 3. Through the real command line, with a stand-in worker."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune import cli, hardware, runner
+from tests.conftest import TINY_MODEL
+
+FAKE = str(Path(__file__).parents[1] / "unit" / "fakes" / "worker.py")
+
+
+@pytest.fixture(scope="module")
+def device_info():
+    return hardware.probe()
+
+
+@pytest.fixture(autouse=True)
+def fast(monkeypatch, device_info):
+    """The real probe once per module; trials by the stand-in worker."""
+    monkeypatch.setattr(hardware, "probe", lambda: device_info)
+    launcher = runner.CommandLauncher((sys.executable, FAKE, "ok"))
+    monkeypatch.setattr(runner, "ForkserverLauncher", lambda: launcher)
+
+
+def search(*overrides: str) -> int:
+    return cli.main(["search", f"model={TINY_MODEL}", "seq_len=32", "study=s", *overrides])
+
+
+def error_of(capsys) -> str:
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return captured.err
+
+
+def test_an_out_that_is_a_file_is_one_error(tmp_path, capsys):
+    blocker = tmp_path / "reports"
+    blocker.write_text("")
+    assert search(f"out={blocker}") == 2
+    assert f"cannot create the study folder {blocker / 's'}" in error_of(capsys)
+
+
+def test_an_out_that_cannot_be_created_is_one_error(capsys):
+    assert search("out=/proc/autotune-reports") == 2
+    assert "cannot create the study folder /proc/autotune-reports/s" in error_of(capsys)
+
+
+@pytest.mark.parametrize(
+    ("storage", "says"),
+    [
+        ("nonsense", "storage=nonsense: cannot open it: ArgumentError"),
+        ("mysql://user:pw@127.0.0.1:9/db", "ModuleNotFoundError: No module named 'MySQLdb'"),
+    ],
+)
+def test_a_bad_storage_is_one_error_and_leaves_no_study_folder(tmp_path, capsys, storage, says):
+    assert search(f"out={tmp_path}", f"storage={storage}") == 2
+    assert says in error_of(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_space_that_is_not_utf8_is_one_error_for_validate_and_search(tmp_path, capsys):
+    space = tmp_path / "latin1.yaml"
+    space.write_bytes("description: caf\xe9\ndevice: any\nknobs: {}\n".encode("latin-1"))
+    assert cli.main(["validate", str(space)]) == 2
+    assert f"{space}:1: not UTF-8 text (byte 0xe9" in error_of(capsys)
+    assert search(f"out={tmp_path / 'r'}", f"space={space}") == 2
+    assert "not UTF-8 text" in error_of(capsys)
+    assert not (tmp_path / "r").exists()
+
+
+def test_report_on_a_file_that_is_not_a_database_is_one_error(tmp_path, capsys):
+    (tmp_path / "study.db").write_text("not a database " * 100)
+    assert cli.main(["report", str(tmp_path)]) == 2
+    assert "file is not a database" in error_of(capsys)
+
+
+def test_report_on_an_empty_study_db_writes_nothing_into_it(tmp_path, capsys):
+    (tmp_path / "study.db").write_bytes(b"")
+    assert cli.main(["report", str(tmp_path)]) == 2
+    assert "not an Optuna study storage" in error_of(capsys)
+    assert (tmp_path / "study.db").stat().st_size == 0, "tables were written into the file"
+    assert [p.name for p in tmp_path.iterdir()] == ["study.db"]
+
+
+def test_nothing_to_recommend_exits_3_and_the_report_says_so(tmp_path, capsys):
+    # The stand-in's batch 8 peaks at 0.125 GiB: over a 64 MiB budget, so nothing fits.
+    assert search(f"out={tmp_path}", "n_trials=2", "memory_budget=64MiB") == 3
+    out = capsys.readouterr().out
+    assert "nothing to recommend (exit code 3)" in out
+    report = (tmp_path / "s" / "report.html").read_text()
+    assert "nothing to recommend: no successful trial peaks below 0.06 GiB" in report
+    assert not (tmp_path / "s" / "recommended.json").exists()
+
+
+def test_peak_tflops_reaches_the_worker(tmp_path, capsys):
+    assert search(f"out={tmp_path}", "n_trials=1", "peak_tflops=123.5") == 0
+    spec = json.loads((tmp_path / "s" / "trials" / "0000" / "spec.json").read_text())
+    assert spec["peak_tflops"] == 123.5
