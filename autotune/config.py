@@ -93,7 +93,7 @@ class RunConfig(BaseModel):
     memory_budget: ByteSize | None = Field(
         None,
         description="memory a trial may use, e.g. 24GiB: past it the trial is oom; "
-        "null = the device's free memory",
+        "null = the device's free memory when the study is made (stored with the study)",
         json_schema_extra={"metavar": "SIZE"},
     )
     headroom: float = Field(
@@ -115,7 +115,9 @@ class RunConfig(BaseModel):
     seed: int = Field(0, description="seed for the sampler, model init and synthetic data")
     quiet: bool = Field(False, description="print only errors and the paths written")
     study: str | None = Field(
-        None, description="study name; null = derived from model, device and seq_len"
+        None,
+        description="study name (letters, digits, . _ -; at most 100); "
+        "null = derived from model, device and seq_len",
     )
     out: Path = Field(Path("reports"), description="folder holding one subfolder per study")
     storage: str | None = Field(
