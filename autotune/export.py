@@ -6,14 +6,17 @@ exporter writes those recorded kwargs. So what is recommended is exactly what wa
 
 from __future__ import annotations
 
+import ast
 import json
 import pprint
+import shlex
 from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from autotune.errors import StudyError
 from autotune.trial import write_json_atomic
 
 if TYPE_CHECKING:  # the worker imports this module and must not import optuna via records
@@ -71,7 +74,7 @@ def write_recommendation(
     json_path = study_dir / "recommended.json"
     py_path = study_dir / "recommended.py"
     write_json_atomic(json_path, recommendation)
-    py_path.write_text(script)
+    py_path.write_text(script, encoding="utf-8")  # the encoding Python reads source in
     return [json_path, py_path]
 
 
@@ -91,28 +94,68 @@ def render(fmt: str, *, info: RunInfo, record: TrialRecord) -> str:
 
 
 def render_cli(training_args: dict[str, Any]) -> str:
-    """Flags for the HF example scripts (HfArgumentParser): `--bf16`, `--optim adamw_torch`."""
+    """Flags for the HF example scripts (HfArgumentParser): `--bf16`, `--optim adamw_torch`.
+
+    Shell-quoted, so a pasted command line passes each value as one argument and runs nothing.
+    """
     flags = []
     for key, value in training_args.items():
         if value is True:
-            flags.append(f"--{key}")
+            flags.append(shlex.quote(f"--{key}"))
         else:  # False is spelled out: it is not every field's default
-            flags.append(f"--{key} {value}")
+            flags.append(f"{shlex.quote(f'--{key}')} {shlex.quote(str(value))}")
     return " ".join(flags)
 
 
 def render_script(info: RunInfo, record: TrialRecord) -> str:
-    """A runnable script: the model from its config, random tokens, a Trainer with the args."""
+    """A runnable script: the model from its config, random tokens, a Trainer with the args.
+
+    The script's code is fixed text. Everything that comes from the study (model name or path,
+    study and device names, the config, the kwargs) goes into constants written as Python
+    literals, never into code or the docstring: a model folder may be named like code that
+    closes a docstring and calls `os.system`.
+    """
     metrics = record.result
-    return f'''"""Train {info.model} with the TrainingArguments autotune measured for it.
+    facts = {
+        "MODEL": info.model,
+        "STUDY": info.study,
+        "TRIAL": record.number,
+        "DEVICE_NAME": info.device_name,
+        "SAMPLES_PER_S": metrics.samples_per_s,
+        "PEAK_MEMORY_GIB": metrics.peak_memory_gib,
+        "TASK": info.task,
+        "SEQ_LEN": info.seq_len,
+        "MODEL_CONFIG": info.model_config,
+        "TRAINING_ARGS": metrics.training_args,
+        "MODEL_KWARGS": metrics.model_kwargs,
+    }
+    constants = "".join(f"{name} = {_literal(name, value)}\n" for name, value in facts.items())
+    return _SCRIPT_HEAD + constants + _SCRIPT_BODY
 
-Trial {record.number} of study {info.study} on {info.device_name}: {metrics.samples_per_s:.2f} \
-samples/s, {metrics.peak_memory_gib:.2f} GiB peak ({info.task}, seq_len {info.seq_len}).
 
-    python {{this file}} [--max-steps N] [--output-dir DIR]
+def _literal(name: str, value: Any) -> str:
+    """`value` as a Python literal, checked to evaluate back to `value` itself."""
+    source = pprint.pformat(value, indent=4, sort_dicts=False)
+    try:
+        same = ast.literal_eval(source) == value
+    except (ValueError, SyntaxError):  # e.g. `nan`, `inf`: names, not literals
+        same = False
+    if not same:
+        raise StudyError(
+            f"{name} = {value!r}: the script cannot hold this as a Python literal (NaN and "
+            "Infinity have none); fix the value at its source (for MODEL_CONFIG the model's "
+            "config.json), or export format=json instead"
+        )
+    return source
 
-It builds the model from its config with random weights and trains on random tokens, as the
-search did. For your own run, load pretrained weights with from_pretrained({info.model!r},
+
+_SCRIPT_HEAD = '''"""Train a model with the TrainingArguments autotune measured for it.
+
+    python recommended.py [--max-steps N] [--output-dir DIR]
+
+The constants below say which model, trial and device; --help says it in words. The script
+builds the model from its config with random weights and trains on random tokens, as the search
+did. For your own run, load pretrained weights with AUTO_CLASS.from_pretrained(MODEL,
 **MODEL_KWARGS) and pass your dataset as train_dataset.
 """
 
@@ -121,17 +164,14 @@ import argparse
 import torch
 import transformers
 
-MODEL_CONFIG = {pprint.pformat(info.model_config, indent=4, sort_dicts=True)}
-TASK = {info.task!r}
-SEQ_LEN = {info.seq_len}
-TRAINING_ARGS = {pprint.pformat(metrics.training_args, indent=4, sort_dicts=False)}
-MODEL_KWARGS = {pprint.pformat(metrics.model_kwargs, indent=4)}
-AUTO_CLASS = {{
+'''
+
+_SCRIPT_BODY = """AUTO_CLASS = {
     "sequence-classification": transformers.AutoModelForSequenceClassification,
     "causal-lm": transformers.AutoModelForCausalLM,
     "masked-lm": transformers.AutoModelForMaskedLM,
     "seq2seq": transformers.AutoModelForSeq2SeqLM,
-}}[TASK]
+}[TASK]
 
 
 class RandomTokens(torch.utils.data.Dataset):
@@ -148,11 +188,24 @@ class RandomTokens(torch.utils.data.Dataset):
         return len(self.input_ids)
 
     def __getitem__(self, i):
-        return {{"input_ids": self.input_ids[i], "labels": self.labels[i]}}
+        return {"input_ids": self.input_ids[i], "labels": self.labels[i]}
+
+
+def description():
+    # argparse %-formats the description, so a % in a name is doubled. The lines are ours
+    # (raw formatter): wrapping would break a model path at its hyphens.
+    model, study, device, task = (s.replace("%", "%%") for s in (MODEL, STUDY, DEVICE_NAME, TASK))
+    return (
+        f"%(prog)s trains {model}\\n"
+        f"({task}, seq_len {SEQ_LEN}) with the TrainingArguments of trial {TRIAL} of study "
+        f"{study}\\non {device}: {SAMPLES_PER_S:.2f} samples/s, {PEAK_MEMORY_GIB:.2f} GiB peak."
+    )
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=description(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--max-steps", type=int, default=10)
     parser.add_argument("--output-dir", default="output")
     cli = parser.parse_args()
@@ -170,4 +223,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""

@@ -101,12 +101,18 @@ def resolve_model(name: str) -> ModelSpec:
 
 def _read_config(path: Path) -> dict[str, Any]:
     try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        config = json.loads(path.read_text(), parse_constant=_refuse_non_finite)
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError included
         raise ModelNotFoundError(f"{path}: not a readable JSON config ({exc})") from exc
     if "model_type" not in config:
         raise ModelNotFoundError(f"{path}: config.json has no model_type")
     return config
+
+
+def _refuse_non_finite(constant: str) -> float:
+    # Python's json accepts NaN and Infinity, which are not JSON and no Python literal: the
+    # exported script could not hold such a config.
+    raise ValueError(f"{constant} is not a JSON number")
 
 
 def _fetch_hub_config(name: str) -> Path | None:

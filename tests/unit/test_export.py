@@ -1,8 +1,15 @@
+import ast
 import dataclasses
+import math
+import shlex
 
+import pytest
 import transformers
 
-from autotune.export import render_cli, training_args
+from autotune.errors import StudyError
+from autotune.export import render_cli, render_script, training_args
+from autotune.records import RunInfo, TrialRecord
+from autotune.trial import Status, TrialResult
 
 INSTALLED = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
 PARAMS = {
@@ -77,3 +84,92 @@ def test_cli_flags_follow_hf_argument_parser_conventions():
     (args,) = parser.parse_args_into_dataclasses(["--output_dir", "x", "--use_cpu", *flags.split()])
     assert args.per_device_train_batch_size == 32 and args.bf16 and not args.fp16
     assert args.optim == "adamw_torch_fused"
+
+
+# Each breaks out of a different kind of Python string, or breaks the source outright (\N).
+HOSTILE = [
+    'x"""+__import__("os").system("touch PWNED")+"""',
+    "x'''+__import__('os').system('touch PWNED')+'''",
+    "x'+__import__('os').system('touch PWNED')+'",
+    'x\\N"+__import__("os").system("touch PWNED")+"\\',
+]
+
+
+def run_info(text: str) -> RunInfo:
+    """A RunInfo whose every string field is `text`, built from the fields RunInfo has today."""
+    values = {
+        "study": text,
+        "model": text,
+        "model_config": {"model_type": "bert", "vocab_size": 64, text: text, "nested": [text]},
+        "task": text,
+        "seq_len": 32,
+        "device": text,
+        "device_name": text,
+        "space": text,
+        "space_notes": [text],
+        "batch_mode": text,
+        "effective_batch_size": None,
+        "memory_budget_bytes": 2**30,
+        "headroom": 0.1,
+        "noise_cv": 0.05,
+    }
+    return RunInfo(**{f.name: values[f.name] for f in dataclasses.fields(RunInfo)})
+
+
+def trial_record(text: str) -> TrialRecord:
+    result = TrialResult(
+        status=Status.OK,
+        samples_per_s=123.456,
+        peak_memory_gib=1.5,
+        device_name=text,
+        training_args={"per_device_train_batch_size": 8, "optim": text, "run_name": text},
+        model_kwargs={"attn_implementation": text},
+    )
+    return TrialRecord(number=3, params={"optim": text}, result=result)
+
+
+def code_shape(source: str) -> str:
+    """The script's AST with every constant blanked: what it does, not the data it holds."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant):
+            node.value = None
+    return ast.dump(tree)
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_hostile_names_reach_the_script_only_as_string_constants(text):
+    script = render_script(run_info(text), trial_record(text))
+    tree = ast.parse(script)  # a broken script (SyntaxError) fails here
+    # The same program as for a harmless name: the hostile text changed constants, never code.
+    # ("x" sorts where the hostile texts do, in case a dict is written sorted.)
+    assert code_shape(script) == code_shape(render_script(run_info("x"), trial_record("x")))
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert "__import__" not in names and "system" not in attributes
+    assert text not in (ast.get_docstring(tree) or "")
+    constants = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+    assert {text, 123.456, 1.5, 32, 3} <= constants  # the facts are there, as data
+
+
+def test_values_that_are_no_python_literal_are_refused():
+    record = trial_record("x")
+    info = dataclasses.replace(run_info("x"), model_config={"layer_norm_eps": math.inf})
+    with pytest.raises(StudyError, match="layer_norm_eps"):
+        render_script(info, record)
+
+
+def test_cli_flags_are_shell_quoted():
+    training_args = {
+        "bf16": True,
+        "run_name": "a b; touch PWNED",
+        "optim": "$(touch PWNED)",
+        "output_dir": "it's `here`",
+    }
+    flags = render_cli(training_args)
+    assert shlex.split(flags) == [
+        "--bf16",
+        "--run_name", "a b; touch PWNED",
+        "--optim", "$(touch PWNED)",
+        "--output_dir", "it's `here`",
+    ]  # fmt: skip

@@ -65,3 +65,9 @@ def test_a_local_folder_without_config_json(tmp_path):
 def test_unknown_model_suggests_close_catalogue_names():
     with pytest.raises(ModelNotFoundError, match="did you mean bert-large-uncased"):
         resolve_model("bert-larg-uncased")
+
+
+def test_a_local_config_with_nan_is_refused_before_any_trial(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "bert", "layer_norm_eps": NaN}')
+    with pytest.raises(ModelNotFoundError, match="NaN is not a JSON number"):
+        resolve_model(str(tmp_path))
