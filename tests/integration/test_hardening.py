@@ -1,6 +1,7 @@
 """The sandbox and the study under attack, with real processes: kill -9 of the search, a second
 search on a live study, the first trial's timeout, the kernel's OOM killer."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -40,6 +41,26 @@ def search_command(out: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.fixture
+def start():
+    """Starts searches in sessions of their own; whatever a failed test leaves is killed."""
+    started: list[subprocess.Popen] = []
+
+    def popen(command: list[str]) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        started.append(proc)
+        return proc
+
+    yield popen
+    for proc in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
 def tree(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -67,7 +88,7 @@ def wait_for(condition, proc: subprocess.Popen, timeout_s: float = 120) -> None:
         time.sleep(0.05)
 
 
-def test_kill_9_of_the_search_ends_every_process_it_started_within_two_seconds(tmp_path):
+def test_kill_9_of_the_search_ends_every_process_it_started_within_two_seconds(tmp_path, start):
     space = tmp_path / "loader.yaml"
     space.write_text(LOADER_SPACE)
     first = subprocess.run(  # the baseline (no loader workers) first, so trial 1 is the one
@@ -75,10 +96,7 @@ def test_kill_9_of_the_search_ends_every_process_it_started_within_two_seconds(t
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert first.returncode == 0, first.stderr
-    search = subprocess.Popen(
-        search_command(tmp_path, f"space={space}", "n_trials=2", LONG),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    search = start(search_command(tmp_path, f"space={space}", "n_trials=2", LONG))
     # Running trial 1: the fork server's child (the worker) has its two DataLoader workers.
     wait_for(lambda: any(len(p.children()) >= 2 for p in tree(search.pid)), search)
     processes = {p.pid for p in tree(search.pid)}
@@ -95,11 +113,8 @@ def test_kill_9_of_the_search_ends_every_process_it_started_within_two_seconds(t
         pass
 
 
-def test_a_second_search_on_a_live_study_is_refused_and_the_first_goes_on(tmp_path):
-    first = subprocess.Popen(
-        search_command(tmp_path, "n_trials=1", LONG),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+def test_a_second_search_on_a_live_study_is_refused_and_the_first_goes_on(tmp_path, start):
+    first = start(search_command(tmp_path, "n_trials=1", LONG))
     wait_for(lambda: (tmp_path / "s" / "trials" / "0000" / "progress.json").exists(), first)
 
     second = subprocess.run(
@@ -121,13 +136,11 @@ def test_a_second_search_on_a_live_study_is_refused_and_the_first_goes_on(tmp_pa
     assert (tmp_path / "s" / "report.html").is_file()
 
 
-def test_two_searches_started_together_one_runs_and_one_is_refused(tmp_path):
+def test_two_searches_started_together_one_runs_and_one_is_refused(tmp_path, start):
     command = search_command(tmp_path, "n_trials=1")
-    searches = [
-        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]
-    outcomes = sorted((p.wait(timeout=300), p.stderr.read()) for p in searches)
+    searches = [start(command) for _ in range(2)]
+    errors = [p.communicate(timeout=300)[1] for p in searches]
+    outcomes = sorted((p.returncode, err) for p, err in zip(searches, errors, strict=True))
     assert [code for code, _ in outcomes] == [0, 2], outcomes
     assert "being searched right now" in outcomes[1][1]
     assert "Traceback" not in outcomes[0][1] + outcomes[1][1]
