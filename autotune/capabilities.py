@@ -12,6 +12,7 @@ from typing import Any
 
 from autotune.errors import SpaceError
 from autotune.hardware import DeviceInfo
+from autotune.knobs import precision_parts
 from autotune.space import SamplingRules, SearchSpace
 
 # TrainingArguments.optim values backed by bitsandbytes.
@@ -21,11 +22,12 @@ BNB_OPTIMIZERS = frozenset({
     "paged_lion_32bit", "paged_lion_8bit", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
 })  # fmt: skip
 
-Rule = Callable[[Any, str, DeviceInfo], str | None]
+DeviceLimit = Callable[[Any, str, DeviceInfo], str | None]
+"""(value, device, facts) -> why the value cannot run there, or None."""
 
 
 def _precision(value: str, device: str, info: DeviceInfo) -> str | None:
-    parts = value.split("+")
+    parts = precision_parts(value)
     if device == "cpu" and "fp16" in parts:
         return "the Trainer ignores fp16 on CPU: it would silently run as fp32"
     if device == "cpu" and "tf32" in parts:
@@ -63,7 +65,7 @@ def _pin_memory(value: bool, device: str, info: DeviceInfo) -> str | None:
     return None
 
 
-RULES: dict[str, Rule] = {
+DEVICE_LIMITS: dict[str, DeviceLimit] = {
     "precision": _precision,
     "optim": _optim,
     "torch_compile": _torch_compile,
@@ -77,12 +79,12 @@ def fit_space(space: SearchSpace, device: str, info: DeviceInfo) -> SearchSpace:
     notes = []
     emptied = []
     for name, knob in space.knobs.items():
-        rule = RULES.get(name)
-        if rule is None:
+        limit = DEVICE_LIMITS.get(name)
+        if limit is None:
             continue
         kept, removed = [], []
         for value in knob.choices:
-            reason = rule(value, device, info)
+            reason = limit(value, device, info)
             if reason:
                 removed.append(f"{name}={value}: {reason}")
             else:
@@ -105,7 +107,7 @@ def fit_space(space: SearchSpace, device: str, info: DeviceInfo) -> SearchSpace:
     return replace(space, notes=space.notes + tuple(notes))
 
 
-def apply_rules(space: SearchSpace, rules: SamplingRules) -> SearchSpace:
+def apply_sampling_rules(space: SearchSpace, rules: SamplingRules) -> SearchSpace:
     """Check the batch-size rule and a fixed effective batch against the space; note the mode."""
     notes = []
     if "batch_size" not in space.knobs:

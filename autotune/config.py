@@ -1,8 +1,8 @@
 """The run configuration: typed, validated, with every default in one place.
 
 `autotune search key=value ...` overrides are parsed Hydra-style: the value is read as YAML
-(`n_trials=8` is an int, `storage=null` is None, `study=run1` a string), dotted keys address
-nested settings, and pydantic validates the result. Problems are collected and reported at once.
+(`n_trials=8` is an int, `storage=null` is None, `study=run1` a string), and pydantic validates
+the result. Problems are collected and reported at once.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def study_name_problem(name: str) -> str | None:
 
 
 def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """`["a=1", "b.c=x"]` -> `({"a": 1, "b": {"c": "x"}}, problems)`."""
+    """`["a=1", "b=x"]` -> `({"a": 1, "b": "x"}, problems)`."""
     values: dict[str, Any] = {}
     problems: list[str] = []
     seen: set[str] = set()
@@ -166,15 +166,7 @@ def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
             value = yaml.safe_load(raw) if raw.strip() else raw
         except yaml.YAMLError:
             value = raw  # not YAML (e.g. `[8,`): let validation say what is expected
-        node = values
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                problems.append(f"{key}: {part} is not a group of settings")
-                break
-        else:
-            node[leaf] = value
+        values[key] = value
     return values, problems
 
 
@@ -206,8 +198,7 @@ def load_config(overrides: list[str], schema: type[BaseModel] = RunConfig) -> An
     """Parse and validate command-line overrides into `schema` (RunConfig by default)."""
     values, problems = parse_overrides(overrides)
     problems += [
-        _unknown_key_problem(key, schema) for key in _flat_keys(values, schema)
-        if key not in schema.model_fields
+        _unknown_key_problem(key, schema) for key in values if key not in schema.model_fields
     ]  # fmt: skip
     known = {k: v for k, v in values.items() if k in schema.model_fields}
     try:
@@ -217,17 +208,6 @@ def load_config(overrides: list[str], schema: type[BaseModel] = RunConfig) -> An
     if problems:
         raise ConfigError(_format_problems(problems))
     return config
-
-
-def _flat_keys(values: dict[str, Any], schema: type[BaseModel], prefix: str = "") -> list[str]:
-    keys = []
-    for key, value in values.items():
-        dotted = prefix + key
-        if isinstance(value, dict) and key not in schema.model_fields:
-            keys += _flat_keys(value, schema, dotted + ".")
-        else:
-            keys.append(dotted)
-    return keys
 
 
 def _unknown_key_problem(key: str, schema: type[BaseModel]) -> str:

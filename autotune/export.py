@@ -1,7 +1,7 @@
-"""The one mapping from knobs to `TrainingArguments`, and the files a user takes away.
+"""A trial's settings as the files a user takes away: json, yaml, a runnable script, CLI flags.
 
-The worker trains with `training_args(...)` and records the kwargs it used in its result; the
-exporter writes those recorded kwargs. So what is recommended is exactly what was measured.
+The worker trains with `knobs.training_args(...)` and records the kwargs it used in its result;
+these renderers write those recorded kwargs. So what is recommended is exactly what was measured.
 """
 
 from __future__ import annotations
@@ -10,61 +10,17 @@ import ast
 import json
 import pprint
 import shlex
-from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from autotune.errors import StudyError
+from autotune.models import TASK_CLASSES
 from autotune.trial import write_json_atomic
 
 if TYPE_CHECKING:  # the worker imports this module and must not import optuna via records
     from autotune.records import RunInfo, TrialRecord
-
-# transformers 5.23 renamed gradient_checkpointing to activation_checkpointing (the old name
-# warns); older 5.x releases have only the old one. The worker passes the installed fields.
-_CHECKPOINTING_FIELDS = ("activation_checkpointing", "gradient_checkpointing")
-
-
-def training_args(
-    params: dict[str, Any], *, device: str, fields: Collection[str]
-) -> dict[str, Any]:
-    """Tuned `TrainingArguments` kwargs for a knob dict; `fields` are the installed ones."""
-    kwargs: dict[str, Any] = {}
-    if "batch_size" in params:
-        kwargs["per_device_train_batch_size"] = params["batch_size"]
-    if "grad_accum" in params:
-        kwargs["gradient_accumulation_steps"] = params["grad_accum"]
-    if "gradient_checkpointing" in params:
-        name = next(f for f in _CHECKPOINTING_FIELDS if f in fields)
-        kwargs[name] = params["gradient_checkpointing"]
-    precision = params.get("precision", "fp32").split("+")  # e.g. bf16+tf32
-    kwargs["bf16"] = "bf16" in precision
-    kwargs["fp16"] = "fp16" in precision
-    if "tf32" in precision:
-        kwargs["tf32"] = True
-    for name in ("optim", "dataloader_num_workers", "dataloader_pin_memory"):
-        if name in params:
-            kwargs[name] = params[name]
-    backend = params.get("torch_compile", "off")
-    if backend != "off":
-        kwargs["torch_compile"] = True
-        kwargs["torch_compile_backend"] = backend
-        kwargs["torch_compile_mode"] = params.get("compile_mode", "default")
-    if device == "cpu":
-        # Without it the Trainer picks a GPU when one exists, and refuses bf16 on CPU.
-        kwargs["use_cpu"] = True
-    return kwargs
-
-
-def model_kwargs(params: dict[str, Any]) -> dict[str, Any]:
-    """`from_config`/`from_pretrained` kwargs the knobs set (the attention kernel)."""
-    return (
-        {"attn_implementation": params["attn_implementation"]}
-        if "attn_implementation" in params
-        else {}
-    )
 
 
 def write_recommendation(
@@ -116,6 +72,8 @@ def render_script(info: RunInfo, record: TrialRecord) -> str:
     closes a docstring and calls `os.system`.
     """
     metrics = record.result
+    if info.task not in TASK_CLASSES:  # a study.db from elsewhere may hold anything
+        raise StudyError(f"task {info.task!r}: not a task autotune trains; cannot write a script")
     facts = {
         "MODEL": info.model,
         "STUDY": info.study,
@@ -124,6 +82,7 @@ def render_script(info: RunInfo, record: TrialRecord) -> str:
         "SAMPLES_PER_S": metrics.samples_per_s,
         "PEAK_MEMORY_GIB": metrics.peak_memory_gib,
         "TASK": info.task,
+        "AUTO_CLASS_NAME": TASK_CLASSES[info.task][0],
         "SEQ_LEN": info.seq_len,
         "MODEL_CONFIG": info.model_config,
         "TRAINING_ARGS": metrics.training_args,
@@ -166,12 +125,7 @@ import transformers
 
 '''
 
-_SCRIPT_BODY = """AUTO_CLASS = {
-    "sequence-classification": transformers.AutoModelForSequenceClassification,
-    "causal-lm": transformers.AutoModelForCausalLM,
-    "masked-lm": transformers.AutoModelForMaskedLM,
-    "seq2seq": transformers.AutoModelForSeq2SeqLM,
-}[TASK]
+_SCRIPT_BODY = """AUTO_CLASS = getattr(transformers, AUTO_CLASS_NAME)
 
 
 class RandomTokens(torch.utils.data.Dataset):

@@ -31,7 +31,6 @@ class DeviceInfo:
     torch_version: str = ""
     transformers_version: str = ""
     cpu_name: str = ""
-    host_total_memory_bytes: int = 0
     host_available_memory_bytes: int = 0
     bitsandbytes_error: str | None = None
     """Why `import bitsandbytes` failed; None when it imports."""
@@ -128,7 +127,6 @@ def _probe_here() -> dict:
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "cpu_name": _cpu_name(),
-        "host_total_memory_bytes": host.total,
         "host_available_memory_bytes": host.available,
         "bitsandbytes_error": _bitsandbytes_error(),
         # exclude_tags=() also lists the debugging backends (eager, aot_eager) users may name.

@@ -17,6 +17,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from autotune.knobs import precision_parts, sixteen_bit
+
 
 class StepTimer(TrainerCallback):
     """Records the clock at the end of every optimizer step.
@@ -151,8 +153,13 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 
 def peak_tflops(device_name: str, precision: str) -> float | None:
     """Dense peak for the precision in use, or None for a device not in the table."""
-    parts = precision.split("+")
-    key = "16bit" if {"fp16", "bf16"} & set(parts) else "tf32" if "tf32" in parts else "fp32"
+    key = (
+        "16bit"
+        if sixteen_bit(precision)
+        else "tf32"
+        if "tf32" in precision_parts(precision)
+        else "fp32"
+    )
     for piece, peaks in PEAK_TFLOPS:
         if piece.lower() in device_name.lower():
             return peaks[key]

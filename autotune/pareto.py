@@ -1,30 +1,33 @@
-"""The trade-off between speed and memory: the Pareto front, and the configs to recommend."""
+"""The trade-off between speed and memory: the non-dominated trials, and the ones to recommend.
+
+Pure functions over decoded trials (`records.read_snapshot` reads the study and calls them).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import optuna
-
-from autotune.records import RESULT_ATTR, RunInfo, TrialRecord, load_records, record_of
 from autotune.trial import Status
-from autotune.units import GIB
+from autotune.units import format_gib
+
+if TYPE_CHECKING:  # records imports this module to build its snapshot
+    from autotune.records import TrialRecord
 
 SAVER_WITHIN = 0.10
 """The memory saver may be this much slower than the fastest pick."""
 
 
-def pareto_front(study: optuna.Study) -> list[TrialRecord]:
-    """Feasible trials that no other beats on both samples/s and peak memory, fastest first."""
-    # Optuna's best_trials is the non-dominated set of COMPLETE feasible trials (out-of-memory
-    # trials are COMPLETE but infeasible). Repeats carry their first run's values: keep first runs.
-    front = [record_of(t) for t in study.best_trials if RESULT_ATTR in t.user_attrs]
-    return sorted(front, key=lambda r: r.result.samples_per_s, reverse=True)
+def non_dominated(records: list[TrialRecord]) -> list[TrialRecord]:
+    """Trials no other trial beats on both samples/s (higher) and peak memory (lower)."""
 
+    def beats(a: TrialRecord, b: TrialRecord) -> bool:
+        faster, smaller = a.result.samples_per_s, a.result.peak_memory_gib
+        other_speed, other_memory = b.result.samples_per_s, b.result.peak_memory_gib
+        at_least = faster >= other_speed and smaller <= other_memory
+        return at_least and (faster > other_speed or smaller < other_memory)
 
-def memory_limit_gib(memory_budget_bytes: int, headroom: float) -> float:
-    """Peak memory a recommended config may reach: the budget less the headroom."""
-    return memory_budget_bytes * (1 - headroom) / GIB
+    return [r for r in records if not any(beats(other, r) for other in records)]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,7 +54,7 @@ class Picks:
         r = self.baseline.result
         return (
             f"trial {self.baseline.number}: {r.samples_per_s:.2f} samples/s at "
-            f"{r.peak_memory_gib:.3f} GiB"
+            f"{format_gib(r.peak_memory_gib, 3)}"
         )
 
     def describe(self, record: TrialRecord) -> str:
@@ -60,18 +63,15 @@ class Picks:
         times = f" ({speedup:.2f}x the baseline)" if speedup is not None else ""
         return (
             f"trial {record.number}: {record.result.samples_per_s:.2f} samples/s{times} at "
-            f"{record.result.peak_memory_gib:.3f} GiB"
+            f"{format_gib(record.result.peak_memory_gib, 3)}"
         )
 
-
-def study_picks(study: optuna.Study, info: RunInfo) -> Picks:
-    """The picks of a stored study, by its own budget and headroom."""
-    limit = memory_limit_gib(info.memory_budget_bytes, info.headroom)
-    return pick(pareto_front(study), limit, baseline_of(load_records(study)))
-
-
-def baseline_of(records: list[TrialRecord]) -> TrialRecord | None:
-    return next((r for r in records if r.baseline), None)
+    def describe_saver(self) -> str:
+        if self.saver is None or self.fastest is None:
+            return "none"
+        if self.saver.number == self.fastest.number:
+            return f"the same trial: nothing within {SAVER_WITHIN:.0%} uses less memory"
+        return self.describe(self.saver)
 
 
 def pick(front: list[TrialRecord], limit_gib: float, baseline: TrialRecord | None) -> Picks:

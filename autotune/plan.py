@@ -8,58 +8,51 @@ with the model and the space are reported together.
 from __future__ import annotations
 
 import difflib
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.capabilities import apply_rules, fit_space
+from autotune.capabilities import apply_sampling_rules, fit_space
 from autotune.config import STUDY_NAME_MAX_CHARS, RunConfig
 from autotune.errors import AutotuneError, ConfigError
 from autotune.hardware import DeviceInfo
+from autotune.knobs import baseline_params
 from autotune.models import ModelSpec, resolve_model
-from autotune.records import RunInfo, batch_mode
-from autotune.space import SamplingRules, SearchSpace, SoftwareFacts, load_space
+from autotune.records import RunInfo
+from autotune.space import SamplingRules, SearchSpace
+from autotune.space_file import SoftwareFacts, load_space
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SearchPlan:
     config: RunConfig
     model: ModelSpec
-    task: str
-    device: str
-    """`cuda` or `cpu`."""
-    device_name: str
-    memory_budget_bytes: int
+    info: RunInfo
+    """What the study is run for (stored with it): task, device, budget, ..."""
     space: SearchSpace
     """Fitted to the device: its notes say what was removed and why."""
     rules: SamplingRules
     baseline: dict[str, object]
     """The HF default TrainingArguments as knobs: the first trial, the yardstick for speedups."""
-    study_name: str
     study_dir: Path
     storage_url: str
 
-    def run_info(self) -> RunInfo:
-        return RunInfo(
-            study=self.study_name,
-            model=self.model.name,
-            model_config=self.model.config,
-            task=self.task,
-            seq_len=self.config.seq_len,
-            device=self.device,
-            device_name=self.device_name,
-            space=self.space.name,
-            space_notes=list(self.space.notes),
-            effective_batch_size=self.rules.effective_batch_size,
-            memory_budget_bytes=self.memory_budget_bytes,
-            headroom=self.config.headroom,
-            noise_cv=self.config.noise_cv,
-        )
+    @property
+    def study_name(self) -> str:
+        return self.info.study
 
     @property
-    def batch_mode(self) -> str:
-        return batch_mode(self.rules.effective_batch_size)
+    def task(self) -> str:
+        return self.info.task
+
+    @property
+    def device(self) -> str:
+        """`cuda` or `cpu`."""
+        return self.info.device
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        return self.info.memory_budget_bytes
 
 
 def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
@@ -86,7 +79,7 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
             raise ConfigError(
                 f"space={space.name} is for device={space.device}, but this search runs on {device}"
             )
-        space = apply_rules(fit_space(space, device, device_info), rules)
+        space = apply_sampling_rules(fit_space(space, device, device_info), rules)
     except AutotuneError as exc:
         problems.append(str(exc))
         space = None
@@ -107,36 +100,31 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
     assert model is not None and space is not None and study_name and study_dir
 
     device_name, available_bytes = device_info.memory_for(device)
+    info = RunInfo(
+        study=study_name,
+        model=model.name,
+        model_config=model.config,
+        task=task,
+        seq_len=config.seq_len,
+        device=device,
+        device_name=device_name,
+        space=space.name,
+        space_notes=list(space.notes),
+        effective_batch_size=rules.effective_batch_size,
+        memory_budget_bytes=int(config.memory_budget or available_bytes),
+        headroom=config.headroom,
+        noise_cv=config.noise_cv,
+    )
     return SearchPlan(
         config=config,
         model=model,
-        task=task,
-        device=device,
-        device_name=device_name,
-        memory_budget_bytes=int(config.memory_budget or available_bytes),
+        info=info,
         space=space,
         rules=rules,
         baseline=baseline_params(device_info.default_optim, config.effective_batch_size),
-        study_name=study_name,
         study_dir=study_dir,
         storage_url=config.storage or f"sqlite:///{study_dir / 'study.db'}",
     )
-
-
-def baseline_params(default_optim: str, effective_batch_size: int | None) -> dict[str, object]:
-    """What `TrainingArguments(output_dir=...)` trains with: batch 8, fp32, the default
-    optimizer, no checkpointing, SDPA attention, no compile; at the fixed effective batch
-    when there is one (batch 8 when it divides it)."""
-    batch = math.gcd(8, effective_batch_size) if effective_batch_size else 8
-    return {
-        "batch_size": batch,
-        "grad_accum": effective_batch_size // batch if effective_batch_size else 1,
-        "gradient_checkpointing": False,
-        "precision": "fp32",
-        "optim": default_optim,
-        "attn_implementation": "sdpa",
-        "dataloader_num_workers": 0,
-    }
 
 
 def model_problems(model: ModelSpec, task: str, device_info: DeviceInfo) -> list[str]:

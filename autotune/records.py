@@ -1,7 +1,9 @@
-"""Trials as the user sees them: one `TrialRecord` per Optuna trial, read back from storage.
+"""The storage format: what a study keeps in Optuna's storage, and the one way to read it back.
 
 The study loop stores each trial's complete knob values and its `TrialResult` as user attrs, so
-every output (tables, recommendation, report) can be rebuilt from the storage alone.
+every output (tables, recommendation, report) can be rebuilt from the storage alone. Every
+user-attr key is named here; `read_snapshot` reads a study once and decodes it for the loop,
+the outputs, the report and the exports alike.
 """
 
 from __future__ import annotations
@@ -11,14 +13,29 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StudyError
-from autotune.trial import Status, TrialResult
+from autotune.pareto import Picks, non_dominated, pick
+from autotune.trial import MEMORY_STATUSES, Status, TrialResult
+from autotune.units import GIB
 
 PARAMS_ATTR = "params"
+"""Trial: every knob's value (Optuna's own params hold only what the sampler chose)."""
 RESULT_ATTR = "result"
+"""Trial: the `TrialResult`; a finished trial without one was interrupted or a repeat."""
 BASELINE_ATTR = "baseline"
+"""Trial: true for the HF-defaults trial."""
+RETRY_OF_ATTR = "retry_of"
+"""Trial: the interrupted trial whose settings it runs again."""
+REPEAT_OF_ATTR = "repeat_of"
+"""Trial: the earlier trial with the same settings, whose values it was told instead."""
+OWNER_ATTR = "owner"
+"""Trial: the search process running it: {host, pid, pid_started}."""
 RUN_ATTR = "run"
+"""Study: the `RunInfo`."""
+CONSTRAINT = "peak_over_budget_gib"
+"""Trial constraint, feasible when <= 0: peak memory less the budget."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -44,6 +61,15 @@ class RunInfo:
     @property
     def batch_mode(self) -> str:
         return batch_mode(self.effective_batch_size)
+
+    @property
+    def memory_budget_gib(self) -> float:
+        return self.memory_budget_bytes / GIB
+
+    @property
+    def memory_limit_gib(self) -> float:
+        """Peak memory a recommended config may reach: the budget less the headroom."""
+        return self.memory_budget_gib * (1 - self.headroom)
 
     @classmethod
     def of(cls, study: optuna.Study) -> RunInfo:
@@ -80,16 +106,17 @@ def store_run_info(study: optuna.Study, info: RunInfo) -> None:
     study.set_user_attr(RUN_ATTR, asdict(info))
 
 
+def is_recorded(trial: FrozenTrial) -> bool:
+    """Finished with a result: a measurement (or a skip) that counts toward `n_trials`."""
+    return trial.state.is_finished() and RESULT_ATTR in trial.user_attrs
+
+
 def load_records(study: optuna.Study) -> list[TrialRecord]:
-    """Finished trials that carry a result, oldest first."""
-    return [
-        record_of(t)
-        for t in study.get_trials(deepcopy=False)
-        if t.state.is_finished() and RESULT_ATTR in t.user_attrs
-    ]
+    """Recorded trials, oldest first."""
+    return [record_of(t) for t in study.get_trials(deepcopy=False) if is_recorded(t)]
 
 
-def record_of(trial: optuna.trial.FrozenTrial) -> TrialRecord:
+def record_of(trial: FrozenTrial) -> TrialRecord:
     return TrialRecord(
         number=trial.number,
         params=dict(trial.user_attrs[PARAMS_ATTR]),
@@ -98,26 +125,89 @@ def record_of(trial: optuna.trial.FrozenTrial) -> TrialRecord:
     )
 
 
-_SHORT_NAMES = {
-    "batch_size": "bs",
-    "grad_accum": "ga",
-    "gradient_checkpointing": "gc",
-    "dataloader_num_workers": "workers",
-    "attn_implementation": "attn",
-    "dataloader_pin_memory": "pin",
-    "torch_compile": "compile",
-    "compile_mode": "mode",
-}
+def tell_result(
+    study: optuna.Study, trial: optuna.Trial, result: TrialResult, budget_gib: float
+) -> None:
+    """Record a trial's result and tell Optuna the outcome."""
+    trial.set_user_attr(RESULT_ATTR, result.to_dict())
+    _tell_outcome(study, trial, result, budget_gib)
 
 
-def describe_params(params: dict[str, Any]) -> str:
-    """`bs=16 ga=2 gc=on bf16 adamw_torch`: a trial's settings in one short line."""
-    parts = []
-    for key, value in params.items():
-        if key in ("precision", "optim"):
-            parts.append(str(value))
-        elif isinstance(value, bool):
-            parts.append(f"{_SHORT_NAMES.get(key, key)}={'on' if value else 'off'}")
-        else:
-            parts.append(f"{_SHORT_NAMES.get(key, key)}={value}")
-    return " ".join(parts)
+def tell_repeat(
+    study: optuna.Study, trial: optuna.Trial, earlier: TrialRecord, budget_gib: float
+) -> None:
+    """Tell the sampler what the earlier run of these settings measured, without running: the
+    trial is not recorded (it does not count toward n_trials)."""
+    trial.set_user_attr(REPEAT_OF_ATTR, earlier.number)
+    _tell_outcome(study, trial, earlier.result, budget_gib)
+
+
+def _tell_outcome(
+    study: optuna.Study, trial: optuna.Trial, result: TrialResult, budget_gib: float
+) -> None:
+    """Out-of-memory is information, so OOM and skipped trials are COMPLETE but infeasible
+    (samplers ignore FAIL trials and would keep proposing the region); failures that say
+    nothing about memory are FAIL."""
+    if result.status is Status.OK:
+        trial.set_constraint(CONSTRAINT, result.peak_memory_gib - budget_gib)
+        study.tell(trial, [result.samples_per_s, result.peak_memory_gib])
+    elif result.status in MEMORY_STATUSES:
+        peak_gib = max(result.peak_memory_gib or budget_gib, budget_gib)
+        # How far over is unknown (the allocator refused); any positive value is infeasible.
+        trial.set_constraint(CONSTRAINT, max(peak_gib - budget_gib, 1.0))
+        study.tell(trial, [0.0, peak_gib])
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+
+
+def is_interrupted(trial: FrozenTrial) -> bool:
+    """Failed without a result, and not a repeat: its search stopped while it ran."""
+    return (
+        trial.state is TrialState.FAIL
+        and RESULT_ATTR not in trial.user_attrs
+        and REPEAT_OF_ATTR not in trial.user_attrs
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StudySnapshot:
+    """A study as read once: what every output, the report and the exports are built from."""
+
+    info: RunInfo
+    records: list[TrialRecord]
+    front: list[TrialRecord]
+    """Feasible successful trials no other beats on both samples/s and memory, fastest first."""
+    picks: Picks
+    search_s: float | None
+    """From the first trial's start to the last one's end."""
+
+    def record(self, number: int) -> TrialRecord | None:
+        return next((r for r in self.records if r.number == number), None)
+
+
+def read_snapshot(study: optuna.Study) -> StudySnapshot:
+    """Read the study once and decode it."""
+    info = RunInfo.of(study)
+    trials = study.get_trials(deepcopy=False)
+    records = [record_of(t) for t in trials if is_recorded(t)]
+    # The front as Optuna's best_trials defines it (COMPLETE, feasible, non-dominated), from
+    # the records already read: one read of the storage, and repeats are not records.
+    feasible = [
+        r
+        for r in records
+        if r.status is Status.OK and r.result.peak_memory_gib <= info.memory_budget_gib
+    ]
+    front = sorted(non_dominated(feasible), key=lambda r: r.result.samples_per_s, reverse=True)
+    baseline = next((r for r in records if r.baseline), None)
+    done = [t for t in trials if t.datetime_complete and t.datetime_start]
+    search_s = None
+    if done:
+        started = min(t.datetime_start for t in done)
+        search_s = (max(t.datetime_complete for t in done) - started).total_seconds()
+    return StudySnapshot(
+        info=info,
+        records=records,
+        front=front,
+        picks=pick(front, info.memory_limit_gib, baseline),
+        search_s=search_s,
+    )

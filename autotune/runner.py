@@ -27,7 +27,15 @@ import psutil
 
 from autotune.oom_killer import OomWitness
 from autotune.processes import die_with_parent
-from autotune.trial import Status, TrialResult, TrialSpec, spec_to_dict, write_json_atomic
+from autotune.trial import (
+    PROGRESS_FILE,
+    Status,
+    TrialResult,
+    TrialSpec,
+    read_progress,
+    spec_to_dict,
+    write_json_atomic,
+)
 from autotune.units import GIB, format_bytes
 
 WORKER_COMMAND = (sys.executable, "-m", "autotune.worker")
@@ -166,7 +174,7 @@ def _forked_main(spec_path: str, result_path: str, log_path: str) -> None:
     sys.exit(worker.main([spec_path, result_path]))
 
 
-def run_trial(
+def launch_trial(
     spec: TrialSpec,
     trial_dir: Path,
     *,
@@ -185,7 +193,7 @@ def run_trial(
     spec_path, result_path, log_path = (
         trial_dir / n for n in ("spec.json", "result.json", "worker.log")
     )
-    progress_path = trial_dir / "progress.json"
+    progress_path = trial_dir / PROGRESS_FILE
     for stale in (result_path, progress_path):
         stale.unlink(missing_ok=True)
     write_json_atomic(spec_path, spec_to_dict(spec))
@@ -199,7 +207,7 @@ def run_trial(
     worker = launcher.start(spec_path, result_path, log_path)
     witness = oom_witness(worker.pid)
     try:
-        verdict = _supervise(worker, started + timeout_s, rss_limit_bytes, progress_path)
+        verdict = supervise(worker, started + timeout_s, rss_limit_bytes, progress_path)
     finally:
         # Also on Ctrl-C: nothing of the trial may outlive it.
         _kill_group(worker.pid)
@@ -221,7 +229,7 @@ def run_trial(
     )
 
 
-def _supervise(
+def supervise(
     worker: Worker, deadline: float, rss_limit_bytes: int | None, progress_path: Path
 ) -> TrialResult | None:
     """Wait for the worker; a TrialResult when the parent ends the trial, None when it exits."""
@@ -247,10 +255,8 @@ def _supervise(
 
 
 def _baseline_rss(progress_path: Path) -> int | None:
-    try:
-        return json.loads(progress_path.read_text())["baseline_rss_bytes"]
-    except (FileNotFoundError, json.JSONDecodeError, KeyError):
-        return None  # not written yet
+    progress = read_progress(progress_path)
+    return None if progress is None else progress.baseline_rss_bytes
 
 
 def _tree_rss(pid: int) -> int:

@@ -1,5 +1,6 @@
-"""Search spaces: YAML -> validated knobs -> Optuna suggestions. The only module that makes them.
+"""Search spaces: the knobs a study searches, and Optuna suggestions from them.
 
+`space_file` reads and validates them from YAML; this module holds the model and the sampling.
 A space file looks like
 
     description: one line shown by `autotune spaces`
@@ -14,64 +15,22 @@ A space file looks like
 
 Batch sizes follow a rule that is data, not code: `multiple_of` (default 8; `auto` means 64 on
 A100/H100-class GPUs when the trial's precision is 16-bit, else 8). Values below 8 (1, 2, 4) are
-allowed only when a space lists them in `choices`. Every problem in a file is reported at once,
-with its line.
+allowed only when a space lists them in `choices`.
 """
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 
-from autotune.errors import SpaceError
+from autotune.knobs import KNOBS, SAMPLE_ORDER, active, sixteen_bit
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp16+tf32", "bf16+tf32")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-ATTENTION = ("sdpa", "eager")
 DEVICES = ("cpu", "cuda", "any")
 SMALL_BATCHES = (1, 2, 4)
 BASE_MULTIPLE = 8
 TENSOR_CORE_MULTIPLE = 64
-
-
-@dataclass(frozen=True, slots=True)
-class KnobType:
-    kind: type
-    check: Callable[[Any], bool]
-    expected: str
-    ranges: bool = False
-    """Whether `low:`/`high:` may describe the values (integer knobs)."""
-
-
-# Display order (tables, exports). Sampling order is SAMPLE_ORDER below.
-KNOBS: dict[str, KnobType] = {
-    "batch_size": KnobType(int, lambda v: v > 0, "a positive integer", ranges=True),
-    "grad_accum": KnobType(int, lambda v: v > 0, "a positive integer", ranges=True),
-    "gradient_checkpointing": KnobType(bool, lambda v: True, "true or false"),
-    "precision": KnobType(str, lambda v: v in PRECISIONS, "one of " + ", ".join(PRECISIONS)),
-    "optim": KnobType(str, bool, "a TrainingArguments.optim name"),
-    "torch_compile": KnobType(str, bool, "off or a torch.compile backend"),
-    "compile_mode": KnobType(
-        str, lambda v: v in COMPILE_MODES, "one of " + ", ".join(COMPILE_MODES)
-    ),
-    "attn_implementation": KnobType(
-        str, lambda v: v in ATTENTION, "one of " + ", ".join(ATTENTION)
-    ),
-    "dataloader_num_workers": KnobType(int, lambda v: v >= 0, "an integer >= 0", ranges=True),
-    "dataloader_pin_memory": KnobType(bool, lambda v: True, "true or false"),
-}
-# Precision before batch_size (the 64 rule depends on it), batch_size before grad_accum.
-SAMPLE_ORDER = (
-    "precision", "optim", "gradient_checkpointing", "attn_implementation", "torch_compile",
-    "compile_mode", "batch_size", "grad_accum", "dataloader_num_workers", "dataloader_pin_memory",
-)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,7 +46,9 @@ class Condition:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Knob:
+class SpaceKnob:
+    """A knob as one space searches it (the catalogue's `knobs.Knob` says what it is)."""
+
     name: str
     choices: tuple[Any, ...]
     """Every value the knob may take (ranges are expanded)."""
@@ -110,7 +71,7 @@ class SearchSpace:
     name: str
     description: str
     device: str
-    knobs: dict[str, Knob]
+    knobs: dict[str, SpaceKnob]
     source: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
     """What capability filtering removed and why, and knobs that cannot matter here."""
@@ -157,7 +118,9 @@ class SearchSpace:
         params: dict[str, Any] = {}
         for name in SAMPLE_ORDER:
             knob = self.knobs.get(name)
-            if knob is None or not all(c.holds(params) for c in knob.when):
+            if knob is None or not active(name, params):
+                continue
+            if not all(c.holds(params) for c in knob.when):
                 continue
             if name == "batch_size":
                 params[name] = _suggest_batch(self, trial, params.get("precision"), rules)
@@ -174,11 +137,12 @@ class SearchSpace:
         return {k: params[k] for k in KNOBS if k in params}
 
 
-def multiple_for(knob: Knob, precision: str | None, rules: SamplingRules) -> int:
+def multiple_for(knob: SpaceKnob, precision: str | None, rules: SamplingRules) -> int:
     if knob.multiple_of != "auto":
         return knob.multiple_of or 1
-    sixteen_bit = precision is not None and precision.split("+")[0] in ("fp16", "bf16")
-    return TENSOR_CORE_MULTIPLE if rules.tensor_core_64 and sixteen_bit else BASE_MULTIPLE
+    return (
+        TENSOR_CORE_MULTIPLE if rules.tensor_core_64 and sixteen_bit(precision) else BASE_MULTIPLE
+    )
 
 
 def _suggest_batch(
@@ -195,272 +159,3 @@ def _batch_param(multiple: int) -> str:
     # One Optuna parameter per rule: each keeps the same choices in every trial, as Optuna
     # requires, and the sampler learns 16-bit tensor-core batch sizes on their own.
     return "batch_size" if multiple <= BASE_MULTIPLE else f"batch_size_x{multiple}"
-
-
-# ---- loading and validation ----
-
-
-def shipped_dir() -> Path:
-    """The shipped spaces: inside the installed wheel, or the repo's top-level folder."""
-    in_wheel = Path(str(resources.files("autotune") / "search_spaces"))
-    # The wheel copies the top-level search_spaces/ into the package; a source checkout or an
-    # editable install has only the top-level folder.
-    return in_wheel if in_wheel.is_dir() else Path(__file__).resolve().parents[1] / "search_spaces"
-
-
-def shipped_names() -> list[str]:
-    return sorted(p.stem for p in shipped_dir().glob("*.yaml"))
-
-
-def space_path(name_or_path: str) -> Path:
-    path = Path(name_or_path)
-    if path.suffix:
-        if not path.is_file():
-            raise SpaceError(f"space={name_or_path}: file not found")
-        return path
-    path = shipped_dir() / f"{name_or_path}.yaml"
-    if not path.is_file():
-        raise SpaceError(
-            f"space={name_or_path}: no such shipped space; "
-            f"choose one of {', '.join(shipped_names())} or give a YAML path"
-        )
-    return path
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SoftwareFacts:
-    """Names the installed packages accept; None skips that check."""
-
-    optimizer_names: tuple[str, ...] | None = None
-    compile_backends: tuple[str, ...] | None = None
-
-
-def load_space(name_or_path: str, facts: SoftwareFacts | None = None) -> SearchSpace:
-    """A shipped space by name, or a YAML file by path; SpaceError names every problem."""
-    path = space_path(name_or_path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        line = path.read_bytes()[: exc.start].count(b"\n") + 1
-        raise SpaceError(
-            f"{path}:{line}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
-            f"{exc.start}); save the space as UTF-8 YAML"
-        ) from exc
-    except OSError as exc:
-        raise SpaceError(f"{path}: cannot read it: {exc.strerror}") from exc
-    try:
-        data = yaml.safe_load(text)
-        lines = _key_lines(yaml.compose(text))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise SpaceError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from exc
-    return parse_space(data, name=path.stem, source=str(path), lines=lines, facts=facts)
-
-
-def _key_lines(node: yaml.Node | None, prefix: str = "") -> dict[str, int]:
-    """Dotted key path -> 1-based line, for messages that point into the file."""
-    lines: dict[str, int] = {}
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            path = f"{prefix}{key.value}"
-            lines[path] = key.start_mark.line + 1
-            lines |= _key_lines(value, path + ".")
-    return lines
-
-
-def parse_space(
-    data: Any,
-    *,
-    name: str,
-    source: str,
-    lines: dict[str, int] | None = None,
-    facts: SoftwareFacts | None = None,
-) -> SearchSpace:
-    lines = lines or {}
-    facts = facts or SoftwareFacts()
-    problems: list[str] = []
-
-    def problem(path: str, message: str) -> None:
-        line = lines.get(path)
-        problems.append(f"{source}:{line}: {path}: {message}" if line else f"{source}: {message}")
-
-    if not isinstance(data, dict):
-        raise SpaceError(f"{source}: expected a mapping with description, device and knobs")
-    for key in sorted(set(data) - {"description", "device", "knobs"}):
-        problem(key, "unknown top-level key (expected description, device, knobs)")
-    device = data.get("device", "any")
-    if device not in DEVICES:
-        problem("device", f"{device!r} is not one of {', '.join(DEVICES)}")
-    raw_knobs = data.get("knobs")
-    if not isinstance(raw_knobs, dict) or not raw_knobs:
-        problem("knobs", "expected a mapping of knob name -> values")
-        raw_knobs = {}
-    knobs: dict[str, Knob] = {}
-    for knob_name, spec in raw_knobs.items():
-        path = f"knobs.{knob_name}"
-        if knob_name not in KNOBS:
-            problem(path, f"unknown knob (known: {', '.join(KNOBS)})")
-            continue
-        try:
-            knobs[knob_name] = _parse_knob(knob_name, spec, facts)
-        except ValueError as exc:
-            for message in str(exc).split("\n"):
-                problem(path, message)
-    for knob in knobs.values():
-        for message in _condition_problems(knob, knobs):
-            problem(f"knobs.{knob.name}", message)
-    if problems:
-        raise SpaceError(f"{len(problems)} problem(s) in {source}:\n" + "\n".join(
-            f"  - {p}" for p in problems
-        ))  # fmt: skip
-    return SearchSpace(
-        name=name,
-        description=str(data.get("description", "")),
-        device=device,
-        knobs=knobs,
-        source=source,
-    )
-
-
-def _parse_knob(name: str, spec: Any, facts: SoftwareFacts) -> Knob:
-    kind = KNOBS[name]
-    if not isinstance(spec, dict):
-        spec = {"choices": [spec]}
-    spec = dict(spec)
-    when = _parse_when(spec.pop("when", None))
-    multiple_of = spec.pop("multiple_of", BASE_MULTIPLE if name == "batch_size" else None)
-    if multiple_of is not None and name != "batch_size":
-        raise ValueError("multiple_of applies to batch_size only")
-    if multiple_of != "auto" and multiple_of is not None and not _positive_int(multiple_of):
-        raise ValueError(f"multiple_of: {multiple_of!r} is not a positive integer or auto")
-    if "choices" in spec:
-        if set(spec) != {"choices"}:
-            raise ValueError("`choices` cannot be combined with low/high/step/log")
-        choices = spec["choices"]
-        if not isinstance(choices, list) or not choices:
-            raise ValueError("choices must be a non-empty list")
-        is_range = False
-    elif kind.ranges and {"low", "high"} <= set(spec) <= {"low", "high", "step", "log"}:
-        choices = _expand_range(spec)
-        is_range = True
-    else:
-        form = "`low:`, `high:` (optional `step:`, `log:`), " if kind.ranges else ""
-        raise ValueError(f"expected {form}`choices: [...]` or a single value")
-    choices = [_normalise(name, v) for v in choices]
-    errors = [f"{v!r} is not {kind.expected}" for v in choices if not _valid(kind, v)]
-    errors += _known_name_problems(name, choices, facts)
-    if len(set(map(repr, choices))) != len(choices):
-        errors.append(f"choices repeat a value: {choices}")
-    if name == "batch_size" and not errors:
-        errors += _batch_rule_problems(choices, multiple_of, is_range)
-    if errors:
-        raise ValueError("\n".join(errors))
-    return Knob(
-        name=name,
-        choices=tuple(choices),
-        is_range=is_range,
-        multiple_of=multiple_of,
-        when=when,
-    )
-
-
-def _expand_range(spec: dict[str, Any]) -> list[int]:
-    low, high, step, log = spec["low"], spec["high"], spec.get("step", 1), spec.get("log", False)
-    if not all(_positive_int(v) or v == 0 for v in (low, high)) or not _positive_int(step):
-        raise ValueError("low, high and step must be integers (low, high >= 0, step >= 1)")
-    if high < low:
-        raise ValueError(f"high ({high}) is below low ({low})")
-    if log:  # powers of two between low and high: the usual way to walk batch sizes
-        if low == 0 or step != 1:
-            raise ValueError("log: true needs low >= 1 and no step")
-        values = []
-        value = low
-        while value <= high:
-            values.append(value)
-            value *= 2
-        return values
-    return list(range(low, high + 1, step))
-
-
-def _normalise(name: str, value: Any) -> Any:
-    # YAML 1.1 reads a bare `off` as false; for torch_compile it means "no compile".
-    return "off" if name == "torch_compile" and value is False else value
-
-
-def _valid(kind: KnobType, value: Any) -> bool:
-    # bool is an int in Python; a knob that wants integers must not accept `true`.
-    type_ok = isinstance(value, kind.kind) and not (kind.kind is int and isinstance(value, bool))
-    return type_ok and bool(kind.check(value))
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _known_name_problems(name: str, choices: list[Any], facts: SoftwareFacts) -> list[str]:
-    known = {"optim": facts.optimizer_names, "torch_compile": facts.compile_backends}.get(name)
-    if known is None:
-        return []
-    allowed = set(known) | ({"off"} if name == "torch_compile" else set())
-    problems = []
-    for value in choices:
-        if value not in allowed:
-            close = difflib.get_close_matches(str(value), sorted(allowed), n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            problems.append(f"{value!r} is not {KNOBS[name].expected} here{hint}")
-    return problems
-
-
-def _batch_rule_problems(choices: list[int], multiple_of: int | str, is_range: bool) -> list[str]:
-    base = BASE_MULTIPLE if multiple_of == "auto" else multiple_of
-    if is_range:
-        values = [v for v in choices if v % base == 0]
-        problems = [] if values else [f"no multiple of {base} between the range's low and high"]
-        if multiple_of == "auto" and not any(v % TENSOR_CORE_MULTIPLE == 0 for v in choices):
-            problems.append("multiple_of: auto needs a multiple of 64 in the range")
-        return problems
-    problems = [
-        f"batch size {v} breaks the rule: use a multiple of {base} (or 1, 2, 4)"
-        for v in choices
-        if v % base and v not in SMALL_BATCHES
-    ]
-    if multiple_of == "auto" and not any(v % TENSOR_CORE_MULTIPLE == 0 for v in choices):
-        problems.append("multiple_of: auto needs a multiple of 64 among the choices")
-    return problems
-
-
-def _parse_when(raw: Any) -> tuple[Condition, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, dict) or not raw:
-        raise ValueError("when: expected a mapping such as {torch_compile: {not: off}}")
-    conditions = []
-    for knob, values in raw.items():
-        negate = isinstance(values, dict)
-        if negate:
-            if set(values) != {"not"}:
-                raise ValueError(f"when.{knob}: expected a value, a list, or {{not: ...}}")
-            values = values["not"]
-        values = values if isinstance(values, list) else [values]
-        normalised = tuple(_normalise(str(knob), v) for v in values)
-        conditions.append(Condition(knob=str(knob), values=normalised, negate=negate))
-    return tuple(conditions)
-
-
-def _condition_problems(knob: Knob, knobs: dict[str, Knob]) -> list[str]:
-    problems = []
-    for condition in knob.when:
-        other = knobs.get(condition.knob)
-        if condition.knob not in KNOBS:
-            problems.append(f"when: {condition.knob} is not a knob")
-        elif other is None:
-            problems.append(f"when: {condition.knob} is not in this space, so it never holds")
-        elif SAMPLE_ORDER.index(condition.knob) >= SAMPLE_ORDER.index(knob.name):
-            problems.append(f"when: {condition.knob} is chosen after {knob.name}, not before")
-        elif not any(condition.holds({condition.knob: v}) for v in other.choices):
-            problems.append(
-                f"when: no value of {condition.knob} ({', '.join(map(str, other.choices))}) "
-                "satisfies it, so the knob is never used"
-            )
-    return problems

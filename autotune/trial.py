@@ -30,6 +30,11 @@ class Status(enum.StrEnum):
     SKIPPED = "skipped"
 
 
+OUT_OF_MEMORY = frozenset({Status.OOM, Status.HOST_OOM})
+MEMORY_STATUSES = OUT_OF_MEMORY | {Status.SKIPPED}
+"""No throughput, and too big for the budget: told to the sampler as infeasible."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrialSpec:
     """What one trial runs: the model, the data shape and the tuned settings."""
@@ -117,6 +122,33 @@ class TrialResult:
         if unknown:
             raise ValueError(f"unknown result fields: {sorted(unknown)}")
         return cls(**{**data, "status": Status(data["status"])})
+
+
+PROGRESS_FILE = "progress.json"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Progress:
+    """What the worker tells the parent while it runs (the trial's `progress.json`)."""
+
+    baseline_rss_bytes: int
+    """The worker's resident size before the trial built anything: the CPU watchdog's zero."""
+    schema_version: int = SCHEMA_VERSION
+
+
+def write_progress(path: Path, progress: Progress) -> None:
+    write_json_atomic(path, dataclasses.asdict(progress))
+
+
+def read_progress(path: Path) -> Progress | None:
+    """The latest progress record; None before the worker has written one."""
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"progress schema {data.get('schema_version')} != {SCHEMA_VERSION}")
+    return Progress(**data)
 
 
 def spec_to_dict(spec: TrialSpec) -> dict[str, Any]:

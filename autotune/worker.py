@@ -25,41 +25,101 @@ import torch
 import transformers
 import transformers.trainer
 
-from autotune import export, measure
+from autotune import data, knobs, measure
 from autotune.models import ModelSpec, build_model
 from autotune.processes import children_die_with_this_process
-from autotune.trial import Status, TrialResult, TrialSpec, spec_from_dict, write_json_atomic
+from autotune.trial import (
+    PROGRESS_FILE,
+    Progress,
+    Status,
+    TrialResult,
+    TrialSpec,
+    spec_from_dict,
+    write_json_atomic,
+    write_progress,
+)
 from autotune.units import GIB
-
-
-class SyntheticDataset(torch.utils.data.Dataset):
-    """Random token ids of one length, with labels the task's head expects."""
-
-    def __init__(self, *, task: str, vocab_size: int, seq_len: int, n_samples: int, seed: int):
-        generator = torch.Generator().manual_seed(seed)
-        self.input_ids = torch.randint(vocab_size, (n_samples, seq_len), generator=generator)
-        if task == "sequence-classification":
-            self.labels = torch.randint(2, (n_samples,), generator=generator)
-        elif task == "seq2seq":
-            self.labels = torch.randint(vocab_size, (n_samples, seq_len), generator=generator)
-        else:  # causal-lm shifts inside the model; masked-lm predicts every position
-            self.labels = self.input_ids
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.input_ids[i], "labels": self.labels[i]}
 
 
 class InvalidConfig(Exception):
     """The settings were refused before training started."""
 
 
-def run_trial(spec: TrialSpec, progress_path: Path) -> TrialResult:
+def train_trial(spec: TrialSpec, progress_path: Path) -> TrialResult:
+    """The trial in stages: memory baseline, arguments, model, data, timed training, result."""
     # The Trainer wants an output folder; with saving and logging off it stays empty.
     with tempfile.TemporaryDirectory(prefix="autotune-trainer-") as workdir:
-        return _train(spec, workdir, progress_path)
+        baseline_rss = _prepare(spec, progress_path)
+        started = time.perf_counter()
+        tuned_args = knobs.training_args(spec.params, device=spec.device, fields=_ARG_FIELDS)
+        args = _training_arguments(spec, tuned_args, workdir)
+        model_kwargs = knobs.model_kwargs(spec.params)
+        model = build_model(
+            ModelSpec(name=spec.model_name, source="spec", config=spec.model_config),
+            spec.task,
+            **model_kwargs,
+        )
+        samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        dataset = data.SyntheticDataset(
+            task=spec.task,
+            vocab_size=model.config.vocab_size,
+            seq_len=spec.seq_len,
+            n_samples=samples_per_step * args.max_steps,
+            seed=spec.seed,
+        )
+        on_cuda = spec.device == "cuda"
+        timer = measure.StepTimer(
+            spec.warmup_steps, torch.cuda.synchronize if on_cuda else _no_sync
+        )
+        trainer = transformers.Trainer(
+            model=model, args=args, train_dataset=dataset, callbacks=[timer]
+        )
+        build_s = time.perf_counter() - started
+
+        started = time.perf_counter()
+        output = trainer.train()
+        train_s = time.perf_counter() - started
+
+        memory = _cuda_memory() if on_cuda else _cpu_memory(baseline_rss)
+        device_name = torch.cuda.get_device_name() if on_cuda else "cpu"
+        step_times_s = timer.measured_step_times_s()
+        measured: dict[str, Any] = {
+            **memory,
+            "final_loss": output.training_loss,
+            "build_s": build_s,
+            "train_s": train_s,
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "device_name": device_name,
+            "training_args": tuned_args,
+            "model_kwargs": model_kwargs,
+            "step_times_ms": [t * 1e3 for t in step_times_s],
+        }
+        return _result(spec, timer, model, output.training_loss, samples_per_step, measured)
+
+
+_ARG_FIELDS = frozenset(f.name for f in dataclasses.fields(transformers.TrainingArguments))
+"""The installed transformers' TrainingArguments fields (names change between releases)."""
+
+
+def _prepare(spec: TrialSpec, progress_path: Path) -> int:
+    """Seeds, caches and memory accounting; returns the process's resident size before the
+    trial builds anything (the CPU memory baseline)."""
+    # torch and transformers leave millions of objects on the heap; a full garbage collection
+    # walking them in the middle of the timed window costs a step 50-100 ms. Freezing them out
+    # of the collector's view removes those pauses (and copy-on-write churn after a fork).
+    gc.freeze()
+    transformers.set_seed(spec.seed)
+    if spec.compile_cache_dir:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = spec.compile_cache_dir
+    # Every module a trial needs is imported by now (transformers.trainer at the top of this
+    # file, as the fork server preloads it), so growth past this point is the trial's own.
+    baseline_rss = psutil.Process().memory_info().rss
+    # The parent's CPU memory watchdog measures growth from here.
+    write_progress(progress_path, Progress(baseline_rss_bytes=baseline_rss))
+    if spec.device == "cuda":
+        _cap_cuda_memory(spec.memory_budget_bytes)
+        torch.cuda.reset_peak_memory_stats()
+    return baseline_rss
 
 
 def _cap_cuda_memory(budget_bytes: int | None) -> None:
@@ -73,29 +133,13 @@ def _cap_cuda_memory(budget_bytes: int | None) -> None:
         torch.cuda.set_per_process_memory_fraction(budget_bytes / total)
 
 
-def _train(spec: TrialSpec, workdir: str, progress_path: Path) -> TrialResult:
-    # torch and transformers leave millions of objects on the heap; a full garbage collection
-    # walking them in the middle of the timed window costs a step 50-100 ms. Freezing them out
-    # of the collector's view removes those pauses (and copy-on-write churn after a fork).
-    gc.freeze()
-    transformers.set_seed(spec.seed)
-    on_cuda = spec.device == "cuda"
-    if spec.compile_cache_dir:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = spec.compile_cache_dir
-    # Every module a trial needs is imported by now (transformers.trainer at the top of this
-    # file, as the fork server preloads it), so growth past this point is the trial's own.
-    baseline_rss = psutil.Process().memory_info().rss
-    # The parent's CPU memory watchdog measures growth from here.
-    write_json_atomic(progress_path, {"baseline_rss_bytes": baseline_rss})
-    if on_cuda:
-        _cap_cuda_memory(spec.memory_budget_bytes)
-        torch.cuda.reset_peak_memory_stats()
-
-    started = time.perf_counter()
-    fields = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
-    tuned_args = export.training_args(spec.params, device=spec.device, fields=fields)
+def _training_arguments(
+    spec: TrialSpec, tuned_args: dict[str, Any], workdir: str
+) -> transformers.TrainingArguments:
+    """The tuned arguments plus what every trial runs with: a fixed number of steps, no saving,
+    logging, progress bars or trackers."""
     try:
-        args = transformers.TrainingArguments(
+        return transformers.TrainingArguments(
             output_dir=workdir,
             max_steps=spec.warmup_steps + spec.measure_steps,
             save_strategy="no",
@@ -108,68 +152,44 @@ def _train(spec: TrialSpec, workdir: str, progress_path: Path) -> TrialResult:
     except (ValueError, ImportError) as exc:  # TrainingArguments validates combinations here
         raise InvalidConfig(f"TrainingArguments refused the settings: {exc}") from exc
 
-    model_kwargs = export.model_kwargs(spec.params)
-    model = build_model(
-        ModelSpec(name=spec.model_name, source="spec", config=spec.model_config),
-        spec.task,
-        **model_kwargs,
-    )
-    samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
-    dataset = SyntheticDataset(
-        task=spec.task,
-        vocab_size=model.config.vocab_size,
-        seq_len=spec.seq_len,
-        n_samples=samples_per_step * args.max_steps,
-        seed=spec.seed,
-    )
-    timer = measure.StepTimer(spec.warmup_steps, torch.cuda.synchronize if on_cuda else _no_sync)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer])
-    build_s = time.perf_counter() - started
 
-    started = time.perf_counter()
-    output = trainer.train()
-    train_s = time.perf_counter() - started
-
-    if on_cuda:
-        memory = _cuda_memory()
-        device_name = torch.cuda.get_device_name()
-    else:
-        memory = {"peak_memory_gib": (measure.peak_rss_bytes() - baseline_rss) / GIB}
-        device_name = "cpu"
+def _result(
+    spec: TrialSpec,
+    timer: measure.StepTimer,
+    model: Any,
+    loss: float,
+    samples_per_step: int,
+    measured: dict[str, Any],
+) -> TrialResult:
+    """The verdict, and for an `ok` trial throughput, compile time and MFU."""
     step_times_s = timer.measured_step_times_s()
-    common: dict[str, Any] = {
-        **memory,
-        "final_loss": output.training_loss,
-        "build_s": build_s,
-        "train_s": train_s,
-        "n_params": sum(p.numel() for p in model.parameters()),
-        "device_name": device_name,
-        "training_args": tuned_args,
-        "model_kwargs": model_kwargs,
-        "measured_steps": len(step_times_s),
-        "step_times_ms": [t * 1e3 for t in step_times_s],
-    }
-    status, reason = judge(len(step_times_s), spec.measure_steps, output.training_loss)
+    status, reason = verdict(len(step_times_s), spec.measure_steps, loss)
     if status is not Status.OK:
-        return TrialResult(status=status, reason=reason, **common)
+        return TrialResult(
+            status=status, reason=reason, measured_steps=len(step_times_s), **measured
+        )
     stats = measure.throughput(
         step_times_s, samples_per_step=samples_per_step, seq_len=spec.seq_len
     )
-    del common["measured_steps"]
-    compiling = spec.params.get("torch_compile", "off") != "off"
-    median_s = stats.step_time_median_ms / 1e3
+    compile_s = None
+    if knobs.is_compiled(spec.params):
+        compile_s = measure.compile_s(timer.warmup_step_times_s(), stats.step_time_median_ms / 1e3)
     flops = measure.flops_per_sample(model, spec.seq_len)
     peak = spec.peak_tflops or measure.peak_tflops(
-        device_name, spec.params.get("precision", "fp32")
+        measured["device_name"], spec.params.get("precision", "fp32")
     )
     return TrialResult(
         status=Status.OK,
-        **common,
+        **measured,
         **dataclasses.asdict(stats),
-        compile_s=measure.compile_s(timer.warmup_step_times_s(), median_s) if compiling else None,
+        compile_s=compile_s,
         flops_per_sample=flops,
         mfu=stats.samples_per_s * flops / (peak * 1e12) if peak else None,
     )
+
+
+def _cpu_memory(baseline_rss: int) -> dict[str, Any]:
+    return {"peak_memory_gib": (measure.peak_rss_bytes() - baseline_rss) / GIB}
 
 
 def _cuda_memory() -> dict[str, Any]:
@@ -200,7 +220,7 @@ def _nvml_used_bytes() -> int | None:
     return None  # our pid is not visible (e.g. another PID namespace)
 
 
-def judge(measured_steps: int, planned_steps: int, loss: float) -> tuple[Status, str]:
+def verdict(measured_steps: int, planned_steps: int, loss: float) -> tuple[Status, str]:
     """A finished training run is `ok` only with every planned step timed and a finite loss."""
     if measured_steps < planned_steps:
         return Status.ERROR, f"only {measured_steps} of {planned_steps} measured steps ran"
@@ -228,7 +248,7 @@ def main(argv: list[str]) -> int:
     spec_path, result_path = Path(argv[0]), Path(argv[1])
     spec = spec_from_dict(json.loads(spec_path.read_text()))
     try:
-        result = run_trial(spec, result_path.parent / "progress.json")
+        result = train_trial(spec, result_path.parent / PROGRESS_FILE)
     except torch.OutOfMemoryError as exc:
         result = _failure(Status.OOM, exc)
     except InvalidConfig as exc:

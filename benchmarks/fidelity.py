@@ -23,13 +23,11 @@ import torch
 import transformers
 
 from autotune import measure
+from autotune.data import SyntheticDataset
 from autotune.models import ModelSpec, build_model
-from autotune.pareto import study_picks
-from autotune.records import RunInfo
-from autotune.study import load_study_dir
-from autotune.worker import SyntheticDataset
-
-GIB = 1024**3
+from autotune.records import read_snapshot
+from autotune.storage import load_study_dir
+from autotune.units import GIB
 
 
 def main() -> None:
@@ -40,9 +38,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    study = load_study_dir(args.study_dir, None, None)
-    info = RunInfo.of(study)
-    picked = study_picks(study, info).fastest
+    snapshot = read_snapshot(load_study_dir(args.study_dir, None, None))
+    info = snapshot.info
+    picked = snapshot.picks.fastest
     if picked is None:
         raise SystemExit("the study has no recommended trial")
     searched = picked.result

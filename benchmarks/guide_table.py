@@ -19,7 +19,7 @@ from pathlib import Path
 
 from autotune.hardware import probe
 from autotune.models import resolve_model
-from autotune.runner import ForkserverLauncher, run_trial
+from autotune.runner import ForkserverLauncher, launch_trial
 from autotune.trial import Status, TrialSpec
 
 # (label, knobs, guide samples/s, guide GB) from the guide's V100 table.
@@ -74,7 +74,7 @@ def main() -> None:
                 params=params(knobs), warmup_steps=args.warmup_steps,
                 measure_steps=args.measure_steps, seed=0,
             )  # fmt: skip
-            result = run_trial(spec, Path(work) / str(number), timeout_s=args.timeout_s,
+            result = launch_trial(spec, Path(work) / str(number), timeout_s=args.timeout_s,
                                launcher=launcher)  # fmt: skip
             rows.append((label, guide_speed, guide_gb, result))
             print(f"{label}: {result.status.value} {result.samples_per_s} samples/s "

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import optuna
 
-from autotune.capabilities import apply_rules, fit_space
+from autotune.capabilities import apply_sampling_rules, fit_space
 from autotune.hardware import DeviceInfo
 from autotune.pareto import hypervolume
-from autotune.space import SamplingRules, SoftwareFacts, load_space
+from autotune.space import SamplingRules
+from autotune.space_file import SoftwareFacts, load_space
 
 PARAMS = 335e6
 BUDGET_GB = 80.0
@@ -88,7 +89,7 @@ def sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampler:
 def run(name: str, seed: int, trials: int) -> float:
     space = fit_space(load_space("default", SoftwareFacts()), "cuda", H100)
     rules = SamplingRules(tensor_core_64=True)
-    space = apply_rules(space, rules)
+    space = apply_sampling_rules(space, rules)
     study = optuna.create_study(
         directions=["maximize", "minimize"], sampler=sampler(name, seed, trials)
     )

@@ -12,12 +12,15 @@ from autotune import __version__
 from autotune.cli import catalog, results, search
 from autotune.cli._console import errors
 from autotune.errors import AutotuneError
+from autotune.runner import Launcher
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, launcher: Launcher | None = None) -> int:
+    """`launcher` starts the search's workers (default: the fork server); tests inject one."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own lines say what happens
     parser = _parser()
     args = parser.parse_args(argv)
+    args.launcher = launcher
     if args.command is None:
         parser.print_help()
         return 2

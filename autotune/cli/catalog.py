@@ -10,7 +10,7 @@ from autotune import hardware
 from autotune.cli._console import console
 from autotune.errors import AutotuneError, SpaceError
 from autotune.models import catalogue_names, count_parameters, resolve_model
-from autotune.space import SoftwareFacts, load_space, shipped_names
+from autotune.space_file import SoftwareFacts, load_space, shipped_names
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:

@@ -10,12 +10,11 @@ from autotune import export
 from autotune.cli._console import console
 from autotune.config import ExportConfig, ReportConfig, help_rows, load_config
 from autotune.errors import StudyError
-from autotune.outputs import write_outputs
-from autotune.pareto import study_picks
-from autotune.records import RunInfo, load_records
-from autotune.study import load_study_dir
+from autotune.records import read_snapshot
+from autotune.storage import load_study_dir
+from autotune.study_folder import write_study_folder
 from autotune.trial import Status
-from autotune.units import GIB, format_bytes, format_gib
+from autotune.units import format_bytes, format_gib
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -43,34 +42,31 @@ def _report(args: argparse.Namespace) -> int:
     config = load_config(args.overrides, ReportConfig)
     study = load_study_dir(args.study_dir, config.storage, config.study)
     with console.status("building the report"):
-        outputs = write_outputs(RunInfo.of(study), study, args.study_dir)
-    console.print("wrote " + ", ".join(str(p) for p in outputs.paths), soft_wrap=True)
+        paths = write_study_folder(read_snapshot(study), args.study_dir)
+    console.print("wrote " + ", ".join(str(p) for p in paths), soft_wrap=True)
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
     config = load_config(args.overrides, ExportConfig)
-    study = load_study_dir(args.study_dir, config.storage, config.study)
-    info = RunInfo.of(study)
-    records = {r.number: r for r in load_records(study)}
+    snapshot = read_snapshot(load_study_dir(args.study_dir, config.storage, config.study))
+    info = snapshot.info
     if config.trial is None:
-        record = study_picks(study, info).fastest
+        record = snapshot.picks.fastest
         if record is None:
             raise StudyError("no trial to recommend in this study; pick one with trial=N")
-    elif config.trial not in records:
+    elif (record := snapshot.record(config.trial)) is None:
         raise StudyError(f"trial={config.trial}: no finished trial with that number")
-    else:
-        record = records[config.trial]
-        if record.status is not Status.OK:
-            raise StudyError(
-                f"trial={record.number} is {record.status.value} ({record.result.reason}): "
-                "it has no measured settings to export"
-            )
-        if record.result.peak_memory_gib > info.memory_budget_bytes / GIB:
-            raise StudyError(
-                f"trial={record.number} is infeasible: its peak "
-                f"{format_gib(record.result.peak_memory_gib)} exceeds the memory budget "
-                f"{format_bytes(info.memory_budget_bytes)}"
-            )
+    elif record.status is not Status.OK:
+        raise StudyError(
+            f"trial={record.number} is {record.status.value} ({record.result.reason}): "
+            "it has no measured settings to export"
+        )
+    elif record.result.peak_memory_gib > info.memory_budget_gib:
+        raise StudyError(
+            f"trial={record.number} is infeasible: its peak "
+            f"{format_gib(record.result.peak_memory_gib)} exceeds the memory budget "
+            f"{format_bytes(info.memory_budget_bytes)}"
+        )
     sys.stdout.write(export.render(config.format, info=info, record=record))
     return 0

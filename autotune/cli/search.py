@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import textwrap
+from pathlib import Path
 
 import optuna
 from rich.markup import escape
@@ -13,10 +14,13 @@ from rich.table import Table
 from autotune import hardware
 from autotune.cli._console import Reporter, console
 from autotune.config import help_rows, load_config
-from autotune.outputs import SearchOutputs, write_outputs
+from autotune.knobs import describe_params
 from autotune.plan import SearchPlan, make_plan
-from autotune.records import TrialRecord, describe_params, load_records
-from autotune.study import locked_study, retry_interrupted, run_search
+from autotune.records import StudySnapshot, TrialRecord, load_records, read_snapshot
+from autotune.runner import Launcher
+from autotune.storage import locked_study
+from autotune.study import retry_interrupted, run_search
+from autotune.study_folder import write_study_folder
 from autotune.trial import Status
 from autotune.units import format_bytes, format_gib
 
@@ -61,12 +65,14 @@ def run(args: argparse.Namespace) -> int:
         device_info = hardware.probe()
     plan = make_plan(config, device_info)
     with locked_study(plan) as (study, plan):
-        outputs = _search(report, plan, study)
-    _print_outputs(report, plan, outputs)
-    return 0 if outputs.picks.fastest is not None else NOTHING_TO_RECOMMEND
+        snapshot, paths = _search(report, plan, study, args.launcher)
+    _print_outputs(report, plan, snapshot, paths)
+    return 0 if snapshot.picks.fastest is not None else NOTHING_TO_RECOMMEND
 
 
-def _search(report: Reporter, plan: SearchPlan, study: optuna.Study) -> SearchOutputs:
+def _search(
+    report: Reporter, plan: SearchPlan, study: optuna.Study, launcher: Launcher | None
+) -> tuple[StudySnapshot, list[Path]]:
     config = plan.config
     report.open_log(plan.study_dir / "search.log")
     _print_plan(report, plan)
@@ -98,22 +104,23 @@ def _search(report: Reporter, plan: SearchPlan, study: optuna.Study) -> SearchOu
 
     try:
         with progress:
-            stopped = run_search(plan, study, on_trial_end=on_trial_end)
+            stopped = run_search(plan, study, on_trial_end=on_trial_end, launcher=launcher)
         report.line(f"search ended: {stopped}")
     finally:
         # Ctrl-C included: what finished is written before the process ends.
-        outputs = write_outputs(plan.run_info(), study, plan.study_dir)
-    return outputs
+        snapshot = read_snapshot(study)
+        paths = write_study_folder(snapshot, plan.study_dir)
+    return snapshot, paths
 
 
 def _print_plan(report: Reporter, plan: SearchPlan) -> None:
     report.line(
         f"study [bold]{escape(plan.study_name)}[/]: {escape(plan.model.name)} ({plan.task}), "
-        f"seq_len {plan.config.seq_len}, {plan.device} ({escape(plan.device_name)}), space "
+        f"seq_len {plan.config.seq_len}, {plan.device} ({escape(plan.info.device_name)}), space "
         f"{escape(plan.space.name)}, budget {format_bytes(plan.memory_budget_bytes)}, "
         f"{plan.config.n_trials} trials -> {escape(str(plan.study_dir))}"
     )
-    report.line(f"batch: {plan.batch_mode}")
+    report.line(f"batch: {plan.info.batch_mode}")
     for note in plan.space.notes:
         report.line(f"[yellow]note:[/] {note}")
 
@@ -130,12 +137,14 @@ def _trial_line(record: TrialRecord, done: int, total: int) -> str:
     return f"{head}: {escape(r.reason)}"
 
 
-def _print_outputs(report: Reporter, plan: SearchPlan, outputs: SearchOutputs) -> None:
-    picks = outputs.picks
+def _print_outputs(
+    report: Reporter, plan: SearchPlan, snapshot: StudySnapshot, paths: list[Path]
+) -> None:
+    picks = snapshot.picks
     table = Table(title="Pareto front (fastest first)")
     for column in ("trial", "settings", "samples/s", "x baseline", "peak GiB", "MFU", "step CV"):
         table.add_column(column, justify="left" if column == "settings" else "right")
-    for record in outputs.front:
+    for record in snapshot.front:
         r = record.result
         marks = ((picks.fastest, " *"), (picks.saver, " m"))
         mark = "".join(m for pick, m in marks if pick is not None and pick.number == record.number)
@@ -155,7 +164,7 @@ def _print_outputs(report: Reporter, plan: SearchPlan, outputs: SearchOutputs) -
         report.line("[yellow]the HF defaults did not run here, so there is no speedup figure[/]")
     if picks.fastest is None:
         report.line(
-            f"[yellow]no successful trial stays below {format_gib(outputs.memory_limit_gib)} "
+            f"[yellow]no successful trial stays below {format_gib(snapshot.info.memory_limit_gib)} "
             f"(budget less headroom): nothing to recommend (exit code {NOTHING_TO_RECOMMEND})[/]"
         )
     else:
@@ -164,12 +173,12 @@ def _print_outputs(report: Reporter, plan: SearchPlan, outputs: SearchOutputs) -
             f"recommended (*): {picks.describe(fastest)}: {describe_params(fastest.params)}"
         )
         if saver.number == fastest.number:
-            report.line("memory saver (m): the same trial: nothing within 10% uses less memory")
+            report.line(f"memory saver (m): {picks.describe_saver()}")
         else:
             report.line(
                 f"memory saver (m): {picks.describe(saver)}: {describe_params(saver.params)}"
             )
-    report.line(always=True, markup="wrote " + ", ".join(str(p) for p in outputs.paths))
+    report.line(always=True, markup="wrote " + ", ".join(str(p) for p in paths))
 
 
 def _times(speedup: float | None) -> str:

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 import optuna
 
+from autotune.knobs import describe_params
 from autotune.pareto import Picks, hypervolume
-from autotune.records import RunInfo, TrialRecord, describe_params
-from autotune.trial import Status
-from autotune.units import GIB, format_gib
+from autotune.records import RunInfo, StudySnapshot, TrialRecord
+from autotune.trial import MEMORY_STATUSES, Status
+from autotune.units import format_gib
 
 POINT_KINDS = ("front", "dominated", "over budget", "oom", "skipped")
 
@@ -71,23 +72,16 @@ class ReportData:
 
 
 def build_report_data(
-    *,
-    info: RunInfo,
-    records: list[TrialRecord],
-    front: list[TrialRecord],
-    picks: Picks,
-    search_s: float | None,
-    code: str = "",
-    cli_flags: str = "",
+    snapshot: StudySnapshot, *, code: str = "", cli_flags: str = ""
 ) -> ReportData:
-    budget_gib = info.memory_budget_bytes / GIB
-    limit_gib = budget_gib * (1 - info.headroom)
+    info, records, picks = snapshot.info, snapshot.records, snapshot.picks
+    budget_gib, limit_gib = info.memory_budget_gib, info.memory_limit_gib
     ok = [r for r in records if r.status is Status.OK]
     return ReportData(
         title=f"autotune: {info.model} on {info.device_name}",
-        summary=_summary(info, records, picks, search_s, budget_gib, limit_gib),
+        summary=_summary(info, records, picks, snapshot.search_s, budget_gib, limit_gib),
         notes=list(info.space_notes),
-        points=_points(records, front, picks, budget_gib),
+        points=_points(records, snapshot.front, picks, budget_gib),
         memory_budget_gib=budget_gib,
         memory_limit_gib=limit_gib,
         parallel=_parallel(ok),
@@ -163,7 +157,7 @@ def _points(
             over = r.result.peak_memory_gib > budget_gib
             kind = "over budget" if over else "front" if r.number in front_numbers else "dominated"
             x, y = r.result.peak_memory_gib, r.result.samples_per_s
-        elif r.status in (Status.OOM, Status.HOST_OOM, Status.SKIPPED):
+        elif r.status in MEMORY_STATUSES:
             # No throughput: drawn on the x axis at the budget they hit (or their last reading).
             kind = "skipped" if r.status is Status.SKIPPED else "oom"
             x, y = max(r.result.peak_memory_gib or budget_gib, budget_gib), 0.0

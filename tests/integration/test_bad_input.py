@@ -2,15 +2,11 @@
 nothing to recommend exits 3. Through the real command line, with a stand-in worker."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-from autotune import cli, hardware, runner
-from tests.conftest import TINY_MODEL
-
-FAKE = str(Path(__file__).parents[1] / "unit" / "fakes" / "worker.py")
+from autotune import cli, hardware
+from tests.conftest import TINY_MODEL, fake_launcher
 
 
 @pytest.fixture(scope="module")
@@ -19,15 +15,17 @@ def device_info():
 
 
 @pytest.fixture(autouse=True)
-def fast(monkeypatch, device_info):
-    """The real probe once per module; trials by the stand-in worker."""
+def probe_once(monkeypatch, device_info):
+    """The real probe, once per module."""
     monkeypatch.setattr(hardware, "probe", lambda: device_info)
-    launcher = runner.CommandLauncher((sys.executable, FAKE, "ok"))
-    monkeypatch.setattr(runner, "ForkserverLauncher", lambda: launcher)
 
 
 def search(*overrides: str) -> int:
-    return cli.main(["search", f"model={TINY_MODEL}", "seq_len=32", "study=s", *overrides])
+    """A search whose trials the stand-in worker runs."""
+    return cli.main(
+        ["search", f"model={TINY_MODEL}", "seq_len=32", "study=s", *overrides],
+        launcher=fake_launcher("ok"),
+    )
 
 
 def error_of(capsys) -> str:

@@ -14,13 +14,13 @@ import psutil
 import pytest
 
 from autotune.oom_killer import OomWitness
-from autotune.runner import CommandLauncher, run_trial
+from autotune.runner import CommandLauncher, launch_trial
 from autotune.study_lock import StudyLock
 from autotune.trial import Status, TrialSpec
+from tests.conftest import FAKE_WORKER as FAKE
 from tests.conftest import TINY_MODEL
 
 pytestmark = pytest.mark.slow
-FAKE = str(Path(__file__).parents[1] / "unit" / "fakes" / "worker.py")
 LOADER_SPACE = """
 description: one config whose trial reads batches through two DataLoader worker processes
 device: any
@@ -214,7 +214,7 @@ def test_a_worker_the_kernel_oom_killer_ends_is_host_oom_with_the_evidence(tmp_p
         warmup_steps=1, measure_steps=2, seed=0,
     )  # fmt: skip
     try:
-        result = run_trial(
+        result = launch_trial(
             spec, tmp_path, timeout_s=60, launcher=InCgroup((sys.executable, FAKE, "hog"), group),
             oom_witness=OomWitness.watch,
         )  # fmt: skip

@@ -16,9 +16,10 @@ import pytest
 
 from autotune.models import resolve_model
 from autotune.records import PARAMS_ATTR, RESULT_ATTR
-from autotune.runner import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, run_trial
+from autotune.runner import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
 from autotune.study import RETRY_OF_ATTR
 from autotune.trial import Status, TrialSpec
+from tests.benchmarking import up_to_three_attempts
 from tests.conftest import TINY_MODEL
 
 pytestmark = pytest.mark.slow
@@ -80,11 +81,13 @@ def test_over_budget_batches_are_oom_and_larger_ones_after_an_oom_are_skipped(tm
     assert "skipped" in status.values(), "seed 0 runs a larger batch after a smaller OOM"
 
 
+@pytest.mark.benchmark
+@up_to_three_attempts
 def test_two_identical_trials_agree_within_ten_percent(tmp_path):
     launcher = ForkserverLauncher()
     specs = [dataclasses.replace(tiny_spec(n), warmup_steps=3, measure_steps=10) for n in range(3)]
     runs = [
-        run_trial(s, tmp_path / str(s.trial_number), timeout_s=120, launcher=launcher)
+        launch_trial(s, tmp_path / str(s.trial_number), timeout_s=120, launcher=launcher)
         for s in specs
     ]
     a, b = runs[1], runs[2]  # the first pays the fork server's start
@@ -168,16 +171,18 @@ def tiny_spec(number: int) -> TrialSpec:
     )  # fmt: skip
 
 
+@pytest.mark.benchmark
+@up_to_three_attempts
 def test_forked_trials_start_far_faster_than_a_cold_process(tmp_path):
     forked = ForkserverLauncher()
     overheads = []
     for number in range(4):
-        result = run_trial(
+        result = launch_trial(
             tiny_spec(number), tmp_path / str(number), timeout_s=120, launcher=forked
         )
         assert result.status is Status.OK, result.reason
         overheads.append(result.overhead_s)
-    cold = run_trial(
+    cold = launch_trial(
         tiny_spec(9), tmp_path / "cold", timeout_s=120, launcher=CommandLauncher(WORKER_COMMAND)
     )
     assert cold.status is Status.OK, cold.reason
@@ -188,6 +193,8 @@ def test_forked_trials_start_far_faster_than_a_cold_process(tmp_path):
     assert cold.overhead_s > 3 * warm_median
 
 
+@pytest.mark.benchmark
+@up_to_three_attempts
 def test_compiled_trials_share_the_study_inductor_cache(tmp_path):
     cache = tmp_path / "inductor-cache"
     launcher = ForkserverLauncher()
@@ -199,9 +206,24 @@ def test_compiled_trials_share_the_study_inductor_cache(tmp_path):
             params={**spec.params, "torch_compile": "inductor"},
             compile_cache_dir=str(cache),
         )
-        result = run_trial(compiled, tmp_path / str(number), timeout_s=300, launcher=launcher)
+        result = launch_trial(compiled, tmp_path / str(number), timeout_s=300, launcher=launcher)
         assert result.status is Status.OK, result.reason
         walls.append(result.wall_s)
     assert any(cache.iterdir()), "the compile cache stayed empty"
     print(f"compiled trial wall_s: cold cache {walls[0]:.1f}, warm cache {walls[1]:.1f}")
     assert walls[1] < 0.7 * walls[0]
+
+
+def test_knobs_added_through_the_catalogue_alone_reach_a_real_trial(tmp_path):
+    spec = tiny_spec(0)
+    params = {
+        **spec.params, "gradient_checkpointing": True, "checkpointing_reentrant": False,
+        "torch_empty_cache_steps": 2,
+    }  # fmt: skip
+    result = launch_trial(
+        dataclasses.replace(spec, params=params), tmp_path, timeout_s=120,
+        launcher=CommandLauncher(WORKER_COMMAND),
+    )  # fmt: skip
+    assert result.status is Status.OK, result.reason
+    assert result.training_args["activation_checkpointing_kwargs"] == {"use_reentrant": False}
+    assert result.training_args["torch_empty_cache_steps"] == 2

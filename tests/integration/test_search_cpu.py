@@ -15,6 +15,7 @@ import transformers
 import yaml
 
 from autotune.records import RunInfo
+from tests.benchmarking import up_to_three_attempts
 from tests.conftest import TINY_MODEL
 
 pytestmark = pytest.mark.slow
@@ -246,6 +247,8 @@ def test_report_is_rebuilt_from_the_study_storage_alone(search, tmp_path):
     assert (copy / "trials.csv").read_text() == (study_dir / "trials.csv").read_text()
 
 
+@pytest.mark.benchmark
+@up_to_three_attempts
 def test_fidelity_script_reruns_the_recommendation_in_a_plain_trainer(search, tmp_path):
     _, _, study_dir = search
     out = tmp_path / "fidelity.json"

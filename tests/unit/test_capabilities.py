@@ -10,18 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.training_args import OptimizerNames
 
-from autotune.capabilities import apply_rules, fit_space
+from autotune.capabilities import apply_sampling_rules, fit_space
 from autotune.errors import SpaceError
-from autotune.export import training_args
 from autotune.hardware import DeviceInfo
-from autotune.space import (
-    SMALL_BATCHES,
-    SamplingRules,
-    SoftwareFacts,
-    load_space,
-    multiple_for,
-    shipped_names,
-)
+from autotune.knobs import training_args
+from autotune.space import SMALL_BATCHES, SamplingRules, multiple_for
+from autotune.space_file import SoftwareFacts, load_space, shipped_names
 
 FACTS = SoftwareFacts(
     optimizer_names=tuple(o.value for o in OptimizerNames),
@@ -63,7 +57,7 @@ COMBINATIONS = [
 def fitted(space_name, profile, effective):
     device, info = PROFILES[profile]
     rules = SamplingRules(effective_batch_size=effective, tensor_core_64=info.tensor_core_64)
-    space = apply_rules(fit_space(load_space(space_name, FACTS), device, info), rules)
+    space = apply_sampling_rules(fit_space(load_space(space_name, FACTS), device, info), rules)
     return space, rules, device
 
 

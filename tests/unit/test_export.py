@@ -7,7 +7,8 @@ import pytest
 import transformers
 
 from autotune.errors import StudyError
-from autotune.export import render_cli, render_script, training_args
+from autotune.export import render_cli, render_script
+from autotune.knobs import training_args
 from autotune.records import RunInfo, TrialRecord
 from autotune.trial import Status, TrialResult
 
@@ -47,7 +48,7 @@ def test_cpu_runs_say_so_and_build_without_deprecation_warnings(recwarn):
 
 
 def test_compile_pin_memory_and_attention_map_to_their_fields():
-    from autotune.export import model_kwargs
+    from autotune.knobs import model_kwargs
 
     params = {
         "torch_compile": "inductor",
@@ -101,7 +102,7 @@ def run_info(text: str) -> RunInfo:
         "study": text,
         "model": text,
         "model_config": {"model_type": "bert", "vocab_size": 64, text: text, "nested": [text]},
-        "task": text,
+        "task": "causal-lm",  # a hostile task is refused outright: see below
         "seq_len": 32,
         "device": text,
         "device_name": text,
@@ -150,6 +151,13 @@ def test_hostile_names_reach_the_script_only_as_string_constants(text):
     assert text not in (ast.get_docstring(tree) or "")
     constants = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
     assert {text, 123.456, 1.5, 32, 3} <= constants  # the facts are there, as data
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_a_task_autotune_does_not_train_is_refused(text):
+    info = dataclasses.replace(run_info("x"), task=text)
+    with pytest.raises(StudyError, match="not a task autotune trains"):
+        render_script(info, trial_record("x"))
 
 
 def test_values_that_are_no_python_literal_are_refused():

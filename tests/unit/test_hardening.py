@@ -13,8 +13,9 @@ from autotune.config import load_config
 from autotune.errors import ConfigError, StudyError
 from autotune.hardware import DeviceInfo
 from autotune.plan import default_study_name, make_plan
-from autotune.records import RUN_ATTR, RunInfo
-from autotune.study import INTERRUPTED_RESULT, OWNER_ATTR, locked_study, retry_interrupted
+from autotune.records import OWNER_ATTR, RUN_ATTR, RunInfo
+from autotune.storage import locked_study
+from autotune.study import INTERRUPTED_RESULT, retry_interrupted
 from autotune.study_lock import StudyLock
 from autotune.units import format_bytes, format_gib
 from tests.conftest import TINY_MODEL

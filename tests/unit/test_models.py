@@ -3,7 +3,7 @@ import json
 import pytest
 
 from autotune.errors import ModelNotFoundError
-from autotune.models import catalogue_names, count_parameters, resolve_model
+from autotune.models import catalogue_names, resolve_model
 
 REQUIRED = [
     "bert-base-uncased",
@@ -40,13 +40,6 @@ def test_default_task_and_sequence_limit(name, task, max_seq_len):
     spec = resolve_model(name)
     assert spec.default_task == task
     assert spec.max_seq_len == max_seq_len
-
-
-def test_parameter_counts_on_the_meta_device():
-    counts = count_parameters(["bert-large-uncased", "TinyLlama/TinyLlama-1.1B-Chat-v1.0"])
-    # bert-large with a 2-label classification head: 335,143,938 parameters.
-    assert 334e6 < counts["bert-large-uncased"] < 336e6
-    assert 1.09e9 < counts["TinyLlama/TinyLlama-1.1B-Chat-v1.0"] < 1.11e9
 
 
 def test_a_local_folder_with_config_json(tmp_path):

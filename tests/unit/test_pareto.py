@@ -1,10 +1,19 @@
 import optuna
 import pytest
 
-from autotune.pareto import GIB, memory_limit_gib, pareto_front, pick
-from autotune.records import BASELINE_ATTR, PARAMS_ATTR, RESULT_ATTR, record_of
-from autotune.study import _tell
+from autotune.pareto import pick
+from autotune.records import (
+    BASELINE_ATTR,
+    PARAMS_ATTR,
+    RESULT_ATTR,
+    RunInfo,
+    read_snapshot,
+    record_of,
+    store_run_info,
+    tell_result,
+)
 from autotune.trial import Status, TrialResult
+from autotune.units import GIB
 
 BUDGET_GIB = 10.0
 
@@ -23,8 +32,21 @@ def study_with(outcomes):
             )
         trial.set_user_attr(PARAMS_ATTR, {"batch_size": 8 * (i + 1)})
         trial.set_user_attr(BASELINE_ATTR, i == 0)
-        _tell(study, trial, result, BUDGET_GIB)
+        tell_result(study, trial, result, BUDGET_GIB)
+    store_run_info(study, info(headroom=0.1))
     return study
+
+
+def info(headroom):
+    return RunInfo(
+        study="s", model="m", model_config={}, task="t", seq_len=8, device="cpu",
+        device_name="cpu", space="cpu", space_notes=[], effective_batch_size=None,
+        memory_budget_bytes=int(BUDGET_GIB * GIB), headroom=headroom, noise_cv=0.1,
+    )  # fmt: skip
+
+
+def pareto_front(study):
+    return read_snapshot(study).front
 
 
 def test_front_holds_only_non_dominated_feasible_trials_fastest_first():
@@ -64,5 +86,11 @@ def test_no_speedup_when_the_baseline_ran_out_of_memory():
 
 
 def test_memory_limit_leaves_the_headroom():
-    assert memory_limit_gib(10 * GIB, 0.1) == pytest.approx(9.0)
+    assert info(headroom=0.1).memory_limit_gib == pytest.approx(9.0)
     assert RESULT_ATTR in study_with([(1, 1)]).trials[0].user_attrs
+
+
+def test_the_snapshot_front_is_optunas_best_trials():
+    study = study_with([(100, 4.0), (80, 2.0), (90, 5.0), Status.OOM, (120, 8.0), (80, 2.0)])
+    optuna_front = {t.number for t in study.best_trials}
+    assert {r.number for r in pareto_front(study)} == optuna_front == {0, 1, 4, 5}

@@ -2,7 +2,8 @@ import optuna
 import pytest
 
 from autotune.errors import SpaceError
-from autotune.space import SamplingRules, SoftwareFacts, load_space, parse_space, shipped_names
+from autotune.space import SamplingRules
+from autotune.space_file import SoftwareFacts, load_space, parse_space, shipped_names
 
 FACTS = SoftwareFacts(
     optimizer_names=("adamw_torch", "adamw_torch_fused", "adafactor", "sgd"),

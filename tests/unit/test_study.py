@@ -1,17 +1,14 @@
-import csv
-import sys
-from pathlib import Path
-
 import optuna
 import pytest
 
-from autotune import cli, runner
+from autotune.checks import as_hungry_as_an_oom
 from autotune.config import load_config
 from autotune.errors import ConfigError
 from autotune.hardware import DeviceInfo
-from autotune.plan import baseline_params, make_plan
-from autotune.records import PARAMS_ATTR, RESULT_ATTR
-from autotune.study import at_least_as_hungry, doomed_by, make_sampler
+from autotune.knobs import at_least_as_hungry, baseline_params
+from autotune.plan import make_plan
+from autotune.records import TrialRecord
+from autotune.study import make_sampler
 from autotune.trial import Status, TrialResult
 from tests.conftest import TINY_MODEL
 
@@ -38,21 +35,19 @@ def test_checkpointing_off_is_hungrier_than_an_oom_that_had_it_on():
     assert at_least_as_hungry({**OOM, "gradient_checkpointing": False, "batch_size": 48}, oom)
 
 
-def frozen(number, params, status):
-    trial = optuna.trial.create_trial(
-        state=optuna.trial.TrialState.COMPLETE,
-        values=[0.0, 1.0],
-        user_attrs={PARAMS_ATTR: params, RESULT_ATTR: TrialResult(status=status).to_dict()},
+def record(number, params, status):
+    return TrialRecord(number=number, params=params, result=TrialResult(status=status))
+
+
+def test_a_config_as_hungry_as_an_oom_is_skipped_naming_that_trial():
+    records = [record(3, OOM, Status.ERROR), record(5, OOM, Status.OOM)]
+    skip = as_hungry_as_an_oom({**OOM, "batch_size": 64}, records)
+    assert skip.reason == "at least as memory-hungry as trial 5, which ran out of memory"
+    assert skip.repeat_of is None  # recorded as skipped, not told as a repeat
+    assert as_hungry_as_an_oom({**OOM, "batch_size": 8}, records) is None
+    assert as_hungry_as_an_oom(OOM, [record(7, OOM, Status.HOST_OOM)]).reason.endswith(
+        "trial 7, which ran out of memory"
     )
-    trial.number = number
-    return trial
-
-
-def test_doomed_by_names_the_oom_trial_and_ignores_other_failures():
-    trials = [frozen(3, OOM, Status.ERROR), frozen(5, OOM, Status.OOM)]
-    assert doomed_by({**OOM, "batch_size": 64}, trials).number == 5
-    assert doomed_by({**OOM, "batch_size": 8}, trials) is None
-    assert doomed_by(OOM, [frozen(7, OOM, Status.HOST_OOM)]).number == 7
 
 
 def test_baseline_is_the_hf_defaults_at_the_fixed_effective_batch():
@@ -113,32 +108,3 @@ def test_gp_without_scipy_is_a_clear_error(tmp_path, monkeypatch):
     plan = make_plan(load_config([f"model={TINY_MODEL}", "sampler=gp", f"out={tmp_path}"]), CPU)
     with pytest.raises(ConfigError, match="sampler=gp needs scipy"):
         make_sampler(plan, seed=0)
-
-
-TWO_POINT_SPACE = """
-description: a grid of two points
-device: any
-knobs:
-  batch_size: {choices: [8, 16]}
-  precision: fp32
-  optim: sgd
-"""
-
-
-def test_a_grid_search_runs_every_point_then_stops(tmp_path, monkeypatch, capsys):
-    fake = Path(__file__).parent / "fakes" / "worker.py"
-    launcher = runner.CommandLauncher((sys.executable, str(fake), "ok"))
-    monkeypatch.setattr(runner, "ForkserverLauncher", lambda: launcher)
-    space = tmp_path / "two.yaml"
-    space.write_text(TWO_POINT_SPACE)
-    args = [f"model={TINY_MODEL}", "seq_len=32", "sampler=grid", "n_trials=6",
-            f"space={space}", f"out={tmp_path}", "study=g"]  # fmt: skip
-    assert cli.main(["search", *args]) == 0
-    assert "search ended: every grid point has run: 3 trials finished" in capsys.readouterr().out
-    with open(tmp_path / "g" / "trials.csv") as f:
-        rows = list(csv.DictReader(f))
-    # The baseline takes no grid point: both points run after it, once each.
-    assert [r["baseline"] for r in rows] == ["True", "False", "False"]
-    assert sorted(int(r["batch_size"]) for r in rows[1:]) == [8, 16]
-    assert cli.main(["search", *args]) == 0  # resumed: nothing is left to run
-    assert "every grid point has run: 3 trials finished" in capsys.readouterr().out

@@ -74,7 +74,7 @@ elif mode == "sleep":
 elif mode == "garbage":
     result_path.write_text("{not json")
 elif mode == "alloc":  # grow well past any small budget, then linger
-    progress.write_text(json.dumps({"baseline_rss_bytes": 0}))
+    progress.write_text(json.dumps({"baseline_rss_bytes": 0, "schema_version": 1}))
     hog = bytearray(600 * 2**20)
     for i in range(0, len(hog), 4096):
         hog[i] = 1  # touch every page so it is resident

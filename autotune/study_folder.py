@@ -10,19 +10,15 @@ report.html       the interactive report
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import optuna
-
 from autotune import export
-from autotune.pareto import Picks, baseline_of, memory_limit_gib, pareto_front, pick
-from autotune.records import RunInfo, TrialRecord, load_records
+from autotune.knobs import KNOBS
+from autotune.pareto import Picks
+from autotune.records import RunInfo, StudySnapshot, TrialRecord
 from autotune.report.data import build_report_data
 from autotune.report.html import write_report
-from autotune.space import KNOBS
-from autotune.units import GIB
 
 METRIC_COLUMNS = (
     "samples_per_s",
@@ -40,25 +36,14 @@ METRIC_COLUMNS = (
 )
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SearchOutputs:
-    records: list[TrialRecord]
-    front: list[TrialRecord]
-    picks: Picks
-    memory_limit_gib: float
-    paths: list[Path]
-
-
-def write_outputs(info: RunInfo, study: optuna.Study, out: Path) -> SearchOutputs:
-    """Every output file, from the study storage alone (also for `autotune report`)."""
+def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
+    """Every output file, from a snapshot of the study storage (also for `autotune report`);
+    returns the paths written."""
+    info, picks = snapshot.info, snapshot.picks
     out.mkdir(parents=True, exist_ok=True)
-    records = load_records(study)
-    front = pareto_front(study)
-    limit_gib = memory_limit_gib(info.memory_budget_bytes, info.headroom)
-    picks = pick(front, limit_gib, baseline_of(records))
     paths = [
-        write_table(out / "trials.csv", records, info.noise_cv),
-        write_table(out / "pareto.csv", front, info.noise_cv),
+        write_table(out / "trials.csv", snapshot.records, info.noise_cv),
+        write_table(out / "pareto.csv", snapshot.front, info.noise_cv),
     ]
     for stale in (out / "recommended.json", out / "recommended.py"):
         stale.unlink(missing_ok=True)
@@ -66,29 +51,10 @@ def write_outputs(info: RunInfo, study: optuna.Study, out: Path) -> SearchOutput
     if picks.fastest is not None:
         script = export.render_script(info, picks.fastest)
         flags = export.render_cli(picks.fastest.result.training_args)
-        paths += export.write_recommendation(out, recommendation(info, picks, limit_gib), script)
-    data = build_report_data(
-        info=info,
-        records=records,
-        front=front,
-        picks=picks,
-        search_s=search_seconds(study),
-        code=script,
-        cli_flags=flags,
-    )
+        paths += export.write_recommendation(out, recommendation(info, picks), script)
+    data = build_report_data(snapshot, code=script, cli_flags=flags)
     paths.append(write_report(data, out / "report.html"))
-    return SearchOutputs(
-        records=records, front=front, picks=picks, memory_limit_gib=limit_gib, paths=paths
-    )
-
-
-def search_seconds(study: optuna.Study) -> float | None:
-    """From the first trial's start to the last one's end."""
-    trials = [t for t in study.get_trials(deepcopy=False) if t.datetime_complete]
-    if not trials:
-        return None
-    started = min(t.datetime_start for t in trials if t.datetime_start)
-    return (max(t.datetime_complete for t in trials) - started).total_seconds()
+    return paths
 
 
 def write_table(path: Path, records: list[TrialRecord], noise_cv: float) -> Path:
@@ -108,7 +74,7 @@ def write_table(path: Path, records: list[TrialRecord], noise_cv: float) -> Path
     return path
 
 
-def recommendation(info: RunInfo, picks: Picks, limit_gib: float) -> dict[str, Any]:
+def recommendation(info: RunInfo, picks: Picks) -> dict[str, Any]:
     fastest = picks.fastest
     assert fastest is not None
     baseline = picks.baseline
@@ -140,8 +106,8 @@ def recommendation(info: RunInfo, picks: Picks, limit_gib: float) -> dict[str, A
             "metrics": _metrics(picks.saver),
             "speedup_vs_baseline": picks.speedup(picks.saver),
         },
-        "memory_budget_gib": info.memory_budget_bytes / GIB,
-        "memory_limit_gib": limit_gib,
+        "memory_budget_gib": info.memory_budget_gib,
+        "memory_limit_gib": info.memory_limit_gib,
         "batch_mode": info.batch_mode,
     }  # fmt: skip
 

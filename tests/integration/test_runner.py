@@ -7,10 +7,9 @@ import psutil
 import pytest
 
 from autotune.oom_killer import OomWitness, read_oom_kills
-from autotune.runner import CommandLauncher, run_trial
+from autotune.runner import CommandLauncher, launch_trial
 from autotune.trial import Status, TrialSpec
-
-FAKE = str(Path(__file__).parent / "fakes" / "worker.py")
+from tests.conftest import FAKE_WORKER as FAKE
 
 
 def spec() -> TrialSpec:
@@ -29,7 +28,7 @@ def spec() -> TrialSpec:
 
 
 def run(mode: str, tmp_path: Path, timeout_s: float = 30, rss_limit_bytes=None):
-    return run_trial(
+    return launch_trial(
         spec(),
         tmp_path,
         timeout_s=timeout_s,
@@ -134,26 +133,24 @@ def witness_of(counter_file: Path):
     return watch
 
 
-def test_sigkill_without_evidence_of_the_oom_killer_is_crashed_not_host_oom(tmp_path):
+@pytest.mark.parametrize(
+    ("mode", "status", "reason"),
+    [
+        ("sigkill", Status.CRASHED, "SIGKILL from outside the search (no sign of the kernel's"),
+        ("oomkill", Status.HOST_OOM, "the kernel's OOM killer (oom_kill in {events} rose from 0"),
+    ],
+)
+def test_sigkill_is_host_oom_only_when_the_cgroup_oom_kill_counter_rose(
+    tmp_path, mode, status, reason
+):
     events = tmp_path / "memory.events"
     events.write_text("oom 0\noom_kill 0\n")
-    result = run_trial(
+    result = launch_trial(
         spec(), tmp_path, timeout_s=30, oom_witness=witness_of(events),
-        launcher=CommandLauncher((sys.executable, FAKE, "sigkill")),
+        launcher=CommandLauncher((sys.executable, FAKE, mode)),
     )  # fmt: skip
-    assert result.status is Status.CRASHED
-    assert "SIGKILL from outside the search (no sign of the kernel's OOM killer)" in result.reason
-
-
-def test_sigkill_while_the_cgroup_oom_kill_counter_rises_is_host_oom(tmp_path):
-    events = tmp_path / "memory.events"
-    events.write_text("oom 0\noom_kill 0\n")
-    result = run_trial(
-        spec(), tmp_path, timeout_s=30, oom_witness=witness_of(events),
-        launcher=CommandLauncher((sys.executable, FAKE, "oomkill")),
-    )  # fmt: skip
-    assert result.status is Status.HOST_OOM
-    assert f"oom_kill in {events} rose from 0 to 1" in result.reason
+    assert result.status is status
+    assert reason.format(events=events) in result.reason
 
 
 def test_the_launcher_is_made_ready_before_the_trial_clock_starts(tmp_path):
@@ -173,7 +170,7 @@ def test_the_launcher_is_made_ready_before_the_trial_clock_starts(tmp_path):
             self.ready()
             return super().start(*paths)
 
-    result = run_trial(
+    result = launch_trial(
         spec(), tmp_path, timeout_s=1, launcher=SlowToStart((sys.executable, FAKE, "sleep"))
     )
     assert result.status is Status.TIMEOUT

@@ -4,7 +4,7 @@ import sys
 
 def test_the_parent_never_imports_torch_or_transformers():
     code = (
-        "import sys; import autotune.cli, autotune.study, autotune.outputs, autotune.runner; "
+        "import sys; import autotune.cli, autotune.study, autotune.study_folder, autotune.runner; "
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

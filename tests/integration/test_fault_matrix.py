@@ -1,15 +1,12 @@
 """Every fault a trial can meet, in one search: each gets its status, the search goes on."""
 
 import csv
-import sys
-from pathlib import Path
 
 import pytest
 
-from autotune import cli, runner
-from tests.conftest import TINY_MODEL
+from autotune import cli
+from tests.conftest import TINY_MODEL, fake_launcher
 
-FAKE = str(Path(__file__).parent / "fakes" / "worker.py")
 EXPECTED = {
     "ok": ("ok", ""),
     "raise": ("crashed", "worker exited with code 1 and no result"),
@@ -26,18 +23,16 @@ EXPECTED = {
 
 
 @pytest.fixture
-def fake_launcher(monkeypatch, tmp_path):
-    mode = f"sequence:{tmp_path}:{','.join(EXPECTED)}"
-    launcher = runner.CommandLauncher((sys.executable, FAKE, mode))
-    monkeypatch.setattr(runner, "ForkserverLauncher", lambda: launcher)
+def launcher(tmp_path):
+    return fake_launcher(f"sequence:{tmp_path}:{','.join(EXPECTED)}")
 
 
-def test_each_fault_is_named_and_the_search_continues(fake_launcher, tmp_path, capsys):
+def test_each_fault_is_named_and_the_search_continues(launcher, tmp_path, capsys):
     out = tmp_path / "reports"
     code = cli.main([
         "search", f"model={TINY_MODEL}", f"n_trials={len(EXPECTED)}", "seq_len=32",
         "trial_timeout=3s", "memory_budget=256MiB", f"out={out}", "study=faults",
-    ])  # fmt: skip
+    ], launcher=launcher)  # fmt: skip
     terminal = capsys.readouterr().out
     assert code == 0
     with open(out / "faults" / "trials.csv") as f:
@@ -51,16 +46,16 @@ def test_each_fault_is_named_and_the_search_continues(fake_launcher, tmp_path, c
     assert "recommended (*)" in terminal  # the ok trial still makes a recommendation
 
 
-def test_a_failed_trial_is_not_exported(fake_launcher, tmp_path, capsys):
+def test_a_failed_trial_is_not_exported(launcher, tmp_path, capsys):
     out = tmp_path / "reports"
     args = [f"model={TINY_MODEL}", "n_trials=2", "seq_len=32", f"out={out}", "study=f"]
-    assert cli.main(["search", *args]) == 0
+    assert cli.main(["search", *args], launcher=launcher) == 0
     capsys.readouterr()
     assert cli.main(["export", str(out / "f"), "trial=1"]) == 2  # the second fake raised
     assert "trial=1 is crashed (worker exited with code 1 and no result)" in capsys.readouterr().err
 
 
-def test_quiet_prints_only_the_paths_and_the_log_keeps_everything(fake_launcher, tmp_path, capsys):
+def test_quiet_prints_only_the_paths_and_the_log_keeps_everything(launcher, tmp_path, capsys):
     out = tmp_path / "reports"
     args = [
         f"model={TINY_MODEL}",
@@ -70,7 +65,7 @@ def test_quiet_prints_only_the_paths_and_the_log_keeps_everything(fake_launcher,
         "study=q",
         "quiet=true",
     ]
-    assert cli.main(["search", *args]) == 0
+    assert cli.main(["search", *args], launcher=launcher) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("wrote ") and "trial" not in printed.split("wrote ")[0]
     log = (out / "q" / "search.log").read_text()
