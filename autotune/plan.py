@@ -42,17 +42,9 @@ class SearchPlan:
         return self.info.study
 
     @property
-    def task(self) -> str:
-        return self.info.task
-
-    @property
     def device(self) -> str:
         """`cuda` or `cpu`."""
         return self.info.device
-
-    @property
-    def memory_budget_bytes(self) -> int:
-        return self.info.memory_budget_bytes
 
 
 def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:

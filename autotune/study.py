@@ -159,7 +159,7 @@ def _launch(
         trial_number=number,
         model_name=plan.model.name,
         model_config=plan.model.config,
-        task=plan.task,
+        task=plan.info.task,
         seq_len=config.seq_len,
         device=plan.device,
         params=params,

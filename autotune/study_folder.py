@@ -86,11 +86,7 @@ def recommendation(info: RunInfo, picks: Picks) -> dict[str, Any]:
         "seq_len": info.seq_len,
         "device": info.device,
         "device_name": fastest.result.device_name,
-        "params": fastest.params,
-        "training_args": fastest.result.training_args,
-        "model_kwargs": fastest.result.model_kwargs,
-        "metrics": _metrics(fastest),
-        "speedup_vs_baseline": picks.speedup(fastest),
+        **_settings_and_metrics(fastest, picks),
         "baseline": None if baseline is None else {
             "trial": baseline.number,
             "status": baseline.status.value,
@@ -99,17 +95,22 @@ def recommendation(info: RunInfo, picks: Picks) -> dict[str, Any]:
             "metrics": _metrics(baseline),
         },
         "memory_saver": None if picks.saver is None else {
-            "trial": picks.saver.number,
-            "params": picks.saver.params,
-            "training_args": picks.saver.result.training_args,
-            "model_kwargs": picks.saver.result.model_kwargs,
-            "metrics": _metrics(picks.saver),
-            "speedup_vs_baseline": picks.speedup(picks.saver),
+            "trial": picks.saver.number, **_settings_and_metrics(picks.saver, picks),
         },
         "memory_budget_gib": info.memory_budget_gib,
         "memory_limit_gib": info.memory_limit_gib,
         "batch_mode": info.batch_mode,
     }  # fmt: skip
+
+
+def _settings_and_metrics(record: TrialRecord, picks: Picks) -> dict[str, Any]:
+    return {
+        "params": record.params,
+        "training_args": record.result.training_args,
+        "model_kwargs": record.result.model_kwargs,
+        "metrics": _metrics(record),
+        "speedup_vs_baseline": picks.speedup(record),
+    }
 
 
 def _metrics(record: TrialRecord) -> dict[str, Any]:

@@ -115,9 +115,9 @@ def _search(
 
 def _print_plan(report: Reporter, plan: SearchPlan) -> None:
     report.line(
-        f"study [bold]{escape(plan.study_name)}[/]: {escape(plan.model.name)} ({plan.task}), "
+        f"study [bold]{escape(plan.study_name)}[/]: {escape(plan.model.name)} ({plan.info.task}), "
         f"seq_len {plan.config.seq_len}, {plan.device} ({escape(plan.info.device_name)}), space "
-        f"{escape(plan.space.name)}, budget {format_bytes(plan.memory_budget_bytes)}, "
+        f"{escape(plan.space.name)}, budget {format_bytes(plan.info.memory_budget_bytes)}, "
         f"{plan.config.n_trials} trials -> {escape(str(plan.study_dir))}"
     )
     report.line(f"batch: {plan.info.batch_mode}")

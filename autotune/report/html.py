@@ -7,7 +7,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from autotune.report.data import POINT_KINDS, ReportData, Series
+from autotune.report.data import POINT_KINDS, Point, ReportData, Series
 
 STYLE = {
     "front": {"color": "#1a73e8", "symbol": "circle", "size": 11},
@@ -19,24 +19,31 @@ STYLE = {
 LAYOUT = {"template": "plotly_white", "height": 460, "margin": {"t": 50, "b": 50}}
 
 
+def _points_trace(name: str, points: list[Point], **style: object) -> go.Scatter:
+    return go.Scatter(
+        name=name,
+        x=[p.peak_memory_gib for p in points],
+        y=[p.samples_per_s for p in points],
+        text=[p.hover for p in points],
+        hovertemplate="%{text}<extra></extra>",
+        **style,
+    )
+
+
 def pareto_figure(data: ReportData) -> go.Figure:
     fig = go.Figure()
     for kind in POINT_KINDS:
         points = sorted((p for p in data.points if p.kind == kind), key=lambda p: p.peak_memory_gib)
-        if not points:
-            continue
-        fig.add_trace(
-            go.Scatter(
-                name=kind,
-                x=[p.peak_memory_gib for p in points],
-                y=[p.samples_per_s for p in points],
-                text=[p.hover for p in points],
-                hovertemplate="%{text}<extra></extra>",
-                mode="lines+markers" if kind == "front" else "markers",
-                line={"shape": "hv", "color": STYLE[kind]["color"]},
-                marker=STYLE[kind],
+        if points:
+            fig.add_trace(
+                _points_trace(
+                    kind,
+                    points,
+                    mode="lines+markers" if kind == "front" else "markers",
+                    line={"shape": "hv", "color": STYLE[kind]["color"]},
+                    marker=STYLE[kind],
+                )
             )
-        )
     for label, flag, marker in (
         ("baseline (HF defaults)", "baseline", {"symbol": "diamond-open", "size": 18}),
         ("recommended", "recommended", {"symbol": "star", "size": 20, "color": "#e8710a"}),
@@ -44,17 +51,8 @@ def pareto_figure(data: ReportData) -> go.Figure:
     ):
         points = [p for p in data.points if getattr(p, flag)]
         if points:
-            fig.add_trace(
-                go.Scatter(
-                    name=label,
-                    x=[p.peak_memory_gib for p in points],
-                    y=[p.samples_per_s for p in points],
-                    text=[p.hover for p in points],
-                    hovertemplate="%{text}<extra></extra>",
-                    mode="markers",
-                    marker={"line": {"width": 2}, "color": "#202124", **marker},
-                )
-            )
+            marker = {"line": {"width": 2}, "color": "#202124", **marker}
+            fig.add_trace(_points_trace(label, points, mode="markers", marker=marker))
     largest = max((p.peak_memory_gib for p in data.points), default=data.memory_budget_gib)
     title = "Throughput vs peak memory"
     if data.memory_limit_gib > 2 * largest:

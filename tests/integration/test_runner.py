@@ -53,22 +53,14 @@ def test_exception_without_result_is_crashed_with_exit_code_and_log_tail(tmp_pat
     assert "boom in the worker" in result.stderr_tail
 
 
-def test_nonzero_exit_is_crashed(tmp_path):
-    result = run("exit3", tmp_path)
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [("exit3", "code 3"), ("segfault", "SIGSEGV"), ("garbage", "unreadable result")],
+)
+def test_a_worker_that_exits_badly_is_crashed_with_the_cause_named(tmp_path, mode, reason):
+    result = run(mode, tmp_path)
     assert result.status is Status.CRASHED
-    assert "code 3" in result.reason
-
-
-def test_segfault_is_crashed_and_names_the_signal(tmp_path):
-    result = run("segfault", tmp_path)
-    assert result.status is Status.CRASHED
-    assert "SIGSEGV" in result.reason
-
-
-def test_garbage_result_is_crashed(tmp_path):
-    result = run("garbage", tmp_path)
-    assert result.status is Status.CRASHED
-    assert "unreadable result" in result.reason
+    assert reason in result.reason
 
 
 def test_timeout_kills_the_worker_and_its_children(tmp_path):

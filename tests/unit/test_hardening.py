@@ -78,10 +78,10 @@ def test_an_out_folder_that_cannot_hold_a_study_is_one_error(tmp_path):
 
 def test_a_resumed_study_keeps_its_budget_and_refuses_another(tmp_path):
     with locked_study(plan_for(tmp_path, "study=s", "memory_budget=256MiB")) as (_, plan):
-        assert plan.memory_budget_bytes == 256 * 2**20
+        assert plan.info.memory_budget_bytes == 256 * 2**20
     # Without memory_budget= the free memory would decide; the stored budget wins.
     with locked_study(plan_for(tmp_path, "study=s")) as (study, plan):
-        assert plan.memory_budget_bytes == 256 * 2**20
+        assert plan.info.memory_budget_bytes == 256 * 2**20
         assert RunInfo.of(study).memory_budget_bytes == 256 * 2**20
     with (
         pytest.raises(StudyError, match=r"memory_budget=0.50 GiB: .* budget of 0.25 GiB"),
