@@ -87,6 +87,7 @@ def run_search(
     study: optuna.Study,
     *,
     on_trial_end: Callable[[TrialRecord], None] = lambda record: None,
+    on_retry: Callable[[int], None] = lambda number: None,
     launcher: runner.Launcher | None = None,
 ) -> str:
     """Run trials until `n_trials` are recorded or `timeout` has passed; says why it stopped.
@@ -100,7 +101,8 @@ def run_search(
     launcher = launcher or runner.ForkserverLauncher()
     deadline = time.monotonic() + config.timeout if config.timeout else float("inf")
     budget_gib = plan.info.memory_budget_gib
-    retry_interrupted(study, plan.study_dir)
+    for number in retry_interrupted(study, plan.study_dir):
+        on_retry(number)
     repeats = 0
     while True:
         records = load_records(study)  # afresh: another search may have recorded trials

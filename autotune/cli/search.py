@@ -19,7 +19,7 @@ from autotune.plan import SearchPlan, make_plan
 from autotune.records import StudySnapshot, TrialRecord, load_records, read_snapshot
 from autotune.runner import Launcher
 from autotune.storage import locked_study
-from autotune.study import retry_interrupted, run_search
+from autotune.study import run_search
 from autotune.study_folder import write_study_folder
 from autotune.trial import Status
 from autotune.units import format_bytes, format_gib
@@ -79,8 +79,6 @@ def _search(
     done_before = len(load_records(study))
     if done_before:
         report.line(f"resuming: {done_before} finished trial(s) kept")
-    for number in retry_interrupted(study, plan.study_dir):
-        report.line(f"trial {number} was interrupted: its settings run again first")
 
     progress = Progress(
         TextColumn("trials"),
@@ -104,7 +102,15 @@ def _search(
 
     try:
         with progress:
-            stopped = run_search(plan, study, on_trial_end=on_trial_end, launcher=launcher)
+            stopped = run_search(
+                plan,
+                study,
+                on_trial_end=on_trial_end,
+                on_retry=lambda n: report.line(
+                    f"trial {n} was interrupted: its settings run again first"
+                ),
+                launcher=launcher,
+            )
         report.line(f"search ended: {stopped}")
     finally:
         # Ctrl-C included: what finished is written before the process ends.
