@@ -47,10 +47,14 @@ def locked_study(plan: SearchPlan) -> Iterator[tuple[optuna.Study, SearchPlan]]:
 
 def _make_study_dir(study_dir: Path) -> bool:
     """Create the study folder; True when it did not exist before."""
-    if study_dir.is_dir():
-        return False
     try:
         study_dir.mkdir(parents=True)
+    except FileExistsError:
+        if study_dir.is_dir():
+            return False  # made before, or a moment ago by a search started at the same time
+        raise StudyError(
+            f"cannot create the study folder {study_dir}: a file has its name"
+        ) from None
     except OSError as exc:
         raise StudyError(
             f"cannot create the study folder {study_dir}: {exc.strerror}; "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 import optuna
+from rich.markup import escape
 
 from autotune import __version__
 from autotune.cli import catalog, results, search
@@ -27,7 +28,8 @@ def main(argv: list[str] | None = None, *, launcher: Launcher | None = None) -> 
     try:
         return args.handler(args)
     except AutotuneError as exc:
-        errors.print(f"[bold red]error:[/] {exc}", markup=True, soft_wrap=True)
+        # The message quotes user strings (model names, paths): never read them as markup.
+        errors.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         errors.print("interrupted")

@@ -97,3 +97,10 @@ def test_peak_tflops_reaches_the_worker(tmp_path, capsys):
     assert search(f"out={tmp_path}", "n_trials=1", "peak_tflops=123.5") == 0
     spec = json.loads((tmp_path / "s" / "trials" / "0000" / "spec.json").read_text())
     assert spec["peak_tflops"] == 123.5
+
+
+def test_an_error_naming_a_user_string_prints_it_as_given(tmp_path, capsys):
+    # The message names the model; read as terminal markup, `[/x]` was a crash.
+    args = ["search", "model=[/x]not[bold]here", f"out={tmp_path}"]
+    assert cli.main(args, launcher=fake_launcher("ok")) == 2
+    assert "model=[/x]not[bold]here: not in the catalogue" in error_of(capsys)
