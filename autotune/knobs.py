@@ -42,6 +42,9 @@ class Knob:
     training_args: Mapping = lambda value, params, fields: {}
     model_kwarg: bool = False
     """Set on the model (`from_config(..., name=value)`) rather than in TrainingArguments."""
+    math: Callable[[Any, Any], str | None] = lambda baseline, value: None
+    """(baseline value, value) -> how the change alters what training computes, in words; None
+    when it changes only speed and memory (checkpointing recomputes the same activations)."""
 
     def show(self, value: Any) -> str:
         if self.short is None:
@@ -92,6 +95,44 @@ def _compile_args(value: str, params: dict[str, Any], fields: Collection[str]) -
     }
 
 
+def optimizer_family(optim: str) -> str:
+    """`adamw_torch_fused` -> `AdamW`, `adamw_bnb_8bit` -> `AdamW (8-bit states)`: the update
+    rule and the precision of its states, which kernels (torch, fused, apex) do not change."""
+    name = optim.lower()
+    rule = next(
+        (rule for key, rule in _OPTIMIZER_RULES if key in name),
+        "AdamW" if "adam" in name else optim,
+    )
+    bits = next((f" ({b}-bit states)" for b in ("8", "4") if f"{b}bit" in name), "")
+    return rule + bits
+
+
+# Checked in order: `ademamix` and `lion` before `adam`; names from TrainingArguments.optim.
+_OPTIMIZER_RULES = (
+    ("adafactor", "Adafactor"), ("ademamix", "AdEMAMix"), ("lion", "Lion"), ("lomo", "LOMO"),
+    ("galore", "GaLore"), ("apollo", "APOLLO"), ("schedule_free", "schedule-free"),
+    ("grokadamw", "GrokAdamW"), ("rmsprop", "RMSprop"), ("sgd", "SGD"), ("adagrad", "Adagrad"),
+)  # fmt: skip
+
+
+def _optim_math(baseline: str, value: str) -> str | None:
+    old, new = optimizer_family(baseline), optimizer_family(value)
+    if old == new:
+        return None
+    if old.split()[0] == new.split()[0]:
+        return f"{new}: quantised optimizer states approximate {old}'s"
+    return f"another optimizer ({new}, not {old}): retune its learning rate"
+
+
+def _precision_math(baseline: str, value: str) -> str | None:
+    added = precision_parts(value) - precision_parts(baseline)
+    if sixteen_bit(value) and not sixteen_bit(baseline):
+        return "16-bit mixed precision: fp32 master weights, 16-bit matmuls and activations"
+    if added == {"tf32"}:
+        return "TF32 matmuls: 10-bit mantissa instead of fp32's 23"
+    return "another numeric precision"
+
+
 def _same_name(field_name: str) -> Mapping:
     return lambda value, params, fields: {field_name: value}
 
@@ -126,11 +167,11 @@ KNOBS: dict[str, Knob] = {
         Knob(
             name="precision", kind=str, check=lambda v: v in PRECISIONS,
             expected="one of " + ", ".join(PRECISIONS), baseline="fp32",
-            training_args=_precision_args,
+            training_args=_precision_args, math=_precision_math,
         ),
         Knob(
             name="optim", kind=str, check=bool, expected="a TrainingArguments.optim name",
-            training_args=_same_name("optim"),
+            training_args=_same_name("optim"), math=_optim_math,
         ),  # its baseline is the installed transformers' default: see baseline_params
         Knob(
             name="torch_compile", kind=str, check=bool,
@@ -211,6 +252,46 @@ def baseline_params(default_optim: str, effective_batch_size: int | None) -> dic
         params["batch_size"] = math.gcd(params["batch_size"], effective_batch_size)
         params["grad_accum"] = effective_batch_size // params["batch_size"]
     return {k: params[k] for k in KNOBS if k in params}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MathChange:
+    """A difference from the baseline that changes the training itself, not only its speed:
+    results then differ from the HF defaults' (loss curve, tuned learning rate)."""
+
+    setting: str
+    """A knob, or `effective_batch_size` (batch_size x grad_accum)."""
+    baseline: Any
+    value: Any
+    why: str
+
+    def describe(self) -> str:
+        return f"{self.setting} {self.baseline} -> {self.value}: {self.why}"
+
+
+def effective_batch(params: dict[str, Any]) -> int:
+    return params.get("batch_size", 1) * params.get("grad_accum", 1)
+
+
+def math_changes(params: dict[str, Any], baseline: dict[str, Any]) -> list[MathChange]:
+    """Every difference from the baseline's settings that changes what training computes:
+    another effective batch, precision or optimizer. Kernels, checkpointing, compiling and
+    loader settings change speed and memory only, and are not listed."""
+    changes = []
+    before, after = effective_batch(baseline), effective_batch(params)
+    if before != after:
+        why = "another number of samples per optimizer update: retune the learning rate, "
+        why += f"or keep it with effective_batch_size={before}"
+        changes.append(MathChange(setting="effective_batch_size", baseline=before, value=after,
+                                  why=why))  # fmt: skip
+    for name, knob in KNOBS.items():
+        if name in params and name in baseline and params[name] != baseline[name]:
+            why = knob.math(baseline[name], params[name])
+            if why is not None:
+                changes.append(
+                    MathChange(setting=name, baseline=baseline[name], value=params[name], why=why)
+                )
+    return changes
 
 
 def describe_params(params: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from autotune.trial import Status
+from autotune.trial import Status, TrialResult
 from autotune.units import format_gib
 
 if TYPE_CHECKING:  # records imports this module to build its snapshot
@@ -16,6 +16,11 @@ if TYPE_CHECKING:  # records imports this module to build its snapshot
 
 SAVER_WITHIN = 0.10
 """The memory saver may be this much slower than the fastest pick."""
+
+
+def is_noisy(result: TrialResult, noise_cv: float) -> bool:
+    """Its timed steps varied more than `noise_cv` (stdev / mean): its figure is less certain."""
+    return result.step_time_cv is not None and result.step_time_cv > noise_cv
 
 
 def non_dominated(records: list[TrialRecord]) -> list[TrialRecord]:
@@ -38,6 +43,8 @@ class Picks:
     """The least memory within SAVER_WITHIN of the fastest's samples/s."""
     baseline: TrialRecord | None
     """The HF-defaults trial, when it ran."""
+    noise_cv: float
+    """A trial whose step-time CV is above this is flagged noisy."""
 
     def speedup(self, record: TrialRecord) -> float | None:
         """samples/s relative to the baseline; None when the baseline has no figure."""
@@ -58,12 +65,33 @@ class Picks:
         )
 
     def describe(self, record: TrialRecord) -> str:
-        """`trial 7: 512.30 samples/s (1.42x the baseline) at 3.210 GiB`."""
+        """`trial 7: 512.30 samples/s (1.42x the baseline) at 3.210 GiB`, with a caveat when
+        this trial or the baseline measured noisily."""
         speedup = self.speedup(record)
-        times = f" ({speedup:.2f}x the baseline)" if speedup is not None else ""
+        notes = [f"{speedup:.2f}x the baseline"] if speedup is not None else []
+        notes += [caveat] if (caveat := self.noise_caveat(record)) else []
+        times = f" ({'; '.join(notes)})" if notes else ""
         return (
             f"trial {record.number}: {record.result.samples_per_s:.2f} samples/s{times} at "
             f"{format_gib(record.result.peak_memory_gib, 3)}"
+        )
+
+    def noise_caveat(self, record: TrialRecord) -> str:
+        """`noisy: step CV 35% on this trial, 22% on the baseline (above 10%): ...`; "" when
+        neither figure behind the speedup is noisy."""
+        measured = [(record, "it")]
+        if self.baseline is not None and self.baseline.number != record.number:
+            measured.append((self.baseline, "the baseline"))
+        noisy = [
+            f"{r.result.step_time_cv:.0%} on {which}"
+            for r, which in measured
+            if is_noisy(r.result, self.noise_cv)
+        ]
+        if not noisy:
+            return ""
+        return (
+            f"noisy: step CV {' and '.join(noisy)} (above noise_cv {self.noise_cv:.0%}); more "
+            "measure_steps or an idle machine would firm the figure up"
         )
 
     def describe_saver(self) -> str:
@@ -74,7 +102,9 @@ class Picks:
         return self.describe(self.saver)
 
 
-def pick(front: list[TrialRecord], limit_gib: float, baseline: TrialRecord | None) -> Picks:
+def pick(
+    front: list[TrialRecord], limit_gib: float, baseline: TrialRecord | None, noise_cv: float
+) -> Picks:
     fitting = [r for r in front if r.result.peak_memory_gib <= limit_gib]
     fastest = max(fitting, key=lambda r: r.result.samples_per_s, default=None)
     saver = None
@@ -85,7 +115,7 @@ def pick(front: list[TrialRecord], limit_gib: float, baseline: TrialRecord | Non
             if r.result.samples_per_s >= (1 - SAVER_WITHIN) * fastest.result.samples_per_s
         ]
         saver = min(close, key=lambda r: r.result.peak_memory_gib)
-    return Picks(fastest=fastest, saver=saver, baseline=baseline)
+    return Picks(fastest=fastest, saver=saver, baseline=baseline, noise_cv=noise_cv)
 
 
 def hypervolume(points: list[tuple[float, float]], max_memory_gib: float) -> float:

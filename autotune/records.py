@@ -16,7 +16,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StudyError
-from autotune.pareto import Picks, non_dominated, pick
+from autotune.knobs import MathChange, math_changes
+from autotune.pareto import Picks, is_noisy, non_dominated, pick
 from autotune.trial import MEMORY_STATUSES, Status, TrialResult
 from autotune.units import GIB
 
@@ -184,6 +185,15 @@ class StudySnapshot:
     def record(self, number: int) -> TrialRecord | None:
         return next((r for r in self.records if r.number == number), None)
 
+    def is_noisy(self, record: TrialRecord) -> bool:
+        return is_noisy(record.result, self.info.noise_cv)
+
+    def math_changes(self, record: TrialRecord) -> list[MathChange]:
+        """What in its settings changes the training itself compared with the baseline trial
+        (another optimizer, effective batch or precision); none when no baseline ran."""
+        baseline = self.picks.baseline
+        return [] if baseline is None else math_changes(record.params, baseline.params)
+
 
 def read_snapshot(study: optuna.Study) -> StudySnapshot:
     """Read the study once and decode it."""
@@ -208,6 +218,6 @@ def read_snapshot(study: optuna.Study) -> StudySnapshot:
         info=info,
         records=records,
         front=front,
-        picks=pick(front, info.memory_limit_gib, baseline),
+        picks=pick(front, info.memory_limit_gib, baseline, info.noise_cv),
         search_s=search_s,
     )

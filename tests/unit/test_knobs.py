@@ -14,11 +14,13 @@ from autotune.knobs import (
     baseline_params,
     describe_params,
     is_compiled,
+    math_changes,
+    optimizer_family,
     sixteen_bit,
     training_args,
 )
 from autotune.space import SamplingRules
-from autotune.space_file import load_space, parse_space
+from autotune.space_file import load_space, parse_space, shipped_names
 
 FIELDS = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
 OLD_FIELDS = FIELDS - {"activation_checkpointing", "activation_checkpointing_kwargs"}
@@ -114,3 +116,61 @@ def test_the_memory_space_searches_the_new_knobs():
     space = load_space("memory")
     assert space.knobs["checkpointing_reentrant"].choices == (False, True)
     assert space.knobs["torch_empty_cache_steps"].choices == (0, 8)
+
+
+BASELINE = baseline_params("adamw_torch_fused", None)
+
+
+@pytest.mark.parametrize(
+    ("change", "settings"),
+    [
+        ({"optim": "adamw_torch"}, []),  # another kernel of the same AdamW
+        ({"gradient_checkpointing": True, "attn_implementation": "eager"}, []),
+        ({"batch_size": 4, "grad_accum": 2}, []),  # the same 8 samples per update
+        ({"batch_size": 32}, ["effective_batch_size"]),
+        ({"optim": "adafactor"}, ["optim"]),
+        ({"optim": "adamw_bnb_8bit"}, ["optim"]),
+        ({"precision": "bf16"}, ["precision"]),
+        ({"precision": "tf32"}, ["precision"]),
+        ({"batch_size": 16, "precision": "bf16", "optim": "sgd"},
+         ["effective_batch_size", "precision", "optim"]),
+    ],
+)  # fmt: skip
+def test_only_differences_that_change_the_training_itself_are_marked(change, settings):
+    changes = math_changes({**BASELINE, **change}, BASELINE)
+    assert [c.setting for c in changes] == settings
+
+
+def test_a_math_change_says_what_changed_and_why():
+    (batch, optim) = math_changes({**BASELINE, "batch_size": 32, "optim": "adafactor"}, BASELINE)
+    assert (batch.baseline, batch.value) == (8, 32)
+    assert "effective_batch_size=8" in batch.describe()
+    assert optim.describe().startswith("optim adamw_torch_fused -> adafactor: another optimizer")
+    (eight_bit,) = math_changes({**BASELINE, "optim": "paged_adamw_8bit"}, BASELINE)
+    assert "8-bit" in eight_bit.why and "approximate" in eight_bit.why
+
+
+@pytest.mark.parametrize(
+    ("optim", "family"),
+    [
+        ("adamw_torch", "AdamW"),
+        ("adamw_torch_fused", "AdamW"),
+        ("paged_adamw_32bit", "AdamW"),
+        ("adamw_bnb_8bit", "AdamW (8-bit states)"),
+        ("adafactor", "Adafactor"),
+        ("paged_ademamix_8bit", "AdEMAMix (8-bit states)"),
+        ("lion_32bit", "Lion"),
+        ("sgd", "SGD"),
+    ],
+)
+def test_optimizer_families(optim, family):
+    assert optimizer_family(optim) == family
+
+
+@pytest.mark.parametrize("name", shipped_names())
+def test_shipped_spaces_offer_adamw_and_the_guides_memory_savers_only(name):
+    # The HF guide never offers SGD as a substitute for AdamW; Adafactor and 8-bit AdamW are
+    # its memory savers, and the search marks them as changing the training.
+    allowed = {"AdamW", "AdamW (8-bit states)", "Adafactor"}
+    optimizers = load_space(name).knobs["optim"].choices
+    assert {optimizer_family(o) for o in optimizers} <= allowed

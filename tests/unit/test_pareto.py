@@ -71,16 +71,17 @@ def test_picks_fastest_under_the_limit_and_a_memory_saver_within_ten_percent():
     study = study_with([(50, 1.0), (100, 6.0), (95, 3.0), (80, 2.0), (120, 9.5)])
     front = pareto_front(study)
     baseline = record_of(study.trials[0])
-    picks = pick(front, limit_gib=9.0, baseline=baseline)
+    picks = pick(front, limit_gib=9.0, baseline=baseline, noise_cv=0.1)
     assert picks.fastest.number == 1  # 120 samples/s needs 9.5 GiB: over the limit
     assert picks.saver.number == 2  # 95 >= 0.9 x 100, and 3 GiB instead of 6
     assert picks.speedup(picks.fastest) == pytest.approx(2.0)
-    assert pick(front, limit_gib=0.5, baseline=baseline).fastest is None
+    assert pick(front, limit_gib=0.5, baseline=baseline, noise_cv=0.1).fastest is None
 
 
 def test_no_speedup_when_the_baseline_ran_out_of_memory():
     study = study_with([Status.OOM, (100, 2.0)])
-    picks = pick(pareto_front(study), limit_gib=9.0, baseline=record_of(study.trials[0]))
+    baseline = record_of(study.trials[0])
+    picks = pick(pareto_front(study), limit_gib=9.0, baseline=baseline, noise_cv=0.1)
     assert picks.fastest.number == 1
     assert picks.speedup(picks.fastest) is None
 
@@ -94,3 +95,37 @@ def test_the_snapshot_front_is_optunas_best_trials():
     study = study_with([(100, 4.0), (80, 2.0), (90, 5.0), Status.OOM, (120, 8.0), (80, 2.0)])
     optuna_front = {t.number for t in study.best_trials}
     assert {r.number for r in pareto_front(study)} == optuna_front == {0, 1, 4, 5}
+
+
+def noisy_study(baseline_cv, fastest_cv):
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for i, (speed, cv) in enumerate(((100, baseline_cv), (150, fastest_cv))):
+        trial = study.ask()
+        result = TrialResult(
+            status=Status.OK, samples_per_s=speed, peak_memory_gib=1.0, step_time_cv=cv
+        )
+        trial.set_user_attr(PARAMS_ATTR, {"batch_size": 8 * (i + 1)})
+        trial.set_user_attr(BASELINE_ATTR, i == 0)
+        tell_result(study, trial, result, BUDGET_GIB)
+    store_run_info(study, info(headroom=0.1))
+    return read_snapshot(study)
+
+
+@pytest.mark.parametrize(
+    ("baseline_cv", "fastest_cv", "said"),
+    [
+        (0.02, 0.03, None),
+        (0.02, 0.35, "step CV 35% on it (above"),
+        (0.22, 0.03, "step CV 22% on the baseline (above"),
+        (0.22, 0.35, "step CV 35% on it and 22% on the baseline"),
+    ],
+)
+def test_a_speedup_resting_on_a_noisy_figure_says_so(baseline_cv, fastest_cv, said):
+    snapshot = noisy_study(baseline_cv, fastest_cv)
+    line = snapshot.picks.describe(snapshot.picks.fastest)
+    assert "1.50x the baseline" in line
+    if said is None:
+        assert "noisy" not in line
+    else:
+        assert said in line and "measure_steps" in line
+    assert snapshot.is_noisy(snapshot.picks.fastest) == (fastest_cv > 0.1)
