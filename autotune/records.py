@@ -126,11 +126,24 @@ def record_of(trial: FrozenTrial) -> TrialRecord:
     )
 
 
+FLAT_ATTRS = ("status", "samples_per_s", "tokens_per_s", "peak_memory_gib", "step_time_cv", "mfu")
+"""Trial: the main figures as user attrs of their own, beside `result`, so that
+`study.trials_dataframe()` and optuna-dashboard show them as columns (plus `noisy`)."""
+
+
 def tell_result(
-    study: optuna.Study, trial: optuna.Trial, result: TrialResult, budget_gib: float
+    study: optuna.Study,
+    trial: optuna.Trial,
+    result: TrialResult,
+    budget_gib: float,
+    *,
+    noise_cv: float,
 ) -> None:
     """Record a trial's result and tell Optuna the outcome."""
     trial.set_user_attr(RESULT_ATTR, result.to_dict())
+    for name in FLAT_ATTRS:
+        trial.set_user_attr(name, result.to_dict()[name])
+    trial.set_user_attr("noisy", is_noisy(result, noise_cv))
     _tell_outcome(study, trial, result, budget_gib)
 
 

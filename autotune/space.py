@@ -136,6 +136,59 @@ class SearchSpace:
             params["grad_accum"] = rules.effective_batch_size // params["batch_size"]
         return {k: params[k] for k in KNOBS if k in params}
 
+    def optuna_params(
+        self, params: dict[str, Any], rules: SamplingRules
+    ) -> dict[str, tuple[optuna.distributions.BaseDistribution, Any]]:
+        """Settings chosen outside the sampler (the baseline) as Optuna parameters, so Optuna's
+        tools and the sampler see them: name -> (distribution, value).
+
+        A knob `sample` would suggest keeps the very distribution it suggests with, when the
+        value lies in it; a value outside is left out (a study holds one distribution per
+        parameter name). A knob the space never suggests gets a one-value distribution.
+        """
+        recorder = _Recorder(params)
+        self.sample(recorder, rules)  # type: ignore[arg-type]  # walks the same conditions
+        found = {
+            name: (distribution, recorder.value(name))
+            for name, distribution in recorder.distributions.items()
+            if _holds(distribution, recorder.value(name))
+        }
+        suggested = set(self.grid(rules)) | set(recorder.distributions)
+        for name, value in params.items():
+            if name not in suggested:
+                found[name] = (optuna.distributions.CategoricalDistribution([value]), value)
+        return found
+
+
+def _holds(distribution: optuna.distributions.BaseDistribution, value: Any) -> bool:
+    if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+        return value in distribution.choices
+    return distribution.low <= value <= distribution.high
+
+
+class _Recorder:
+    """Stands in for an Optuna trial in `SearchSpace.sample`: answers with given settings and
+    notes the distribution of every parameter asked for."""
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.params = params
+        self.distributions: dict[str, optuna.distributions.BaseDistribution] = {}
+
+    def value(self, name: str) -> Any:
+        return self.params[_knob_of(name)]
+
+    def suggest_categorical(self, name: str, choices: tuple[Any, ...]) -> Any:
+        return self._answer(name, optuna.distributions.CategoricalDistribution(choices))
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        return self._answer(name, optuna.distributions.IntDistribution(low, high))
+
+    def _answer(self, name: str, distribution: optuna.distributions.BaseDistribution) -> Any:
+        if _knob_of(name) not in self.params:  # asked only because the space fixes another knob
+            return distribution.to_external_repr(0)
+        self.distributions[name] = distribution
+        return self.value(name)
+
 
 def multiple_for(knob: SpaceKnob, precision: str | None, rules: SamplingRules) -> int:
     if knob.multiple_of != "auto":
@@ -159,3 +212,8 @@ def _batch_param(multiple: int) -> str:
     # One Optuna parameter per rule: each keeps the same choices in every trial, as Optuna
     # requires, and the sampler learns 16-bit tensor-core batch sizes on their own.
     return "batch_size" if multiple <= BASE_MULTIPLE else f"batch_size_x{multiple}"
+
+
+def _knob_of(param: str) -> str:
+    """The knob behind an Optuna parameter name (`batch_size_x64` -> `batch_size`)."""
+    return "batch_size" if param.startswith("batch_size") else param

@@ -101,7 +101,8 @@ def run_search(
     launcher = launcher or runner.ForkserverLauncher()
     deadline = time.monotonic() + config.timeout if config.timeout else float("inf")
     budget_gib = plan.info.memory_budget_gib
-    for number in retry_interrupted(study, plan.study_dir):
+    baseline = plan.space.optuna_params(plan.baseline, plan.rules)
+    for number in retry_interrupted(study, plan.study_dir, baseline):
         on_retry(number)
     repeats = 0
     while True:
@@ -113,19 +114,20 @@ def run_search(
         sampler = study.sampler
         if isinstance(sampler, AskTellGridSampler) and sampler.is_exhausted(study):
             return f"every grid point has run: {len(records)} trials finished"
-        waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-        if not records and not waiting:
-            # Enqueued, the baseline takes no grid point (it suggests nothing). A baseline
-            # interrupted earlier is queued already, by retry_interrupted.
-            study.enqueue_trial({})
-        trial = study.ask()
-        trial.set_user_attr(OWNER_ATTR, _this_process())
         if not records:
-            # The baseline comes first and is run as it is, outside the sampler's space.
+            # The baseline comes first and is run as it is, outside the sampler's space. Its
+            # settings are Optuna parameters too (where the space's distributions hold them),
+            # so the sampler and Optuna's tools see it. Enqueued, it takes no grid point; one
+            # interrupted earlier is queued already, by retry_interrupted.
+            if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                study.enqueue_trial({name: value for name, (_, value) in baseline.items()})
+            trial = study.ask({name: dist for name, (dist, _) in baseline.items()})
             params = dict(plan.baseline)
             trial.set_user_attr(BASELINE_ATTR, True)
         else:
+            trial = study.ask()
             params = plan.space.sample(trial, plan.rules)
+        trial.set_user_attr(OWNER_ATTR, _this_process())
         trial.set_user_attr(PARAMS_ATTR, params)
         skip = checks.first_skip(params, records)
         if skip is not None and skip.repeat_of is not None:
@@ -149,7 +151,7 @@ def run_search(
                 study.tell(trial, state=TrialState.FAIL)
                 _set_aside_result(_trial_dir(plan.study_dir, trial.number))
                 raise
-        tell_result(study, trial, result, budget_gib)
+        tell_result(study, trial, result, budget_gib, noise_cv=plan.info.noise_cv)
         on_trial_end(record_of(study.get_trials(deepcopy=False)[trial.number]))
 
 
@@ -214,11 +216,16 @@ def _owner_is_gone(owner: dict[str, Any] | None) -> bool:
         return True
 
 
-def retry_interrupted(study: optuna.Study, study_dir: Path) -> list[int]:
+def retry_interrupted(
+    study: optuna.Study,
+    study_dir: Path,
+    baseline: dict[str, tuple[optuna.distributions.BaseDistribution, Any]],
+) -> list[int]:
     """Close trials a dead search left RUNNING, and queue each interrupted config once.
 
     A RUNNING trial whose search still lives (another process on this host, or any on another
-    host) is left alone: it is not ours to end."""
+    host) is left alone: it is not ours to end. An interrupted baseline is queued with the
+    baseline's Optuna parameters (`SearchSpace.optuna_params`; older studies stored none)."""
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if _owner_is_gone(trial.user_attrs.get(OWNER_ATTR)):
             study.tell(trial.number, state=TrialState.FAIL)
@@ -229,6 +236,9 @@ def retry_interrupted(study: optuna.Study, study_dir: Path) -> list[int]:
     for trial in trials:
         first_run = trial.number not in retried and RETRY_OF_ATTR not in trial.user_attrs
         if is_interrupted(trial) and first_run:
-            study.enqueue_trial(trial.params, user_attrs={RETRY_OF_ATTR: trial.number})
+            params = trial.params
+            if trial.user_attrs.get(BASELINE_ATTR):
+                params = {name: value for name, (_, value) in baseline.items()}
+            study.enqueue_trial(params, user_attrs={RETRY_OF_ATTR: trial.number})
             queued.append(trial.number)
     return queued

@@ -131,7 +131,7 @@ def test_only_trials_of_searches_that_are_gone_count_as_interrupted(tmp_path):
     (tmp_path / "trials" / f"{dead_pid:04d}").mkdir(parents=True)
     (tmp_path / "trials" / f"{dead_pid:04d}" / "result.json").write_text('{"status": "ok"}')
 
-    queued = retry_interrupted(study, tmp_path)
+    queued = retry_interrupted(study, tmp_path, baseline={})
 
     states = {t.number: t.state for t in study.trials}
     running = optuna.trial.TrialState.RUNNING

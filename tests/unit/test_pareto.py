@@ -32,7 +32,7 @@ def study_with(outcomes):
             )
         trial.set_user_attr(PARAMS_ATTR, {"batch_size": 8 * (i + 1)})
         trial.set_user_attr(BASELINE_ATTR, i == 0)
-        tell_result(study, trial, result, BUDGET_GIB)
+        tell_result(study, trial, result, BUDGET_GIB, noise_cv=0.1)
     store_run_info(study, info(headroom=0.1))
     return study
 
@@ -106,7 +106,7 @@ def noisy_study(baseline_cv, fastest_cv):
         )
         trial.set_user_attr(PARAMS_ATTR, {"batch_size": 8 * (i + 1)})
         trial.set_user_attr(BASELINE_ATTR, i == 0)
-        tell_result(study, trial, result, BUDGET_GIB)
+        tell_result(study, trial, result, BUDGET_GIB, noise_cv=0.1)
     store_run_info(study, info(headroom=0.1))
     return read_snapshot(study)
 

@@ -1,7 +1,9 @@
 import optuna
 import pytest
+from optuna.distributions import CategoricalDistribution
 
 from autotune.errors import SpaceError
+from autotune.knobs import baseline_params
 from autotune.space import SamplingRules
 from autotune.space_file import SoftwareFacts, load_space, parse_space, shipped_names
 
@@ -176,3 +178,16 @@ def test_rule_violations_and_impossible_conditions(knobs, message):
 def test_unknown_shipped_name_lists_the_shipped_ones():
     with pytest.raises(SpaceError, match="choose one of cpu, default"):
         load_space("nope")
+
+
+def test_the_baseline_as_optuna_parameters_uses_the_spaces_own_distributions():
+    baseline = baseline_params("adamw_torch_fused", None)
+    found = load_space("memory").optuna_params(baseline, SamplingRules())
+    # fp32 is no choice of this space: Optuna holds one distribution per name, so it is left out.
+    assert "precision" not in found
+    assert found["batch_size"] == (CategoricalDistribution((1, 2, 4, 8, 16)), 8)
+    assert found["optim"][1] == "adamw_torch_fused"
+    # A knob the space fixes is never suggested: a one-value distribution cannot clash.
+    assert found["dataloader_num_workers"] == (CategoricalDistribution((0,)), 0)
+    # The space fixes checkpointing on; the baseline's off is a parameter of its own.
+    assert found["gradient_checkpointing"] == (CategoricalDistribution((False,)), False)
