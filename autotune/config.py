@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -123,6 +124,18 @@ class RunConfig(BaseModel):
     storage: str | None = Field(
         None, description="Optuna storage URL; null = sqlite file study.db in the study folder"
     )
+    report_to: str = Field(
+        "none",
+        description="experiment trackers the exported script logs the real run to "
+        "(TrainingArguments.report_to: none, all, wandb, tensorboard, mlflow, ...; "
+        "comma-separated); trials never log",
+        json_schema_extra={"metavar": "NAMES"},
+    )
+
+    @field_validator("report_to")
+    @classmethod
+    def _report_to_is_integration_names(cls, value: str) -> str:
+        return check_report_to(value)
 
     @field_validator("study")
     @classmethod
@@ -131,6 +144,17 @@ class RunConfig(BaseModel):
         if problem:
             raise ValueError(problem)
         return value
+
+
+def check_report_to(value: str) -> str:
+    """`value` when it names integrations (`wandb`, `tensorboard,mlflow`); raises otherwise:
+    it is written into the exported script and its command line."""
+    if not re.fullmatch(r"[a-z0-9_]+(,[a-z0-9_]+)*", value):
+        raise ValueError(
+            "expected integration names as TrainingArguments.report_to takes them, "
+            "comma-separated: none, all, wandb, tensorboard, mlflow, ..."
+        )
+    return value
 
 
 STUDY_NAME_MAX_CHARS = 100
@@ -183,6 +207,15 @@ class ExportConfig(BaseModel):
     trial: int | None = Field(None, ge=0, description="trial number; null = the recommended one")
     storage: str | None = Field(None, description="Optuna storage URL; null = STUDY_DIR/study.db")
     study: str | None = Field(None, description="study name in the storage; null = its only one")
+    report_to: str | None = Field(
+        None,
+        description="py: experiment trackers the script logs to; null = the study's report_to",
+    )
+
+    @field_validator("report_to")
+    @classmethod
+    def _report_to_is_integration_names(cls, value: str | None) -> str | None:
+        return None if value is None else check_report_to(value)
 
 
 class ReportConfig(BaseModel):
@@ -197,6 +230,15 @@ class ReportConfig(BaseModel):
 def load_config(overrides: list[str], schema: type[BaseModel] = RunConfig) -> Any:
     """Parse and validate command-line overrides into `schema` (RunConfig by default)."""
     values, problems = parse_overrides(overrides)
+    return make_config(values, schema, problems)
+
+
+def make_config(
+    values: dict[str, Any], schema: type[BaseModel] = RunConfig, problems: Sequence[str] = ()
+) -> Any:
+    """Validate settings given as Python values (the Python API) into `schema`; every problem
+    is reported at once, as for the command line."""
+    problems = list(problems)
     problems += [
         _unknown_key_problem(key, schema) for key in values if key not in schema.model_fields
     ]  # fmt: skip

@@ -34,7 +34,7 @@ def write_recommendation(
     return [json_path, py_path]
 
 
-def render(fmt: str, *, info: RunInfo, record: TrialRecord) -> str:
+def render(fmt: str, *, info: RunInfo, record: TrialRecord, report_to: str | None = None) -> str:
     """One trial's settings as json, yaml, a runnable script (py) or example-script flags."""
     payload = {
         "training_args": record.result.training_args,
@@ -46,7 +46,7 @@ def render(fmt: str, *, info: RunInfo, record: TrialRecord) -> str:
         return yaml.safe_dump(payload, sort_keys=False)
     if fmt == "cli":
         return render_cli(record.result.training_args) + "\n"
-    return render_script(info, record)
+    return render_script(info, record, report_to=report_to)
 
 
 def render_cli(training_args: dict[str, Any]) -> str:
@@ -63,13 +63,14 @@ def render_cli(training_args: dict[str, Any]) -> str:
     return " ".join(flags)
 
 
-def render_script(info: RunInfo, record: TrialRecord) -> str:
+def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None = None) -> str:
     """A runnable script: the model from its config, random tokens, a Trainer with the args.
 
     The script's code is fixed text. Everything that comes from the study (model name or path,
     study and device names, the config, the kwargs) goes into constants written as Python
     literals, never into code or the docstring: a model folder may be named like code that
-    closes a docstring and calls `os.system`.
+    closes a docstring and calls `os.system`. `report_to` (default: the study's) names the
+    experiment trackers the script's run logs to.
     """
     metrics = record.result
     if info.task not in TASK_CLASSES:  # a study.db from elsewhere may hold anything
@@ -87,6 +88,7 @@ def render_script(info: RunInfo, record: TrialRecord) -> str:
         "MODEL_CONFIG": info.model_config,
         "TRAINING_ARGS": metrics.training_args,
         "MODEL_KWARGS": metrics.model_kwargs,
+        "REPORT_TO": (report_to or info.report_to).split(","),
     }
     constants = "".join(f"{name} = {_literal(name, value)}\n" for name, value in facts.items())
     return _SCRIPT_HEAD + constants + _SCRIPT_BODY
@@ -110,7 +112,7 @@ def _literal(name: str, value: Any) -> str:
 
 _SCRIPT_HEAD = '''"""Train a model with the TrainingArguments autotune measured for it.
 
-    python recommended.py [--max-steps N] [--output-dir DIR]
+    python recommended.py [--max-steps N] [--output-dir DIR] [--report-to NAME ...]
 
 The constants below say which model, trial and device; --help says it in words. The script
 builds the model from its config with random weights and trains on random tokens, as the search
@@ -162,13 +164,18 @@ def main():
     )
     parser.add_argument("--max-steps", type=int, default=10)
     parser.add_argument("--output-dir", default="output")
+    parser.add_argument(
+        "--report-to", nargs="+", default=REPORT_TO, metavar="NAME",
+        help="experiment trackers to log to (TrainingArguments.report_to) [%(default)s]",
+    )
     cli = parser.parse_args()
     config = transformers.AutoConfig.for_model(**MODEL_CONFIG)
     if TASK == "sequence-classification" and config.pad_token_id is None:
         config.pad_token_id = config.eos_token_id
     model = AUTO_CLASS.from_config(config, **MODEL_KWARGS)
     args = transformers.TrainingArguments(
-        output_dir=cli.output_dir, max_steps=cli.max_steps, report_to="none", **TRAINING_ARGS
+        output_dir=cli.output_dir, max_steps=cli.max_steps, report_to=cli.report_to,
+        **TRAINING_ARGS,
     )
     samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * cli.max_steps
     dataset = RandomTokens(config.vocab_size, samples)

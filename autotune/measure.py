@@ -55,6 +55,20 @@ class StepTimer(TrainerCallback):
         return [later - earlier for earlier, later in itertools.pairwise(ends)]
 
 
+def eta_s(step_end_s: list[float], total_steps: int) -> float | None:
+    """Seconds until step `total_steps` ends, from the clock readings at each step end so far.
+
+    The first step runs from the start of training and holds what is paid once (compiling, the
+    allocator's first growth, lazy initialisation): it would make the estimate many times too
+    long, so only the steps after it count, as their median, which one slow step does not move.
+    None until a step after the first has ended.
+    """
+    if len(step_end_s) < 2:
+        return None
+    typical_s = statistics.median(b - a for a, b in itertools.pairwise(step_end_s))
+    return (total_steps - len(step_end_s)) * typical_s
+
+
 def compile_s(warmup_step_times_s: list[float], median_step_s: float) -> float:
     """Time the warm-up spent beyond ordinary steps: graph capture and compilation."""
     return sum(max(0.0, t - median_step_s) for t in warmup_step_times_s)

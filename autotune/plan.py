@@ -106,6 +106,7 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         memory_budget_bytes=int(config.memory_budget or available_bytes),
         headroom=config.headroom,
         noise_cv=config.noise_cv,
+        report_to=config.report_to,
     )
     return SearchPlan(
         config=config,

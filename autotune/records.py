@@ -58,6 +58,8 @@ class RunInfo:
     """Resolved once when the study was made; every trial is judged against it."""
     headroom: float
     noise_cv: float
+    report_to: str = "none"
+    """Trackers the exported script logs to (`TrainingArguments.report_to`); trials never log."""
 
     @property
     def batch_mode(self) -> str:

@@ -29,6 +29,7 @@ from autotune.oom_killer import OomWitness
 from autotune.processes import die_with_parent
 from autotune.trial import (
     PROGRESS_FILE,
+    Progress,
     Status,
     TrialResult,
     TrialSpec,
@@ -182,12 +183,15 @@ def launch_trial(
     launcher: Launcher,
     rss_limit_bytes: int | None = None,
     oom_witness: Callable[[int], OomWitness] = OomWitness.watch,
+    on_progress: Callable[[Progress], None] | None = None,
 ) -> TrialResult:
     """Run one trial and return what happened to it.
 
     `rss_limit_bytes` turns on the CPU memory watchdog: the worker's process tree may grow by
     that much over the worker's own baseline before it is killed and the trial is `oom`.
     `oom_witness` watches the worker for the kernel's OOM killer (tests point it elsewhere).
+    `on_progress` is called in this process with each new progress record of the worker's;
+    what it raises ends the trial (the worker is killed) and propagates.
     """
     trial_dir.mkdir(parents=True, exist_ok=True)
     spec_path, result_path, log_path = (
@@ -207,7 +211,9 @@ def launch_trial(
     worker = launcher.start(spec_path, result_path, log_path)
     witness = oom_witness(worker.pid)
     try:
-        verdict = supervise(worker, started + timeout_s, rss_limit_bytes, progress_path)
+        verdict = supervise(
+            worker, started + timeout_s, rss_limit_bytes, progress_path, on_progress
+        )
     finally:
         # Also on Ctrl-C: nothing of the trial may outlive it.
         _kill_group(worker.pid)
@@ -230,33 +236,40 @@ def launch_trial(
 
 
 def supervise(
-    worker: Worker, deadline: float, rss_limit_bytes: int | None, progress_path: Path
+    worker: Worker,
+    deadline: float,
+    rss_limit_bytes: int | None,
+    progress_path: Path,
+    on_progress: Callable[[Progress], None] | None = None,
 ) -> TrialResult | None:
-    """Wait for the worker; a TrialResult when the parent ends the trial, None when it exits."""
-    baseline = None
+    """Wait for the worker; a TrialResult when the parent ends the trial, None when it exits.
+
+    Each poll reads the worker's progress record (the watchdog's baseline, and `on_progress`
+    when the record changed), also once after the worker exited, so its last one is seen."""
+    last: Progress | None = None
     peak = 0
-    while worker.poll() is None:
+    while True:
+        exited = worker.poll() is not None  # before the read: no record written after it
+        progress = read_progress(progress_path)
+        if progress is not None and progress != last:
+            last = progress
+            if on_progress is not None:
+                on_progress(progress)
+        if exited:
+            return None
         if time.perf_counter() > deadline:
             return TrialResult(status=Status.TIMEOUT, reason="no result before trial_timeout")
-        if rss_limit_bytes is not None:
-            baseline = baseline or _baseline_rss(progress_path)
-            if baseline is not None:
-                grown = _tree_rss(worker.pid) - baseline
-                peak = max(peak, grown)
-                if grown > rss_limit_bytes:
-                    return TrialResult(
-                        status=Status.OOM,
-                        reason=f"memory {format_bytes(grown)} over the worker's start exceeded "
-                        f"memory_budget {format_bytes(rss_limit_bytes)}",
-                        peak_memory_gib=peak / GIB,
-                    )
+        if rss_limit_bytes is not None and last is not None:
+            grown = _tree_rss(worker.pid) - last.baseline_rss_bytes
+            peak = max(peak, grown)
+            if grown > rss_limit_bytes:
+                return TrialResult(
+                    status=Status.OOM,
+                    reason=f"memory {format_bytes(grown)} over the worker's start exceeded "
+                    f"memory_budget {format_bytes(rss_limit_bytes)}",
+                    peak_memory_gib=peak / GIB,
+                )
         time.sleep(POLL_S)
-    return None
-
-
-def _baseline_rss(progress_path: Path) -> int | None:
-    progress = read_progress(progress_path)
-    return None if progress is None else progress.baseline_rss_bytes
 
 
 def _tree_rss(pid: int) -> int:

@@ -7,6 +7,8 @@ Other searches may write the same study: every iteration reads the records afres
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import socket
 import time
@@ -35,7 +37,7 @@ from autotune.records import (
     tell_repeat,
     tell_result,
 )
-from autotune.trial import Status, TrialResult, TrialSpec
+from autotune.trial import Progress, Status, TrialResult, TrialSpec
 
 MAX_REPEATS = 50
 INTERRUPTED_RESULT = "result.interrupted.json"
@@ -82,12 +84,42 @@ class AskTellGridSampler(optuna.samplers.GridSampler):
         pass
 
 
+class SearchObserver:
+    """What the loop tells whoever watches it (the terminal, a notebook); each does nothing
+    here. Called in the search process, between trials or while one runs."""
+
+    def busy(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """Around work before the search (`probing the device`)."""
+        return contextlib.nullcontext()
+
+    def planned(self, plan: SearchPlan, done_before: int) -> None:
+        """The study is open (under its lock); `done_before` trials were recorded earlier."""
+
+    def watching(self) -> contextlib.AbstractContextManager[None]:
+        """Around the loop (a live display)."""
+        return contextlib.nullcontext()
+
+    def ended(self, stopped: str) -> None:
+        """The loop ended normally; `stopped` says why."""
+
+    def retried(self, number: int) -> None:
+        """Trial `number` was interrupted earlier: its settings run again first."""
+
+    def trial_started(self, number: int, params: dict[str, Any]) -> None:
+        """A worker is starting on these settings."""
+
+    def progress(self, number: int, progress: Progress) -> None:
+        """The running trial's worker wrote a new progress record."""
+
+    def trial_ended(self, record: TrialRecord) -> None:
+        """A trial was recorded (measured, failed or skipped)."""
+
+
 def run_search(
     plan: SearchPlan,
     study: optuna.Study,
     *,
-    on_trial_end: Callable[[TrialRecord], None] = lambda record: None,
-    on_retry: Callable[[int], None] = lambda number: None,
+    observer: SearchObserver | None = None,
     launcher: runner.Launcher | None = None,
 ) -> str:
     """Run trials until `n_trials` are recorded or `timeout` has passed; says why it stopped.
@@ -98,12 +130,13 @@ def run_search(
     settings at least as memory-hungry as a known OOM are skipped.
     """
     config = plan.config
+    observer = observer or SearchObserver()
     launcher = launcher or runner.ForkserverLauncher()
     deadline = time.monotonic() + config.timeout if config.timeout else float("inf")
     budget_gib = plan.info.memory_budget_gib
     baseline = plan.space.optuna_params(plan.baseline, plan.rules)
     for number in retry_interrupted(study, plan.study_dir, baseline):
-        on_retry(number)
+        observer.retried(number)
     repeats = 0
     while True:
         records = load_records(study)  # afresh: another search may have recorded trials
@@ -143,8 +176,15 @@ def run_search(
         if skip is not None:
             result = TrialResult(status=Status.SKIPPED, reason=skip.reason)
         else:
+            observer.trial_started(trial.number, params)
             try:
-                result = _launch(plan, trial.number, params, launcher)
+                result = _launch(
+                    plan,
+                    trial.number,
+                    params,
+                    launcher,
+                    on_progress=functools.partial(observer.progress, trial.number),
+                )
             except BaseException:
                 # Ctrl-C or a bug in the parent: the trial ends FAIL without a result, which
                 # is how a later run of the same study recognises it as interrupted.
@@ -152,11 +192,15 @@ def run_search(
                 _set_aside_result(_trial_dir(plan.study_dir, trial.number))
                 raise
         tell_result(study, trial, result, budget_gib, noise_cv=plan.info.noise_cv)
-        on_trial_end(record_of(study.get_trials(deepcopy=False)[trial.number]))
+        observer.trial_ended(record_of(study.get_trials(deepcopy=False)[trial.number]))
 
 
 def _launch(
-    plan: SearchPlan, number: int, params: dict[str, Any], launcher: runner.Launcher
+    plan: SearchPlan,
+    number: int,
+    params: dict[str, Any],
+    launcher: runner.Launcher,
+    on_progress: Callable[[Progress], None],
 ) -> TrialResult:
     config = plan.config
     spec = TrialSpec(
@@ -182,6 +226,7 @@ def _launch(
         launcher=launcher,
         # On CUDA the worker caps its allocator at the budget; on CPU the parent watches RSS.
         rss_limit_bytes=plan.info.memory_budget_bytes if plan.device == "cpu" else None,
+        on_progress=on_progress,
     )
 
 

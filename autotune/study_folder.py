@@ -10,13 +10,13 @@ report.html       the interactive report
 from __future__ import annotations
 
 import csv
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from autotune import export
 from autotune.knobs import KNOBS
-from autotune.pareto import Picks
-from autotune.records import RunInfo, StudySnapshot, TrialRecord
+from autotune.records import StudySnapshot, TrialRecord
 from autotune.report.data import build_report_data
 from autotune.report.html import write_report
 
@@ -42,8 +42,8 @@ def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
     info, picks = snapshot.info, snapshot.picks
     out.mkdir(parents=True, exist_ok=True)
     paths = [
-        write_table(out / "trials.csv", snapshot.records, info.noise_cv),
-        write_table(out / "pareto.csv", snapshot.front, info.noise_cv),
+        write_table(out / "trials.csv", snapshot.records, snapshot),
+        write_table(out / "pareto.csv", snapshot.front, snapshot),
     ]
     for stale in (out / "recommended.json", out / "recommended.py"):
         stale.unlink(missing_ok=True)
@@ -51,30 +51,49 @@ def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
     if picks.fastest is not None:
         script = export.render_script(info, picks.fastest)
         flags = export.render_cli(picks.fastest.result.training_args)
-        paths += export.write_recommendation(out, recommendation(info, picks), script)
+        paths += export.write_recommendation(out, recommendation(snapshot), script)
     data = build_report_data(snapshot, code=script, cli_flags=flags)
     paths.append(write_report(data, out / "report.html"))
     return paths
 
 
-def write_table(path: Path, records: list[TrialRecord], noise_cv: float) -> Path:
-    knobs = [k for k in KNOBS if any(k in r.params for r in records)]
+def write_table(path: Path, records: list[TrialRecord], snapshot: StudySnapshot) -> Path:
+    columns, rows = table(records, snapshot)
     with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(
-            ["number", "baseline", *knobs, "status", *METRIC_COLUMNS, "noisy", "reason"]
-        )
-        for r in records:
-            metrics = [_cell(getattr(r.result, m)) for m in METRIC_COLUMNS]
-            params = [r.params.get(k, "") for k in knobs]
-            cv = r.result.step_time_cv
-            noisy = "" if cv is None else cv > noise_cv
-            row = [r.number, r.baseline, *params, r.status.value, *metrics, noisy, r.result.reason]
-            writer.writerow(row)
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _cell(v) for k, v in row.items()})
     return path
 
 
-def recommendation(info: RunInfo, picks: Picks) -> dict[str, Any]:
+def table(
+    records: list[TrialRecord], snapshot: StudySnapshot
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """Columns, and a row per trial: settings, status, figures, `noisy`, and
+    `changes_training` (settings that change the training itself compared with the baseline,
+    `;`-separated). trials.csv, pareto.csv and `SearchResult.to_dataframe()` hold these."""
+    knobs = [k for k in KNOBS if any(k in r.params for r in records)]
+    columns = ["number", "baseline", *knobs, "status", *METRIC_COLUMNS, "noisy",
+               "changes_training", "reason"]  # fmt: skip
+    rows = [
+        {
+            "number": r.number,
+            "baseline": r.baseline,
+            **{k: r.params.get(k) for k in knobs},
+            "status": r.status.value,
+            **{m: getattr(r.result, m) for m in METRIC_COLUMNS},
+            "noisy": None if r.result.step_time_cv is None else snapshot.is_noisy(r),
+            "changes_training": ";".join(c.setting for c in snapshot.math_changes(r)),
+            "reason": r.result.reason,
+        }
+        for r in records
+    ]
+    return columns, rows
+
+
+def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
+    info, picks = snapshot.info, snapshot.picks
     fastest = picks.fastest
     assert fastest is not None
     baseline = picks.baseline
@@ -86,30 +105,36 @@ def recommendation(info: RunInfo, picks: Picks) -> dict[str, Any]:
         "seq_len": info.seq_len,
         "device": info.device,
         "device_name": fastest.result.device_name,
-        **_settings_and_metrics(fastest, picks),
+        **_settings_and_metrics(fastest, snapshot),
         "baseline": None if baseline is None else {
             "trial": baseline.number,
             "status": baseline.status.value,
             "reason": baseline.result.reason,
             "params": baseline.params,
             "metrics": _metrics(baseline),
+            "noisy": snapshot.is_noisy(baseline),
         },
         "memory_saver": None if picks.saver is None else {
-            "trial": picks.saver.number, **_settings_and_metrics(picks.saver, picks),
+            "trial": picks.saver.number, **_settings_and_metrics(picks.saver, snapshot),
         },
         "memory_budget_gib": info.memory_budget_gib,
         "memory_limit_gib": info.memory_limit_gib,
         "batch_mode": info.batch_mode,
+        "report_to": info.report_to,
     }  # fmt: skip
 
 
-def _settings_and_metrics(record: TrialRecord, picks: Picks) -> dict[str, Any]:
+def _settings_and_metrics(record: TrialRecord, snapshot: StudySnapshot) -> dict[str, Any]:
     return {
         "params": record.params,
         "training_args": record.result.training_args,
         "model_kwargs": record.result.model_kwargs,
         "metrics": _metrics(record),
-        "speedup_vs_baseline": picks.speedup(record),
+        "noisy": snapshot.is_noisy(record),
+        "speedup_vs_baseline": snapshot.picks.speedup(record),
+        "speedup_caveat": snapshot.picks.noise_caveat(record) or None,
+        # Differences from the baseline that change the training, not only its speed.
+        "changes_training": [dataclasses.asdict(c) for c in snapshot.math_changes(record)],
     }
 
 
@@ -125,5 +150,7 @@ def _metrics(record: TrialRecord) -> dict[str, Any]:
     }
 
 
-def _cell(value: float | None) -> str:
-    return "" if value is None else f"{value:.6g}"
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else value

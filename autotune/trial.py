@@ -1,4 +1,5 @@
-"""The parent <-> worker contract: `TrialSpec` in, `TrialResult` out, both JSON with a version.
+"""The parent <-> worker contract: `TrialSpec` in, `TrialResult` out, both JSON with a version;
+`Progress` records while the worker runs.
 
 The parent writes a spec file, starts `python -m autotune.worker SPEC RESULT`, and decides the
 trial's fate from the worker's exit code and the result file alone (never from its stderr).
@@ -125,6 +126,17 @@ class TrialResult:
 
 
 PROGRESS_FILE = "progress.json"
+PROGRESS_SCHEMA_VERSION = 2
+"""The progress record's own version: it is read only while its trial runs, whereas results
+stored in old studies are read with `SCHEMA_VERSION`, which its changes must leave alone."""
+
+
+class Stage(enum.StrEnum):
+    """Where a running worker is; a record's stage is the one the worker has just entered."""
+
+    BUILDING = "building"  # the model, the data and the Trainer
+    WARMUP = "warm-up"  # untimed optimizer steps
+    MEASURING = "measuring"  # timed optimizer steps (warm-up done)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -133,22 +145,54 @@ class Progress:
 
     baseline_rss_bytes: int
     """The worker's resident size before the trial built anything: the CPU watchdog's zero."""
-    schema_version: int = SCHEMA_VERSION
+    stage: Stage
+    """`measuring` from the end of the last warm-up step on: the next step is timed."""
+    step: int
+    """Optimizer steps done."""
+    total_steps: int
+    """Warm-up plus measured steps: training ends when `step` reaches it."""
+    elapsed_s: float
+    """Seconds since the worker began the trial (before building the model), to this record."""
+    eta_s: float | None = None
+    """Seconds of training left, estimated from the steps so far; None until two steps ended."""
+    schema_version: int = PROGRESS_SCHEMA_VERSION
+
+    def summary(self) -> str:
+        """One short line for a log: `step 3/13 (warm-up) 1.2 s elapsed, ETA 8 s`."""
+        line = f"step {self.step}/{self.total_steps} ({self.stage}) {self.elapsed_s:.1f} s elapsed"
+        return line if self.eta_s is None else f"{line}, ETA {self.eta_s:.0f} s"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["stage"] = self.stage.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Progress:
+        if data.get("schema_version") != PROGRESS_SCHEMA_VERSION:
+            raise ValueError(
+                f"progress schema {data.get('schema_version')} != {PROGRESS_SCHEMA_VERSION}"
+            )
+        return cls(**{**data, "stage": Stage(data["stage"])})
 
 
 def write_progress(path: Path, progress: Progress) -> None:
-    write_json_atomic(path, dataclasses.asdict(progress))
+    # No fsync: the record is only read while the worker runs, and a rename alone already
+    # shows a reader the old record or the new one. Measured on ext4 (1000 writes): ~0.3-0.7 ms
+    # a write without fsync, 0.6-2.5 ms with it.
+    write_json_atomic(path, progress.to_dict(), fsync=False)
 
 
 def read_progress(path: Path) -> Progress | None:
-    """The latest progress record; None before the worker has written one."""
+    """The latest progress record; None before the worker has written one.
+
+    Written atomically, so a record is never half there; an unparsable file still reads as
+    None, so that supervision never trips over it."""
     try:
         data = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"progress schema {data.get('schema_version')} != {SCHEMA_VERSION}")
-    return Progress(**data)
+    return Progress.from_dict(data)
 
 
 def spec_to_dict(spec: TrialSpec) -> dict[str, Any]:
@@ -161,15 +205,18 @@ def spec_from_dict(data: dict[str, Any]) -> TrialSpec:
     return TrialSpec(**data)
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON so that a reader sees the old file, the new file, or none: never half of one."""
+def write_json_atomic(path: Path, data: dict[str, Any], *, fsync: bool = True) -> None:
+    """Write JSON so that a reader sees the old file, the new file, or none: never half of one.
+
+    `fsync` also makes it survive a machine crash: results need that, a passing record not."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, allow_nan=True)
-            f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; these are ordinary output files
         os.replace(tmp, path)
     except BaseException:

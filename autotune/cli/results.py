@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from autotune import export
-from autotune.cli._console import console
 from autotune.config import ExportConfig, ReportConfig, help_rows, load_config
 from autotune.errors import StudyError
 from autotune.records import read_snapshot
@@ -15,6 +14,7 @@ from autotune.storage import load_study_dir
 from autotune.study_folder import write_study_folder
 from autotune.trial import Status
 from autotune.units import format_bytes, format_gib
+from autotune.view import Reporter, console, print_outcome, print_paths
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -40,10 +40,12 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     config = load_config(args.overrides, ReportConfig)
-    study = load_study_dir(args.study_dir, config.storage, config.study)
+    snapshot = read_snapshot(load_study_dir(args.study_dir, config.storage, config.study))
     with console.status("building the report"):
-        paths = write_study_folder(read_snapshot(study), args.study_dir)
-    console.print("wrote " + ", ".join(str(p) for p in paths), soft_wrap=True)
+        paths = write_study_folder(snapshot, args.study_dir)
+    report = Reporter()
+    print_outcome(report, snapshot)
+    print_paths(report, paths)
     return 0
 
 
@@ -68,5 +70,7 @@ def _export(args: argparse.Namespace) -> int:
             f"{format_gib(record.result.peak_memory_gib)} exceeds the memory budget "
             f"{format_bytes(info.memory_budget_bytes)}"
         )
-    sys.stdout.write(export.render(config.format, info=info, record=record))
+    sys.stdout.write(
+        export.render(config.format, info=info, record=record, report_to=config.report_to)
+    )
     return 0

@@ -2,6 +2,11 @@
 
 MODE `sequence:DIR:m1,m2,...` takes the next mode from the list on each call (a counter file in
 DIR), so one search can meet every fault in turn.
+
+MODE `progress` reports as the real worker does: `building` and training-begins progress
+records 0.3 s apart, then a record and a log line per step (warm-up, then measuring; 0.1 s a
+step; an ETA from the second step on) up to the spec's warm-up + measured steps, then writes
+MODE `ok`'s result.
 """
 
 import json
@@ -11,6 +16,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from autotune.trial import Progress, Stage, write_progress
 
 mode, spec_path, result_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 if mode.startswith("sequence:"):
@@ -29,7 +36,7 @@ def write_result(**fields):
     result_path.write_text(json.dumps(result))
 
 
-if mode == "ok":
+def write_ok_result():
     batch = spec["params"]["batch_size"]
     write_result(
         status="ok",
@@ -42,6 +49,35 @@ if mode == "ok":
         train_s=0.2,
         training_args={"per_device_train_batch_size": batch},
     )
+
+
+def report(stage, step, started_s, eta_s=None):
+    record = Progress(
+        baseline_rss_bytes=0,
+        stage=stage,
+        step=step,
+        total_steps=spec["warmup_steps"] + spec["measure_steps"],
+        elapsed_s=time.monotonic() - started_s,
+        eta_s=eta_s,
+    )
+    write_progress(progress, record)
+    print(record.summary(), flush=True)
+
+
+if mode == "ok":
+    write_ok_result()
+elif mode == "progress":
+    STEP_S = 0.1
+    started_s = time.monotonic()
+    total = spec["warmup_steps"] + spec["measure_steps"]
+    report(Stage.BUILDING, 0, started_s)
+    time.sleep(3 * STEP_S)
+    report(Stage.WARMUP, 0, started_s)  # training begins
+    for step in range(1, total + 1):
+        time.sleep(STEP_S)
+        stage = Stage.WARMUP if step < spec["warmup_steps"] else Stage.MEASURING
+        report(stage, step, started_s, eta_s=(total - step) * STEP_S if step > 1 else None)
+    write_ok_result()
 elif mode == "raise":
     raise RuntimeError("boom in the worker")
 elif mode == "error":  # what the real worker writes for an exception it caught
@@ -74,7 +110,7 @@ elif mode == "sleep":
 elif mode == "garbage":
     result_path.write_text("{not json")
 elif mode == "alloc":  # grow well past any small budget, then linger
-    progress.write_text(json.dumps({"baseline_rss_bytes": 0, "schema_version": 1}))
+    report(Stage.BUILDING, 0, time.monotonic())
     hog = bytearray(600 * 2**20)
     for i in range(0, len(hog), 4096):
         hog[i] = 1  # touch every page so it is resident

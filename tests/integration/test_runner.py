@@ -1,4 +1,5 @@
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -7,8 +8,8 @@ import psutil
 import pytest
 
 from autotune.oom_killer import OomWitness, read_oom_kills
-from autotune.runner import CommandLauncher, launch_trial
-from autotune.trial import Status, TrialSpec
+from autotune.runner import CommandLauncher, launch_trial, supervise
+from autotune.trial import Progress, Stage, Status, TrialSpec
 from tests.conftest import FAKE_WORKER as FAKE
 
 
@@ -173,3 +174,53 @@ def test_a_budget_below_ten_mib_is_not_written_as_zero_gib(tmp_path):
     result = run("alloc", tmp_path, rss_limit_bytes=5 * 2**20)
     assert result.status is Status.OOM
     assert "exceeded memory_budget 5.0 MiB" in result.reason
+
+
+def test_each_new_progress_record_reaches_on_progress_the_last_one_included(tmp_path):
+    seen: list[Progress] = []
+    result = launch_trial(
+        spec(), tmp_path, timeout_s=30, on_progress=seen.append,
+        launcher=CommandLauncher((sys.executable, FAKE, "progress")),
+    )  # fmt: skip
+    assert result.status is Status.OK
+    steps = [p.step for p in seen]
+    assert steps == sorted(steps) and len(set(seen)) == len(seen), "an old record came twice"
+    assert seen[-1].step == seen[-1].total_steps == 3  # written just before the worker exited
+    assert seen[0].stage is Stage.BUILDING and seen[0].eta_s is None
+    assert seen[-1].stage is Stage.MEASURING and seen[-1].eta_s == 0
+    assert "step 3/3 (measuring)" in (tmp_path / "worker.log").read_text()
+
+
+def test_an_exception_in_on_progress_ends_the_trial_and_propagates(tmp_path):
+    class Remembering(CommandLauncher):
+        def start(self, *paths):
+            self.worker = super().start(*paths)
+            return self.worker
+
+    def interrupt(progress: Progress) -> None:
+        raise KeyboardInterrupt  # as Ctrl-C in the middle of the display
+
+    launcher = Remembering((sys.executable, FAKE, "alloc"))  # lingers 60 s unless killed
+    with pytest.raises(KeyboardInterrupt):
+        launch_trial(spec(), tmp_path, timeout_s=30, launcher=launcher, on_progress=interrupt)
+    assert launcher.worker.poll() == -signal.SIGKILL
+
+
+class Exited:
+    pid = 0
+
+    def poll(self) -> int | None:
+        return 0
+
+    def reap(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("text", ["", "{not json", '{"baseline_rss_bytes": 1, "sta'])
+def test_an_unreadable_progress_file_is_no_record_and_supervision_goes_on(tmp_path, text):
+    (tmp_path / "progress.json").write_text(text)
+    seen: list[Progress] = []
+    deadline = time.perf_counter() + 5
+    verdict = supervise(Exited(), deadline, 2**20, tmp_path / "progress.json", seen.append)
+    assert verdict is None  # the worker's exit decides, as without a progress file
+    assert seen == []

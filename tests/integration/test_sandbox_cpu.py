@@ -3,6 +3,7 @@
 import csv
 import dataclasses
 import json
+import re
 import signal
 import statistics
 import subprocess
@@ -18,7 +19,7 @@ from autotune.models import resolve_model
 from autotune.records import PARAMS_ATTR, RESULT_ATTR
 from autotune.runner import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
 from autotune.study import RETRY_OF_ATTR
-from autotune.trial import Status, TrialSpec
+from autotune.trial import Progress, Stage, Status, TrialSpec
 from tests.benchmarking import up_to_three_attempts
 from tests.conftest import TINY_MODEL
 
@@ -227,3 +228,27 @@ def test_knobs_added_through_the_catalogue_alone_reach_a_real_trial(tmp_path):
     assert result.status is Status.OK, result.reason
     assert result.training_args["activation_checkpointing_kwargs"] == {"use_reentrant": False}
     assert result.training_args["torch_empty_cache_steps"] == 2
+
+
+def test_a_real_trial_reports_its_steps_stages_and_eta_while_it_runs(tmp_path):
+    spec = dataclasses.replace(tiny_spec(0), warmup_steps=2, measure_steps=4)
+    seen: list[Progress] = []
+    result = launch_trial(
+        spec, tmp_path, timeout_s=120, launcher=ForkserverLauncher(), on_progress=seen.append
+    )
+    assert result.status is Status.OK, result.reason
+    assert seen[0].stage is Stage.BUILDING and seen[0].step == 0
+    order = list(Stage)
+    assert [order.index(p.stage) for p in seen] == sorted(order.index(p.stage) for p in seen)
+    steps = [p.step for p in seen]
+    assert steps == sorted(steps) and steps[-1] == 6
+    assert {p.total_steps for p in seen} == {6}
+    elapsed = [p.elapsed_s for p in seen]
+    assert elapsed == sorted(elapsed) and elapsed[-1] < result.wall_s
+    assert all(p.eta_s is None for p in seen if p.step < 2)
+    assert seen[-1].stage is Stage.MEASURING and seen[-1].eta_s == 0
+    log = (tmp_path / "worker.log").read_text()
+    for step in range(1, 7):
+        stage = "warm-up" if step < 2 else "measuring"
+        assert re.search(rf"^step {step}/6 \({stage}\) [\d.]+ s elapsed", log, re.M), log
+    assert re.search(r"^step 2/6 \(measuring\) [\d.]+ s elapsed, ETA \d+ s$", log, re.M), log

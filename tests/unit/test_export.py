@@ -113,6 +113,7 @@ def run_info(text: str) -> RunInfo:
         "memory_budget_bytes": 2**30,
         "headroom": 0.1,
         "noise_cv": 0.05,
+        "report_to": text,
     }
     return RunInfo(**{f.name: values[f.name] for f in dataclasses.fields(RunInfo)})
 

@@ -89,3 +89,19 @@ def test_flops_count_both_sides_of_an_encoder_decoder():
 )
 def test_peak_table_is_keyed_by_nvml_name_and_precision(name, precision, tflops):
     assert measure.peak_tflops(name, precision) == tflops
+
+
+def test_eta_waits_for_a_step_after_the_first():
+    assert measure.eta_s([], total_steps=10) is None
+    assert measure.eta_s([40.0], total_steps=10) is None  # the first step holds the compile
+
+
+def test_eta_is_steps_left_times_the_median_step_after_the_first():
+    # The first step ends at 40 s (compiling), then 1 s steps and one 5 s hiccup.
+    ends = [40.0, 41.0, 42.0, 47.0, 48.0]
+    assert measure.eta_s(ends, total_steps=10) == pytest.approx(5 * 1.0)
+    assert measure.eta_s([40.0, 42.0], total_steps=4) == pytest.approx(2 * 2.0)
+
+
+def test_eta_is_zero_at_the_last_step():
+    assert measure.eta_s([3.0, 4.0, 5.0], total_steps=3) == 0.0

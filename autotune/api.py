@@ -1,0 +1,209 @@
+"""The Python API: `autotune.search(model=..., **settings)` runs a search as `autotune search`
+does and returns a `SearchResult`; `autotune.load(study_dir)` reads a finished one.
+
+    import autotune
+    result = autotune.search(model="google/bert_uncased_L-2_H-128_A-2", seq_len=64, n_trials=4)
+    args = result.recommended.training_args()      # a transformers.TrainingArguments
+    result.to_dataframe()                           # a row per trial, as trials.csv
+
+The command line is a thin layer over `run` (parse, run, print); settings are the same keys
+with the same defaults and checks (`autotune.config.RunConfig`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from autotune import hardware
+from autotune.config import RunConfig, make_config
+from autotune.knobs import MathChange, describe_params
+from autotune.plan import make_plan
+from autotune.records import RunInfo, StudySnapshot, TrialRecord, load_records, read_snapshot
+from autotune.runner import Launcher
+from autotune.storage import load_study_dir, locked_study
+from autotune.study import SearchObserver, run_search
+from autotune.study_folder import table, write_study_folder
+from autotune.trial import TrialResult
+
+if TYPE_CHECKING:
+    import pandas
+    import transformers
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasuredConfig:
+    """One measured trial: its settings, what it measured, and how it compares with the
+    baseline (HF defaults) of its study."""
+
+    number: int
+    params: dict[str, Any]
+    """Every knob's value (`batch_size`, `precision`, `optim`, ...)."""
+    result: TrialResult
+    """Everything the trial measured: samples_per_s, peak_memory_gib, step_time_cv, ..."""
+    speedup: float | None
+    """samples/s over the baseline's; None when the baseline has no figure."""
+    noisy: bool
+    """Its step times varied more than the study's noise_cv."""
+    changes_training: list[MathChange]
+    """Differences from the baseline that change the training itself, not only its speed."""
+    report_to: str
+    description: str
+    """`trial 7: 512.30 samples/s (1.42x the baseline) at 3.210 GiB`, with caveats."""
+
+    @property
+    def samples_per_s(self) -> float | None:
+        return self.result.samples_per_s
+
+    @property
+    def peak_memory_gib(self) -> float | None:
+        return self.result.peak_memory_gib
+
+    @property
+    def training_args_kwargs(self) -> dict[str, Any]:
+        """The `TrainingArguments` kwargs the trial trained with (no run-only fields)."""
+        return dict(self.result.training_args)
+
+    @property
+    def model_kwargs(self) -> dict[str, Any]:
+        """`from_pretrained`/`from_config` kwargs it trained with (the attention kernel)."""
+        return dict(self.result.model_kwargs)
+
+    def training_args(
+        self, output_dir: str = "output", **overrides: Any
+    ) -> transformers.TrainingArguments:
+        """A real `transformers.TrainingArguments` with the measured settings, logging to the
+        study's `report_to`; `overrides` (learning_rate, num_train_epochs, ...) win."""
+        import transformers  # only here: importing autotune stays light
+
+        kwargs = {"report_to": self.report_to.split(","), **self.result.training_args}
+        return transformers.TrainingArguments(output_dir=output_dir, **kwargs | overrides)
+
+    def __str__(self) -> str:
+        return f"{self.description}: {describe_params(self.params)}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchResult:
+    """A study as read from its storage: what `autotune search` prints and writes."""
+
+    snapshot: StudySnapshot
+    study_dir: Path
+    paths: list[Path]
+    """The files written: trials.csv, pareto.csv, recommended.json/.py, report.html."""
+    stopped: str | None = None
+    """Why the search ended; None for a study read with `load`."""
+
+    @property
+    def info(self) -> RunInfo:
+        return self.snapshot.info
+
+    @property
+    def front(self) -> list[MeasuredConfig]:
+        """Feasible trials no other beats on both samples/s and memory, fastest first."""
+        return [self._measured(r) for r in self.snapshot.front]
+
+    @property
+    def recommended(self) -> MeasuredConfig | None:
+        """The fastest trial below the memory budget less its headroom; None when none is."""
+        return self._measured(self.snapshot.picks.fastest)
+
+    @property
+    def memory_saver(self) -> MeasuredConfig | None:
+        return self._measured(self.snapshot.picks.saver)
+
+    @property
+    def baseline(self) -> MeasuredConfig | None:
+        return self._measured(self.snapshot.picks.baseline)
+
+    @property
+    def trials(self) -> list[MeasuredConfig]:
+        return [self._measured(r) for r in self.snapshot.records]
+
+    def to_dataframe(self) -> pandas.DataFrame:
+        """A row per trial with the columns of trials.csv (settings, status, figures, noisy,
+        changes_training, reason)."""
+        import pandas
+
+        columns, rows = table(self.snapshot.records, self.snapshot)
+        return pandas.DataFrame(rows, columns=columns)
+
+    def _measured(self, record: TrialRecord | None) -> MeasuredConfig | None:
+        if record is None:
+            return None
+        picks = self.snapshot.picks
+        return MeasuredConfig(
+            number=record.number,
+            params=dict(record.params),
+            result=record.result,
+            speedup=picks.speedup(record),
+            noisy=self.snapshot.is_noisy(record),
+            changes_training=self.snapshot.math_changes(record),
+            report_to=self.info.report_to,
+            description=picks.describe(record)
+            if record.result.samples_per_s
+            else (f"trial {record.number}: {record.status.value}"),
+        )
+
+
+def search(
+    model: str, *, quiet: bool = False, launcher: Launcher | None = None, **settings: Any
+) -> SearchResult:
+    """Run a search and return its result; prints progress as `autotune search` does (unless
+    `quiet=True`). Settings are `autotune search`'s keys (`seq_len=`, `n_trials=`, `out=`,
+    `memory_budget="24GiB"`, ...); bad ones raise `ConfigError` naming every problem."""
+    from autotune.view import TerminalView, print_outcome, print_paths
+
+    quiet_optuna()
+    config = make_config({"model": model, "quiet": quiet, **settings})
+    view = TerminalView(quiet=config.quiet)
+    result = run(config, observer=view, launcher=launcher)
+    print_outcome(view.report, result.snapshot)
+    print_paths(view.report, result.paths)
+    return result
+
+
+def load(
+    study_dir: str | Path, *, storage: str | None = None, study: str | None = None
+) -> SearchResult:
+    """A finished (or running) study, read from its storage: STUDY_DIR/study.db by default."""
+    quiet_optuna()
+    study_dir = Path(study_dir)
+    snapshot = read_snapshot(load_study_dir(study_dir, storage, study))
+    paths = [p for p in (study_dir / n for n in _OUTPUTS) if p.exists()]
+    return SearchResult(snapshot=snapshot, study_dir=study_dir, paths=paths)
+
+
+def quiet_optuna() -> None:
+    """Optuna's INFO lines ("A new study created ...") say less than ours, and twice."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+_OUTPUTS = ("trials.csv", "pareto.csv", "recommended.json", "recommended.py", "report.html")
+
+
+def run(
+    config: RunConfig,
+    *,
+    observer: SearchObserver | None = None,
+    launcher: Launcher | None = None,
+) -> SearchResult:
+    """Probe the device, plan, run the study under its lock, and write the study folder (also
+    when interrupted: what finished is written before the exception goes on)."""
+    observer = observer or SearchObserver()
+    with observer.busy("probing the device"):
+        device_info = hardware.probe()
+    plan = make_plan(config, device_info)
+    with locked_study(plan) as (study, plan):
+        observer.planned(plan, done_before=len(load_records(study)))
+        try:
+            with observer.watching():
+                stopped = run_search(plan, study, observer=observer, launcher=launcher)
+            observer.ended(stopped)
+        finally:
+            snapshot = read_snapshot(study)
+            paths = write_study_folder(snapshot, plan.study_dir)
+    return SearchResult(snapshot=snapshot, study_dir=plan.study_dir, paths=paths, stopped=stopped)

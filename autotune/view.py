@@ -1,0 +1,214 @@
+"""What a person watching a search sees: the plan, a line per trial, the running trial's step
+and ETA, and at the end the front and the picks. Shared by the command line and the Python API
+(`autotune.search` prints the same lines in a notebook); `autotune report` prints the outcome.
+
+On a terminal a progress bar stands over a live line for the running trial; piped output (and
+search.log, always) gets plain lines only, one when a trial starts and one when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from autotune import trial
+from autotune.knobs import describe_params
+from autotune.plan import SearchPlan
+from autotune.records import StudySnapshot, TrialRecord
+from autotune.study import SearchObserver
+from autotune.trial import Status
+from autotune.units import format_bytes, format_gib
+
+# Piped output (logs, CI) gets long lines instead of rich's 80-column default, so names and
+# settings are never cut or folded.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+errors = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
+
+NOTHING_TO_RECOMMEND = 3
+"""Exit code of a search that finished but has no trial to recommend."""
+
+
+class Reporter:
+    """Prints to the terminal (unless quiet) and appends the same lines, plain, to a log."""
+
+    def __init__(self, *, quiet: bool = False, log_path: Path | None = None) -> None:
+        self.quiet = quiet
+        self.log_path = log_path
+
+    def open_log(self, path: Path) -> None:
+        self.log_path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def line(self, markup: str, *, always: bool = False, log_only: bool = False) -> None:
+        if (always or not self.quiet) and not log_only:
+            console.print(markup, soft_wrap=True)
+        if self.log_path is not None:
+            with open(self.log_path, "a") as log:
+                log.write(Text.from_markup(markup).plain + "\n")
+
+
+class _BarAndTrial(Progress):
+    """The trials bar with the running trial's line under it (rich's documented extension
+    point for extra renderables)."""
+
+    running = ""
+
+    def get_renderables(self) -> Any:
+        yield self.make_tasks_table(self.tasks)
+        if self.running:
+            yield Text(self.running, overflow="ellipsis", no_wrap=True)
+
+
+class TerminalView(SearchObserver):
+    """Shows one search as `autotune.api.run` tells it."""
+
+    def __init__(self, *, quiet: bool) -> None:
+        self.report = Reporter(quiet=quiet)
+        self.live = not quiet and console.is_terminal  # a bar only for a person watching
+        self.bar = _BarAndTrial(
+            TextColumn("trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[best]}"),
+            console=console,
+            transient=True,
+            disable=not self.live,
+        )
+        self.task = None
+        self.total = 0
+        self.best = 0.0
+        self.running_params = ""
+
+    def busy(self, what: str) -> contextlib.AbstractContextManager[Any]:
+        return console.status(what) if self.live else contextlib.nullcontext()
+
+    def planned(self, plan: SearchPlan, done_before: int) -> None:
+        self.report.open_log(plan.study_dir / "search.log")
+        self.report.line(
+            f"study [bold]{escape(plan.study_name)}[/]: {escape(plan.model.name)} "
+            f"({plan.info.task}), seq_len {plan.config.seq_len}, {plan.device} "
+            f"({escape(plan.info.device_name)}), space {escape(plan.space.name)}, budget "
+            f"{format_bytes(plan.info.memory_budget_bytes)}, {plan.config.n_trials} trials "
+            f"-> {escape(str(plan.study_dir))}"
+        )
+        self.report.line(f"batch: {plan.info.batch_mode}")
+        for note in plan.space.notes:
+            self.report.line(f"[yellow]note:[/] {escape(note)}")
+        if done_before:
+            self.report.line(f"resuming: {done_before} finished trial(s) kept")
+        self.total = plan.config.n_trials
+        self.task = self.bar.add_task("trials", total=self.total, completed=done_before, best="")
+
+    def watching(self) -> contextlib.AbstractContextManager[Any]:
+        return self.bar
+
+    def retried(self, number: int) -> None:
+        self.report.line(f"trial {number} was interrupted: its settings run again first")
+
+    def trial_started(self, number: int, params: dict[str, Any]) -> None:
+        self.running_params = f"trial {number}: {describe_params(params)}"
+        if self.live:
+            self.bar.running = self.running_params + ", starting"
+            self.report.line(f"trial {number} started: {describe_params(params)}", log_only=True)
+        else:
+            self.report.line(f"trial {number} started: {describe_params(params)}")
+
+    def progress(self, number: int, progress: trial.Progress) -> None:
+        if self.live:
+            self.bar.running = f"{self.running_params}, {_step(progress)}"
+            self.bar.refresh()
+
+    def trial_ended(self, record: TrialRecord) -> None:
+        self.bar.running = ""
+        done = int(self.bar.tasks[0].completed) + 1
+        if record.status is Status.OK:
+            self.best = max(self.best, record.result.samples_per_s)
+        self.bar.update(self.task, completed=done, best=f"best {self.best:.2f} samples/s")
+        self.report.line(_trial_line(record, done, self.total))
+
+    def ended(self, stopped: str) -> None:
+        self.report.line(f"search ended: {stopped}")
+
+
+def _step(progress: trial.Progress) -> str:
+    """`step 3/13 (warm-up), ETA 8 s`, or the stage before training."""
+    if progress.stage is trial.Stage.BUILDING:
+        return "building the model and the Trainer"
+    eta = "" if progress.eta_s is None else f", ETA {progress.eta_s:.0f} s"
+    return f"step {progress.step}/{progress.total_steps} ({progress.stage}){eta}"
+
+
+def _trial_line(record: TrialRecord, done: int, total: int) -> str:
+    r = record.result
+    status = r.status.value if r.status is Status.OK else f"[red]{r.status.value}[/]"
+    head = f"[{done}/{total}] trial {record.number:>3} {status:<7} {describe_params(record.params)}"
+    if r.status is Status.OK:
+        return (
+            f"{head}: {r.samples_per_s:.2f} samples/s, {format_gib(r.peak_memory_gib, 3)}, "
+            f"step CV {r.step_time_cv:.0%}, {r.wall_s:.1f} s"
+        )
+    return f"{head}: {escape(r.reason)}"
+
+
+def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
+    """The front table, the baseline, the picks with their caveats and what in them changes
+    the training (after a search, and for `autotune report`)."""
+    picks = snapshot.picks
+    table = Table(title="Pareto front (fastest first)")
+    columns = ("trial", "settings", "samples/s", "x baseline", "peak GiB", "MFU", "step CV",
+               "changes training")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("settings", "changes training")
+                         else "right")  # fmt: skip
+    for record in snapshot.front:
+        r = record.result
+        marks = ((picks.fastest, " *"), (picks.saver, " m"))
+        mark = "".join(m for pick, m in marks if pick is not None and pick.number == record.number)
+        speedup = picks.speedup(record)
+        table.add_row(
+            f"{record.number}{mark}",
+            escape(describe_params(record.params)),
+            f"{r.samples_per_s:.2f}",
+            "n/a" if speedup is None else f"{speedup:.2f}x",
+            format_gib(r.peak_memory_gib, 3).removesuffix(" GiB"),
+            "n/a" if r.mfu is None else f"{r.mfu:.1%}",
+            f"{r.step_time_cv:.0%}" + (" noisy" if snapshot.is_noisy(record) else ""),
+            ", ".join(c.setting for c in snapshot.math_changes(record)) or "-",
+        )
+    if not report.quiet:
+        console.print(table)
+    report.line(f"baseline (HF defaults): {escape(picks.describe_baseline())}")
+    if picks.baseline is not None and picks.baseline.result.samples_per_s is None:
+        report.line("[yellow]the HF defaults did not run here, so there is no speedup figure[/]")
+    if picks.fastest is None:
+        report.line(
+            f"[yellow]no successful trial stays below {format_gib(snapshot.info.memory_limit_gib)} "
+            f"(budget less headroom): nothing to recommend (exit code {NOTHING_TO_RECOMMEND})[/]"
+        )
+        return
+    for label, record in (("recommended (*)", picks.fastest), ("memory saver (m)", picks.saver)):
+        if record is picks.saver and record.number == picks.fastest.number:
+            report.line(f"{label}: {picks.describe_saver()}")
+            continue
+        report.line(f"{label}: {picks.describe(record)}: {escape(describe_params(record.params))}")
+        for change in snapshot.math_changes(record):
+            report.line(f"  [yellow]changes the training:[/] {escape(change.describe())}")
+    changes = {c.setting for c in snapshot.math_changes(picks.fastest)}
+    if "effective_batch_size" in changes:
+        report.line(
+            "for a real run, search with effective_batch_size=N (the batch your learning rate "
+            "was tuned for): every trial then keeps it"
+        )
+
+
+def print_paths(report: Reporter, paths: list[Path]) -> None:
+    report.line(always=True, markup="wrote " + escape(", ".join(str(p) for p in paths)))
