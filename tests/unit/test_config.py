@@ -1,4 +1,5 @@
 import re
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,14 @@ def test_a_study_name_cannot_leave_the_out_folder(name, problem):
     with pytest.raises(ConfigError, match=re.escape(problem)):
         load_config(["model=gpt2", f"study={name}"])
     assert load_config(["model=gpt2", "study=" + "a" * 100]).study == "a" * 100
+
+
+def test_the_readme_settings_table_is_the_one_search_help_prints():
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    table = readme.split("| key | type | default | meaning |", 1)[1].split("\n\n", 1)[0]
+    rows = []
+    for line in table.strip().splitlines()[1:]:  # past the |---| line
+        cells = [c.strip() for c in line.strip("|").replace("\\|", "\x00").split("|")]
+        key, kind, default, meaning = (c.replace("\x00", "|") for c in cells)
+        rows.append((key.strip("`"), kind.replace(" | ", "|"), default.strip("`"), meaning))
+    assert rows == help_rows()
