@@ -1,8 +1,9 @@
 """Model name -> transformers config, offline first.
 
 The parent only reads configs as JSON dicts; it never imports torch or transformers. Building a
-model (`build_model`) happens in the worker, and parameter counts come from a subprocess
-(`python -m autotune.models NAME...`) that builds each model on the meta device.
+model (`build_model`) happens in the worker. The catalogue's parameter counts are shipped data
+(`model_parameter_counts.json`), written by `python -m autotune.models --write-counts`;
+`count_parameters` recomputes them in a subprocess that builds each model on the meta device.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ TASK_CLASSES = {
 _PADDING_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "longformer"}
 # Relative position schemes: no hard sequence limit in the config.
 _RELATIVE_POSITIONS = {"t5", "mt5", "umt5"}
+PARAMETER_COUNTS_FILE = "model_parameter_counts.json"
+"""Next to `model_configs/`, not in it: every file in that folder is a catalogue model."""
+WRITE_COUNTS = "--write-counts"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -142,6 +146,16 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
     return True
 
 
+def catalogue_parameter_counts() -> dict[str, int]:
+    """The shipped parameter count of each catalogue model, with its default task's head.
+
+    Building the models on the meta device takes seconds of torch and transformers imports,
+    too slow for `autotune models`; an integration test checks the file against a recount.
+    """
+    shipped = json.loads((resources.files("autotune") / PARAMETER_COUNTS_FILE).read_text())
+    return shipped["parameters"]
+
+
 def count_parameters(names: list[str]) -> dict[str, int]:
     """Parameter counts with the default task's head, from a subprocess (keeps torch out)."""
     proc = subprocess.run(
@@ -171,7 +185,7 @@ def build_model(spec: ModelSpec, task: str, *, attn_implementation: str | None =
     return auto_class.from_config(config, **kwargs)
 
 
-def _main(names: list[str]) -> None:
+def _count_on_meta(names: list[str]) -> dict[str, int]:
     import torch
 
     counts = {}
@@ -180,8 +194,29 @@ def _main(names: list[str]) -> None:
         with torch.device("meta"):
             model = build_model(spec, spec.default_task)
         counts[name] = sum(p.numel() for p in model.parameters())
-    print(json.dumps(counts))
+    return counts
+
+
+def _write_counts() -> Path:
+    """Recount every catalogue model and rewrite the shipped file (after adding a model)."""
+    import transformers
+
+    from autotune.trial import write_json_atomic
+
+    path = Path(__file__).with_name(PARAMETER_COUNTS_FILE)
+    write_json_atomic(
+        path,
+        {
+            "written_by": f"python -m autotune.models {WRITE_COUNTS}",
+            "transformers_version": transformers.__version__,
+            "parameters": _count_on_meta(catalogue_names()),
+        },
+    )
+    return path
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1:])
+    if sys.argv[1:] == [WRITE_COUNTS]:
+        print(f"wrote {_write_counts()}")
+    else:
+        print(json.dumps(_count_on_meta(sys.argv[1:])))

@@ -5,27 +5,35 @@ exit codes (2 for a problem the user can fix, 130 for Ctrl-C). One module per su
 from __future__ import annotations
 
 import argparse
+import sys
 
 import optuna
 from rich.markup import escape
 
 from autotune import __version__
 from autotune.cli import catalog, results, search
-from autotune.cli._console import errors
-from autotune.errors import AutotuneError
+from autotune.config import ExportConfig, ReportConfig, RunConfig
+from autotune.errors import AutotuneError, ConfigError
 from autotune.runner import Launcher
+from autotune.view import errors
+
+_SETTINGS = {"search": RunConfig, "report": ReportConfig, "export": ExportConfig}
+"""The key=value settings of each command, for the hint on a `--KEY value` typed instead."""
 
 
 def main(argv: list[str] | None = None, *, launcher: Launcher | None = None) -> int:
     """`launcher` starts the search's workers (default: the fork server); tests inject one."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own lines say what happens
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
     args.launcher = launcher
     if args.command is None:
         parser.print_help()
         return 2
     try:
+        if unknown:
+            _refuse_dashed_settings(sys.argv[1:] if argv is None else argv, args.command)
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         return args.handler(args)
     except AutotuneError as exc:
         # The message quotes user strings (model names, paths): never read them as markup.
@@ -47,3 +55,28 @@ def _parser() -> argparse.ArgumentParser:
     results.add_parsers(commands)
     catalog.add_parsers(commands)
     return parser
+
+
+def _refuse_dashed_settings(argv: list[str], command: str) -> None:
+    """`--model x` or `--model=x` where the command takes `model=x`: say so, not just
+    "unrecognized arguments"."""
+    settings = _SETTINGS.get(command)
+    if settings is None:
+        return
+    typed, meant = [], []
+    for i, token in enumerate(argv):
+        key, equals, value = token.removeprefix("--").partition("=")
+        key = key.replace("-", "_")  # --seq-len too
+        if not token.startswith("--") or key not in settings.model_fields:
+            continue
+        if equals:
+            typed.append(token)
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--") and "=" not in argv[i + 1]:
+            value = argv[i + 1]
+            typed.append(f"{token} {value}")
+        else:  # a bare --quiet, or a --model with its value forgotten
+            value = "true" if settings.model_fields[key].annotation is bool else "VALUE"
+            typed.append(token)
+        meant.append(f"{key}={value}")
+    if meant:
+        raise ConfigError(f"settings are key=value: use {' '.join(meant)}, not {' '.join(typed)}")

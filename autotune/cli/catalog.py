@@ -6,11 +6,11 @@ import argparse
 
 from rich.table import Table
 
-from autotune import hardware
-from autotune.cli._console import console
+from autotune import software_cache
 from autotune.errors import AutotuneError, SpaceError
-from autotune.models import catalogue_names, count_parameters, resolve_model
-from autotune.space_file import SoftwareFacts, load_space, shipped_names
+from autotune.models import catalogue_names, catalogue_parameter_counts, resolve_model
+from autotune.space_file import load_space, shipped_names
+from autotune.view import console
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -33,8 +33,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
 
 def _models(args: argparse.Namespace) -> int:
     names = catalogue_names()
-    with console.status("counting parameters on the meta device"):
-        counts = count_parameters(names)
+    counts = catalogue_parameter_counts()
     table = Table(title="Bundled models (model=NAME)")
     for column in ("name", "architecture", "default task", "parameters", "max seq_len"):
         table.add_column(
@@ -69,10 +68,7 @@ def _spaces(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     with console.status("reading optimizer and compile backend names from the installed packages"):
-        info = hardware.probe()
-    facts = SoftwareFacts(
-        optimizer_names=info.optimizer_names, compile_backends=info.compile_backends
-    )
+        facts = software_cache.software_facts()
     problems = []
     for path in args.files:
         try:

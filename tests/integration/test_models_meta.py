@@ -1,10 +1,15 @@
-"""Parameter counts come from a subprocess that builds each model on the meta device."""
+"""Parameter counts come from a subprocess that builds each model on the meta device; the
+catalogue's counts are shipped so that `autotune models` need not, and must match a recount."""
 
-from autotune.models import count_parameters
+from autotune.models import catalogue_names, catalogue_parameter_counts, count_parameters
 
 
-def test_parameter_counts_on_the_meta_device():
-    counts = count_parameters(["bert-large-uncased", "TinyLlama/TinyLlama-1.1B-Chat-v1.0"])
+def test_the_shipped_parameter_counts_match_a_recount_on_the_meta_device():
+    recount = count_parameters(catalogue_names())
     # bert-large with a 2-label classification head: 335,143,938 parameters.
-    assert 334e6 < counts["bert-large-uncased"] < 336e6
-    assert 1.09e9 < counts["TinyLlama/TinyLlama-1.1B-Chat-v1.0"] < 1.11e9
+    assert 334e6 < recount["bert-large-uncased"] < 336e6
+    assert 1.09e9 < recount["TinyLlama/TinyLlama-1.1B-Chat-v1.0"] < 1.11e9
+    assert recount == catalogue_parameter_counts(), (
+        "the installed transformers builds different models: "
+        "run `python -m autotune.models --write-counts`"
+    )

@@ -1,0 +1,81 @@
+"""The names the installed packages accept, cached per user so `autotune validate` starts no torch.
+
+`TrainingArguments.optim` values and `torch.compile` backends change only when the packages do,
+so the device probe's answer is kept under the versions that produced it (read with
+`importlib.metadata`, which imports neither package) and probed again when they differ. Only
+these software facts are cached, never memory or CUDA state: `autotune search` probes the device
+afresh every time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from autotune import hardware
+from autotune.space_file import SoftwareFacts
+from autotune.trial import write_json_atomic
+
+CACHE_DIR_ENV = "AUTOTUNE_CACHE_DIR"
+"""Overrides the cache folder (tests point it at a temporary one)."""
+SCHEMA_VERSION = 1
+FILE_NAME = "software-facts.json"
+
+
+def cache_dir() -> Path:
+    """$AUTOTUNE_CACHE_DIR, else $XDG_CACHE_HOME/autotune, else ~/.cache/autotune."""
+    if explicit := os.environ.get(CACHE_DIR_ENV):
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    # The XDG base directory spec says to ignore a relative path.
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "autotune"
+
+
+def installed_key() -> dict[str, Any]:
+    """What the cached names depend on: the torch and transformers versions, and the compile
+    backends other packages register (`torch._dynamo.list_backends` lists their entry points)."""
+    plugins = metadata.entry_points(group="torch_dynamo_backends")
+    return {
+        "torch": metadata.version("torch"),
+        "transformers": metadata.version("transformers"),
+        "compile_backend_plugins": sorted(plugins.names),
+    }
+
+
+def software_facts() -> SoftwareFacts:
+    """From the cache when it was written for the installed packages, else from the probe."""
+    path = cache_dir() / FILE_NAME
+    key = installed_key()
+    cached = _read(path)
+    if cached.get("schema_version") == SCHEMA_VERSION and cached.get("key") == key:
+        return SoftwareFacts(
+            optimizer_names=tuple(cached["optimizer_names"]),
+            compile_backends=tuple(cached["compile_backends"]),
+        )
+    info = hardware.probe()
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "key": key,
+        "optimizer_names": list(info.optimizer_names),
+        "compile_backends": list(info.compile_backends),
+    }
+    try:
+        write_json_atomic(path, record)
+    except OSError:
+        pass  # a read-only home: the answer is the same, only the next run probes again
+    return SoftwareFacts(
+        optimizer_names=info.optimizer_names, compile_backends=info.compile_backends
+    )
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """The cache file's contents; {} (a miss) when it is missing or not a JSON object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
