@@ -196,7 +196,7 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
         )
         return
     for label, record in (("recommended (*)", picks.fastest), ("memory saver (m)", picks.saver)):
-        if record is picks.saver and record.number == picks.fastest.number:
+        if label.startswith("memory") and record.number == picks.fastest.number:
             report.line(f"{label}: {picks.describe_saver()}")
             continue
         report.line(f"{label}: {picks.describe(record)}: {escape(describe_params(record.params))}")

@@ -1,21 +1,36 @@
-"""What the report shows, as plain data (no plotly here): tested without drawing anything."""
+"""What the report shows, as plain data (no plotly here): tested without drawing anything.
+
+The report is built from a `StudySnapshot` (decoded records), never from a live Study, so
+`autotune report` rebuilds it from the storage alone, byte for byte. Per chart, the data is in
+`charts.py`; a chart with nothing to draw carries a sentence saying why (`ReportData.empty`).
+"""
 
 from __future__ import annotations
 
-import itertools
-import warnings
 from collections import Counter
 from dataclasses import dataclass
 
-import optuna
-
-from autotune.knobs import describe_params
-from autotune.pareto import Picks, hypervolume
-from autotune.records import RunInfo, StudySnapshot, TrialRecord
+from autotune.knobs import MathChange, describe_params
+from autotune.records import StudySnapshot, TrialRecord
+from autotune.report.charts import (
+    Axis,
+    Series,
+    by_batch,
+    feasible,
+    histories,
+    importance_note,
+    importances,
+    parallel_axes,
+)
 from autotune.trial import MEMORY_STATUSES, Status
 from autotune.units import format_gib
 
 POINT_KINDS = ("front", "dominated", "over budget", "oom", "skipped")
+CHARTS = (
+    "pareto", "parallel", "importance", "history", "hypervolume", "speed-by-batch",
+    "memory-by-batch",
+)  # fmt: skip
+"""Every chart, in page order: each is drawn, or says in `ReportData.empty` why not."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -25,17 +40,13 @@ class Point:
     """front | dominated | over budget | oom | skipped"""
     samples_per_s: float
     peak_memory_gib: float
+    """Measured; for oom and skipped trials the budget they did not fit in."""
     baseline: bool
     recommended: bool
     saver: bool
+    noisy: bool
+    """Its step time varied more than the study's noise_cv: its samples/s is less certain."""
     hover: str
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Series:
-    label: str
-    x: list[float]
-    y: list[float]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,6 +58,9 @@ class Row:
     peak_memory_gib: float | None
     mfu: float | None
     step_time_cv: float | None
+    noisy: bool
+    changes: list[MathChange]
+    """Differences from the baseline that change the training itself, not only its speed."""
     reason: str
 
 
@@ -54,19 +68,24 @@ class Row:
 class ReportData:
     title: str
     summary: dict[str, str]
+    """Row name -> text; a text of several lines (one per training change) keeps its breaks."""
     notes: list[str]
     points: list[Point]
     memory_budget_gib: float
     memory_limit_gib: float
-    parallel: dict[str, list[object]]
-    """Knob (and metric) name -> one value per successful trial, for parallel coordinates."""
+    parallel: list[Axis]
+    """One axis per knob that varied, then peak memory and samples/s: one line per success."""
     importances: dict[str, dict[str, float]]
     """Objective -> knob -> importance (Optuna's PED-ANOVA); empty with too few trials."""
+    importance_note: str
+    """How many trials the importances rest on, and how far to trust them."""
     best_so_far: Series
     hypervolume: Series
     speed_by_batch: list[Series]
     memory_by_batch: list[Series]
     rows: list[Row]
+    empty: dict[str, str]
+    """Chart (one of CHARTS) -> why it has nothing to draw, said in its place instead."""
     code: str = ""
     cli_flags: str = ""
 
@@ -74,93 +93,146 @@ class ReportData:
 def build_report_data(
     snapshot: StudySnapshot, *, code: str = "", cli_flags: str = ""
 ) -> ReportData:
-    info, records, picks = snapshot.info, snapshot.records, snapshot.picks
-    budget_gib, limit_gib = info.memory_budget_gib, info.memory_limit_gib
+    info, records = snapshot.info, snapshot.records
+    budget_gib = info.memory_budget_gib
     ok = [r for r in records if r.status is Status.OK]
+    within = feasible(ok, budget_gib)
+    # With effective_batch_size= fixed, grad_accum is derived from the batch size: it moves
+    # with it, and two trials that differ in both still differ "in batch size alone".
+    with_batch = {"batch_size"} | ({"grad_accum"} if info.effective_batch_size else set())
+    best_so_far, hypervolume = histories(records, budget_gib)
+    ranked = importances(within)
     return ReportData(
         title=f"autotune: {info.model} on {info.device_name}",
-        summary=_summary(info, records, picks, snapshot.search_s, budget_gib, limit_gib),
+        summary=_summary(snapshot),
         notes=list(info.space_notes),
-        points=_points(records, snapshot.front, picks, budget_gib),
+        points=_points(snapshot),
         memory_budget_gib=budget_gib,
-        memory_limit_gib=limit_gib,
-        parallel=_parallel(ok),
-        importances=_importances(ok, budget_gib),
-        best_so_far=_best_so_far(records, budget_gib),
-        hypervolume=_hypervolume_history(records, budget_gib),
-        speed_by_batch=_by_batch(ok, "samples_per_s"),
-        memory_by_batch=_by_batch(ok, "peak_memory_gib"),
-        rows=[_row(r) for r in records],
+        memory_limit_gib=info.memory_limit_gib,
+        parallel=parallel_axes(ok),
+        importances=ranked,
+        importance_note=importance_note(len(within)),
+        best_so_far=best_so_far,
+        hypervolume=hypervolume,
+        speed_by_batch=by_batch(ok, "samples_per_s", with_batch),
+        memory_by_batch=by_batch(ok, "peak_memory_gib", with_batch),
+        rows=[_row(r, snapshot) for r in records],
+        empty=_empty(snapshot, n_ok=len(ok), n_within=len(within), ranked=bool(ranked)),
         code=code,
         cli_flags=cli_flags,
     )
 
 
-def _summary(
-    info: RunInfo,
-    records: list[TrialRecord],
-    picks: Picks,
-    search_s: float | None,
-    budget_gib: float,
-    limit_gib: float,
-) -> dict[str, str]:
+def _empty(snapshot: StudySnapshot, *, n_ok: int, n_within: int, ranked: bool) -> dict[str, str]:
+    """A sentence for each chart with nothing to draw: an empty axis (or a flat zero line)
+    looks like a result."""
+    statuses = Counter(r.status.value for r in snapshot.records)
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+    no_success = (
+        f"No trial measured a throughput ({counts or 'no trials'}): nothing to place here. "
+        "The table below lists every trial and why it stopped."
+    )
+    budget = format_gib(snapshot.info.memory_budget_gib)
+    no_feasible = f"No successful trial peaked within the {budget} budget: nothing to follow."
+    empty = {}
+    if n_ok == 0:
+        empty |= dict.fromkeys(("pareto", "parallel", "speed-by-batch", "memory-by-batch"),
+                               no_success)  # fmt: skip
+    if n_within == 0:
+        empty |= dict.fromkeys(("history", "hypervolume"), no_feasible)
+    if not ranked:
+        empty["importance"] = (
+            "Parameter importance needs at least 3 successful trials within the budget and a "
+            f"setting that varied among them; this study has {n_within} such trials."
+        )
+    return {chart: empty[chart] for chart in CHARTS if chart in empty}
+
+
+def _summary(snapshot: StudySnapshot) -> dict[str, str]:
+    info, records, picks = snapshot.info, snapshot.records, snapshot.picks
     n_params = next((r.result.n_params for r in records if r.result.n_params), None)
     counts = Counter(r.status.value for r in records)
+    search_s = snapshot.search_s
     summary = {
         "model": info.model + (f" ({n_params / 1e6:,.1f}M parameters)" if n_params else ""),
         "task": info.task,
         "seq_len": str(info.seq_len),
         "device": f"{info.device} ({info.device_name})",
-        "memory budget": f"{format_gib(budget_gib)} (recommend below {format_gib(limit_gib)})",
+        "memory budget": (
+            f"{format_gib(info.memory_budget_gib)} "
+            f"(recommend below {format_gib(info.memory_limit_gib)})"
+        ),
         "space": f"{info.space}; {info.batch_mode}",
         "trials": ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "none",
         "search time": "n/a" if search_s is None else f"{search_s / 60:.1f} min",
     }
     summary["baseline (HF defaults)"] = picks.describe_baseline()
-    if picks.fastest and picks.saver:
-        summary["recommended"] = picks.describe(picks.fastest)
-        summary["memory saver"] = picks.describe(picks.saver)
-    else:
+    if picks.baseline is not None and (caveat := picks.noise_caveat(picks.baseline)):
+        summary["baseline (HF defaults)"] += f"; {caveat}"
+    if picks.fastest is None or picks.saver is None:
         summary["recommended"] = (
-            f"nothing to recommend: no successful trial peaks below {format_gib(limit_gib)} "
-            "(the search exits with code 3)"
+            f"nothing to recommend: no successful trial peaks below "
+            f"{format_gib(info.memory_limit_gib)} (the search exits with code 3)"
         )
+        return summary
+    # describe() carries the noise caveat when this trial or the baseline measured noisily.
+    summary["recommended"] = picks.describe(picks.fastest)
+    summary["recommended: changes the training"] = _changes_text(snapshot, picks.fastest)
+    summary["memory saver"] = picks.describe_saver()
+    if picks.saver.number != picks.fastest.number:
+        summary["memory saver: changes the training"] = _changes_text(snapshot, picks.saver)
     return summary
 
 
-def _hover(record: TrialRecord) -> str:
+def _changes_text(snapshot: StudySnapshot, record: TrialRecord) -> str:
+    if snapshot.picks.baseline is None:
+        return "unknown: no baseline trial to compare with"
+    changes = snapshot.math_changes(record)
+    if not changes:
+        return "nothing: the baseline's optimizer, effective batch and precision"
+    return "\n".join(c.describe() for c in changes)
+
+
+def _hover(record: TrialRecord, snapshot: StudySnapshot) -> str:
     r = record.result
-    lines = [f"trial {record.number}: {r.status.value}"]
+    lines = [f"trial {record.number}: {r.status.value}" + (" (baseline)" * record.baseline)]
     if r.samples_per_s is not None:
         lines.append(f"{r.samples_per_s:.2f} samples/s, {r.tokens_per_s:.0f} tokens/s")
     if r.peak_memory_gib is not None:
-        lines.append(f"peak {format_gib(r.peak_memory_gib, 3)}")
+        placed = " when stopped (drawn at the budget)" if r.status in MEMORY_STATUSES else ""
+        lines.append(f"peak {format_gib(r.peak_memory_gib, 3)}{placed}")
     if r.mfu is not None:
         lines.append(f"MFU {r.mfu:.1%}")
+    if snapshot.is_noisy(record):
+        lines.append(
+            f"noisy: step CV {r.step_time_cv:.0%} (above noise_cv {snapshot.info.noise_cv:.0%})"
+        )
     if r.reason:
         lines.append(r.reason)
     lines += [f"{k} = {v}" for k, v in record.params.items()]
+    lines += [f"changes the training: {c.describe()}" for c in snapshot.math_changes(record)]
     return "<br>".join(lines)
 
 
-def _points(
-    records: list[TrialRecord], front: list[TrialRecord], picks: Picks, budget_gib: float
-) -> list[Point]:
-    front_numbers = {r.number for r in front}
+def _points(snapshot: StudySnapshot) -> list[Point]:
+    budget_gib, picks = snapshot.info.memory_budget_gib, snapshot.picks
+    front_numbers = {r.number for r in snapshot.front}
     numbers = {
         "recommended": picks.fastest.number if picks.fastest else None,
         "saver": picks.saver.number if picks.saver else None,
     }
     points = []
-    for r in records:
+    for r in snapshot.records:
         if r.status is Status.OK:
             over = r.result.peak_memory_gib > budget_gib
             kind = "over budget" if over else "front" if r.number in front_numbers else "dominated"
             x, y = r.result.peak_memory_gib, r.result.samples_per_s
         elif r.status in MEMORY_STATUSES:
-            # No throughput: drawn on the x axis at the budget they hit (or their last reading).
+            # No throughput, and no peak of their own to compare: the allocator refused (or
+            # the watchdog stopped them) somewhere on the way up. On the x axis at the budget
+            # they could not fit; the reading when they stopped is in the hover.
             kind = "skipped" if r.status is Status.SKIPPED else "oom"
-            x, y = max(r.result.peak_memory_gib or budget_gib, budget_gib), 0.0
+            x, y = budget_gib, 0.0
         else:
             continue  # crashed, timeout, ...: nothing to place; they are in the table
         points.append(
@@ -172,113 +244,14 @@ def _points(
                 baseline=r.baseline,
                 recommended=r.number == numbers["recommended"],
                 saver=r.number == numbers["saver"],
-                hover=_hover(r),
+                noisy=snapshot.is_noisy(r),
+                hover=_hover(r, snapshot),
             )
         )
     return points
 
 
-def _parallel(ok: list[TrialRecord]) -> dict[str, list[object]]:
-    knobs = [k for k in dict.fromkeys(k for r in ok for k in r.params) if _varies(ok, k)]
-    columns: dict[str, list[object]] = {k: [r.params.get(k, "n/a") for r in ok] for k in knobs}
-    columns["peak_memory_gib"] = [r.result.peak_memory_gib for r in ok]
-    columns["samples_per_s"] = [r.result.samples_per_s for r in ok]
-    return columns
-
-
-def _varies(records: list[TrialRecord], knob: str) -> bool:
-    return len({repr(r.params.get(knob)) for r in records}) > 1
-
-
-def _importances(ok: list[TrialRecord], budget_gib: float) -> dict[str, dict[str, float]]:
-    """Optuna's importances over our knob names, from feasible successful trials.
-
-    The search's own study cannot be used directly: the baseline has no Optuna parameters and
-    16-bit tensor-core batch sizes live under their own name, so the search space Optuna would
-    intersect is empty. A copy with one categorical per knob keeps every trial comparable.
-    """
-    feasible = [r for r in ok if r.result.peak_memory_gib <= budget_gib]
-    knobs = [
-        k for k in dict.fromkeys(k for r in feasible for k in r.params) if _varies(feasible, k)
-    ]
-    knobs = [k for k in knobs if all(k in r.params for r in feasible)]
-    if len(feasible) < 3 or not knobs:
-        return {}
-    distributions = {
-        k: optuna.distributions.CategoricalDistribution(
-            sorted({r.params[k] for r in feasible}, key=repr)
-        )
-        for k in knobs
-    }
-    copy = optuna.create_study(directions=["maximize", "minimize"])
-    for r in feasible:
-        copy.add_trial(
-            optuna.trial.create_trial(
-                params={k: r.params[k] for k in knobs},
-                distributions=distributions,
-                values=[r.result.samples_per_s, r.result.peak_memory_gib],
-            )
-        )
-    importances = {}
-    # PED-ANOVA explains what makes the target low: negate samples/s, which is maximised.
-    for index, objective, sign in ((0, "samples_per_s", -1.0), (1, "peak_memory_gib", 1.0)):
-        with warnings.catch_warnings():
-            # Its reminder that it explains low values, which the sign above takes care of.
-            warnings.simplefilter("ignore", UserWarning)
-            importance = optuna.importance.get_param_importances(
-                copy, target=lambda t, i=index, sign=sign: sign * t.values[i]
-            )
-        # Optuna orders ties as a set iterates, which changes with the hash seed, and knobs
-        # that always moved together differ in the last bits. Rounded, with ties in name
-        # order, a report rebuilt in another process is identical.
-        rounded = {k: round(float(v), 12) for k, v in importance.items()}
-        importances[objective] = dict(sorted(rounded.items(), key=lambda kv: (-kv[1], kv[0])))
-    return importances
-
-
-def _feasible_points(records: list[TrialRecord], budget_gib: float) -> list[tuple[float, float]]:
-    return [
-        (r.result.samples_per_s, r.result.peak_memory_gib)
-        for r in records
-        if r.status is Status.OK and r.result.peak_memory_gib <= budget_gib
-    ]
-
-
-def _best_so_far(records: list[TrialRecord], budget_gib: float) -> Series:
-    best, x, y = 0.0, [], []
-    for i, r in enumerate(records):
-        point = _feasible_points([r], budget_gib)
-        best = max([best, *(p[0] for p in point)])
-        x.append(float(i + 1))
-        y.append(best)
-    return Series(label="best samples/s so far", x=x, y=y)
-
-
-def _hypervolume_history(records: list[TrialRecord], budget_gib: float) -> Series:
-    x, y = [], []
-    for i in range(len(records)):
-        x.append(float(i + 1))
-        y.append(hypervolume(_feasible_points(records[: i + 1], budget_gib), budget_gib))
-    return Series(label="hypervolume (samples/s x GiB under the budget)", x=x, y=y)
-
-
-def _by_batch(ok: list[TrialRecord], metric: str) -> list[Series]:
-    """One line per precision/optimizer pair: the best value seen at each batch size."""
-    best = min if metric == "peak_memory_gib" else max
-    series = []
-    key = lambda r: (r.params.get("precision", "fp32"), r.params.get("optim", "default"))  # noqa: E731
-    for (precision, optim), group in itertools.groupby(sorted(ok, key=key), key=key):
-        by_batch: dict[int, float] = {}
-        for r in group:
-            batch = r.params["batch_size"]
-            value = getattr(r.result, metric)
-            by_batch[batch] = best(by_batch.get(batch, value), value)
-        xs = sorted(by_batch)
-        series.append(Series(label=f"{precision} {optim}", x=xs, y=[by_batch[b] for b in xs]))
-    return series
-
-
-def _row(record: TrialRecord) -> Row:
+def _row(record: TrialRecord, snapshot: StudySnapshot) -> Row:
     r = record.result
     return Row(
         number=record.number,
@@ -288,5 +261,7 @@ def _row(record: TrialRecord) -> Row:
         peak_memory_gib=r.peak_memory_gib,
         mfu=r.mfu,
         step_time_cv=r.step_time_cv,
+        noisy=snapshot.is_noisy(record),
+        changes=snapshot.math_changes(record),
         reason=r.reason,
     )

@@ -1,14 +1,37 @@
-"""Draws `ReportData` as one self-contained HTML file (plotly.js embedded once: works offline)."""
+"""Draws `ReportData` as one self-contained HTML file (plotly.js embedded once: works offline).
+
+plotly.js is 4.8 MB, nearly all of the file. Its partial bundles would be smaller, but none
+holds scatter, bar and parcoords together (basic and cartesian lack parcoords, gl2d lacks bar)
+and the plotly package ships only the full one; building a custom bundle needs the plotly.js
+sources and a JS toolchain. So the full bundle goes in once, gzipped (1.5 MB, 2 MB as base64),
+and the page unpacks it with the browser's own `DecompressionStream` (Chromium 80, Firefox
+113, Safari 16.4) before drawing: no network, no library of our own.
+"""
 
 from __future__ import annotations
 
+import base64
+import functools
+import gzip
 import html
 from pathlib import Path
 
 import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
 
-from autotune.report.data import POINT_KINDS, Point, ReportData, Series
+from autotune.report.charts import Series
+from autotune.report.data import CHARTS, POINT_KINDS, Point, ReportData
 
+HEADINGS = {
+    "pareto": "Throughput vs peak memory",
+    "parallel": "Settings of successful trials, coloured by samples/s",
+    "importance": "What mattered: parameter importance per objective (PED-ANOVA)",
+    "history": "Best samples/s so far",
+    "hypervolume": "Hypervolume of the front",
+    "speed-by-batch": "samples/s vs batch size (lines: trials that differ in batch size alone)",
+    "memory-by-batch": "Peak memory vs batch size (lines: trials that differ in batch size alone)",
+}
+assert set(HEADINGS) == set(CHARTS)
 STYLE = {
     "front": {"color": "#1a73e8", "symbol": "circle", "size": 11},
     "dominated": {"color": "#9aa0a6", "symbol": "circle", "size": 9},
@@ -16,6 +39,15 @@ STYLE = {
     "oom": {"color": "#d93025", "symbol": "x", "size": 11},
     "skipped": {"color": "#d93025", "symbol": "x-thin-open", "size": 10},
 }
+# Marks drawn over the points, in this order: each is larger than the next and open, so a
+# trial that is two of them (the saver is often the recommendation) shows both.
+MARKS = (
+    ("noisy (step CV above noise_cv)", "noisy",
+     {"symbol": "circle-open", "size": 30, "color": "#a142f4", "line": {"width": 1.5}}),
+    ("baseline (HF defaults)", "baseline", {"symbol": "diamond-open", "size": 18}),
+    ("memory saver", "saver", {"symbol": "square-open", "size": 25, "color": "#188038"}),
+    ("recommended", "recommended", {"symbol": "star", "size": 18, "color": "#e8710a"}),
+)  # fmt: skip
 LAYOUT = {"template": "plotly_white", "height": 460, "margin": {"t": 50, "b": 50}}
 
 
@@ -31,6 +63,9 @@ def _points_trace(name: str, points: list[Point], **style: object) -> go.Scatter
 
 
 def pareto_figure(data: ReportData) -> go.Figure:
+    """Ours, not Optuna's `plot_pareto_front`: it would place out-of-memory trials at the
+    values told to the sampler and has no budget lines, no baseline, recommendation or saver
+    marks, no noise flags and no settings in the hover."""
     fig = go.Figure()
     for kind in POINT_KINDS:
         points = sorted((p for p in data.points if p.kind == kind), key=lambda p: p.peak_memory_gib)
@@ -44,17 +79,13 @@ def pareto_figure(data: ReportData) -> go.Figure:
                     marker=STYLE[kind],
                 )
             )
-    for label, flag, marker in (
-        ("baseline (HF defaults)", "baseline", {"symbol": "diamond-open", "size": 18}),
-        ("recommended", "recommended", {"symbol": "star", "size": 20, "color": "#e8710a"}),
-        ("memory saver", "saver", {"symbol": "square-open", "size": 18, "color": "#188038"}),
-    ):
+    for label, flag, marker in MARKS:
         points = [p for p in data.points if getattr(p, flag)]
         if points:
             marker = {"line": {"width": 2}, "color": "#202124", **marker}
             fig.add_trace(_points_trace(label, points, mode="markers", marker=marker))
     largest = max((p.peak_memory_gib for p in data.points), default=data.memory_budget_gib)
-    title = "Throughput vs peak memory"
+    title = HEADINGS["pareto"]
     if data.memory_limit_gib > 2 * largest:
         # A budget far beyond every trial would squeeze them into a corner: keep it off-chart.
         fig.update_xaxes(range=[0, largest * 1.2])
@@ -74,26 +105,20 @@ def pareto_figure(data: ReportData) -> go.Figure:
         yaxis_title="samples/s",
         **{**LAYOUT, "height": 560},
     )
+    fig.update_yaxes(rangemode="tozero")
     return fig
 
 
 def parallel_figure(data: ReportData) -> go.Figure:
     dimensions = []
-    for name, values in data.parallel.items():
-        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-            dimensions.append({"label": name, "values": values})
-        else:  # categorical: place each distinct value on its own tick
-            labels = sorted({repr(v) for v in values})
-            index = {label: i for i, label in enumerate(labels)}
-            dimensions.append(
-                {
-                    "label": name,
-                    "values": [index[repr(v)] for v in values],
-                    "tickvals": list(range(len(labels))),
-                    "ticktext": [label.strip("'") for label in labels],
-                }
-            )
-    speed = data.parallel.get("samples_per_s", [])
+    for axis in data.parallel:
+        dimension: dict[str, object] = {"label": axis.label, "values": axis.values}
+        if axis.ticktext:  # a knob: one tick per value, at 0, 1, ...
+            dimension["tickvals"] = list(range(len(axis.ticktext)))
+            dimension["ticktext"] = axis.ticktext
+            dimension["range"] = [0, len(axis.ticktext) - 1]
+        dimensions.append(dimension)
+    speed = next(a.values for a in data.parallel if a.label == "samples_per_s")
     fig = go.Figure(
         go.Parcoords(
             dimensions=dimensions,
@@ -101,7 +126,7 @@ def parallel_figure(data: ReportData) -> go.Figure:
         )
     )
     fig.update_layout(
-        title="Settings of successful trials, coloured by samples/s",
+        title=HEADINGS["parallel"],
         **{**LAYOUT, "margin": {"t": 110, "b": 40, "l": 60, "r": 60}},
     )
     return fig
@@ -111,43 +136,83 @@ def importance_figure(data: ReportData) -> go.Figure:
     fig = go.Figure()
     for objective, values in data.importances.items():
         fig.add_trace(go.Bar(name=objective, x=list(values), y=list(values.values())))
-    fig.update_layout(
-        title="What mattered: parameter importance per objective (PED-ANOVA)",
-        barmode="group",
-        yaxis_title="importance",
-        **LAYOUT,
-    )
+    fig.update_layout(title=HEADINGS["importance"], barmode="group", yaxis_title="importance",
+                      **LAYOUT)  # fmt: skip
     return fig
 
 
 def lines_figure(series: list[Series], title: str, x_title: str, y_title: str) -> go.Figure:
+    """x are trial numbers or batch sizes: ticked where there are points, never at 1.5."""
     fig = go.Figure()
     for s in series:
-        fig.add_trace(go.Scatter(name=s.label, x=s.x, y=s.y, mode="lines+markers"))
+        fig.add_trace(
+            go.Scatter(
+                name=s.label,
+                x=s.x,
+                y=s.y,
+                mode="lines+markers" if s.lines else "markers",
+                marker={"size": 9} if s.lines else {"size": 10, "symbol": "circle-open"},
+                **({"text": s.hover, "hovertemplate": "%{text}<extra></extra>"} if s.hover else {}),
+            )
+        )
     fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, **LAYOUT)
+    xs = sorted({x for s in series for x in s.x})
+    if len(xs) <= 30:
+        fig.update_xaxes(tickvals=xs)
+    fig.update_yaxes(rangemode="tozero")
     return fig
 
 
 def figures(data: ReportData) -> list[tuple[str, go.Figure]]:
-    """(element id, figure) in page order."""
-    found = [("pareto", pareto_figure(data))]
-    if data.parallel.get("samples_per_s"):
-        found.append(("parallel", parallel_figure(data)))
-    if data.importances:
-        found.append(("importance", importance_figure(data)))
-    history = data.best_so_far
-    found += [
-        ("history", lines_figure([history], "Best samples/s so far", "trial", "samples/s")),
-        ("hypervolume", lines_figure([data.hypervolume], "Hypervolume of the front", "trial",
-                                     "samples/s x GiB")),
-        ("speed-by-batch", lines_figure(data.speed_by_batch, "samples/s vs batch size",
-                                        "batch size", "samples/s")),
-        ("memory-by-batch", lines_figure(data.memory_by_batch, "Peak memory vs batch size",
-                                         "batch size", "peak memory (GiB)")),
-    ]  # fmt: skip
+    """(chart, figure) in page order, for the charts that have something to draw."""
+    lines = {
+        "history": ([data.best_so_far], "trial", "samples/s"),
+        "hypervolume": ([data.hypervolume], "trial", "samples/s x GiB"),
+        "speed-by-batch": (data.speed_by_batch, "batch size", "samples/s"),
+        "memory-by-batch": (data.memory_by_batch, "batch size", "peak memory (GiB)"),
+    }
+    others = {"pareto": pareto_figure, "parallel": parallel_figure, "importance": importance_figure}
+    found = []
+    for chart in CHARTS:
+        if chart in data.empty:
+            continue
+        if chart in lines:
+            series, x_title, y_title = lines[chart]
+            found.append((chart, lines_figure(series, HEADINGS[chart], x_title, y_title)))
+        else:
+            found.append((chart, others[chart](data)))
     return found
 
 
+@functools.cache
+def packed_plotly_js() -> str:
+    """plotly.js, gzipped (no timestamp: a rebuilt report is identical) and base64-encoded."""
+    return base64.b64encode(gzip.compress(get_plotlyjs().encode(), mtime=0)).decode("ascii")
+
+
+# Unpacks plotly.js, then draws each figure from its JSON. A failure is shown in place of the
+# plots and thrown again, so the console has it too.
+DRAW_SCRIPT = """
+async function drawPlots() {
+  const packed = atob(document.getElementById("plotly-js").textContent);
+  const bytes = Uint8Array.from(packed, (c) => c.charCodeAt(0));
+  const unpacked = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+  const library = document.createElement("script");
+  library.textContent = await new Response(unpacked).text();
+  document.head.appendChild(library);
+  for (const holder of document.querySelectorAll("script.figure")) {
+    const figure = JSON.parse(holder.textContent);
+    Plotly.newPlot(holder.dataset.plot, figure.data, figure.layout,
+                   {responsive: true, displaylogo: false});
+  }
+}
+drawPlots().catch((error) => {
+  for (const plot of document.querySelectorAll("div.plot")) {
+    plot.textContent = "This browser could not draw the plot: " + error;
+  }
+  throw error;
+});
+"""
 SORT_SCRIPT = """
 const headers = document.querySelectorAll("table.sortable th");
 headers.forEach((th, column) => th.addEventListener("click", () => {
@@ -160,60 +225,89 @@ headers.forEach((th, column) => th.addEventListener("click", () => {
     .forEach((row) => body.appendChild(row));
 }));
 """
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2rem; color: #202124; max-width: 1200px; }
+table { border-collapse: collapse; margin: 1rem 0; }
+th, td { border: 1px solid #dadce0; padding: 4px 10px; text-align: left; font-size: 14px; }
+th { background: #f1f3f4; }
+#summary td { white-space: pre-line; }
+table.sortable th { cursor: pointer; }
+td.noisy, td.changes { color: #b06000; }
+pre { background: #f8f9fa; padding: 1rem; overflow-x: auto; }
+pre.wrap { white-space: pre-wrap; overflow-wrap: anywhere; }
+p.empty { color: #5f6368; font-style: italic; }
+section { margin: 1.5rem 0; }
+"""
+
+
+def _sections(data: ReportData, drawn: dict[str, go.Figure]) -> str:
+    e = html.escape
+    sections = []
+    for chart in CHARTS:
+        if chart in data.empty:
+            body = f'<h3>{e(HEADINGS[chart])}</h3><p class="empty">{e(data.empty[chart])}</p>'
+        else:
+            # to_json escapes <, > and /: the JSON cannot close its script element.
+            figure = drawn[chart].to_json()
+            body = (
+                f'<div id="{chart}-plot" class="plot"></div>'
+                f'<script type="application/json" class="figure" data-plot="{chart}-plot">'
+                f"{figure}</script>"
+            )
+            if chart == "importance":
+                body += f'<p class="caveat">{e(data.importance_note)}</p>'
+        sections.append(f'<section id="{chart}">{body}</section>')
+    return "\n".join(sections)
+
+
+def _rows(data: ReportData) -> str:
+    e = html.escape
+    rows = []
+    for r in data.rows:
+        cv = _pct(r.step_time_cv) + (" noisy" if r.noisy else "")
+        changed = ", ".join(c.setting for c in r.changes)
+        full = "\n".join(c.describe() for c in r.changes)
+        cells = [f"<td>{e(c)}</td>" for c in (str(r.number), r.status, r.params,
+                                             _num(r.samples_per_s, 2), _num(r.peak_memory_gib, 3),
+                                             _pct(r.mfu))]  # fmt: skip
+        cells.append(f'<td class="noisy">{e(cv)}</td>' if r.noisy else f"<td>{e(cv)}</td>")
+        cells.append(f'<td class="changes" title="{e(full)}">{e(changed)}</td>')
+        cells.append(f"<td>{e(r.reason)}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return "".join(rows)
 
 
 def render_html(data: ReportData) -> str:
     e = html.escape
     summary = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in data.summary.items())
     notes = "".join(f"<li>{e(n)}</li>" for n in data.notes) or "<li>none</li>"
-    rows = "".join(
-        "<tr>"
-        + "".join(
-            f"<td>{e(c)}</td>"
-            for c in (
-                str(r.number),
-                r.status,
-                r.params,
-                _num(r.samples_per_s, 2),
-                _num(r.peak_memory_gib, 3),
-                _pct(r.mfu),
-                _pct(r.step_time_cv),
-                r.reason,
-            )
-        )
-        + "</tr>"
-        for r in data.rows
-    )
-    plots = []
-    for i, (element, fig) in enumerate(figures(data)):
-        plot = fig.to_html(full_html=False, include_plotlyjs=i == 0, div_id=f"{element}-plot")
-        plots.append(f'<section id="{element}">{plot}</section>')
     code = ""
     if data.code:
         code = f"<h2>Recommended config</h2><pre><code>{e(data.code)}</code></pre>"
     if data.cli_flags:
-        flags = e(data.cli_flags)
-        code += f"<p>As flags for the HF example scripts:</p><pre><code>{flags}</code></pre>"
+        # Wrapped: one long line would run off the page.
+        code += "<p>As flags for the HF example scripts:</p>"
+        code += f'<pre class="wrap"><code>{e(data.cli_flags)}</code></pre>'
+    drawn = dict(figures(data))
+    library = ""
+    if drawn:
+        library = f'<script type="text/plain" id="plotly-js">{packed_plotly_js()}</script>'
+        library += f"<script>{DRAW_SCRIPT}</script>"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{e(data.title)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2rem; color: #202124; max-width: 1200px; }}
-table {{ border-collapse: collapse; margin: 1rem 0; }}
-th, td {{ border: 1px solid #dadce0; padding: 4px 10px; text-align: left; font-size: 14px; }}
-th {{ background: #f1f3f4; }}
-table.sortable th {{ cursor: pointer; }}
-pre {{ background: #f8f9fa; padding: 1rem; overflow-x: auto; }}
-</style></head><body>
+<style>{CSS}</style></head><body>
 <h1>{e(data.title)}</h1>
 <table id="summary">{summary}</table>
 <h2>What was removed from the space, and why</h2><ul id="notes">{notes}</ul>
-{"".join(plots)}
-<h2>Trials</h2><p>Click a column to sort.</p>
+{_sections(data, drawn)}
+<h2>Trials</h2><p>Click a column to sort. Hover a change for what it does to the training.</p>
 <table class="sortable" id="trials"><thead><tr><th>#</th><th>status</th><th>settings</th>
-<th>samples/s</th><th>peak GiB</th><th>MFU</th><th>step CV</th><th>reason</th></tr></thead>
-<tbody>{rows}</tbody></table>
+<th>samples/s</th><th>peak GiB</th><th>MFU</th><th>step CV</th><th>changes vs baseline</th>
+<th>reason</th></tr></thead>
+<tbody>{_rows(data)}</tbody></table>
 {code}
 <script>{SORT_SCRIPT}</script>
+{library}
 </body></html>
 """
 

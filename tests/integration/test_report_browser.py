@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.report.data import CHARTS
 from tests.conftest import TINY_MODEL
 
 pytestmark = pytest.mark.slow
@@ -20,20 +21,33 @@ FLAGS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory) -> Path:
+def search(out: Path, study: str, *settings: str) -> subprocess.CompletedProcess:
     if CHROMIUM is None:
         if os.environ.get("CI"):
             pytest.fail("CI must install Debian's chromium (see .ci/run)")
         pytest.skip("chromium is not installed here")
-    out = tmp_path_factory.mktemp("reports")
-    proc = subprocess.run(
-        [sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "n_trials=5",
-         "seq_len=32", "warmup_steps=1", "measure_steps=3", f"out={out}", "study=b"],
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
+         "warmup_steps=1", f"out={out}", f"study={study}", *settings],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("reports")
+    proc = search(out, "b", "n_trials=5", "measure_steps=3")
     assert proc.returncode == 0, proc.stderr
     return out / "b" / "report.html"
+
+
+@pytest.fixture(scope="module")
+def oom_report(tmp_path_factory) -> Path:
+    """Every trial out of memory: nothing to recommend, nothing to draw."""
+    out = tmp_path_factory.mktemp("reports")
+    proc = search(out, "o", "n_trials=3", "measure_steps=2", "memory_budget=20MiB")
+    assert proc.returncode == 3, proc.stderr  # nothing to recommend
+    return out / "o" / "report.html"
 
 
 def chromium(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -43,18 +57,36 @@ def chromium(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProc
     )  # fmt: skip
 
 
+def console_errors(proc: subprocess.CompletedProcess) -> list[str]:
+    console = [line for line in proc.stderr.splitlines() if "CONSOLE" in line]
+    return [line for line in console if ":ERROR:" in line or "Uncaught" in line]
+
+
 def test_report_renders_every_plot_without_console_errors(report, tmp_path):
     proc = chromium(report, tmp_path / "profile", "--dump-dom")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    console = [line for line in proc.stderr.splitlines() if "CONSOLE" in line]
-    problems = [line for line in console if ":ERROR:" in line or "Uncaught" in line]
-    assert not problems, problems
+    assert not console_errors(proc)
     dom = proc.stdout
-    for plot in ("pareto", "parallel", "importance", "history", "hypervolume", "speed-by-batch"):
-        # plotly replaces each plot's empty div with an SVG ("main-svg") once it has drawn it.
+    for plot in CHARTS:
+        # plotly fills each plot's empty div with an SVG ("main-svg") once it has drawn it,
+        # after the page unpacked plotly.js.
         section = re.search(rf'<div id="{plot}-plot".*?</section>', dom, re.S)
         assert section and 'class="main-svg"' in section.group(0), plot
     assert "Throughput vs peak memory" in dom
+    assert "python recommended.py" in dom and "{this file}" not in dom  # the script excerpt
+
+
+def test_an_all_out_of_memory_report_says_why_each_chart_is_empty(oom_report, tmp_path):
+    proc = chromium(oom_report, tmp_path / "profile", "--dump-dom")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not console_errors(proc)
+    dom = proc.stdout
+    assert re.search(r"<th>recommended</th><td>nothing to recommend: ", dom)
+    for plot in CHARTS:
+        section = re.search(rf'<section id="{plot}">(.*?)</section>', dom, re.S)
+        assert section and '<p class="empty">' in section.group(1), plot
+        assert "main-svg" not in section.group(1), plot
+    assert "No trial measured a throughput (3 oom)" in dom
 
 
 def test_a_screenshot_of_the_report(report, tmp_path):

@@ -4,11 +4,25 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+import optuna
+
+from autotune.records import BASELINE_ATTR, PARAMS_ATTR, RunInfo, store_run_info, tell_result
+from autotune.trial import Status, TrialResult
+
+INFO = RunInfo(
+    study="s", model="tiny", model_config={"model_type": "bert"}, task="sequence-classification",
+    seq_len=64, device="cuda", device_name="NVIDIA H100 80GB HBM3", space="default",
+    space_notes=[], effective_batch_size=None, memory_budget_bytes=10 * 1024**3, headroom=0.1,
+    noise_cv=0.1,
+)  # fmt: skip
 
 IMPORTANCES_IN_A_FRESH_PROCESS = """
 import json
 from autotune.records import TrialRecord
-from autotune.report.data import _importances
+from autotune.report.charts import importances
 from autotune.trial import Status, TrialResult
 # 'zeta' and 'alpha' always move together: their importances tie (but for the last bits).
 outcomes = [(8, 100.0, 4.0), (16, 180.0, 3.0), (32, 250.0, 5.0), (16, 150.0, 8.0),
@@ -18,7 +32,7 @@ records = [
                 result=TrialResult(status=Status.OK, samples_per_s=s, peak_memory_gib=m))
     for i, (b, s, m) in enumerate(outcomes)
 ]
-print(json.dumps({k: list(v) for k, v in _importances(records, 10.0).items()}))
+print(json.dumps({k: list(v) for k, v in importances(records).items()}))
 """
 
 
@@ -34,3 +48,44 @@ def test_importance_order_is_the_same_in_every_process():
     assert len(orders) == 1, orders
     ranked = json.loads(orders.pop())["samples_per_s"]
     assert ranked.index("alpha") == ranked.index("zeta") - 1  # a tie, broken by name
+
+
+def write_study(study_dir: Path) -> None:
+    """A study of four trials (a noisy one, an OOM, one over the budget) in STUDY_DIR/study.db."""
+    study_dir.mkdir()
+    study = optuna.create_study(
+        study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}",
+        directions=["maximize", "minimize"],
+    )  # fmt: skip
+    store_run_info(study, INFO)
+    for i, (batch, gc, outcome) in enumerate(
+        [(8, False, (100.0, 4.0, 0.02)), (16, False, (180.0, 5.0, 0.3)),
+         (32, True, (150.0, 3.0, 0.02)), (64, False, Status.OOM), (32, False, (200.0, 12.0, 0.02))]
+    ):  # fmt: skip
+        trial = study.ask()
+        trial.set_user_attr(PARAMS_ATTR, {"batch_size": batch, "gradient_checkpointing": gc,
+                                          "precision": "bf16" if i else "fp32"})  # fmt: skip
+        trial.set_user_attr(BASELINE_ATTR, i == 0)
+        if isinstance(outcome, Status):
+            result = TrialResult(status=outcome, reason="out of memory", peak_memory_gib=11.0)
+        else:
+            speed, memory, cv = outcome
+            result = TrialResult(status=Status.OK, samples_per_s=speed, tokens_per_s=speed * 64,
+                                 peak_memory_gib=memory, step_time_cv=cv)  # fmt: skip
+        tell_result(study, trial, result, budget_gib=10.0, noise_cv=0.1)
+
+
+def test_a_report_rebuilt_in_another_process_is_identical(tmp_path):
+    """`autotune report` twice, under other hash seeds: the same report.html, byte for byte."""
+    study_dir = tmp_path / "s"
+    write_study(study_dir)
+    pages = []
+    for seed in ("0", "1"):
+        subprocess.run(
+            [sys.executable, "-m", "autotune", "report", str(study_dir)], capture_output=True,
+            text=True, check=True, env={**os.environ, "PYTHONHASHSEED": seed},
+        )  # fmt: skip
+        pages.append((study_dir / "report.html").read_bytes())
+        time.sleep(1.1)  # a timestamp anywhere in the page would differ
+    assert pages[0] == pages[1]
+    assert b'id="plotly-js"' in pages[0] and b"changes vs baseline" in pages[0]

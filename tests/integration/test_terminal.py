@@ -71,3 +71,12 @@ def test_report_prints_the_front_and_the_picks_as_search_does(tmp_path, capsys):
     outcome = searched[searched.index("Pareto front") : searched.index("wrote ")]
     assert outcome in reported
     assert "recommended (*): trial" in reported
+
+
+def test_a_recommendation_that_is_also_the_memory_saver_keeps_its_figures(tmp_path, capsys):
+    out = tmp_path / "reports"
+    args = [f"model={TINY_MODEL}", "n_trials=1", "seq_len=32", f"out={out}", "study=one"]
+    assert cli.main(["search", *args], launcher=fake_launcher("ok")) == 0
+    terminal = capsys.readouterr().out
+    assert "recommended (*): trial 0: 108.00 samples/s (1.00x the baseline)" in terminal
+    assert "memory saver (m): the same trial" in terminal
