@@ -138,16 +138,14 @@ def _settings_and_metrics(record: TrialRecord, snapshot: StudySnapshot) -> dict[
     }
 
 
+RECOMMENDATION_METRICS = (
+    "samples_per_s", "tokens_per_s", "peak_memory_gib", "step_time_median_ms", "step_time_cv",
+    "mfu",
+)  # fmt: skip
+
+
 def _metrics(record: TrialRecord) -> dict[str, Any]:
-    result = record.result
-    return {
-        "samples_per_s": result.samples_per_s,
-        "tokens_per_s": result.tokens_per_s,
-        "peak_memory_gib": result.peak_memory_gib,
-        "step_time_median_ms": result.step_time_median_ms,
-        "step_time_cv": result.step_time_cv,
-        "mfu": result.mfu,
-    }
+    return {m: getattr(record.result, m) for m in RECOMMENDATION_METRICS}
 
 
 def _cell(value: Any) -> Any:
