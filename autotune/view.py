@@ -98,7 +98,7 @@ class TerminalView(SearchObserver):
             f"({plan.info.task}), seq_len {plan.config.seq_len}, {plan.device} "
             f"({escape(plan.info.device_name)}), space {escape(plan.space.name)}, budget "
             f"{format_bytes(plan.info.memory_budget_bytes)}, {plan.config.n_trials} trials "
-            f"-> {escape(str(plan.study_dir))}"
+            f"-> {escape(_shown(plan.study_dir))}"
         )
         self.report.line(f"batch: {plan.info.batch_mode}")
         for note in plan.space.notes:
@@ -184,7 +184,7 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
             f"{r.step_time_cv:.0%}" + (" noisy" if snapshot.is_noisy(record) else ""),
             ", ".join(c.setting for c in snapshot.math_changes(record)) or "-",
         )
-    if not report.quiet:
+    if not report.quiet and snapshot.front:  # all out of memory: the lines below say so
         console.print(table)
     report.line(f"baseline (HF defaults): {escape(picks.describe_baseline())}")
     if picks.baseline is not None and picks.baseline.result.samples_per_s is None:
@@ -211,4 +211,10 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
 
 
 def print_paths(report: Reporter, paths: list[Path]) -> None:
-    report.line(always=True, markup="wrote " + escape(", ".join(str(p) for p in paths)))
+    report.line(always=True, markup="wrote " + escape(", ".join(_shown(p) for p in paths)))
+
+
+def _shown(path: Path) -> str:
+    """Relative to the working folder when inside it (`reports/...`), else absolute."""
+    path = path.resolve()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
