@@ -67,7 +67,7 @@ def open_storage(url: str, *, shown: str | None = None) -> optuna.storages.RDBSt
     """An Optuna RDB storage, or a StudyError that says why it cannot be opened."""
     shown = shown or f"storage={_safe_url(url)}"
     try:
-        return optuna.storages.RDBStorage(url)
+        return optuna.storages.RDBStorage(_with_driver(url))
     except sqlalchemy.exc.OperationalError as exc:
         if "readonly database" in str(exc):
             # Opened read-only, Optuna found none of its tables and tried to create them.
@@ -77,7 +77,21 @@ def open_storage(url: str, *, shown: str | None = None) -> optuna.storages.RDBSt
         raise StudyError(f"{shown}: cannot open it: {_first_line(exc.orig or exc)}") from exc
     except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
         cause = exc.__cause__ or exc  # Optuna wraps a missing driver's ModuleNotFoundError
+        if isinstance(cause, ModuleNotFoundError) and cause.name == "psycopg":
+            raise StudyError(
+                f"{shown}: cannot open it: the PostgreSQL driver psycopg is not installed; "
+                'pip install "autotune[postgres]"'
+            ) from exc
         raise StudyError(f"{shown}: cannot open it: {_first_line(cause)}") from exc
+
+
+def _with_driver(url: str) -> str:
+    """`postgresql://...` -> `postgresql+psycopg://...`, other URLs unchanged.
+
+    SQLAlchemy reads a bare `postgresql://` as psycopg2; the `postgres` extra installs psycopg
+    3, so the URL a PostgreSQL user already has works as it is. A named driver is kept."""
+    scheme, sep, rest = url.partition("://")
+    return f"postgresql+psycopg://{rest}" if sep and scheme == "postgresql" else url
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,7 +1,10 @@
+import contextlib
 import os
 import sys
 import tempfile
 from pathlib import Path
+
+import pytest
 
 # Tests never reach the model hub: names outside the catalogue fail fast instead of retrying.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -17,3 +20,53 @@ def fake_launcher(mode: str):
     from autotune.runner import CommandLauncher
 
     return CommandLauncher((sys.executable, FAKE_WORKER, mode))
+
+
+# --- PostgreSQL: a real server for `storage=postgresql://...` ------------------------------
+# CI (.ci/run) starts a throwaway cluster and exports its URL; without one, the session starts
+# its own (tests/postgres_server.py) where PostgreSQL is installed. No server: a skip, but in
+# CI a failure.
+POSTGRES_URL_VAR = "AUTOTUNE_TEST_POSTGRES_URL"
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url():
+    """URL of a PostgreSQL server on which the tests may create databases."""
+    from tests import postgres_server
+
+    if url := os.environ.get(POSTGRES_URL_VAR):
+        yield url
+        return
+    try:
+        cluster = postgres_server.start()
+    except postgres_server.Unavailable as exc:
+        reason = f"no PostgreSQL server (set {POSTGRES_URL_VAR}, or install postgresql): {exc}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)  # CI starts one (.ci/run): a skip there would hide a failure
+        pytest.skip(reason)
+    try:
+        yield cluster.url
+    finally:
+        postgres_server.stop(cluster.root)
+
+
+@contextlib.contextmanager
+def postgres_database(server_url: str):
+    """A new, empty database on SERVER_URL's server, as a `postgresql+psycopg://` URL; dropped
+    afterwards. One per test module or test keeps studies of different tests apart."""
+    import uuid
+
+    import psycopg  # here, not above: only these tests need the `postgres` extra
+    import sqlalchemy
+
+    server = sqlalchemy.engine.make_url(server_url).set(drivername="postgresql")
+    admin = server.render_as_string(hide_password=False)  # libpq's form, for psycopg itself
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin, autocommit=True) as db:
+        db.execute(f"CREATE DATABASE {name}")
+    try:
+        url = server.set(drivername="postgresql+psycopg", database=name)
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as db:
+            db.execute(f"DROP DATABASE {name} WITH (FORCE)")  # Optuna's pool may still hold one
