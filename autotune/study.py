@@ -124,10 +124,10 @@ def run_search(
 ) -> str:
     """Run trials until `n_trials` are recorded or `timeout` has passed; says why it stopped.
 
-    The first trial of a study is the baseline (HF defaults). Trials interrupted earlier
-    (Ctrl-C, or the search process killed) are retried once. Before each trial the pre-trial
-    checks run (`checks.PRE_TRIAL_CHECKS`): settings already run are told, not run again, and
-    settings at least as memory-hungry as a known OOM are skipped.
+    The first trial of a study is the baseline (HF defaults; `enqueue_baseline`). Trials
+    interrupted earlier (Ctrl-C, or the search process killed) are retried once. Before each
+    trial the pre-trial checks run (`checks.PRE_TRIAL_CHECKS`): settings already run are told,
+    not run again, and settings at least as memory-hungry as a known OOM are skipped.
     """
     config = plan.config
     observer = observer or SearchObserver()
@@ -137,6 +137,7 @@ def run_search(
     baseline = plan.space.optuna_params(plan.baseline, plan.rules)
     for number in retry_interrupted(study, plan.study_dir, baseline):
         observer.retried(number)
+    enqueue_baseline(study, baseline)
     repeats = 0
     while True:
         records = load_records(study)  # afresh: another search may have recorded trials
@@ -147,18 +148,12 @@ def run_search(
         sampler = study.sampler
         if isinstance(sampler, AskTellGridSampler) and sampler.is_exhausted(study):
             return f"every grid point has run: {len(records)} trials finished"
-        if not records:
-            # The baseline comes first and is run as it is, outside the sampler's space. Its
-            # settings are Optuna parameters too (where the space's distributions hold them),
-            # so the sampler and Optuna's tools see it. Enqueued, it takes no grid point; one
-            # interrupted earlier is queued already, by retry_interrupted.
-            if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-                study.enqueue_trial({name: value for name, (_, value) in baseline.items()})
-            trial = study.ask({name: dist for name, (dist, _) in baseline.items()})
+        trial = study.ask()
+        if trial.user_attrs.get(BASELINE_ATTR):  # queued by enqueue_baseline or a retry
+            for name, (distribution, _) in baseline.items():
+                suggest(trial, name, distribution)  # the queued values: Optuna sees them
             params = dict(plan.baseline)
-            trial.set_user_attr(BASELINE_ATTR, True)
         else:
-            trial = study.ask()
             params = plan.space.sample(trial, plan.rules)
         trial.set_user_attr(OWNER_ATTR, _this_process())
         trial.set_user_attr(PARAMS_ATTR, params)
@@ -261,6 +256,31 @@ def _owner_is_gone(owner: dict[str, Any] | None) -> bool:
         return True
 
 
+def enqueue_baseline(
+    study: optuna.Study, baseline: dict[str, tuple[optuna.distributions.BaseDistribution, Any]]
+) -> None:
+    """Queue the baseline (HF defaults) as a new study's first trial. Whoever asks next runs
+    it, and only one does: a queued trial is handed out once, also to several processes
+    asking at the same time. It is run as it is, outside the sampler's space; its settings are
+    Optuna parameters too (where the space's distributions hold them), so the sampler and
+    Optuna's tools see it. Queued, it takes no grid point."""
+    if not study.get_trials(deepcopy=False):
+        values = {name: value for name, (_, value) in baseline.items()}
+        study.enqueue_trial(values, user_attrs={BASELINE_ATTR: True})
+
+
+def suggest(
+    trial: optuna.Trial, name: str, distribution: optuna.distributions.BaseDistribution
+) -> Any:
+    """`trial.suggest_*` for a distribution: a queued trial answers with its queued value."""
+    if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+        return trial.suggest_categorical(name, distribution.choices)
+    assert isinstance(distribution, optuna.distributions.IntDistribution), distribution
+    return trial.suggest_int(
+        name, distribution.low, distribution.high, step=distribution.step, log=distribution.log
+    )
+
+
 def retry_interrupted(
     study: optuna.Study,
     study_dir: Path,
@@ -281,9 +301,10 @@ def retry_interrupted(
     for trial in trials:
         first_run = trial.number not in retried and RETRY_OF_ATTR not in trial.user_attrs
         if is_interrupted(trial) and first_run:
-            params = trial.params
+            params, attrs = trial.params, {RETRY_OF_ATTR: trial.number}
             if trial.user_attrs.get(BASELINE_ATTR):
                 params = {name: value for name, (_, value) in baseline.items()}
-            study.enqueue_trial(params, user_attrs={RETRY_OF_ATTR: trial.number})
+                attrs[BASELINE_ATTR] = True
+            study.enqueue_trial(params, user_attrs=attrs)
             queued.append(trial.number)
     return queued
