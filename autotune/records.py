@@ -31,6 +31,9 @@ RETRY_OF_ATTR = "retry_of"
 """Trial: the interrupted trial whose settings it runs again."""
 REPEAT_OF_ATTR = "repeat_of"
 """Trial: the earlier trial with the same settings, whose values it was told instead."""
+SAME_AS_RUNNING_ATTR = "same_as_running"
+"""Trial: a proposal whose settings another process was running at the time: ended FAIL
+without running (the sampler learns nothing from it, and it does not count)."""
 OWNER_ATTR = "owner"
 """Trial: the search process running it: {host, pid, pid_started}."""
 RUN_ATTR = "run"
@@ -177,11 +180,13 @@ def _tell_outcome(
 
 
 def is_interrupted(trial: FrozenTrial) -> bool:
-    """Failed without a result, and not a repeat: its search stopped while it ran."""
+    """Failed without a result, and not a repeat nor a proposal running elsewhere: its
+    search stopped while it ran."""
     return (
         trial.state is TrialState.FAIL
         and RESULT_ATTR not in trial.user_attrs
         and REPEAT_OF_ATTR not in trial.user_attrs
+        and SAME_AS_RUNNING_ATTR not in trial.user_attrs
     )
 
 

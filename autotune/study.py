@@ -30,6 +30,7 @@ from autotune.records import (
     OWNER_ATTR,
     PARAMS_ATTR,
     RETRY_OF_ATTR,
+    SAME_AS_RUNNING_ATTR,
     TrialRecord,
     is_interrupted,
     load_records,
@@ -40,6 +41,8 @@ from autotune.records import (
 from autotune.trial import Progress, Status, TrialResult, TrialSpec
 
 MAX_REPEATS = 50
+RUNNING_BACKOFF_S = 0.5
+"""Pause before asking again when a proposal is being run by another process."""
 INTERRUPTED_RESULT = "result.interrupted.json"
 """What a worker wrote for a trial whose search died before recording it: set aside, not used."""
 
@@ -54,7 +57,11 @@ def make_sampler(plan: SearchPlan, *, seed: int) -> optuna.samplers.BaseSampler:
         # that always appear together, instead of falling back to independent sampling.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
+            # constant_liar: trials other processes are running count as bad results while
+            # they run, so several workers do not all ask for the same point.
+            return optuna.samplers.TPESampler(
+                seed=seed, multivariate=True, group=True, constant_liar=True
+            )
     if name == "gp":
         # Optuna's GP runs on torch (CPU tensors, never CUDA) and needs scipy.
         if importlib.util.find_spec("scipy") is None:
@@ -157,6 +164,17 @@ def run_search(
             params = plan.space.sample(trial, plan.rules)
         trial.set_user_attr(OWNER_ATTR, _this_process())
         trial.set_user_attr(PARAMS_ATTR, params)
+        running = _running_with(study, trial.number, params)
+        if running is not None:
+            # Another process measures these settings right now: their result will be in the
+            # records soon; ask again rather than measure them twice.
+            trial.set_user_attr(SAME_AS_RUNNING_ATTR, running)
+            study.tell(trial, state=TrialState.FAIL)
+            repeats += 1
+            if repeats >= MAX_REPEATS:
+                return f"the last {MAX_REPEATS} proposals were running or run already"
+            time.sleep(RUNNING_BACKOFF_S)
+            continue
         skip = checks.first_skip(params, records)
         if skip is not None and skip.repeat_of is not None:
             tell_repeat(study, trial, skip.repeat_of, budget_gib)
@@ -188,6 +206,16 @@ def run_search(
                 raise
         tell_result(study, trial, result, budget_gib, noise_cv=plan.info.noise_cv)
         observer.trial_ended(record_of(study.get_trials(deepcopy=False)[trial.number]))
+
+
+def _running_with(study: optuna.Study, number: int, params: dict[str, Any]) -> int | None:
+    """The number of another RUNNING trial with these settings, if any."""
+    key = checks.settings_key(params)
+    for other in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        theirs = other.user_attrs.get(PARAMS_ATTR)
+        if other.number != number and theirs is not None and checks.settings_key(theirs) == key:
+            return other.number
+    return None
 
 
 def _launch(

@@ -108,3 +108,26 @@ def test_gp_without_scipy_is_a_clear_error(tmp_path, monkeypatch):
     plan = make_plan(load_config([f"model={TINY_MODEL}", "sampler=gp", f"out={tmp_path}"]), CPU)
     with pytest.raises(ConfigError, match="sampler=gp needs scipy"):
         make_sampler(plan, seed=0)
+
+
+def test_tpe_is_told_what_other_processes_are_running(tmp_path):
+    plan = make_plan(load_config([f"model={TINY_MODEL}", f"out={tmp_path}"]), CPU)
+    assert make_sampler(plan, seed=0)._constant_liar
+
+
+def test_settings_another_process_is_running_are_not_run_again():
+    from autotune.records import PARAMS_ATTR, SAME_AS_RUNNING_ATTR, is_interrupted
+    from autotune.study import _running_with
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    theirs = study.ask()
+    theirs.set_user_attr(PARAMS_ATTR, {"batch_size": 16, "precision": "bf16"})
+    mine = study.ask()
+    # The same settings in another key order are the same settings.
+    assert _running_with(study, mine.number, {"precision": "bf16", "batch_size": 16}) == 0
+    assert _running_with(study, mine.number, {"precision": "fp32", "batch_size": 16}) is None
+    assert _running_with(study, theirs.number, {"batch_size": 16, "precision": "bf16"}) is None
+    mine.set_user_attr(SAME_AS_RUNNING_ATTR, theirs.number)
+    study.tell(mine, state=optuna.trial.TrialState.FAIL)
+    # Ended without running on purpose: never mistaken for a trial a dead search left behind.
+    assert not is_interrupted(study.trials[mine.number])
