@@ -822,7 +822,8 @@ def main() -> None:
             "sqlite": sqlite3.sqlite_version,
         },
         "cpus": os.cpu_count(),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        # Paths are machine-specific: the results keep settings that describe the run only.
+        "settings": {k: v for k, v in vars(args).items() if not isinstance(v, Path)},
     }
     with tempfile.TemporaryDirectory(prefix="storages-setup-") as tmp:
         results["wal_setup"] = wal_setup_checks(Path(tmp), args.busy_timeout)
