@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from autotune import hardware
-from autotune.config import RunConfig, make_config
+from autotune import hardware, parallel
+from autotune.config import RunConfig, WorkerConfig, make_config
 from autotune.knobs import MathChange, describe_params
-from autotune.plan import make_plan
+from autotune.plan import SearchPlan, make_plan
 from autotune.records import RunInfo, StudySnapshot, TrialRecord, load_records, read_snapshot
 from autotune.runner import Launcher
-from autotune.storage import load_study_dir, locked_study
+from autotune.storage import join_config, load_study_dir, locked_study, open_study
 from autotune.study import SearchObserver, run_search
 from autotune.study_folder import table, write_study_folder
 from autotune.trial import TrialResult
@@ -191,8 +191,9 @@ def run(
     observer: SearchObserver | None = None,
     launcher: Launcher | None = None,
 ) -> SearchResult:
-    """Probe the device, plan, run the study under its lock, and write the study folder (also
-    when interrupted: what finished is written before the exception goes on)."""
+    """Probe the device, plan, run the study under its lock (with `workers=` worker processes),
+    and write the study folder (also when interrupted: what finished is written before the
+    exception goes on)."""
     observer = observer or SearchObserver()
     with observer.busy("probing the device"):
         device_info = hardware.probe()
@@ -200,10 +201,41 @@ def run(
     with locked_study(plan) as (study, plan):
         observer.planned(plan, done_before=len(load_records(study)))
         try:
-            with observer.watching():
-                stopped = run_search(plan, study, observer=observer, launcher=launcher)
-            observer.ended(stopped)
+            stopped = _run_workers(plan, study, observer, launcher)
         finally:
             snapshot = read_snapshot(study)
             paths = write_study_folder(snapshot, plan.study_dir)
     return SearchResult(snapshot=snapshot, study_dir=plan.study_dir, paths=paths, stopped=stopped)
+
+
+def join(
+    worker: WorkerConfig,
+    *,
+    observer: SearchObserver | None = None,
+    launcher: Launcher | None = None,
+) -> tuple[SearchPlan, str]:
+    """Join a study another search made (`autotune worker`): its settings come from the study;
+    run its loop here (with `workers=` processes) until it has its trials. Returns the plan and
+    why it stopped; the outputs are the search's (or `autotune report`'s) to write."""
+    observer = observer or SearchObserver()
+    config = join_config(worker)
+    with observer.busy("probing the device"):
+        device_info = hardware.probe()
+    plan = make_plan(config, device_info)
+    study, plan = open_study(plan, joining=True)
+    observer.planned(plan, done_before=len(load_records(study)))
+    return plan, _run_workers(plan, study, observer, launcher)
+
+
+def _run_workers(
+    plan: SearchPlan, study: optuna.Study, observer: SearchObserver, launcher: Launcher | None
+) -> str:
+    """The study's loop here, on the one worker's device or cores, or in worker processes."""
+    with observer.watching():
+        if len(plan.slots) == 1:
+            with plan.slots[0].applied():
+                stopped = run_search(plan, study, observer=observer, launcher=launcher)
+        else:
+            stopped = parallel.run_workers(plan, study, observer, launcher)
+    observer.ended(stopped)
+    return stopped

@@ -48,6 +48,29 @@ Task = Literal["auto", "sequence-classification", "causal-lm", "masked-lm", "seq
 Device = Literal["auto", "cuda", "cpu"]
 
 
+def check_workers(value: Any) -> Any:
+    """`auto` or a whole number of processes, 1 or more (one message for anything else)."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError("expected auto or a number of processes, 1 or more")
+
+
+Workers = Annotated[int | Literal["auto"], BeforeValidator(check_workers)]
+MIN_STALE_AFTER_S = 3
+
+
+def check_devices(value: str) -> str:
+    """`auto`, or distinct device indices separated by commas (`0,1,3`)."""
+    if value == "auto":
+        return value
+    if not re.fullmatch(r"\d+(,\d+)*", value):
+        raise ValueError("expected auto or device indices separated by commas, e.g. 0,1,3")
+    indices = value.split(",")
+    if len(set(indices)) != len(indices):
+        raise ValueError("a device is named twice (each worker owns its own)")
+    return value
+
+
 class RunConfig(BaseModel):
     """Everything one `autotune search` needs. Field descriptions are the `--help` text."""
 
@@ -122,7 +145,28 @@ class RunConfig(BaseModel):
     )
     out: Path = Field(Path("reports"), description="folder holding one subfolder per study")
     storage: str | None = Field(
-        None, description="Optuna storage URL; null = sqlite file study.db in the study folder"
+        None,
+        description="Optuna storage URL (postgresql://... for several hosts); "
+        "null = sqlite file study.db in the study folder",
+    )
+    workers: Workers = Field(
+        "auto",
+        description="search processes sharing the study, each running its own trials; on "
+        "cuda each owns one device of devices=, on cpu each gets its share of the cores; "
+        "auto = one per device on cuda, 1 on cpu",
+        json_schema_extra={"metavar": "N|auto"},
+    )
+    devices: str = Field(
+        "auto",
+        description="cuda: the devices workers use, one each, as indices among the visible "
+        "ones (e.g. 0,1,3); auto = every visible GPU",
+        json_schema_extra={"metavar": "LIST|auto"},
+    )
+    stale_after: Duration = Field(
+        60.0,
+        description="a running trial whose search sent no heartbeat for this long (it died, "
+        "or its host was lost) is failed by another worker and its settings run again",
+        json_schema_extra={"metavar": "DURATION"},
     )
     report_to: str = Field(
         "none",
@@ -136,6 +180,20 @@ class RunConfig(BaseModel):
     @classmethod
     def _report_to_is_integration_names(cls, value: str) -> str:
         return check_report_to(value)
+
+    @field_validator("devices")
+    @classmethod
+    def _devices_are_indices(cls, value: str) -> str:
+        return check_devices(value)
+
+    @field_validator("stale_after")
+    @classmethod
+    def _stale_after_leaves_room_for_heartbeats(cls, value: float) -> float:
+        if value < MIN_STALE_AFTER_S:
+            raise ValueError(
+                f"at least {MIN_STALE_AFTER_S}s: heartbeats come once a second at most"
+            )
+        return value
 
     @field_validator("study")
     @classmethod
@@ -216,6 +274,55 @@ class ExportConfig(BaseModel):
     @classmethod
     def _report_to_is_integration_names(cls, value: str | None) -> str | None:
         return None if value is None else check_report_to(value)
+
+
+class WorkerConfig(BaseModel):
+    """`autotune worker key=value ...`: join a study another search made; everything else
+    (model, space, n_trials, ...) comes from the study."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+    study: str | None = Field(None, description="the study to join; null = the storage's only one")
+    storage: str | None = Field(
+        None, description="Optuna storage URL; null = sqlite file OUT/STUDY/study.db"
+    )
+    out: Path = Field(
+        Path("reports"), description="folder whose STUDY subfolder holds this host's trial files"
+    )
+    workers: Workers = Field(
+        "auto",
+        description="search processes on this host; auto = one per device on cuda, 1 on cpu",
+        json_schema_extra={"metavar": "N|auto"},
+    )
+    devices: str = Field(
+        "auto",
+        description="cuda: the devices workers use, one each (e.g. 0,1); auto = every visible GPU",
+        json_schema_extra={"metavar": "LIST|auto"},
+    )
+    timeout: Duration | None = Field(
+        None,
+        description="stop starting trials after this long (e.g. 2h); null = until the study "
+        "has its n_trials",
+        json_schema_extra={"metavar": "DURATION"},
+    )
+    quiet: bool = Field(False, description="print only errors")
+
+    @field_validator("devices")
+    @classmethod
+    def _devices_are_indices(cls, value: str) -> str:
+        return check_devices(value)
+
+    @field_validator("study")
+    @classmethod
+    def _study_is_a_folder_name(cls, value: str | None) -> str | None:
+        problem = None if value is None else study_name_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+
+PER_PROCESS_SETTINGS = frozenset(WorkerConfig.model_fields) - {"study"} | {"storage"}
+"""Settings each process sets for itself; the others are the study's (stored with it)."""
 
 
 class ReportConfig(BaseModel):

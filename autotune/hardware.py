@@ -10,9 +10,14 @@ import json
 import platform
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import DeviceError
+
+if TYPE_CHECKING:
+    from autotune.parallel import Slot
 
 PROBE_TIMEOUT_S = 120.0
 
@@ -44,6 +49,10 @@ class DeviceInfo:
     """`model_type` values the installed transformers can build."""
     task_model_types: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Task -> the model types with that head in the installed transformers."""
+    cuda_device_names: tuple[str, ...] = ()
+    """Every visible CUDA device's name, in CUDA's order (device 0 is `name`)."""
+    cuda_free_memory_bytes: tuple[int, ...] = ()
+    """Free memory on each visible CUDA device."""
 
     @property
     def tensor_core_64(self) -> bool:
@@ -64,11 +73,24 @@ class DeviceInfo:
             return "cuda" if self.cuda_available else "cpu"
         return requested
 
-    def memory_for(self, device: str) -> tuple[str, int]:
-        """(device name, bytes a trial may use) for the resolved device."""
+    def memory_for(self, device: str, slots: Sequence[Slot] = ()) -> tuple[str, int]:
+        """(device name, bytes a trial may use) for the resolved device, shared by `slots`
+        (the workers): on CUDA the least free of their devices, on CPU an equal share of the
+        available RAM (their trials run at the same time)."""
         if device == "cuda":
+            free = self.cuda_free_memory_bytes
+            chosen = [s.cuda_index for s in slots if s.cuda_index is not None]
+            if free and chosen and all(i < len(free) for i in chosen):
+                return self.cuda_device_names[chosen[0]], min(free[i] for i in chosen)
             return self.name, self.free_memory_bytes
-        return self.cpu_name, self.host_available_memory_bytes
+        return self.cpu_name, self.host_available_memory_bytes // max(1, len(slots))
+
+    @classmethod
+    def from_facts(cls, facts: dict[str, Any]) -> DeviceInfo:
+        """From the probe's JSON (lists become tuples)."""
+        facts = dict(facts)
+        facts["task_model_types"] = {k: tuple(v) for k, v in facts["task_model_types"].items()}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in facts.items()})
 
 
 def probe() -> DeviceInfo:
@@ -85,9 +107,7 @@ def probe() -> DeviceInfo:
         raise DeviceError(f"the device probe did not answer in {PROBE_TIMEOUT_S:.0f} s") from exc
     if proc.returncode != 0:
         raise DeviceError(f"the device probe failed:\n{proc.stderr[-2000:]}")
-    facts = json.loads(proc.stdout.strip().splitlines()[-1])
-    facts["task_model_types"] = {k: tuple(v) for k, v in facts["task_model_types"].items()}
-    return DeviceInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in facts.items()})
+    return DeviceInfo.from_facts(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def _cpu_name() -> str:
@@ -141,7 +161,10 @@ def _probe_here() -> dict:
     if facts["cuda_available"]:
         free, total = torch.cuda.mem_get_info(0)
         major, minor = torch.cuda.get_device_capability(0)
+        count = torch.cuda.device_count()
         facts |= {
+            "cuda_device_names": [torch.cuda.get_device_name(i) for i in range(count)],
+            "cuda_free_memory_bytes": [torch.cuda.mem_get_info(i)[0] for i in range(count)],
             "name": torch.cuda.get_device_name(0),
             "total_memory_bytes": total,
             "free_memory_bytes": free,

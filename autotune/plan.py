@@ -18,6 +18,7 @@ from autotune.errors import AutotuneError, ConfigError
 from autotune.hardware import DeviceInfo
 from autotune.knobs import baseline_params
 from autotune.models import ModelSpec, resolve_model
+from autotune.parallel import Slot, assign
 from autotune.records import RunInfo
 from autotune.space import SamplingRules, SearchSpace
 from autotune.space_file import SoftwareFacts, load_space
@@ -36,6 +37,9 @@ class SearchPlan:
     """The HF default TrainingArguments as knobs: the first trial, the yardstick for speedups."""
     study_dir: Path
     storage_url: str
+    device_info: DeviceInfo
+    slots: list[Slot]
+    """One per worker: the device or the cores it owns (`workers=`, `devices=`)."""
 
     @property
     def study_name(self) -> str:
@@ -87,11 +91,13 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         study_dir = (config.out / study_name).resolve()
         if not study_dir.is_relative_to(config.out.resolve()):
             problems.append(f"study={study_name}: {study_dir} lies outside out={config.out}")
+    slots, slot_problems = assign(config.workers, config.devices, device, device_info)
+    problems += slot_problems
     if problems:
         raise ConfigError("\n".join(problems))
     assert model is not None and space is not None and study_name and study_dir
 
-    device_name, available_bytes = device_info.memory_for(device)
+    device_name, available_bytes = device_info.memory_for(device, slots)
     info = RunInfo(
         study=study_name,
         model=model.name,
@@ -117,6 +123,8 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         baseline=baseline_params(device_info.default_optim, config.effective_batch_size),
         study_dir=study_dir,
         storage_url=config.storage or f"sqlite:///{study_dir / 'study.db'}",
+        device_info=device_info,
+        slots=slots,
     )
 
 

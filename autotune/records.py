@@ -31,9 +31,14 @@ RETRY_OF_ATTR = "retry_of"
 """Trial: the interrupted trial whose settings it runs again."""
 REPEAT_OF_ATTR = "repeat_of"
 """Trial: the earlier trial with the same settings, whose values it was told instead."""
+NOT_RUN_ATTR = "not_run"
+"""Trial: why a proposal ended FAIL without running (another process was running its settings,
+the study had its n_trials, another retry ran the same settings): the sampler learns nothing
+from it, and it does not count."""
 SAME_AS_RUNNING_ATTR = "same_as_running"
-"""Trial: a proposal whose settings another process was running at the time: ended FAIL
-without running (the sampler learns nothing from it, and it does not count)."""
+"""Trial: NOT_RUN_ATTR's earlier name, for a proposal another process was running."""
+SETTINGS_ATTR = "settings"
+"""Study: the search's settings (`RunConfig` keys), for a worker that joins the study."""
 OWNER_ATTR = "owner"
 """Trial: the search process running it: {host, pid, pid_started}."""
 RUN_ATTR = "run"
@@ -180,12 +185,13 @@ def _tell_outcome(
 
 
 def is_interrupted(trial: FrozenTrial) -> bool:
-    """Failed without a result, and not a repeat nor a proposal running elsewhere: its
-    search stopped while it ran."""
+    """Failed without a result, and not a repeat nor a proposal that was not to run: its
+    search stopped while it ran (or was found dead: gone from this host, or stale)."""
     return (
         trial.state is TrialState.FAIL
         and RESULT_ATTR not in trial.user_attrs
         and REPEAT_OF_ATTR not in trial.user_attrs
+        and NOT_RUN_ATTR not in trial.user_attrs
         and SAME_AS_RUNNING_ATTR not in trial.user_attrs
     )
 

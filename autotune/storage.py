@@ -1,21 +1,40 @@
-"""Where a study lives: opening its Optuna storage (under the study folder's lock) for a
-search, or read-only for the report and the exports; every way that can fail, said plainly."""
+"""Where a study lives: opening its Optuna storage for a search (under the study folder's
+lock), for a worker joining one, or read-only for the report and the exports; every way that
+can fail, said plainly.
+
+Several processes may write one study at once (`workers=N`, `autotune worker`), so every
+storage a search opens is safe for that (`benchmarks/storages.py` measured the choices):
+
+- SQLite (the default, `study.db`): WAL mode, a 30 s busy timeout, and each transaction started
+  as `BEGIN IMMEDIATE`. Without the last, Optuna's read-then-write steps race: a queued trial
+  was handed to two processes and results were overwritten.
+- PostgreSQL (several hosts): row locks make those steps atomic; a connect timeout and a ping
+  before reusing a pooled connection (idle through a long trial) are added.
+- Heartbeats: each running trial's search records one every `stale_after / 6` seconds; a
+  RUNNING trial whose last one is older than `stale_after` is stale (its search died or its
+  host was lost) and any other search fails it. The clock is the database server's.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
+import os
 import shutil
+import sqlite3
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import optuna
 import sqlalchemy.exc
 
-from autotune.errors import StudyError
+from autotune.config import PER_PROCESS_SETTINGS, RunConfig, WorkerConfig, make_config
+from autotune.errors import ConfigError, StudyError
 from autotune.plan import SearchPlan
-from autotune.records import RUN_ATTR, RunInfo, is_recorded, store_run_info
+from autotune.records import RUN_ATTR, SETTINGS_ATTR, RunInfo, is_recorded, store_run_info
 from autotune.study import make_sampler
 from autotune.study_lock import StudyLock
 from autotune.units import format_bytes
@@ -63,11 +82,53 @@ def _make_study_dir(study_dir: Path) -> bool:
     return True
 
 
-def open_storage(url: str, *, shown: str | None = None) -> optuna.storages.RDBStorage:
-    """An Optuna RDB storage, or a StudyError that says why it cannot be opened."""
-    shown = shown or f"storage={_safe_url(url)}"
+SQLITE_BUSY_TIMEOUT_S = 30
+"""How long a SQLite writer waits for another's transaction (they last milliseconds; a viewer
+holding a read does not block writers in WAL mode)."""
+POSTGRES_CONNECT_TIMEOUT_S = 10
+
+
+def heartbeat_interval_s(stale_after_s: float) -> int:
+    """Seconds between a running trial's heartbeats: six chances to beat before it is stale."""
+    return max(1, int(stale_after_s // 6))
+
+
+def open_storage(
+    url: str, *, shown: str | None = None, stale_after_s: float | None = None
+) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage safe for several writing processes, or a StudyError that says why
+    it cannot be opened. `stale_after_s` turns heartbeats on (a search's storage)."""
+    shown = shown or f"storage={safe_url(url)}"
+    url = _with_driver(url)
+    options: dict = {}
+    if stale_after_s is not None:
+        options["heartbeat_interval"] = heartbeat_interval_s(stale_after_s)
+        options["grace_period"] = math.ceil(stale_after_s)
+    sqlite_file = _writable_sqlite_file(url)
     try:
-        return optuna.storages.RDBStorage(_with_driver(url))
+        if sqlite_file is not None:
+            _use_wal(sqlite_file)
+            options["engine_kwargs"] = {
+                # isolation_level=None: pysqlite issues no BEGIN of its own; ours below does.
+                "connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S, "isolation_level": None}
+            }
+        elif url.startswith("postgresql"):
+            options["engine_kwargs"] = {
+                "pool_pre_ping": True,
+                "connect_args": {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S},
+            }
+        with warnings.catch_warnings():  # heartbeats: "experimental" since Optuna 2.9
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            storage = optuna.storages.RDBStorage(url, **options)
+        if sqlite_file is not None:
+            # Every transaction takes the write lock when it begins, so Optuna's
+            # read-then-write steps (hand out a queued trial, check a trial still runs before
+            # writing to it) are atomic across processes, as row locks make them on PostgreSQL.
+            # Not kept when a storage is pickled: each process opens its own.
+            sqlalchemy.event.listen(storage.engine, "begin", _begin_immediate)
+        return storage
+    except sqlite3.Error as exc:
+        raise StudyError(f"{shown}: cannot open it: {_first_line(exc)}") from exc
     except sqlalchemy.exc.OperationalError as exc:
         if "readonly database" in str(exc):
             # Opened read-only, Optuna found none of its tables and tried to create them.
@@ -85,6 +146,31 @@ def open_storage(url: str, *, shown: str | None = None) -> optuna.storages.RDBSt
         raise StudyError(f"{shown}: cannot open it: {_first_line(cause)}") from exc
 
 
+def _writable_sqlite_file(url: str) -> Path | None:
+    """The database file of a `sqlite:///path` URL opened for writing; None for other URLs,
+    in-memory databases and SQLite's URI form (the read-only one)."""
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except sqlalchemy.exc.ArgumentError:
+        return None  # RDBStorage names the problem
+    if parsed.get_backend_name() != "sqlite" or parsed.query:
+        return None
+    if not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
+
+
+def _use_wal(path: Path) -> None:
+    """Put the database file in WAL mode (stored in the file: every later connection uses it),
+    so readers and the writer do not block each other. Creates an empty database file."""
+    with contextlib.closing(sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_S)) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+
+
+def _begin_immediate(connection: sqlalchemy.engine.Connection) -> None:
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
 def _with_driver(url: str) -> str:
     """`postgresql://...` -> `postgresql+psycopg://...`, other URLs unchanged.
 
@@ -99,7 +185,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
-def _safe_url(url: str) -> str:
+def safe_url(url: str) -> str:
     """The URL with any password masked, for messages."""
     try:
         return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
@@ -107,14 +193,15 @@ def _safe_url(url: str) -> str:
         return url
 
 
-def open_study(plan: SearchPlan) -> tuple[optuna.Study, SearchPlan]:
+def open_study(plan: SearchPlan, *, joining: bool = False) -> tuple[optuna.Study, SearchPlan]:
     """Create the study, or load it when it exists and was made for the same run.
 
     The memory budget is part of a study: resolved once and stored, so that every trial's
     feasibility is judged against the same figure. A resumed study keeps its stored budget; an
-    explicit `memory_budget=` that differs is refused.
+    explicit `memory_budget=` that differs is refused. A search stores its settings with the
+    study, for workers that join it; a worker (`joining`) takes them as they are.
     """
-    storage = open_storage(plan.storage_url)
+    storage = open_storage(plan.storage_url, stale_after_s=plan.config.stale_after)
     study = optuna.create_study(
         study_name=plan.study_name,
         storage=storage,
@@ -127,7 +214,7 @@ def open_study(plan: SearchPlan) -> tuple[optuna.Study, SearchPlan]:
         wanted = {k: getattr(plan.info, k) for k in IDENTITY}
         if made_for != wanted:
             raise StudyError(
-                f"study={plan.study_name} in {_safe_url(plan.storage_url)} was made for "
+                f"study={plan.study_name} in {safe_url(plan.storage_url)} was made for "
                 f"{made_for}, not {wanted}; pick another study= name or out= folder"
             )
         explicit = plan.config.memory_budget
@@ -143,15 +230,63 @@ def open_study(plan: SearchPlan) -> tuple[optuna.Study, SearchPlan]:
             plan, info=dataclasses.replace(plan.info, memory_budget_bytes=budget)
         )
     # Offset the seed by the trials already run, so a resumed study does not replay the same
-    # random start-up proposals it made the first time.
+    # random start-up proposals it made the first time; a worker among several by its pid, so
+    # that they do not all propose the same start-up points.
     recorded = sum(is_recorded(t) for t in study.get_trials(deepcopy=False))
-    study.sampler = make_sampler(plan, seed=plan.config.seed + recorded)
-    with warnings.catch_warnings():
-        # Stable in practice since Optuna 3.2; it names the objectives in Optuna's own tools.
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.set_metric_names(list(OBJECTIVES))
-    store_run_info(study, plan.info)
+    seed = plan.config.seed + recorded + (os.getpid() if joining else 0)
+    study.sampler = make_sampler(plan, seed=seed % 2**32)
+    if not joining:
+        with warnings.catch_warnings():
+            # Stable in practice since Optuna 3.2; it names the objectives in Optuna's tools.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(list(OBJECTIVES))
+        store_run_info(study, plan.info)
+        study.set_user_attr(SETTINGS_ATTR, study_settings(plan))
     return study, plan
+
+
+def study_settings(plan: SearchPlan) -> dict[str, Any]:
+    """The settings a worker joining the study takes from it (the rest are its own); the
+    device as resolved (a worker on a host without the study's device is refused)."""
+    settings = plan.config.model_dump(mode="json") | {"device": plan.device}
+    return {k: v for k, v in settings.items() if k not in PER_PROCESS_SETTINGS}
+
+
+def join_config(worker: WorkerConfig) -> RunConfig:
+    """The settings of the study a worker joins (`autotune worker`), with the worker's own.
+
+    The study must exist: a worker joins a search, it does not start one."""
+    url = worker.storage
+    if url is None:
+        if worker.study is None:
+            raise ConfigError("study: required when storage= is not given (the study folder "
+                              "OUT/STUDY holds study.db)")  # fmt: skip
+        db = worker.out / worker.study / "study.db"
+        if not db.is_file():
+            raise StudyError(f"{db}: no such file; start the study with autotune search, or "
+                             "give its storage=")  # fmt: skip
+        url = f"sqlite:///{db.resolve()}"
+    shown = f"storage={safe_url(url)}"
+    storage = open_storage(url, shown=shown)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    name = worker.study
+    if name is None:
+        if len(names) != 1:
+            raise StudyError(f"{shown} holds {len(names)} studies ({', '.join(names)}): "
+                             "pick one with study=NAME")  # fmt: skip
+        name = names[0]
+    elif name not in names:
+        raise StudyError(f"study={name} is not in {shown} (it has: {', '.join(names) or 'none'}); "
+                         "start it with autotune search")  # fmt: skip
+    study = optuna.load_study(study_name=name, storage=storage)
+    settings = study.user_attrs.get(SETTINGS_ATTR)
+    if settings is None:
+        raise StudyError(
+            f"study={name} stores no search settings (it was made by an older autotune or by "
+            "Optuna alone): resume it with autotune search"
+        )
+    own = worker.model_dump(exclude={"study", "storage"})
+    return make_config({**settings, **own, "study": name, "storage": url})
 
 
 def load_study_dir(study_dir: Path, storage_url: str | None, name: str | None) -> optuna.Study:
@@ -164,7 +299,7 @@ def load_study_dir(study_dir: Path, storage_url: str | None, name: str | None) -
         if not db.is_file():
             raise StudyError(f"{db}: no such file; give the study folder of a search, or storage=")
         storage_url = f"sqlite:///{db.resolve()}"
-    shown = _safe_url(storage_url)
+    shown = safe_url(storage_url)
     storage = open_storage(_read_only(storage_url), shown=shown)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
     if name is None:

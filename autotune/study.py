@@ -8,17 +8,20 @@ Other searches may write the same study: every iteration reads the records afres
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 import socket
+import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import optuna
 import psutil
+from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import checks, runner
@@ -27,13 +30,13 @@ from autotune.knobs import is_compiled
 from autotune.plan import SearchPlan
 from autotune.records import (
     BASELINE_ATTR,
+    NOT_RUN_ATTR,
     OWNER_ATTR,
     PARAMS_ATTR,
     RETRY_OF_ATTR,
-    SAME_AS_RUNNING_ATTR,
     TrialRecord,
     is_interrupted,
-    load_records,
+    is_recorded,
     record_of,
     tell_repeat,
     tell_result,
@@ -43,6 +46,8 @@ from autotune.trial import Progress, Status, TrialResult, TrialSpec
 MAX_REPEATS = 50
 RUNNING_BACKOFF_S = 0.5
 """Pause before asking again when a proposal is being run by another process."""
+WAIT_FOR_OTHERS_S = 1.0
+"""Pause between looks at the study while its last trials run in other processes."""
 INTERRUPTED_RESULT = "result.interrupted.json"
 """What a worker wrote for a trial whose search died before recording it: set aside, not used."""
 
@@ -121,6 +126,13 @@ class SearchObserver:
     def trial_ended(self, record: TrialRecord) -> None:
         """A trial was recorded (measured, failed or skipped)."""
 
+    def worker_failed(self, index: int, how: str, log_tail: str) -> None:
+        """Worker `index` of several (`workers=N`) ended in an error; the others go on."""
+
+    def lost(self, number: int) -> None:
+        """Trial `number` ran here, but another process had failed it as stale meanwhile (this
+        one sent no heartbeat for `stale_after`): its result was dropped; a retry runs it."""
+
 
 def run_search(
     plan: SearchPlan,
@@ -129,12 +141,16 @@ def run_search(
     observer: SearchObserver | None = None,
     launcher: runner.Launcher | None = None,
 ) -> str:
-    """Run trials until `n_trials` are recorded or `timeout` has passed; says why it stopped.
+    """Run trials until the study has `n_trials` recorded or `timeout` has passed; says why it
+    stopped. Other processes may run the same study at the same time (`workers=N`,
+    `autotune worker`): `n_trials` counts the whole study's trials, not this loop's.
 
-    The first trial of a study is the baseline (HF defaults; `enqueue_baseline`). Trials
-    interrupted earlier (Ctrl-C, or the search process killed) are retried once. Before each
-    trial the pre-trial checks run (`checks.PRE_TRIAL_CHECKS`): settings already run are told,
-    not run again, and settings at least as memory-hungry as a known OOM are skipped.
+    The first trial of a study is the baseline (HF defaults; `enqueue_baseline`). Before each
+    trial, every record is read afresh, trials whose search died are failed (a dead process on
+    this host at once, any other after `stale_after` without a heartbeat) and their settings
+    queued to run again once (`recover`), and the pre-trial checks run
+    (`checks.PRE_TRIAL_CHECKS`): settings already run are told, not run again, and settings at
+    least as memory-hungry as a known OOM, whichever process met it, are skipped.
     """
     config = plan.config
     observer = observer or SearchObserver()
@@ -142,12 +158,13 @@ def run_search(
     deadline = time.monotonic() + config.timeout if config.timeout else float("inf")
     budget_gib = plan.info.memory_budget_gib
     baseline = plan.space.optuna_params(plan.baseline, plan.rules)
-    for number in retry_interrupted(study, plan.study_dir, baseline):
-        observer.retried(number)
     enqueue_baseline(study, baseline)
     repeats = 0
     while True:
-        records = load_records(study)  # afresh: another search may have recorded trials
+        for number in recover(study, plan.study_dir, baseline):
+            observer.retried(number)
+        trials = study.get_trials(deepcopy=False)  # afresh: other processes record trials too
+        records = [record_of(t) for t in trials if is_recorded(t)]
         if len(records) >= config.n_trials:
             return f"{len(records)} of {config.n_trials} trials finished"
         if time.monotonic() > deadline:
@@ -155,67 +172,146 @@ def run_search(
         sampler = study.sampler
         if isinstance(sampler, AskTellGridSampler) and sampler.is_exhausted(study):
             return f"every grid point has run: {len(records)} trials finished"
-        trial = study.ask()
-        if trial.user_attrs.get(BASELINE_ATTR):  # queued by enqueue_baseline or a retry
-            for name, (distribution, _) in baseline.items():
-                suggest(trial, name, distribution)  # the queued values: Optuna sees them
-            params = dict(plan.baseline)
-        else:
-            params = plan.space.sample(trial, plan.rules)
-        trial.set_user_attr(OWNER_ATTR, _this_process())
-        trial.set_user_attr(PARAMS_ATTR, params)
-        running = _running_with(study, trial.number, params)
-        if running is not None:
-            # Another process measures these settings right now: their result will be in the
-            # records soon; ask again rather than measure them twice.
-            trial.set_user_attr(SAME_AS_RUNNING_ATTR, running)
-            study.tell(trial, state=TrialState.FAIL)
-            repeats += 1
-            if repeats >= MAX_REPEATS:
-                return f"the last {MAX_REPEATS} proposals were running or run already"
-            time.sleep(RUNNING_BACKOFF_S)
+        running = sum(t.state is TrialState.RUNNING for t in trials)
+        if len(records) + running >= config.n_trials:
+            # The last trials run in other processes: wait for them; one whose process dies
+            # is failed by `recover` and run again here.
+            time.sleep(WAIT_FOR_OTHERS_S)
             continue
-        skip = checks.first_skip(params, records)
-        if skip is not None and skip.repeat_of is not None:
-            tell_repeat(study, trial, skip.repeat_of, budget_gib)
-            repeats += 1
-            if repeats >= MAX_REPEATS:
-                return (
-                    f"the last {MAX_REPEATS} proposals repeated settings already run: "
-                    f"the space looks exhausted after {len(records)} trials"
-                )
-            continue
-        repeats = 0
-        if skip is not None:
-            result = TrialResult(status=Status.SKIPPED, reason=skip.reason)
-        else:
-            observer.trial_started(trial.number, params)
-            try:
-                result = _launch(
-                    plan,
-                    trial.number,
-                    params,
-                    launcher,
-                    on_progress=functools.partial(observer.progress, trial.number),
-                )
-            except BaseException:
-                # Ctrl-C or a bug in the parent: the trial ends FAIL without a result, which
-                # is how a later run of the same study recognises it as interrupted.
+        with warnings.catch_warnings():
+            # Optuna warns that heartbeats are meant for study.optimize: this loop beats itself.
+            warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
+            trial = study.ask()
+        with _heartbeat(trial):
+            trial.set_user_attr(OWNER_ATTR, _this_process())
+            if trial.user_attrs.get(BASELINE_ATTR):  # queued by enqueue_baseline or a retry
+                for name, (distribution, _) in baseline.items():
+                    suggest(trial, name, distribution)  # the queued values: Optuna sees them
+                params = dict(plan.baseline)
+            else:
+                params = plan.space.sample(trial, plan.rules)
+            # Published before looking at the others, so that of two processes proposing the
+            # same settings at once, at least one sees the other's.
+            trial.set_user_attr(PARAMS_ATTR, params)
+            not_run = _not_to_run(study, trial, params, config.n_trials)
+            if not_run is not None:
+                trial.set_user_attr(NOT_RUN_ATTR, not_run.reason)
                 study.tell(trial, state=TrialState.FAIL)
-                _set_aside_result(_trial_dir(plan.study_dir, trial.number))
-                raise
-        tell_result(study, trial, result, budget_gib, noise_cv=plan.info.noise_cv)
+                if not_run.same_as_running:
+                    # Their result will be in the records soon; ask again rather than measure
+                    # the same settings twice.
+                    repeats += 1
+                    if repeats >= MAX_REPEATS:
+                        return f"the last {MAX_REPEATS} proposals were running or run already"
+                    time.sleep(RUNNING_BACKOFF_S)
+                continue
+            skip = checks.first_skip(params, records)
+            if skip is not None and skip.repeat_of is not None:
+                tell_repeat(study, trial, skip.repeat_of, budget_gib)
+                repeats += 1
+                if repeats >= MAX_REPEATS:
+                    return (
+                        f"the last {MAX_REPEATS} proposals repeated settings already run: "
+                        f"the space looks exhausted after {len(records)} trials"
+                    )
+                continue
+            repeats = 0
+            if skip is not None:
+                result = TrialResult(status=Status.SKIPPED, reason=skip.reason)
+            else:
+                observer.trial_started(trial.number, params)
+                try:
+                    result = _launch(
+                        plan,
+                        trial.number,
+                        params,
+                        launcher,
+                        on_progress=functools.partial(observer.progress, trial.number),
+                    )
+                except BaseException:
+                    # Ctrl-C or a bug in the parent: the trial ends FAIL without a result,
+                    # which is how a later run of the study recognises it as interrupted.
+                    with contextlib.suppress(ValueError):  # failed as stale meanwhile
+                        study.tell(trial, state=TrialState.FAIL)
+                    _set_aside_result(trial_dir(plan.study_dir, trial.number))
+                    raise
+            try:
+                tell_result(study, trial, result, budget_gib, noise_cv=plan.info.noise_cv)
+            except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+                if study.get_trials(deepcopy=False)[trial.number].state is TrialState.RUNNING:
+                    raise
+                # Another process failed it as stale (no heartbeat for `stale_after`: this
+                # process was stopped or cut off from the storage) and queued its settings
+                # again; the retry's result is the one kept.
+                _set_aside_result(trial_dir(plan.study_dir, trial.number))
+                observer.lost(trial.number)
+                continue
         observer.trial_ended(record_of(study.get_trials(deepcopy=False)[trial.number]))
 
 
-def _running_with(study: optuna.Study, number: int, params: dict[str, Any]) -> int | None:
-    """The number of another RUNNING trial with these settings, if any."""
+@dataclasses.dataclass(frozen=True)
+class _NotRun:
+    reason: str
+    same_as_running: bool = False
+
+
+def _not_to_run(
+    study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], n_trials: int
+) -> _NotRun | None:
+    """Why a trial just asked for must not run, looking at every process's trials: a second
+    retry of the same interrupted trial, one more than `n_trials` (trials asked for earlier
+    go first: their numbers are smaller), or settings another process is running."""
+    trials = study.get_trials(deepcopy=False)
+    retry_of = trial.user_attrs.get(RETRY_OF_ATTR)
+    if retry_of is not None:
+        for other in trials[: trial.number]:
+            if other.user_attrs.get(RETRY_OF_ATTR) == retry_of:
+                return _NotRun(f"trial {other.number} runs trial {retry_of}'s settings again")
+    ahead = sum(
+        is_recorded(t) or (t.state is TrialState.RUNNING and t.number < trial.number)
+        for t in trials
+    )
+    if ahead >= n_trials:
+        return _NotRun(f"n_trials={n_trials} were finished or running when it was asked for")
     key = checks.settings_key(params)
-    for other in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    for other in trials:
         theirs = other.user_attrs.get(PARAMS_ATTR)
-        if other.number != number and theirs is not None and checks.settings_key(theirs) == key:
-            return other.number
+        if (
+            other.state is TrialState.RUNNING
+            and other.number != trial.number
+            and theirs is not None
+            and checks.settings_key(theirs) == key
+        ):
+            return _NotRun(f"trial {other.number} was running these settings", True)
     return None
+
+
+@contextlib.contextmanager
+def _heartbeat(trial: optuna.Trial) -> Iterator[None]:
+    """Record the trial's heartbeat every `heartbeat_interval` seconds while it runs, from a
+    thread of this process, so another process can tell a dead search's trial from a slow one.
+    (Optuna beats only inside `study.optimize`; this loop asks and tells itself.)"""
+    storage = trial.storage
+    interval = storage.get_heartbeat_interval() if isinstance(storage, BaseHeartbeat) else None
+    if interval is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a storage hiccup: the next beat may pass
+                storage.record_heartbeat(trial._trial_id)
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{trial.number}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _launch(
@@ -243,7 +339,7 @@ def _launch(
     )
     return runner.launch_trial(
         spec,
-        _trial_dir(plan.study_dir, number),
+        trial_dir(plan.study_dir, number),
         # Compiling gets its own allowance on top of the training time.
         timeout_s=config.trial_timeout + (config.compile_timeout if is_compiled(params) else 0),
         launcher=launcher,
@@ -253,7 +349,7 @@ def _launch(
     )
 
 
-def _trial_dir(study_dir: Path, number: int) -> Path:
+def trial_dir(study_dir: Path, number: int) -> Path:
     return study_dir / "trials" / f"{number:04d}"
 
 
@@ -309,26 +405,35 @@ def suggest(
     )
 
 
-def retry_interrupted(
+def recover(
     study: optuna.Study,
     study_dir: Path,
     baseline: dict[str, tuple[optuna.distributions.BaseDistribution, Any]],
 ) -> list[int]:
-    """Close trials a dead search left RUNNING, and queue each interrupted config once.
+    """Fail the trials whose search has died, and queue each interrupted trial's settings to
+    run once more; returns the numbers of the trials queued again.
 
-    A RUNNING trial whose search still lives (another process on this host, or any on another
-    host) is left alone: it is not ours to end. An interrupted baseline is queued with the
-    baseline's Optuna parameters (`SearchSpace.optuna_params`; older studies stored none)."""
+    A trial's search has died when it ran on this host and its process is gone, or, from any
+    host, when it has sent no heartbeat for `stale_after` (Optuna's `fail_stale_trials`; the
+    storage's clock). A live search's trial is left alone. Several processes may recover at
+    once: a trial is failed by one of them, and of two retries queued for the same trial only
+    the first runs (`_not_to_run`). An interrupted baseline is queued with the baseline's
+    Optuna parameters (`SearchSpace.optuna_params`; older studies stored none)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if _owner_is_gone(trial.user_attrs.get(OWNER_ATTR)):
-            study.tell(trial.number, state=TrialState.FAIL)
-            _set_aside_result(_trial_dir(study_dir, trial.number))
+            # Another process may fail it at the same moment: one of the two does.
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get(RETRY_OF_ATTR) for t in trials}
     queued = []
     for trial in trials:
         first_run = trial.number not in retried and RETRY_OF_ATTR not in trial.user_attrs
         if is_interrupted(trial) and first_run:
+            _set_aside_result(trial_dir(study_dir, trial.number))
             params, attrs = trial.params, {RETRY_OF_ATTR: trial.number}
             if trial.user_attrs.get(BASELINE_ATTR):
                 params = {name: value for name, (_, value) in baseline.items()}

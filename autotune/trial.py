@@ -103,6 +103,8 @@ class TrialResult:
     worker_pid: int | None = None
     """The process that ran the trial: each trial has one of its own."""
     device_name: str = ""
+    cpu_threads: int | None = None
+    """CPU: the threads torch trained with (the cores the trial's worker was given)."""
     training_args: dict[str, Any] = field(default_factory=dict)
     """The tuned `TrainingArguments` kwargs the worker trained with (no run-only fields)."""
     model_kwargs: dict[str, Any] = field(default_factory=dict)

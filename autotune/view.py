@@ -56,22 +56,26 @@ class Reporter:
 
 
 class _BarAndTrial(Progress):
-    """The trials bar with the running trial's line under it (rich's documented extension
+    """The trials bar with a line per running trial under it (rich's documented extension
     point for extra renderables)."""
 
-    running = ""
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.running: dict[int, str] = {}  # first: rich renders while it initialises
+        super().__init__(*args, **kwargs)
 
     def get_renderables(self) -> Any:
         yield self.make_tasks_table(self.tasks)
-        if self.running:
-            yield Text(self.running, overflow="ellipsis", no_wrap=True)
+        for line in self.running.values():
+            yield Text(line, overflow="ellipsis", no_wrap=True)
 
 
 class TerminalView(SearchObserver):
-    """Shows one search as `autotune.api.run` tells it."""
+    """Shows one search as `autotune.api.run` tells it (its trials, whichever worker runs
+    them). `log_name`: the plain log in the study folder (None: none)."""
 
-    def __init__(self, *, quiet: bool) -> None:
+    def __init__(self, *, quiet: bool, log_name: str | None = "search.log") -> None:
         self.report = Reporter(quiet=quiet)
+        self.log_name = log_name
         self.live = not quiet and console.is_terminal  # a bar only for a person watching
         self.bar = _BarAndTrial(
             TextColumn("trials"),
@@ -86,13 +90,14 @@ class TerminalView(SearchObserver):
         self.task = None
         self.total = 0
         self.best = 0.0
-        self.running_params = ""
+        self.running_params: dict[int, str] = {}
 
     def busy(self, what: str) -> contextlib.AbstractContextManager[Any]:
         return console.status(what) if self.live else contextlib.nullcontext()
 
     def planned(self, plan: SearchPlan, done_before: int) -> None:
-        self.report.open_log(plan.study_dir / "search.log")
+        if self.log_name is not None:
+            self.report.open_log(plan.study_dir / self.log_name)
         self.report.line(
             f"study [bold]{escape(plan.study_name)}[/]: {escape(plan.model.name)} "
             f"({plan.info.task}), seq_len {plan.config.seq_len}, {plan.device} "
@@ -103,6 +108,9 @@ class TerminalView(SearchObserver):
         self.report.line(f"batch: {plan.info.batch_mode}")
         for note in plan.space.notes:
             self.report.line(f"[yellow]note:[/] {escape(note)}")
+        if len(plan.slots) > 1:
+            owned = ", ".join(slot.describe() for slot in plan.slots)
+            self.report.line(f"{len(plan.slots)} workers on this study: {owned}")
         if done_before:
             self.report.line(f"resuming: {done_before} finished trial(s) kept")
         self.total = plan.config.n_trials
@@ -115,20 +123,36 @@ class TerminalView(SearchObserver):
         self.report.line(f"trial {number} was interrupted: its settings run again first")
 
     def trial_started(self, number: int, params: dict[str, Any]) -> None:
-        self.running_params = f"trial {number}: {describe_params(params)}"
+        self.running_params[number] = f"trial {number}: {describe_params(params)}"
         if self.live:
-            self.bar.running = self.running_params + ", starting"
+            self.bar.running[number] = self.running_params[number] + ", starting"
             self.report.line(f"trial {number} started: {describe_params(params)}", log_only=True)
         else:
             self.report.line(f"trial {number} started: {describe_params(params)}")
 
     def progress(self, number: int, progress: trial.Progress) -> None:
-        if self.live:
-            self.bar.running = f"{self.running_params}, {_step(progress)}"
+        if self.live and number in self.running_params:
+            self.bar.running[number] = f"{self.running_params[number]}, {_step(progress)}"
             self.bar.refresh()
 
+    def lost(self, number: int) -> None:
+        self._drop(number)
+        self.report.line(
+            f"[yellow]trial {number} was failed as stale by another worker while it ran here "
+            "(no heartbeat for stale_after): its result is dropped, a retry runs its settings[/]"
+        )
+
+    def worker_failed(self, index: int, how: str, log_tail: str) -> None:
+        self.report.line(f"[red]worker {index} ended: {how}[/]; the others go on")
+        for line in log_tail.splitlines():
+            self.report.line(f"  {escape(line)}")
+
+    def _drop(self, number: int) -> None:
+        self.running_params.pop(number, None)
+        self.bar.running.pop(number, None)
+
     def trial_ended(self, record: TrialRecord) -> None:
-        self.bar.running = ""
+        self._drop(record.number)
         done = int(self.bar.tasks[0].completed) + 1
         if record.status is Status.OK:
             self.best = max(self.best, record.result.samples_per_s)

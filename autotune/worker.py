@@ -104,6 +104,7 @@ def train_trial(spec: TrialSpec, progress_path: Path) -> TrialResult:
             "train_s": train_s,
             "n_params": sum(p.numel() for p in model.parameters()),
             "device_name": device_name,
+            "cpu_threads": None if on_cuda else torch.get_num_threads(),
             "training_args": tuned_args,
             "model_kwargs": model_kwargs,
             "step_times_ms": [t * 1e3 for t in step_times_s],
@@ -131,6 +132,12 @@ def _prepare(spec: TrialSpec) -> int:
     if spec.device == "cuda":
         _cap_cuda_memory(spec.memory_budget_bytes)
         torch.cuda.reset_peak_memory_stats()
+    else:
+        # A worker given a share of the cores (`workers=N` on CPU) trains with that many
+        # threads: more would only contend for them.
+        cores = len(os.sched_getaffinity(0))
+        if torch.get_num_threads() > cores:
+            torch.set_num_threads(cores)
     return baseline_rss
 
 

@@ -12,12 +12,17 @@ from rich.markup import escape
 
 from autotune import __version__
 from autotune.cli import catalog, results, search
-from autotune.config import ExportConfig, ReportConfig, RunConfig
+from autotune.config import ExportConfig, ReportConfig, RunConfig, WorkerConfig
 from autotune.errors import AutotuneError, ConfigError
 from autotune.runner import Launcher
 from autotune.view import errors
 
-_SETTINGS = {"search": RunConfig, "report": ReportConfig, "export": ExportConfig}
+_SETTINGS = {
+    "search": RunConfig,
+    "worker": WorkerConfig,
+    "report": ReportConfig,
+    "export": ExportConfig,
+}
 """The key=value settings of each command, for the hint on a `--KEY value` typed instead."""
 
 

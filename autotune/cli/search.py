@@ -1,14 +1,27 @@
 """`autotune search`: parse the settings, run `autotune.api.run` with the terminal view, print
-the outcome; the exit code says whether there is something to recommend."""
+the outcome; the exit code says whether there is something to recommend. `autotune worker`:
+join a study a search made, from another shell or host (`autotune.api.join`)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import socket
 import textwrap
 
+from pydantic import BaseModel
+
 from autotune import api
-from autotune.config import help_rows, load_config
-from autotune.view import NOTHING_TO_RECOMMEND, TerminalView, print_outcome, print_paths
+from autotune.config import RunConfig, WorkerConfig, help_rows, load_config
+from autotune.storage import safe_url
+from autotune.view import (
+    NOTHING_TO_RECOMMEND,
+    TerminalView,
+    console,
+    print_outcome,
+    print_paths,
+)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -23,10 +36,28 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     parser.set_defaults(handler=run)
+    parser = commands.add_parser(
+        "worker",
+        help="join a running study (from another shell or host) and run its trials too",
+        description="Join a study that `autotune search` made, and run trials for it until it "
+        "has its n_trials. The model, space and settings come from the study. Settings are "
+        "key=value.",
+        epilog=_settings_help(
+            WorkerConfig,
+            "autotune worker storage=postgresql://autotune@db-host/autotune study=bert-large",
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="autotune worker study=NAME [storage=URL] [key=value ...]",
+    )
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    parser.set_defaults(handler=run_worker)
 
 
-def _settings_help() -> str:
-    rows = help_rows()
+def _settings_help(
+    schema: type[BaseModel] = RunConfig,
+    example: str = "autotune search model=bert-large-uncased seq_len=512 n_trials=30",
+) -> str:
+    rows = help_rows(schema)
     key_width = max(len(r[0]) for r in rows) + 2
     kind_width = min(max(len(r[1]) for r in rows), 24) + 2
     lines = ["settings (key=value; default in brackets):"]
@@ -36,7 +67,7 @@ def _settings_help() -> str:
             head += "\n" + " " * (key_width + kind_width + 2)
         text = textwrap.fill(f"{meaning} [{default}]", width=100 - key_width - kind_width - 2)
         lines.append(head + text.replace("\n", "\n" + " " * (key_width + kind_width + 2)))
-    lines += ["", "example:", "  autotune search model=bert-large-uncased seq_len=512 n_trials=30"]
+    lines += ["", "example:", f"  {example}"]
     return "\n".join(lines)
 
 
@@ -47,3 +78,15 @@ def run(args: argparse.Namespace) -> int:
     print_outcome(view.report, result.snapshot)
     print_paths(view.report, result.paths)
     return 0 if result.recommended is not None else NOTHING_TO_RECOMMEND
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    worker = load_config(args.overrides, WorkerConfig)
+    log_name = f"workers/{socket.gethostname()}-{os.getpid()}.log"
+    view = TerminalView(quiet=worker.quiet, log_name=log_name)
+    plan, _ = api.join(worker, observer=view, launcher=args.launcher)
+    storage, study = f"storage={safe_url(plan.storage_url)}", f"study={plan.study_name}"
+    report = shlex.join(["autotune", "report", str(plan.study_dir), storage, study])
+    if not worker.quiet:
+        console.print(f"the study's outputs: {report}", markup=False, soft_wrap=True)
+    return 0

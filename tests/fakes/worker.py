@@ -3,6 +3,9 @@
 MODE `sequence:DIR:m1,m2,...` takes the next mode from the list on each call (a counter file in
 DIR), so one search can meet every fault in turn.
 
+MODE `sleep:SECONDS` takes that long, then writes MODE `ok`'s result. Results give as
+`cpu_threads` the number of cores the fake worker could use.
+
 MODE `progress` reports as the real worker does: `building` and training-begins progress
 records 0.3 s apart, then a record and a log line per step (warm-up, then measuring; 0.1 s a
 step; an ETA from the second step on) up to the spec's warm-up + measured steps, then writes
@@ -48,6 +51,7 @@ def write_ok_result():
         build_s=0.1,
         train_s=0.2,
         training_args={"per_device_train_batch_size": batch},
+        cpu_threads=len(os.sched_getaffinity(0)),
     )
 
 
@@ -65,6 +69,9 @@ def report(stage, step, started_s, eta_s=None):
 
 
 if mode == "ok":
+    write_ok_result()
+elif mode.startswith("sleep:"):
+    time.sleep(float(mode.split(":")[1]))
     write_ok_result()
 elif mode == "progress":
     STEP_S = 0.1

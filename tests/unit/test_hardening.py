@@ -15,7 +15,7 @@ from autotune.hardware import DeviceInfo
 from autotune.plan import default_study_name, make_plan
 from autotune.records import OWNER_ATTR, RUN_ATTR, RunInfo
 from autotune.storage import locked_study
-from autotune.study import INTERRUPTED_RESULT, retry_interrupted
+from autotune.study import INTERRUPTED_RESULT, recover
 from autotune.study_lock import StudyLock
 from autotune.units import format_bytes, format_gib
 from tests.conftest import TINY_MODEL
@@ -131,7 +131,7 @@ def test_only_trials_of_searches_that_are_gone_count_as_interrupted(tmp_path):
     (tmp_path / "trials" / f"{dead_pid:04d}").mkdir(parents=True)
     (tmp_path / "trials" / f"{dead_pid:04d}" / "result.json").write_text('{"status": "ok"}')
 
-    queued = retry_interrupted(study, tmp_path, baseline={})
+    queued = recover(study, tmp_path, baseline={})
 
     states = {t.number: t.state for t in study.trials}
     running = optuna.trial.TrialState.RUNNING

@@ -116,18 +116,48 @@ def test_tpe_is_told_what_other_processes_are_running(tmp_path):
 
 
 def test_settings_another_process_is_running_are_not_run_again():
-    from autotune.records import PARAMS_ATTR, SAME_AS_RUNNING_ATTR, is_interrupted
-    from autotune.study import _running_with
+    from autotune.records import NOT_RUN_ATTR, PARAMS_ATTR, is_interrupted
+    from autotune.study import _not_to_run
 
     study = optuna.create_study(directions=["maximize", "minimize"])
     theirs = study.ask()
     theirs.set_user_attr(PARAMS_ATTR, {"batch_size": 16, "precision": "bf16"})
     mine = study.ask()
     # The same settings in another key order are the same settings.
-    assert _running_with(study, mine.number, {"precision": "bf16", "batch_size": 16}) == 0
-    assert _running_with(study, mine.number, {"precision": "fp32", "batch_size": 16}) is None
-    assert _running_with(study, theirs.number, {"batch_size": 16, "precision": "bf16"}) is None
-    mine.set_user_attr(SAME_AS_RUNNING_ATTR, theirs.number)
+    same = _not_to_run(study, mine, {"precision": "bf16", "batch_size": 16}, n_trials=10)
+    assert same.same_as_running and same.reason == "trial 0 was running these settings"
+    assert _not_to_run(study, mine, {"precision": "fp32", "batch_size": 16}, n_trials=10) is None
+    mine.set_user_attr(NOT_RUN_ATTR, same.reason)
     study.tell(mine, state=optuna.trial.TrialState.FAIL)
     # Ended without running on purpose: never mistaken for a trial a dead search left behind.
     assert not is_interrupted(study.trials[mine.number])
+
+
+def test_trials_asked_for_earlier_go_first_up_to_n_trials():
+    from autotune.study import _not_to_run
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    first, second, third = study.ask(), study.ask(), study.ask()
+    # Two slots: the two smaller numbers run, the third was one too many.
+    assert _not_to_run(study, first, {"batch_size": 8}, n_trials=2) is None
+    assert _not_to_run(study, second, {"batch_size": 16}, n_trials=2) is None
+    too_many = _not_to_run(study, third, {"batch_size": 32}, n_trials=2)
+    assert too_many.reason == "n_trials=2 were finished or running when it was asked for"
+    assert not too_many.same_as_running
+    study.tell(first, state=optuna.trial.TrialState.FAIL)  # interrupted: its slot is free again
+    assert _not_to_run(study, third, {"batch_size": 32}, n_trials=2) is None
+
+
+def test_of_two_retries_queued_for_one_trial_only_the_first_runs():
+    from autotune.records import RETRY_OF_ATTR
+    from autotune.study import _not_to_run
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # trial 0, interrupted
+    for _ in range(2):  # two processes recovering at the same moment each queue a retry
+        study.enqueue_trial({}, user_attrs={RETRY_OF_ATTR: 0})
+    first, second = study.ask(), study.ask()
+    assert (first.number, second.number) == (1, 2)
+    assert _not_to_run(study, first, {"batch_size": 8}, n_trials=10) is None
+    again = _not_to_run(study, second, {"batch_size": 8}, n_trials=10)
+    assert again.reason == "trial 1 runs trial 0's settings again"
