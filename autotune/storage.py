@@ -35,7 +35,7 @@ from autotune.config import PER_PROCESS_SETTINGS, RunConfig, WorkerConfig, make_
 from autotune.errors import ConfigError, StudyError
 from autotune.plan import SearchPlan
 from autotune.records import RUN_ATTR, SETTINGS_ATTR, RunInfo, is_recorded, store_run_info
-from autotune.study import make_sampler
+from autotune.study import enqueue_baseline, make_sampler
 from autotune.study_lock import StudyLock
 from autotune.units import format_bytes
 
@@ -242,6 +242,8 @@ def open_study(plan: SearchPlan, *, joining: bool = False) -> tuple[optuna.Study
             study.set_metric_names(list(OBJECTIVES))
         store_run_info(study, plan.info)
         study.set_user_attr(SETTINGS_ATTR, study_settings(plan))
+        # Queued before any worker starts, so that none of them queues it too.
+        enqueue_baseline(study, plan.space.optuna_params(plan.baseline, plan.rules))
     return study, plan
 
 

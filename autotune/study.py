@@ -259,14 +259,15 @@ def _not_to_run(
     study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], n_trials: int
 ) -> _NotRun | None:
     """Why a trial just asked for must not run, looking at every process's trials: a second
-    retry of the same interrupted trial, one more than `n_trials` (trials asked for earlier
-    go first: their numbers are smaller), or settings another process is running."""
+    baseline or a second retry of the same interrupted trial (queued by two processes at once),
+    one more than `n_trials` (trials asked for earlier go first: their numbers are smaller), or
+    settings another process is running."""
     trials = study.get_trials(deepcopy=False)
-    retry_of = trial.user_attrs.get(RETRY_OF_ATTR)
-    if retry_of is not None:
+    queued_as = _queued_as(trial)
+    if queued_as is not None:
         for other in trials[: trial.number]:
-            if other.user_attrs.get(RETRY_OF_ATTR) == retry_of:
-                return _NotRun(f"trial {other.number} runs trial {retry_of}'s settings again")
+            if _queued_as(other) == queued_as:
+                return _NotRun(f"trial {other.number} was queued for the same: {queued_as}")
     ahead = sum(
         is_recorded(t) or (t.state is TrialState.RUNNING and t.number < trial.number)
         for t in trials
@@ -284,6 +285,14 @@ def _not_to_run(
         ):
             return _NotRun(f"trial {other.number} was running these settings", True)
     return None
+
+
+def _queued_as(trial: FrozenTrial | optuna.Trial) -> str | None:
+    """What a trial was queued for: the baseline, or another run of an interrupted trial."""
+    retry_of = trial.user_attrs.get(RETRY_OF_ATTR)
+    if retry_of is not None:
+        return f"trial {retry_of}'s settings again"
+    return "the baseline" if trial.user_attrs.get(BASELINE_ATTR) else None
 
 
 @contextlib.contextmanager
@@ -387,8 +396,9 @@ def enqueue_baseline(
     it, and only one does: a queued trial is handed out once, also to several processes
     asking at the same time. It is run as it is, outside the sampler's space; its settings are
     Optuna parameters too (where the space's distributions hold them), so the sampler and
-    Optuna's tools see it. Queued, it takes no grid point."""
-    if not study.get_trials(deepcopy=False):
+    Optuna's tools see it. Queued, it takes no grid point. Two processes queueing it at the
+    same moment queue two: only the first runs (`_not_to_run`)."""
+    if not any(t.user_attrs.get(BASELINE_ATTR) for t in study.get_trials(deepcopy=False)):
         values = {name: value for name, (_, value) in baseline.items()}
         study.enqueue_trial(values, user_attrs={BASELINE_ATTR: True})
 

@@ -33,6 +33,7 @@ METRIC_COLUMNS = (
     "compile_s",
     "wall_s",
     "overhead_s",
+    "cpu_threads",
 )
 
 

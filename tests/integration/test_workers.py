@@ -8,9 +8,8 @@ settings measured twice, nothing lost, and the wall time.
 """
 
 import contextlib
-import json
-import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,8 +20,9 @@ from pathlib import Path
 import optuna
 import psutil
 import pytest
+import sqlalchemy
 
-from autotune import api, checks, cli
+from autotune import api, checks, cli, hardware
 from autotune.config import load_config
 from autotune.parallel import Slot
 from autotune.plan import make_plan
@@ -140,7 +140,7 @@ def test_three_workers_finish_a_study_in_less_than_half_the_time_of_one(
     assert len(pids) == 3, "every worker ran trials"
     assert sorted(three_watch.started) == sorted(r.number for r in three.snapshot.records)
     ratio = three_watch.seconds / one_watch.seconds
-    print(f"\n{storage and 'postgresql' or 'sqlite'}: workers=1 {one_watch.seconds:.1f} s, "
+    print(f"\n{(storage and 'postgresql') or 'sqlite'}: workers=1 {one_watch.seconds:.1f} s, "
           f"workers=3 {three_watch.seconds:.1f} s, ratio {ratio:.2f}")  # fmt: skip
     assert ratio <= 0.45, (one_watch.seconds, three_watch.seconds)
 
@@ -180,8 +180,11 @@ def test_kill_9_of_a_worker_mid_trial_loses_nothing(tmp_path, postgres_server_ur
         victim = children_running("autotune.parallel")[1]
         its_trial = [p for p in victim.children(recursive=True) if "fakes" in " ".join(p.cmdline())]
         study = optuna.load_study(study_name="k", storage=url)
-        running = [t for t in study.get_trials(deepcopy=False)
-                   if t.state.name == "RUNNING" and t.user_attrs[OWNER_ATTR]["pid"] == victim.pid]  # fmt: skip
+        running = [
+            t
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+            if t.user_attrs[OWNER_ATTR]["pid"] == victim.pid
+        ]
         assert len(running) == 1 and len(its_trial) == 1
         killed = running[0]
         for process in (victim, *its_trial):
@@ -195,8 +198,8 @@ def test_kill_9_of_a_worker_mid_trial_loses_nothing(tmp_path, postgres_server_ur
         records = assert_counted_once(study, n_trials)
         dead = study.trials[killed.number]
         assert is_interrupted(dead)
-        print(f"\nthe killed worker's trial was failed {dead.datetime_complete.timestamp() - killed_at:.1f} s "
-              "after the kill")  # fmt: skip
+        failed_after_s = dead.datetime_complete.timestamp() - killed_at
+        print(f"\nthe killed worker's trial was failed {failed_after_s:.1f} s after the kill")
         retries = [t for t in study.trials if t.user_attrs.get(RETRY_OF_ATTR) == killed.number]
         assert [is_recorded(t) for t in retries] == [True], "its settings ran once more"
         assert checks.settings_key(retries[0].user_attrs[PARAMS_ATTR]) == checks.settings_key(
@@ -205,10 +208,190 @@ def test_kill_9_of_a_worker_mid_trial_loses_nothing(tmp_path, postgres_server_ur
         assert [t.number for t in study.trials if is_interrupted(t)] == [killed.number]
         assert watch.failed == [(1, "killed by SIGKILL")]
         assert watch.retries == [killed.number]
-        assert result.stopped.startswith(f"{n_trials} of {n_trials} trials finished; failed: worker 1")
+        assert result.stopped.startswith(
+            f"{n_trials} of {n_trials} trials finished; failed: worker 1"
+        )
         assert len(records) == n_trials
 
         rebuilt = tmp_path / "rebuilt"
         assert cli.main(["report", str(rebuilt), f"storage={url}", "study=k"]) == 0
         for name in OUTPUTS:
             assert (rebuilt / name).read_bytes() == (result.study_dir / name).read_bytes(), name
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
+def test_a_trial_from_a_lost_host_is_failed_after_stale_after_and_a_live_one_never(tmp_path):
+    """Two trials run "on other hosts" (owned by a host name that is not this one, so only
+    their heartbeats tell whether they live). A worker joins; then one host is lost (its
+    heartbeats stop), while the other beats until it tells its result, long after. The worker
+    fails the lost host's trial stale_after after its last heartbeat and runs its settings
+    again; the live one is never touched."""
+    stale_after, lost_after_s, live_s = 3, 8.0, 16.0
+    config = load_config([f"model={TINY_MODEL}", *FAST, "n_trials=8", f"out={tmp_path}",
+                          "study=h", f"stale_after={stale_after}"])  # fmt: skip
+    plan = make_plan(config, hardware.probe())
+    plan.study_dir.mkdir()
+    study, plan = open_study(plan)  # as `autotune search` makes it: settings stored
+    last_beat: dict[int, float] = {}
+
+    def remote_trial(host: str) -> optuna.Trial:
+        trial = study.ask()
+        trial.set_user_attr(OWNER_ATTR, {"host": host, "pid": 1, "pid_started": 0.0})
+        trial.set_user_attr(PARAMS_ATTR, plan.space.sample(trial, plan.rules))
+        return trial
+
+    lost, live = remote_trial("lost-host"), remote_trial("live-host")
+    told: dict = {}
+
+    def hosts() -> None:
+        """Both hosts beat once a second; the lost one stops, the live one tells a result."""
+        try:
+            started = time.monotonic()
+            while (elapsed := time.monotonic() - started) < live_s:
+                for trial in (lost, live) if elapsed < lost_after_s else (live,):
+                    study._storage.record_heartbeat(trial._trial_id)
+                    last_beat[trial.number] = time.time()
+                time.sleep(1)
+            result = TrialResult(status=Status.OK, samples_per_s=50.0, tokens_per_s=1600.0,
+                                 peak_memory_gib=0.1, step_time_cv=0.01)  # fmt: skip
+            tell_result(study, live, result, plan.info.memory_budget_gib, noise_cv=0.1)
+            told["ok"] = True
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            told["error"] = exc
+
+    thread = threading.Thread(target=hosts)
+    thread.start()
+    try:
+        worker = ["worker", f"out={tmp_path}", "study=h"]
+        assert cli.main(worker, launcher=fake_launcher("sleep:1")) == 0
+    finally:
+        thread.join()
+    assert told == {"ok": True}, "the live host's trial was failed while it ran"
+
+    study = optuna.load_study(study_name="h", storage=f"sqlite:///{tmp_path / 'h' / 'study.db'}")
+    assert_counted_once(study, 8)
+    dead = study.trials[lost.number]
+    assert is_interrupted(dead)
+    blocked_s = dead.datetime_complete.timestamp() - last_beat[lost.number]
+    print(f"\nstale_after={stale_after}s: the lost host's trial was failed {blocked_s:.1f} s "
+          "after its last heartbeat")  # fmt: skip
+    # The database clock has whole seconds (SQLite), and the worker looks between its trials.
+    assert stale_after <= blocked_s <= stale_after + 3
+    retries = [t for t in study.trials if t.user_attrs.get(RETRY_OF_ATTR) == lost.number]
+    assert [is_recorded(t) for t in retries] == [True]
+    assert retries[0].user_attrs[PARAMS_ATTR] == dead.user_attrs[PARAMS_ATTR]
+    assert study.trials[live.number].state is optuna.trial.TrialState.COMPLETE
+
+
+def scaling_out_commands() -> list[list[str]]:
+    """The commands of the README's "Scaling out" section, split as a shell would."""
+    section = README.read_text().split("## Scaling out", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    return [shlex.split(line) for block in blocks for line in block.splitlines() if line]
+
+
+def test_the_readme_shows_the_commands_these_tests_run():
+    commands = [" ".join(c[:2]) for c in scaling_out_commands()]
+    dashboard = "optuna-dashboard postgresql+psycopg://autotune@db-host/autotune"
+    assert commands == ["autotune search"] * 4 + ["autotune worker", dashboard]
+
+
+def test_two_workers_on_one_core_each_run_real_trials(tmp_path):
+    """The README's CPU command, as it is (6 real trials of the tiny BERT), in a study folder
+    of the test's."""
+    command = next(c for c in scaling_out_commands() if "workers=2" in c)
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", *command[1:], f"out={tmp_path}", "study=cpu2"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 workers on this study: cores 0, cores 1" in proc.stdout
+    storage = f"sqlite:///{tmp_path / 'cpu2' / 'study.db'}"
+    study = optuna.load_study(study_name="cpu2", storage=storage)
+    records = assert_counted_once(study, 6)
+    ok = [r for r in records if r.status is Status.OK]
+    assert len(ok) >= 4, [(r.status, r.result.reason) for r in records]
+    assert {r.result.cpu_threads for r in ok} == {1}, "each trial trained on its worker's core"
+    owners = {t.user_attrs[OWNER_ATTR]["pid"] for t in study.trials if is_recorded(t)}
+    assert len(owners) == 2, "both workers ran trials"
+
+
+def test_the_readme_commands_for_several_hosts(tmp_path, postgres_server_url, monkeypatch):
+    """The search and a worker joining it on PostgreSQL (fake trials), then the dashboard's
+    URL read by Optuna; and the GPU commands on this CPU-only machine."""
+    commands = scaling_out_commands()
+    gpu_all, gpu_two = commands[0], commands[1]
+    search, worker, dashboard = commands[3], commands[4], commands[5]
+    test_settings = [f"model={TINY_MODEL}", *FAST, "n_trials=6", f"out={tmp_path}"]
+    # One worker per GPU: on a machine without one, the one worker of a CPU search.
+    assert cli.main([gpu_all[1], *test_settings, "study=gpu"], launcher=fake_launcher("ok")) == 0
+    assert cli.main([gpu_two[1], *test_settings, "study=gpu2", gpu_two[-1]]) == 2  # devices=0,1
+
+    with postgres_database(postgres_server_url) as url:
+        plain = sqlalchemy.engine.make_url(url).set(drivername="postgresql")
+        swap = {"postgresql://autotune@db-host/autotune": plain.render_as_string(False),
+                "postgresql+psycopg://autotune@db-host/autotune": url}  # fmt: skip
+
+        def here(command: list[str]) -> list[str]:
+            """The command with the test server in place of db-host."""
+            args = []
+            for arg in command:
+                key, sep, value = arg.rpartition("=")
+                args.append(f"{key}{sep}{swap.get(value, value)}")
+            return args
+
+        searched: dict = {}
+
+        def search_host() -> None:
+            args = [a for a in here(search)[1:] if not a.startswith("model=")]
+            searched["code"] = cli.main([*args, *test_settings], launcher=fake_launcher("sleep:3"))
+
+        thread = threading.Thread(target=search_host)
+        thread.start()
+        try:
+            storage = open_storage(url)
+            while not [s for s in optuna.get_all_study_summaries(storage) if s.user_attrs]:
+                time.sleep(0.2)  # the search has made the study and stored its settings
+            args = [*here(worker)[1:], f"out={tmp_path}"]
+            joined = cli.main(args, launcher=fake_launcher("sleep:3"))
+        finally:
+            thread.join()
+        assert joined == 0 and searched == {"code": 0}
+        logs = [tmp_path / "bert-large" / "search.log",
+                *(tmp_path / "bert-large" / "workers").glob("*.log")]  # fmt: skip
+        for log in logs:
+            assert "started:" in log.read_text(), f"{log.name}: ran no trial"
+        study = optuna.load_study(study_name="bert-large", storage=here(dashboard)[1])
+        assert_counted_once(study, 6)
+
+
+def test_ctrl_c_stops_every_worker_and_the_outputs_are_written(tmp_path):
+    """Two workers in trials that would train for hours; Ctrl-C to the search (as a terminal
+    sends it): each worker records its trial as interrupted, the outputs are written, exit
+    130, and no process the search started is left."""
+    search = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
+         "warmup_steps=1", "measure_steps=20000", "workers=2", f"out={tmp_path}", "study=c"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        progress = list((tmp_path / "c" / "trials").glob("*/progress.json"))
+        while len(progress) < 2:  # both workers are training
+            assert search.poll() is None and time.monotonic() < deadline, search.communicate()
+            time.sleep(0.2)
+            progress = list((tmp_path / "c" / "trials").glob("*/progress.json"))
+        started = psutil.Process(search.pid).children(recursive=True)
+        search.send_signal(signal.SIGINT)
+        stdout, stderr = search.communicate(timeout=120)
+    finally:
+        if search.poll() is None:
+            search.kill()
+    assert search.returncode == 130, stdout[-2000:] + stderr[-2000:]
+    assert "Traceback" not in stderr
+    study = optuna.load_study(study_name="c", storage=f"sqlite:///{tmp_path / 'c' / 'study.db'}")
+    assert sorted(t.state.name for t in study.trials) == ["FAIL", "FAIL"]
+    assert all(is_interrupted(t) for t in study.trials)
+    assert (tmp_path / "c" / "report.html").is_file()
+    gone = psutil.wait_procs(started, timeout=5)[1]
+    assert not gone, [p.cmdline() for p in gone]

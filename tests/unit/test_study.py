@@ -160,4 +160,18 @@ def test_of_two_retries_queued_for_one_trial_only_the_first_runs():
     assert (first.number, second.number) == (1, 2)
     assert _not_to_run(study, first, {"batch_size": 8}, n_trials=10) is None
     again = _not_to_run(study, second, {"batch_size": 8}, n_trials=10)
-    assert again.reason == "trial 1 runs trial 0's settings again"
+    assert again.reason == "trial 1 was queued for the same: trial 0's settings again"
+
+
+def test_of_two_baselines_queued_at_once_only_the_first_runs():
+    from autotune.records import BASELINE_ATTR
+    from autotune.study import _not_to_run, enqueue_baseline
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for _ in range(2):  # two workers starting on a new study at the same moment
+        study.enqueue_trial({}, user_attrs={BASELINE_ATTR: True})
+    enqueue_baseline(study, {})  # one is queued already: no third
+    first, second = study.ask(), study.ask()
+    assert _not_to_run(study, first, {"batch_size": 8}, n_trials=10) is None
+    again = _not_to_run(study, second, {"batch_size": 8}, n_trials=10)
+    assert again.reason == "trial 0 was queued for the same: the baseline"
