@@ -65,7 +65,7 @@ class Slot:
         """This process (and every trial it starts from here on) uses only the slot's device
         or cores; restored afterwards (a notebook goes on)."""
         old_env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")}
-        old_cpus = os.sched_getaffinity(0)
+        old_cpus = os.sched_getaffinity(0) if self.cpus is not None else None
         try:
             if self.cuda_device is not None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = self.cuda_device
@@ -75,7 +75,8 @@ class Slot:
                 os.environ["OMP_NUM_THREADS"] = str(len(self.cpus))
             yield
         finally:
-            os.sched_setaffinity(0, old_cpus)
+            if old_cpus is not None:
+                os.sched_setaffinity(0, old_cpus)
             for key, value in old_env.items():
                 if value is None:
                     os.environ.pop(key, None)

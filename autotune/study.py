@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import functools
 import importlib.util
 import socket
@@ -46,6 +47,8 @@ from autotune.trial import Progress, Status, TrialResult, TrialSpec
 MAX_REPEATS = 50
 RUNNING_BACKOFF_S = 0.5
 """Pause before asking again when a proposal is being run by another process."""
+UNOWNED_GRACE_S = 60.0
+"""A RUNNING trial that names no owner this long after it started was left by an old search."""
 WAIT_FOR_OTHERS_S = 1.0
 """Pause between looks at the study while its last trials run in other processes."""
 INTERRUPTED_RESULT = "result.interrupted.json"
@@ -182,70 +185,70 @@ def run_search(
             # Optuna warns that heartbeats are meant for study.optimize: this loop beats itself.
             warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
             trial = study.ask()
-        with _heartbeat(trial):
-            trial.set_user_attr(OWNER_ATTR, _this_process())
-            if trial.user_attrs.get(BASELINE_ATTR):  # queued by enqueue_baseline or a retry
-                for name, (distribution, _) in baseline.items():
-                    suggest(trial, name, distribution)  # the queued values: Optuna sees them
-                params = dict(plan.baseline)
-            else:
-                params = plan.space.sample(trial, plan.rules)
-            # Published before looking at the others, so that of two processes proposing the
-            # same settings at once, at least one sees the other's.
-            trial.set_user_attr(PARAMS_ATTR, params)
-            not_run = _not_to_run(study, trial, params, config.n_trials)
-            if not_run is not None:
-                trial.set_user_attr(NOT_RUN_ATTR, not_run.reason)
-                study.tell(trial, state=TrialState.FAIL)
-                if not_run.same_as_running:
-                    # Their result will be in the records soon; ask again rather than measure
-                    # the same settings twice.
+        try:
+            with _heartbeat(trial):
+                trial.set_user_attr(OWNER_ATTR, _this_process())
+                if trial.user_attrs.get(BASELINE_ATTR):  # queued by enqueue_baseline or a retry
+                    for name, (distribution, _) in baseline.items():
+                        suggest(trial, name, distribution)  # the queued values: Optuna sees them
+                    params = dict(plan.baseline)
+                else:
+                    params = plan.space.sample(trial, plan.rules)
+                # Published before looking at the others, so that of two processes proposing the
+                # same settings at once, at least one sees the other's.
+                trial.set_user_attr(PARAMS_ATTR, params)
+                not_run = _not_to_run(study, trial, params, config.n_trials)
+                if not_run is not None:
+                    trial.set_user_attr(NOT_RUN_ATTR, not_run.reason)
+                    study.tell(trial, state=TrialState.FAIL)
+                    if not_run.same_as_running:
+                        # Their result will be in the records soon; ask again rather than measure
+                        # the same settings twice.
+                        repeats += 1
+                        if repeats >= MAX_REPEATS:
+                            return f"the last {MAX_REPEATS} proposals were running or run already"
+                        time.sleep(RUNNING_BACKOFF_S)
+                    continue
+                skip = checks.first_skip(params, records)
+                if skip is not None and skip.repeat_of is not None:
+                    tell_repeat(study, trial, skip.repeat_of, budget_gib)
                     repeats += 1
                     if repeats >= MAX_REPEATS:
-                        return f"the last {MAX_REPEATS} proposals were running or run already"
-                    time.sleep(RUNNING_BACKOFF_S)
-                continue
-            skip = checks.first_skip(params, records)
-            if skip is not None and skip.repeat_of is not None:
-                tell_repeat(study, trial, skip.repeat_of, budget_gib)
-                repeats += 1
-                if repeats >= MAX_REPEATS:
-                    return (
-                        f"the last {MAX_REPEATS} proposals repeated settings already run: "
-                        f"the space looks exhausted after {len(records)} trials"
-                    )
-                continue
-            repeats = 0
-            if skip is not None:
-                result = TrialResult(status=Status.SKIPPED, reason=skip.reason)
-            else:
-                observer.trial_started(trial.number, params)
-                try:
-                    result = _launch(
-                        plan,
-                        trial.number,
-                        params,
-                        launcher,
-                        on_progress=functools.partial(observer.progress, trial.number),
-                    )
-                except BaseException:
-                    # Ctrl-C or a bug in the parent: the trial ends FAIL without a result,
-                    # which is how a later run of the study recognises it as interrupted.
-                    with contextlib.suppress(ValueError):  # failed as stale meanwhile
-                        study.tell(trial, state=TrialState.FAIL)
-                    _set_aside_result(trial_dir(plan.study_dir, trial.number))
-                    raise
-            try:
+                        return (
+                            f"the last {MAX_REPEATS} proposals repeated settings already run: "
+                            f"the space looks exhausted after {len(records)} trials"
+                        )
+                    continue
+                repeats = 0
+                if skip is not None:
+                    result = TrialResult(status=Status.SKIPPED, reason=skip.reason)
+                else:
+                    observer.trial_started(trial.number, params)
+                    try:
+                        result = _launch(
+                            plan,
+                            trial.number,
+                            params,
+                            launcher,
+                            on_progress=functools.partial(observer.progress, trial.number),
+                        )
+                    except BaseException:
+                        # Ctrl-C or a bug in the parent: the trial ends FAIL without a result,
+                        # which is how a later run of the study recognises it as interrupted.
+                        with contextlib.suppress(ValueError):  # failed as stale meanwhile
+                            study.tell(trial, state=TrialState.FAIL)
+                        _set_aside_result(trial_dir(plan.study_dir, trial.number))
+                        raise
                 tell_result(study, trial, result, budget_gib, noise_cv=plan.info.noise_cv)
-            except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
-                if study.get_trials(deepcopy=False)[trial.number].state is TrialState.RUNNING:
-                    raise
-                # Another process failed it as stale (no heartbeat for `stale_after`: this
-                # process was stopped or cut off from the storage) and queued its settings
-                # again; the retry's result is the one kept.
-                _set_aside_result(trial_dir(plan.study_dir, trial.number))
-                observer.lost(trial.number)
-                continue
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+            if study.get_trials(deepcopy=False)[trial.number].state is TrialState.RUNNING:
+                raise
+            # Another process finished this trial under it: failed as stale (no heartbeat
+            # for `stale_after`: this process was stopped or cut off from the storage), and
+            # its settings queued again; the retry's result is the one kept.
+            _set_aside_result(trial_dir(plan.study_dir, trial.number))
+            observer.lost(trial.number)
+            continue
         observer.trial_ended(record_of(study.get_trials(deepcopy=False)[trial.number]))
 
 
@@ -375,11 +378,15 @@ def _this_process() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": me.pid, "pid_started": me.create_time()}
 
 
-def _owner_is_gone(owner: dict[str, Any] | None) -> bool:
+def _owner_is_gone(trial: FrozenTrial) -> bool:
     """Whether the search that ran a trial has ended. Only a process on this host can be
-    checked; a trial run from another host is never touched here."""
+    checked; a trial run from another host is left to its heartbeats."""
+    owner = trial.user_attrs.get(OWNER_ATTR)
     if owner is None:
-        return True  # written before trials named their owner, by a single search
+        # A search names itself right after asking; a trial still unnamed long after was left
+        # by a search of a version that named none.
+        started = trial.datetime_start or datetime.datetime.now()
+        return (datetime.datetime.now() - started).total_seconds() > UNOWNED_GRACE_S
     if owner["host"] != socket.gethostname():
         return False
     try:
@@ -433,7 +440,7 @@ def recover(
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if _owner_is_gone(trial.user_attrs.get(OWNER_ATTR)):
+        if _owner_is_gone(trial):
             # Another process may fail it at the same moment: one of the two does.
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
                 study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)

@@ -1,8 +1,9 @@
 """One search per study folder at a time (parent side).
 
-Two searches on one study wreck each other: the second takes the first's running trial for an
-interrupted one and fails it, and the first then dies telling Optuna a result for a finished
-trial. Until several workers share a study properly, a second search is refused.
+A second `autotune search` on a study that is being searched is most likely a mistake (the same
+command run twice, in two terminals): it is refused, naming the one running. Sharing a study on
+purpose is what `workers=N` and `autotune worker` are for; their worker processes do not take
+this lock (the storage keeps them apart: `autotune.study`).
 
 The lock is an exclusive `flock` on `search.lock` in the study folder. The kernel drops it
 when its holder's last descriptor closes, so it is released on any exit, kill -9 included, and
@@ -16,6 +17,7 @@ import datetime
 import fcntl
 import json
 import os
+import shlex
 import socket
 from pathlib import Path
 from typing import Self
@@ -44,11 +46,13 @@ class StudyLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _describe_holder(fd)
+            join = shlex.join(["autotune", "worker", f"study={study_name}",
+                               f"out={study_dir.parent}"])  # fmt: skip
             os.close(fd)
             raise StudyError(
-                f"study {study_name} is being searched right now by {holder}: two searches on "
-                f"one study would spoil each other's trials. Wait for it to end, or use another "
-                f"study= name or out= folder"
+                f"study {study_name} is being searched right now by {holder}. To add a "
+                f"worker to it: {join}; else wait for it to end, or use another study= name "
+                "or out= folder"
             ) from None
         holder = {
             "host": socket.gethostname(),

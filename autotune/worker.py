@@ -132,7 +132,7 @@ def _prepare(spec: TrialSpec) -> int:
     if spec.device == "cuda":
         _cap_cuda_memory(spec.memory_budget_bytes)
         torch.cuda.reset_peak_memory_stats()
-    else:
+    elif hasattr(os, "sched_getaffinity"):  # Linux
         # A worker given a share of the cores (`workers=N` on CPU) trains with that many
         # threads: more would only contend for them.
         cores = len(os.sched_getaffinity(0))

@@ -29,7 +29,7 @@ class Watched(TerminalView):
 
     def progress(self, number, progress) -> None:
         super().progress(number, progress)
-        self.seen.append(self.bar.running)
+        self.seen.append(self.bar.running[number])
 
 
 def test_on_a_terminal_the_running_trial_shows_its_step_and_eta(tmp_path):

@@ -38,6 +38,7 @@ from autotune.records import (
 from autotune.storage import open_storage, open_study
 from autotune.study import SearchObserver
 from autotune.trial import Status, TrialResult
+from autotune.view import TerminalView
 from tests.conftest import TINY_MODEL, fake_launcher, postgres_database
 
 pytestmark = pytest.mark.slow
@@ -395,3 +396,41 @@ def test_ctrl_c_stops_every_worker_and_the_outputs_are_written(tmp_path):
     assert (tmp_path / "c" / "report.html").is_file()
     gone = psutil.wait_procs(started, timeout=5)[1]
     assert not gone, [p.cmdline() for p in gone]
+
+
+def test_one_view_shows_every_worker_s_running_trial(tmp_path, any_cores):
+    """On a terminal the search shows a live line per running trial, whichever worker runs
+    it, from the progress its trials write."""
+
+    class Live(Watch):
+        def __init__(self) -> None:
+            super().__init__()
+            self.view = TerminalView(quiet=True)
+            self.view.live = True
+            self.most_at_once = 0
+
+        def planned(self, plan, done_before):
+            super().planned(plan, done_before)
+            self.view.planned(plan, done_before)
+
+        def trial_started(self, number, params):
+            super().trial_started(number, params)
+            self.view.trial_started(number, params)
+
+        def progress(self, number, progress):
+            self.view.progress(number, progress)
+            steps = [line for line in self.view.bar.running.values() if "step " in line]
+            self.most_at_once = max(self.most_at_once, len(steps))
+
+        def trial_ended(self, record):
+            self.view.trial_ended(record)
+
+    live = Live()
+    # 2 s trials (0.1 s a step): the search looks at the study twice a second.
+    config = load_config([f"model={TINY_MODEL}", "seq_len=32", "warmup_steps=5",
+                          "measure_steps=12", "n_trials=4", f"out={tmp_path}", "study=v",
+                          "workers=2"])  # fmt: skip
+    api.run(config, observer=live, launcher=fake_launcher("progress"))
+    assert live.most_at_once == 2
+    assert sorted(live.started) == [0, 1, 2, 3]
+    assert live.view.bar.running == {}

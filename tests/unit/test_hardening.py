@@ -39,6 +39,7 @@ def test_a_second_lock_on_a_study_is_refused_naming_the_holder(tmp_path):
         message = str(refused.value)
         assert f"pid {os.getpid()} on host {socket.gethostname()}" in message
         assert "study s is being searched right now" in message
+        assert f"To add a worker to it: autotune worker study=s out={tmp_path.parent}" in message
     with StudyLock.acquire(tmp_path, "s"):  # released on exit: free again
         pass
 
@@ -119,7 +120,7 @@ def running_trial(study, owner):
     return trial.number
 
 
-def test_only_trials_of_searches_that_are_gone_count_as_interrupted(tmp_path):
+def test_only_trials_of_searches_that_are_gone_count_as_interrupted(tmp_path, monkeypatch):
     study = optuna.create_study(directions=["maximize", "minimize"])
     me = psutil.Process()
     here = socket.gethostname()
@@ -135,8 +136,13 @@ def test_only_trials_of_searches_that_are_gone_count_as_interrupted(tmp_path):
 
     states = {t.number: t.state for t in study.trials}
     running = optuna.trial.TrialState.RUNNING
+    # Another host's trial is left to its heartbeats; one that names no owner yet was asked for
+    # a moment ago by a search that is about to name itself.
     assert states[alive] is running and states[elsewhere] is running
-    assert queued == [dead_pid, reused, legacy]
+    assert states[legacy] is running
+    assert queued == [dead_pid, reused]
+    monkeypatch.setattr("autotune.study.UNOWNED_GRACE_S", 0.0)  # long after: an old search's
+    assert recover(study, tmp_path, baseline={}) == [legacy]
     dead_dir = tmp_path / "trials" / f"{dead_pid:04d}"
     assert not (dead_dir / "result.json").exists(), "an unrecorded result passes for a real one"
     assert json.loads((dead_dir / INTERRUPTED_RESULT).read_text()) == {"status": "ok"}
