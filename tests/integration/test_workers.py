@@ -27,6 +27,7 @@ from autotune.config import load_config
 from autotune.parallel import Slot
 from autotune.plan import make_plan
 from autotune.records import (
+    NOT_RUN_ATTR,
     OWNER_ATTR,
     PARAMS_ATTR,
     RETRY_OF_ATTR,
@@ -156,6 +157,23 @@ def children_running(module: str) -> list[psutil.Process]:
     return found
 
 
+def in_a_trial(study: optuna.Study, index: int):
+    """(worker `index`'s process, its trial's process, the trial) while it runs a trial."""
+    for worker in children_running("autotune.parallel"):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if worker.cmdline()[-1] != str(index):
+                continue
+            trials = [p for p in worker.children() if "fakes" in " ".join(p.cmdline())]
+            running = [
+                t
+                for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+                if t.user_attrs.get(OWNER_ATTR, {}).get("pid") == worker.pid
+            ]
+            if len(trials) == 1 and len(running) == 1:
+                return worker, trials[0], running[0]
+    return None
+
+
 def test_kill_9_of_a_worker_mid_trial_loses_nothing(tmp_path, postgres_server_url, any_cores):
     """Three workers on PostgreSQL; one is SIGKILLed with its trial. The others finish the
     study, the dead worker's trial is failed and its settings run once more, and `autotune
@@ -175,20 +193,14 @@ def test_kill_9_of_a_worker_mid_trial_loses_nothing(tmp_path, postgres_server_ur
         thread = threading.Thread(target=search)
         thread.start()
         deadline = time.monotonic() + 120
-        while len(children_running("tests/fakes/worker.py")) < 3:  # every worker in a trial
+        found = None
+        while found is None:  # worker 1, training
             assert thread.is_alive() and time.monotonic() < deadline, outcome
             time.sleep(0.1)
-        victim = children_running("autotune.parallel")[1]
-        its_trial = [p for p in victim.children(recursive=True) if "fakes" in " ".join(p.cmdline())]
-        study = optuna.load_study(study_name="k", storage=url)
-        running = [
-            t
-            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-            if t.user_attrs[OWNER_ATTR]["pid"] == victim.pid
-        ]
-        assert len(running) == 1 and len(its_trial) == 1
-        killed = running[0]
-        for process in (victim, *its_trial):
+            with contextlib.suppress(KeyError):  # the study is not made yet
+                found = in_a_trial(optuna.load_study(study_name="k", storage=url), index=1)
+        victim, its_trial, killed = found
+        for process in (victim, its_trial):
             process.kill()
         killed_at = time.time()
         thread.join(timeout=300)
@@ -202,8 +214,11 @@ def test_kill_9_of_a_worker_mid_trial_loses_nothing(tmp_path, postgres_server_ur
         failed_after_s = dead.datetime_complete.timestamp() - killed_at
         print(f"\nthe killed worker's trial was failed {failed_after_s:.1f} s after the kill")
         retries = [t for t in study.trials if t.user_attrs.get(RETRY_OF_ATTR) == killed.number]
-        assert [is_recorded(t) for t in retries] == [True], "its settings ran once more"
-        assert checks.settings_key(retries[0].user_attrs[PARAMS_ATTR]) == checks.settings_key(
+        # Two workers may each queue a retry at the same moment: the first runs, no other.
+        ran = [t for t in retries if is_recorded(t)]
+        assert len(ran) == 1, "its settings ran once more"
+        assert all(NOT_RUN_ATTR in t.user_attrs for t in retries if t is not ran[0])
+        assert checks.settings_key(ran[0].user_attrs[PARAMS_ATTR]) == checks.settings_key(
             killed.user_attrs[PARAMS_ATTR]
         )
         assert [t.number for t in study.trials if is_interrupted(t)] == [killed.number]
@@ -426,9 +441,9 @@ def test_one_view_shows_every_worker_s_running_trial(tmp_path, any_cores):
             self.view.trial_ended(record)
 
     live = Live()
-    # 2 s trials (0.1 s a step): the search looks at the study twice a second.
+    # 2.5 s trials (0.1 s a step): the search looks at the study twice a second.
     config = load_config([f"model={TINY_MODEL}", "seq_len=32", "warmup_steps=5",
-                          "measure_steps=12", "n_trials=4", f"out={tmp_path}", "study=v",
+                          "measure_steps=18", "n_trials=4", f"out={tmp_path}", "study=v",
                           "workers=2"])  # fmt: skip
     api.run(config, observer=live, launcher=fake_launcher("progress"))
     assert live.most_at_once == 2
