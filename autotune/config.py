@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ByteSize,
@@ -69,6 +70,18 @@ def check_devices(value: str) -> str:
     if len(set(indices)) != len(indices):
         raise ValueError("a device is named twice (each worker owns its own)")
     return value
+
+
+def check_study_name(value: str) -> str:
+    problem = study_name_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+Devices = Annotated[str, AfterValidator(check_devices)]
+StudyName = Annotated[str, AfterValidator(check_study_name)]
+"""A study name that names a folder inside `out=`."""
 
 
 class RunConfig(BaseModel):
@@ -138,7 +151,7 @@ class RunConfig(BaseModel):
     )
     seed: int = Field(0, description="seed for the sampler, model init and synthetic data")
     quiet: bool = Field(False, description="print only errors and the paths written")
-    study: str | None = Field(
+    study: StudyName | None = Field(
         None,
         description="study name (letters, digits, . _ -; at most 100); "
         "null = derived from model, device and seq_len",
@@ -156,7 +169,7 @@ class RunConfig(BaseModel):
         "auto = one per device on cuda, 1 on cpu",
         json_schema_extra={"metavar": "N|auto"},
     )
-    devices: str = Field(
+    devices: Devices = Field(
         "auto",
         description="cuda: the devices workers use, one each, as indices among the visible "
         "ones (e.g. 0,1,3); auto = every visible GPU",
@@ -181,11 +194,6 @@ class RunConfig(BaseModel):
     def _report_to_is_integration_names(cls, value: str) -> str:
         return check_report_to(value)
 
-    @field_validator("devices")
-    @classmethod
-    def _devices_are_indices(cls, value: str) -> str:
-        return check_devices(value)
-
     @field_validator("stale_after")
     @classmethod
     def _stale_after_leaves_room_for_heartbeats(cls, value: float) -> float:
@@ -193,14 +201,6 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"at least {MIN_STALE_AFTER_S}s: heartbeats come once a second at most"
             )
-        return value
-
-    @field_validator("study")
-    @classmethod
-    def _study_is_a_folder_name(cls, value: str | None) -> str | None:
-        problem = None if value is None else study_name_problem(value)
-        if problem:
-            raise ValueError(problem)
         return value
 
 
@@ -282,7 +282,9 @@ class WorkerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
 
-    study: str | None = Field(None, description="the study to join; null = the storage's only one")
+    study: StudyName | None = Field(
+        None, description="the study to join; null = the storage's only one"
+    )
     storage: str | None = Field(
         None, description="Optuna storage URL; null = sqlite file OUT/STUDY/study.db"
     )
@@ -294,7 +296,7 @@ class WorkerConfig(BaseModel):
         description="search processes on this host; auto = one per device on cuda, 1 on cpu",
         json_schema_extra={"metavar": "N|auto"},
     )
-    devices: str = Field(
+    devices: Devices = Field(
         "auto",
         description="cuda: the devices workers use, one each (e.g. 0,1); auto = every visible GPU",
         json_schema_extra={"metavar": "LIST|auto"},
@@ -306,19 +308,6 @@ class WorkerConfig(BaseModel):
         json_schema_extra={"metavar": "DURATION"},
     )
     quiet: bool = Field(False, description="print only errors")
-
-    @field_validator("devices")
-    @classmethod
-    def _devices_are_indices(cls, value: str) -> str:
-        return check_devices(value)
-
-    @field_validator("study")
-    @classmethod
-    def _study_is_a_folder_name(cls, value: str | None) -> str | None:
-        problem = None if value is None else study_name_problem(value)
-        if problem:
-            raise ValueError(problem)
-        return value
 
 
 PER_PROCESS_SETTINGS = frozenset(WorkerConfig.model_fields) - {"study"} | {"storage"}

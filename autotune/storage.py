@@ -269,18 +269,9 @@ def join_config(worker: WorkerConfig) -> RunConfig:
                              "give its storage=")  # fmt: skip
         url = f"sqlite:///{db.resolve()}"
     shown = f"storage={safe_url(url)}"
-    storage = open_storage(url, shown=shown)
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-    name = worker.study
-    if name is None:
-        if len(names) != 1:
-            raise StudyError(f"{shown} holds {len(names)} studies ({', '.join(names)}): "
-                             "pick one with study=NAME")  # fmt: skip
-        name = names[0]
-    elif name not in names:
-        raise StudyError(f"study={name} is not in {shown} (it has: {', '.join(names) or 'none'}); "
-                         "start it with autotune search")  # fmt: skip
-    study = optuna.load_study(study_name=name, storage=storage)
+    study = _load_named(open_storage(url, shown=shown), worker.study, shown,
+                        missing="; start it with autotune search")  # fmt: skip
+    name = study.study_name
     settings = study.user_attrs.get(SETTINGS_ATTR)
     if settings is None:
         raise StudyError(
@@ -302,7 +293,13 @@ def load_study_dir(study_dir: Path, storage_url: str | None, name: str | None) -
             raise StudyError(f"{db}: no such file; give the study folder of a search, or storage=")
         storage_url = f"sqlite:///{db.resolve()}"
     shown = safe_url(storage_url)
-    storage = open_storage(_read_only(storage_url), shown=shown)
+    return _load_named(open_storage(_read_only(storage_url), shown=shown), name, shown)
+
+
+def _load_named(
+    storage: optuna.storages.BaseStorage, name: str | None, shown: str, *, missing: str = ""
+) -> optuna.Study:
+    """Study `name` of the storage, or its only one when no name is given."""
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
     if name is None:
         if len(names) != 1:
@@ -310,7 +307,8 @@ def load_study_dir(study_dir: Path, storage_url: str | None, name: str | None) -
                              "pick one with study=NAME")  # fmt: skip
         name = names[0]
     elif name not in names:
-        raise StudyError(f"study={name} is not in {shown} (it has: {', '.join(names)})")
+        raise StudyError(f"study={name} is not in {shown} (it has: {', '.join(names) or 'none'})"
+                         f"{missing}")  # fmt: skip
     return optuna.load_study(study_name=name, storage=storage)
 
 
