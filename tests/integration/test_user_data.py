@@ -1,0 +1,85 @@
+"""The user's own data (`data=`), prepared as a trial will read it: loaded with `datasets`,
+tokenized once with the user's tokenizer (made offline here), cached by fingerprint."""
+
+import json
+import subprocess
+import sys
+
+import datasets
+import pytest
+
+from autotune.user_data import READY, DataError, DataSpec, prepare
+from tests.text_data import train_tokenizer, write_corpus
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    data = write_corpus(folder / "train.jsonl")
+    return data, train_tokenizer(data, folder / "tokenizer")
+
+
+def test_text_is_tokenized_once_truncated_and_cached(corpus, tmp_path):
+    data, tokenizer = corpus
+    spec = DataSpec(data=str(data), tokenizer=str(tokenizer), seq_len=64)
+    folder = prepare(spec, tmp_path / "cache")
+    dataset = datasets.load_from_disk(str(folder))
+    assert len(dataset) == 300
+    assert set(dataset.column_names) == {"input_ids", "attention_mask", "label"}
+    lengths = [len(ids) for ids in dataset["input_ids"]]
+    assert max(lengths) == 64 and min(lengths) < 20, "varied lengths, truncated at seq_len"
+    assert json.loads((folder / READY).read_text())["rows"] == 300
+    stamp = (folder / "data-00000-of-00001.arrow").stat().st_mtime_ns
+    assert prepare(spec, tmp_path / "cache") == folder  # a lookup, not a second tokenization
+    assert (folder / "data-00000-of-00001.arrow").stat().st_mtime_ns == stamp
+    longer = prepare(
+        DataSpec(data=str(data), tokenizer=str(tokenizer), seq_len=128), tmp_path / "cache"
+    )
+    assert longer != folder, "another seq_len is other tokens"
+
+
+def test_changed_data_is_another_cache_entry(corpus, tmp_path):
+    _, tokenizer = corpus
+    copy = write_corpus(tmp_path / "train.jsonl")
+    spec = DataSpec(data=str(copy), tokenizer=str(tokenizer), seq_len=64)
+    first = spec.fingerprint()
+    assert first == DataSpec(data=str(copy), tokenizer=str(tokenizer), seq_len=64).fingerprint()
+    write_corpus(copy, seed=1)
+    assert spec.fingerprint() != first
+
+
+def test_each_problem_with_the_data_is_named(corpus, tmp_path):
+    data, tokenizer = corpus
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "a.csv").write_text("text\nhello\n")
+    (mixed / "b.bin").write_bytes(b"\0")
+    (tmp_path / "nothing").mkdir()
+    given = {"data": str(data), "tokenizer": str(tokenizer), "seq_len": 8}
+    cases = [
+        ({"data": str(tmp_path / "missing.jsonl")}, "no such file or folder"),
+        ({"data": str(mixed)}, r"cannot tell its format \(found .bin, .csv\)"),
+        ({"text_column": "body"}, r"text_column=body: .* no such column \(it has: text, label\)"),
+        ({"split": "test"}, r"data_split=test: .* has the splits train"),
+        ({"tokenizer": str(tmp_path / "nothing")}, r"nothing: cannot load it from that folder"),
+    ]
+    for changed, message in cases:
+        with pytest.raises(DataError, match=message):
+            prepare(DataSpec(**given | changed), tmp_path / "cache")
+
+
+def test_the_search_prepares_data_in_a_subprocess(corpus, tmp_path):
+    """The parent never imports transformers (it imports torch): `python -m autotune.user_data`
+    prepares, and says where the entry is or what is wrong, as JSON."""
+    data, tokenizer = corpus
+    spec = {"data": str(data), "tokenizer": str(tokenizer), "seq_len": 32}
+    command = [sys.executable, "-m", "autotune.user_data"]
+    proc = subprocess.run([*command, json.dumps(spec), str(tmp_path)], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1])["folder"].startswith(str(tmp_path))
+    spec["text_column"] = "body"
+    proc = subprocess.run([*command, json.dumps(spec), str(tmp_path)], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert proc.returncode == 2
+    assert "text_column=body" in json.loads(proc.stdout.splitlines()[-1])["error"]
