@@ -1,12 +1,21 @@
 """The data a trial trains on (worker side).
 
-Synthetic today: random token ids of one length, as the HF guide measures, so data loading is
-kept out of what is measured. A `datasets` pipeline of the user's own data goes beside it.
+Synthetic by default: random token ids of one length, as the HF guide measures, so data
+loading is kept out of what is measured. The user's own data (`data=`) is the folder
+`autotune.user_data.prepare` wrote, memory-mapped by each trial after it is forked, and batched
+by `PaddingCollator`: padded to the longest sample of each batch (rounded up to a multiple),
+so padding, length grouping and the loader are part of what is measured.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
+
+IGNORE_INDEX = -100
+"""Label positions the loss skips (padding)."""
 
 
 class SyntheticDataset(torch.utils.data.Dataset):
@@ -27,3 +36,35 @@ class SyntheticDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.input_ids[i], "labels": self.labels[i]}
+
+
+class PaddingCollator:
+    """Pads a list of tokenized samples to the longest one, rounded up to `pad_to_multiple_of`
+    (8 or 64 suit tensor cores), and makes the labels the task's head expects: the sample's
+    `label` for sequence classification (0 when the data has none), else its own tokens with
+    padding ignored by the loss."""
+
+    def __init__(self, *, task: str, pad_token_id: int, pad_to_multiple_of: int = 1) -> None:
+        self.task = task
+        self.pad_token_id = pad_token_id
+        self.multiple = pad_to_multiple_of
+
+    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        longest = max(len(s["input_ids"]) for s in samples)
+        length = math.ceil(longest / self.multiple) * self.multiple
+        input_ids = torch.full((len(samples), length), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(samples), length), dtype=torch.long)
+        for row, sample in enumerate(samples):
+            ids = torch.as_tensor(sample["input_ids"], dtype=torch.long)
+            input_ids[row, : len(ids)] = ids
+            attention_mask[row, : len(ids)] = 1
+        if self.task == "sequence-classification":
+            labels = torch.tensor([int(s.get("label", s.get("labels", 0))) for s in samples])
+        else:
+            labels = input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def real_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Tokens of the samples themselves, padding not counted."""
+    return int(batch["attention_mask"].sum())

@@ -82,12 +82,16 @@ def prepare(spec: DataSpec, cache_dir: Path) -> Path:
     import datasets
 
     datasets.disable_progress_bars()  # the search shows its own progress
-    tokenized = tokenize(load(spec), spec)
+    tokenized, pad_token_id = tokenize(load(spec), spec)
     cache_dir.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(dir=cache_dir, prefix=".building-"))
     try:
         tokenized.save_to_disk(str(building))
-        summary = {"rows": len(tokenized), "spec": dataclasses.asdict(spec)}
+        summary = {
+            "rows": len(tokenized),
+            "pad_token_id": pad_token_id,
+            "spec": dataclasses.asdict(spec),
+        }
         (building / READY).write_text(json.dumps(summary))
         shutil.rmtree(target, ignore_errors=True)  # an incomplete entry (no READY file)
         with contextlib.suppress(OSError):  # another process put the same entry there first
@@ -138,13 +142,17 @@ def load(spec: DataSpec) -> Any:
     return loaded
 
 
-def tokenize(dataset: Any, spec: DataSpec) -> Any:
+def tokenize(dataset: Any, spec: DataSpec) -> tuple[Any, int]:
     """Token ids of the text column (truncated at seq_len, no padding: trials pad per batch),
-    and the label column when there is one."""
-    if "input_ids" in dataset.column_names:  # tokenized already
-        kept = [c for c in dataset.column_names if c in KEPT_COLUMNS]
+    the label column when there is one, and the id trials pad with."""
+    if "input_ids" in dataset.column_names:  # tokenized already: padded with 0 unless a
+        kept = [c for c in dataset.column_names if c in KEPT_COLUMNS]  # tokenizer says else
         dataset = dataset.select_columns(kept)
-        return dataset.map(lambda row: {"input_ids": row["input_ids"][: spec.seq_len]})
+        truncated = dataset.map(lambda row: {"input_ids": row["input_ids"][: spec.seq_len]})
+        try:
+            return truncated, _pad_token_id(load_tokenizer(spec.tokenizer))
+        except DataError:
+            return truncated, 0
     tokenizer = load_tokenizer(spec.tokenizer)
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
@@ -152,7 +160,15 @@ def tokenize(dataset: Any, spec: DataSpec) -> Any:
         return tokenizer(texts, truncation=True, max_length=spec.seq_len)
 
     dropped = [c for c in dataset.column_names if c not in ("label", "labels")]
-    return dataset.map(encode, batched=True, remove_columns=dropped)
+    return dataset.map(encode, batched=True, remove_columns=dropped), _pad_token_id(tokenizer)
+
+
+def _pad_token_id(tokenizer: Any) -> int:
+    """Its padding token, else its end-of-text token (GPT-2 has no pad token), else 0."""
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if candidate is not None:
+            return int(candidate)
+    return 0
 
 
 def load_tokenizer(name: str) -> Any:

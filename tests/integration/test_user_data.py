@@ -28,7 +28,8 @@ def test_text_is_tokenized_once_truncated_and_cached(corpus, tmp_path):
     assert set(dataset.column_names) == {"input_ids", "attention_mask", "label"}
     lengths = [len(ids) for ids in dataset["input_ids"]]
     assert max(lengths) == 64 and min(lengths) < 20, "varied lengths, truncated at seq_len"
-    assert json.loads((folder / READY).read_text())["rows"] == 300
+    summary = json.loads((folder / READY).read_text())
+    assert summary["rows"] == 300 and summary["pad_token_id"] == 0  # [PAD] is the first token
     stamp = (folder / "data-00000-of-00001.arrow").stat().st_mtime_ns
     assert prepare(spec, tmp_path / "cache") == folder  # a lookup, not a second tokenization
     assert (folder / "data-00000-of-00001.arrow").stat().st_mtime_ns == stamp

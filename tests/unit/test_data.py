@@ -1,0 +1,27 @@
+"""Batches of the user's data: padded per batch to a multiple, labels for each task, and the
+real (non-pad) tokens counted."""
+
+import torch
+
+from autotune.data import IGNORE_INDEX, PaddingCollator, real_tokens
+
+SAMPLES = [{"input_ids": [5, 6, 7], "label": 1}, {"input_ids": [8], "label": 0}]
+
+
+def test_a_batch_is_padded_to_its_longest_sample_rounded_up_to_the_multiple():
+    batch = PaddingCollator(task="sequence-classification", pad_token_id=0)(SAMPLES)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["labels"].tolist() == [1, 0]
+    eight = PaddingCollator(task="sequence-classification", pad_token_id=0, pad_to_multiple_of=8)
+    assert eight(SAMPLES)["input_ids"].shape == (2, 8)
+    assert real_tokens(eight(SAMPLES)) == 4, "the padding share grows; the real tokens do not"
+
+
+def test_language_model_labels_are_the_tokens_with_padding_ignored():
+    batch = PaddingCollator(task="causal-lm", pad_token_id=3)(
+        [{"input_ids": [5, 6]}, {"input_ids": [7]}]
+    )
+    assert batch["input_ids"].tolist() == [[5, 6], [7, 3]]
+    assert batch["labels"].tolist() == [[5, 6], [7, IGNORE_INDEX]]
+    assert batch["labels"].dtype == torch.long
