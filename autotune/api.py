@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from autotune import hardware, parallel
+from autotune import factories, hardware, parallel, user_data
 from autotune.config import RunConfig, WorkerConfig, make_config
 from autotune.knobs import MathChange, describe_params
 from autotune.plan import SearchPlan, make_plan
@@ -198,6 +198,7 @@ def run(
     with observer.busy("probing the device"):
         device_info = hardware.probe()
     plan = make_plan(config, device_info)
+    prepare_inputs(plan, observer)
     with locked_study(plan) as (study, plan):
         observer.planned(plan, done_before=len(load_records(study)))
         try:
@@ -222,9 +223,37 @@ def join(
     with observer.busy("probing the device"):
         device_info = hardware.probe()
     plan = make_plan(config, device_info)
+    prepare_inputs(plan, observer)
     study, plan = open_study(plan, joining=True)
     observer.planned(plan, done_before=len(load_records(study)))
     return plan, _run_workers(plan, study, observer, launcher)
+
+
+def prepare_inputs(plan: SearchPlan, observer: SearchObserver) -> None:
+    """Before the first trial: tokenize the user's data once (a lookup when this study folder
+    has it already), or check the user's Trainer factory; each in a subprocess, as both
+    import torch. Problems are AutotuneErrors, raised before the study is touched."""
+    if plan.data is not None and plan.data_dir is not None:
+        with observer.busy(f"preparing data={plan.data.data}") as status:
+            show = getattr(status, "update", lambda text: None)  # a live terminal's spinner
+            folder = user_data.prepare_in_subprocess(plan.data, plan.data_dir.parent, show)
+        if folder != plan.data_dir:
+            raise user_data.DataError(
+                f"data={plan.data.data}: its files changed while it was prepared; run again"
+            )
+        vocab_size = plan.model.config.get("vocab_size")
+        max_token_id = user_data.read_ready(folder)["max_token_id"]
+        if vocab_size and max_token_id >= vocab_size:
+            raise user_data.DataError(
+                f"tokenizer={plan.data.tokenizer}: the data holds token id {max_token_id}, "
+                f"but model={plan.model.name} has a vocabulary of {vocab_size}; use the "
+                "model's own tokenizer"
+            )
+    if plan.info.trainer is not None:
+        with observer.busy(f"checking trainer={plan.config.trainer}"):
+            factories.check_in_subprocess(
+                plan.info.trainer["factory"], Path(plan.info.trainer["search_dir"])
+            )
 
 
 def _run_workers(

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from autotune.errors import SpaceError
 from autotune.hardware import DeviceInfo
-from autotune.knobs import precision_parts
+from autotune.knobs import KNOBS, precision_parts
 from autotune.space import SamplingRules, SearchSpace
 
 # TrainingArguments.optim values backed by bitsandbytes.
@@ -74,8 +74,15 @@ DEVICE_LIMITS: dict[str, DeviceLimit] = {
 }
 
 
-def fit_space(space: SearchSpace, device: str, info: DeviceInfo) -> SearchSpace:
-    """The space less what cannot run on `device`; the reasons are in the result's notes."""
+DataSource = Literal["synthetic", "data", "trainer"]
+"""What trials train on: random tokens, the user's data (`data=`), the user's Trainer."""
+
+
+def fit_space(
+    space: SearchSpace, device: str, info: DeviceInfo, source: DataSource = "synthetic"
+) -> SearchSpace:
+    """The space less what cannot run on `device` or cannot matter for the data trained on;
+    the reasons are in the result's notes."""
     notes = []
     emptied = []
     for name, knob in space.knobs.items():
@@ -98,13 +105,28 @@ def fit_space(space: SearchSpace, device: str, info: DeviceInfo) -> SearchSpace:
         raise SpaceError(f"space {space.name} cannot run here:\n" + "\n".join(
             f"  - {e}" for e in emptied
         ))  # fmt: skip
-    workers = space.knobs.get("dataloader_num_workers")
-    if workers and len(workers.choices) > 1:
-        notes.append(
-            "dataloader_num_workers cannot matter here: the data is synthetic and already in "
-            "memory, so loader workers only add start-up time"
-        )
-    return replace(space, notes=space.notes + tuple(notes))
+    space, data_notes = _fit_to_data(space, source)
+    return replace(space, notes=space.notes + tuple(notes + data_notes))
+
+
+def _fit_to_data(space: SearchSpace, source: DataSource) -> tuple[SearchSpace, list[str]]:
+    """Synthetic samples are in memory and of one length: loader and padding knobs are fixed
+    (at the HF default where the space allows it). A user's Trainer has its own collator."""
+    notes = []
+    for name, knob in space.knobs.items():
+        catalogue = KNOBS[name]
+        if source == "trainer" and catalogue.collator and len(knob.choices) > 1:
+            space = space.with_choices(name, knob.choices[:1])
+            notes.append(f"{name} fixed at {knob.choices[0]} and unused: it sets autotune's "
+                         "collator, and trainer= brings its own")  # fmt: skip
+        elif source == "synthetic" and catalogue.data_only and len(knob.choices) > 1:
+            value = catalogue.baseline if catalogue.baseline in knob.choices else knob.choices[0]
+            space = space.with_choices(name, (value,))
+            notes.append(
+                f"{name} fixed at {str(value).lower()}: the data is synthetic, in memory and "
+                "of one length, so it cannot matter here (give data= to search it)"
+            )
+    return space, notes
 
 
 def apply_sampling_rules(space: SearchSpace, rules: SamplingRules) -> SearchSpace:

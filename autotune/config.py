@@ -24,6 +24,7 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from autotune.errors import ConfigError
@@ -79,6 +80,17 @@ def check_study_name(value: str) -> str:
     return value
 
 
+def check_trainer_factory(value: str) -> str:
+    """`module:function` or `path/to/file.py:function` (the function a Python name)."""
+    where, sep, function = value.rpartition(":")
+    if not sep or not where or not function.isidentifier():
+        raise ValueError("expected module:function or path/to/file.py:function")
+    if not where.endswith(".py") and not all(p.isidentifier() for p in where.split(".")):
+        raise ValueError(f"{where!r} is neither a module name nor a .py file")
+    return value
+
+
+TrainerFactory = Annotated[str, AfterValidator(check_trainer_factory)]
 Devices = Annotated[str, AfterValidator(check_devices)]
 StudyName = Annotated[str, AfterValidator(check_study_name)]
 """A study name that names a folder inside `out=`."""
@@ -96,6 +108,29 @@ class RunConfig(BaseModel):
     )
     task: Task = Field("auto", description="training head; auto picks it from the architecture")
     seq_len: int = Field(512, gt=0, description="tokens per sample")
+    data: str | None = Field(
+        None,
+        description="your data: json/jsonl/csv/parquet/text files, a folder of them, a "
+        "save_to_disk folder or a hub id; tokenized once per study, truncated at seq_len, "
+        "padded per batch; null = random tokens of seq_len (nothing to load)",
+        json_schema_extra={"metavar": "PATH|ID"},
+    )
+    data_split: str = Field("train", description="data=: the split to train on")
+    text_column: str = Field(
+        "text", description="data=: the column of text to tokenize (unused with input_ids)"
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="data=: a folder saved with save_pretrained, or a hub id; null = model's",
+        json_schema_extra={"metavar": "PATH|ID"},
+    )
+    trainer: TrainerFactory | None = Field(
+        None,
+        description="your own Trainer: module:function or path/to/file.py:function, called "
+        "as function(args: TrainingArguments, model_kwargs: dict) -> Trainer with the tuned "
+        "arguments; its model, data and collator are timed",
+        json_schema_extra={"metavar": "MODULE:FUNCTION"},
+    )
     device: Device = Field("auto", description="where trials run; auto = cuda if present")
     space: str = Field(
         "auto",
@@ -193,6 +228,18 @@ class RunConfig(BaseModel):
     @classmethod
     def _report_to_is_integration_names(cls, value: str) -> str:
         return check_report_to(value)
+
+    @model_validator(mode="after")
+    def _one_source_of_data(self) -> RunConfig:
+        if self.trainer and (self.data or self.tokenizer):
+            given = "data=" if self.data else "tokenizer="
+            raise ValueError(
+                f"{given} with trainer=: the factory's Trainer brings its own data and "
+                "tokenizer; give one or the other"
+            )
+        if self.tokenizer and not self.data:
+            raise ValueError("tokenizer= without data=: the tokenizer is for data=")
+        return self
 
     @field_validator("stale_after")
     @classmethod
@@ -362,6 +409,8 @@ def _describe(error: dict[str, Any], values: dict[str, Any]) -> str:
         expected = "expected a size such as 24GiB, 512MiB or 80GB"
     else:
         expected = error["msg"].removeprefix("Value error, ").replace("Input should be", "expected")
+    if not key:  # a check across settings: its message names them
+        return expected
     given = values.get(key, error.get("input"))
     return f"{key}={given}: {expected}"
 

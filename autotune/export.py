@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from autotune.errors import StudyError
+from autotune.knobs import KNOBS
 from autotune.models import TASK_CLASSES
 from autotune.trial import write_json_atomic
 
@@ -64,7 +65,8 @@ def render_cli(training_args: dict[str, Any]) -> str:
 
 
 def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None = None) -> str:
-    """A runnable script: the model from its config, random tokens, a Trainer with the args.
+    """A runnable script: the model from its config, random tokens or the study's data, a
+    Trainer with the args; or the study's Trainer factory called with them.
 
     The script's code is fixed text. Everything that comes from the study (model name or path,
     study and device names, the config, the kwargs) goes into constants written as Python
@@ -75,6 +77,12 @@ def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None =
     metrics = record.result
     if info.task not in TASK_CLASSES:  # a study.db from elsewhere may hold anything
         raise StudyError(f"task {info.task!r}: not a task autotune trains; cannot write a script")
+    data = None
+    data_format, data_files = "", []
+    if info.data:
+        data = {k: info.data[k] for k in ("data", "split", "text_column", "tokenizer")}
+        data_format, data_files = info.data["format"], info.data["files"]
+    collator = {k: v for k, v in record.params.items() if KNOBS[k].collator}
     facts = {
         "MODEL": info.model,
         "STUDY": info.study,
@@ -89,9 +97,33 @@ def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None =
         "TRAINING_ARGS": metrics.training_args,
         "MODEL_KWARGS": metrics.model_kwargs,
         "REPORT_TO": (report_to or info.report_to).split(","),
+        "DATA": data,
+        "DATA_FORMAT": data_format,
+        "DATA_FILES": data_files,
+        "COLLATOR_KWARGS": collator,
+        "TRAINER": info.trainer,
     }
     constants = "".join(f"{name} = {_literal(name, value)}\n" for name, value in facts.items())
-    return _SCRIPT_HEAD + constants + _SCRIPT_BODY
+    return _SCRIPT_HEAD + constants + _SCRIPT_BODY.replace(_COLLATOR_SLOT, _collator_source())
+
+
+_COLLATOR_SLOT = "# (autotune's PaddingCollator)\n"
+
+
+def _collator_source() -> str:
+    """The source of `data.PaddingCollator`, the collator the trials measured, read from its
+    file: this module is imported where torch is not."""
+    path = Path(__file__).with_name("data.py")
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    pieces = []
+    for node in tree.body:
+        names = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+        if (isinstance(node, ast.ClassDef) and node.name == "PaddingCollator") or (
+            "IGNORE_INDEX" in names
+        ):
+            pieces.append(ast.get_source_segment(source, node))
+    return "\n\n".join(pieces) + "\n"
 
 
 def _literal(name: str, value: Any) -> str:
@@ -114,13 +146,21 @@ _SCRIPT_HEAD = '''"""Train a model with the TrainingArguments autotune measured 
 
     python recommended.py [--max-steps N] [--output-dir DIR] [--report-to NAME ...]
 
-The constants below say which model, trial and device; --help says it in words. The script
-builds the model from its config with random weights and trains on random tokens, as the search
-did. For your own run, load pretrained weights with AUTO_CLASS.from_pretrained(MODEL,
-**MODEL_KWARGS) and pass your dataset as train_dataset.
+The constants below say which model, trial and device; --help says it in words. As the search
+did, the script builds the model from its config with random weights and trains on random
+tokens, or on your data (DATA: tokenized, truncated at SEQ_LEN and padded per batch by the
+collator the trials used), or calls your Trainer factory (TRAINER) with the arguments. For your
+own run with autotune's Trainer, load pretrained weights with AUTO_CLASS.from_pretrained(MODEL,
+**MODEL_KWARGS).
 """
 
 import argparse
+import importlib
+import importlib.util
+import math
+import pathlib
+import sys
+from typing import Any
 
 import torch
 import transformers
@@ -158,6 +198,56 @@ def description():
     )
 
 
+# (autotune's PaddingCollator)
+
+
+def your_data():
+    # DATA tokenized as the trials had it, and the collator they padded batches with.
+    import datasets
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(DATA["tokenizer"])
+    if DATA_FORMAT == "save_to_disk":
+        dataset = datasets.load_from_disk(DATA["data"])
+    elif DATA_FORMAT == "hub":
+        dataset = datasets.load_dataset(DATA["data"])
+    else:
+        dataset = datasets.load_dataset(DATA_FORMAT, data_files=DATA_FILES)
+    if isinstance(dataset, datasets.DatasetDict):
+        dataset = dataset[DATA["split"]]
+    if "input_ids" in dataset.column_names:
+        kept = [c for c in dataset.column_names if c in ("input_ids", "label", "labels")]
+        dataset = dataset.select_columns(kept).map(
+            lambda row: {"input_ids": row["input_ids"][:SEQ_LEN]}
+        )
+    else:
+        dropped = [c for c in dataset.column_names if c not in ("label", "labels")]
+        dataset = dataset.map(
+            lambda batch: tokenizer(batch[DATA["text_column"]], truncation=True,
+                                    max_length=SEQ_LEN),
+            batched=True, remove_columns=dropped,
+        )
+    # group_by_length reads the lengths from this column instead of measuring every sample.
+    dataset = dataset.map(lambda row: {"length": len(row["input_ids"])})
+    pad_token_id = next(
+        (t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0
+    )
+    return dataset, PaddingCollator(task=TASK, pad_token_id=pad_token_id, **COLLATOR_KWARGS)
+
+
+def your_trainer():
+    # The factory TRAINER names, imported as the search imported it.
+    where, _, function = TRAINER["factory"].rpartition(":")
+    if where.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(pathlib.Path(where).stem, where)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    else:
+        sys.path.insert(0, TRAINER["search_dir"])
+        module = importlib.import_module(where)
+    return getattr(module, function)
+
+
 def main():
     parser = argparse.ArgumentParser(
         description=description(), formatter_class=argparse.RawDescriptionHelpFormatter
@@ -169,17 +259,28 @@ def main():
         help="experiment trackers to log to (TrainingArguments.report_to) [%(default)s]",
     )
     cli = parser.parse_args()
+    # autotune's collator reads the columns it needs; the others (length) stay for the sampler.
+    data_args = {"remove_unused_columns": False} if DATA else {}
+    args = transformers.TrainingArguments(
+        output_dir=cli.output_dir, max_steps=cli.max_steps, report_to=cli.report_to,
+        **TRAINING_ARGS, **data_args,
+    )
+    if TRAINER:
+        trainer = your_trainer()(args, dict(MODEL_KWARGS))
+        trainer.train()
+        return
     config = transformers.AutoConfig.for_model(**MODEL_CONFIG)
     if TASK == "sequence-classification" and config.pad_token_id is None:
         config.pad_token_id = config.eos_token_id
     model = AUTO_CLASS.from_config(config, **MODEL_KWARGS)
-    args = transformers.TrainingArguments(
-        output_dir=cli.output_dir, max_steps=cli.max_steps, report_to=cli.report_to,
-        **TRAINING_ARGS,
-    )
-    samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * cli.max_steps
-    dataset = RandomTokens(config.vocab_size, samples)
-    transformers.Trainer(model=model, args=args, train_dataset=dataset).train()
+    if DATA:
+        dataset, collator = your_data()
+    else:
+        samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        dataset, collator = RandomTokens(config.vocab_size, samples * cli.max_steps), None
+    transformers.Trainer(
+        model=model, args=args, train_dataset=dataset, data_collator=collator
+    ).train()
 
 
 if __name__ == "__main__":

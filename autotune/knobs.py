@@ -38,10 +38,17 @@ class Knob:
     """What `TrainingArguments(output_dir=...)` trains with; None: not set in the baseline."""
     memory: MemoryOrder = "unordered"
     requires: dict[str, Any] = field(default_factory=dict)
-    """Knob -> value it needs: without it this knob has no effect and is not sampled."""
+    """Knob -> the value it needs, or a test of that value (`positive`): without it this knob
+    has no effect and is not sampled."""
     training_args: Mapping = lambda value, params, fields: {}
     model_kwarg: bool = False
     """Set on the model (`from_config(..., name=value)`) rather than in TrainingArguments."""
+    collator: bool = False
+    """Set on autotune's batch collator (`data.PaddingCollator`) rather than in
+    TrainingArguments: a user's own Trainer (`trainer=`) brings its own collator."""
+    data_only: bool = False
+    """Matters only on the user's data: synthetic samples are in memory and of one length, so
+    loader and padding settings are fixed there (and not part of the baseline)."""
     math: Callable[[Any, Any], str | None] = lambda baseline, value: None
     """(baseline value, value) -> how the change alters what training computes, in words; None
     when it changes only speed and memory (checkpointing recomputes the same activations)."""
@@ -76,6 +83,13 @@ def is_compiled(params: dict[str, Any]) -> bool:
 def _checkpointing_field(fields: Collection[str], suffix: str = "") -> str:
     return next(f + suffix for f in ("activation_checkpointing", "gradient_checkpointing")
                 if f + suffix in fields)  # fmt: skip
+
+
+def _group_args(value: bool, params: dict[str, Any], fields: Collection[str]) -> dict:
+    # Recent transformers made group_by_length one of several train_sampling_strategy values.
+    if "train_sampling_strategy" in fields:
+        return {"train_sampling_strategy": "group_by_length" if value else "random"}
+    return {"group_by_length": value}
 
 
 def _precision_args(value: str, params: dict[str, Any], fields: Collection[str]) -> dict:
@@ -131,6 +145,11 @@ def _precision_math(baseline: str, value: str) -> str | None:
     if added == {"tf32"}:
         return "TF32 matmuls: 10-bit mantissa instead of fp32's 23"
     return "another numeric precision"
+
+
+def positive(value: Any) -> bool:
+    """A `requires` test: the knob it names is above 0 (loader workers)."""
+    return value > 0
 
 
 def _same_name(field_name: str) -> Mapping:
@@ -196,12 +215,33 @@ KNOBS: dict[str, Knob] = {
         Knob(
             name="dataloader_num_workers", kind=int, check=lambda v: v >= 0,
             expected="an integer >= 0", ranges=True, short="workers", baseline=0,
-            training_args=_same_name("dataloader_num_workers"),
+            data_only=True, training_args=_same_name("dataloader_num_workers"),
+        ),
+        Knob(
+            name="dataloader_prefetch_factor", kind=int, check=lambda v: v >= 1,
+            expected="an integer >= 1 (batches each loader worker loads ahead)", ranges=True,
+            short="prefetch", requires={"dataloader_num_workers": positive}, data_only=True,
+            training_args=_same_name("dataloader_prefetch_factor"),
+        ),
+        Knob(
+            name="dataloader_persistent_workers", kind=bool, check=lambda v: True,
+            expected="true or false", short="persistent",
+            requires={"dataloader_num_workers": positive}, data_only=True,
+            training_args=_same_name("dataloader_persistent_workers"),
         ),
         Knob(
             name="dataloader_pin_memory", kind=bool, check=lambda v: True,
             expected="true or false", short="pin",
             training_args=_same_name("dataloader_pin_memory"),
+        ),
+        Knob(
+            name="group_by_length", kind=bool, check=lambda v: True, expected="true or false",
+            short="group", baseline=False, data_only=True, training_args=_group_args,
+        ),
+        Knob(
+            name="pad_to_multiple_of", kind=int, check=lambda v: v >= 1,
+            expected="an integer >= 1 (1: pad to the longest sample of the batch)", short="pad",
+            baseline=1, data_only=True, collator=True,
         ),
     )
 }  # fmt: skip
@@ -210,14 +250,19 @@ KNOBS: dict[str, Knob] = {
 SAMPLE_ORDER = (
     "precision", "optim", "gradient_checkpointing", "checkpointing_reentrant",
     "attn_implementation", "torch_compile", "compile_mode", "batch_size", "grad_accum",
-    "torch_empty_cache_steps", "dataloader_num_workers", "dataloader_pin_memory",
+    "torch_empty_cache_steps", "dataloader_num_workers", "dataloader_prefetch_factor",
+    "dataloader_persistent_workers", "dataloader_pin_memory", "group_by_length",
+    "pad_to_multiple_of",
 )  # fmt: skip
 assert set(SAMPLE_ORDER) == set(KNOBS)
 
 
 def active(name: str, params: dict[str, Any]) -> bool:
     """Whether the knob's requirements hold among the settings chosen so far."""
-    return all(params.get(k) == v for k, v in KNOBS[name].requires.items())
+    return all(
+        k in params and (need(params[k]) if callable(need) else params[k] == need)
+        for k, need in KNOBS[name].requires.items()
+    )
 
 
 def training_args(
@@ -242,11 +287,25 @@ def model_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if KNOBS[k].model_kwarg}
 
 
-def baseline_params(default_optim: str, effective_batch_size: int | None) -> dict[str, Any]:
+def baseline_params(
+    default_optim: str,
+    effective_batch_size: int | None,
+    *,
+    own_data: bool = False,
+    own_collator: bool = True,
+) -> dict[str, Any]:
     """What `TrainingArguments(output_dir=...)` trains with: batch 8, fp32, the default
-    optimizer, no checkpointing, SDPA attention, no compile; at the fixed effective batch
-    when there is one (batch 8 when it divides it)."""
-    params = {k: knob.baseline for k, knob in KNOBS.items() if knob.baseline is not None}
+    optimizer, no checkpointing, SDPA attention, no compile; on the user's data (`own_data`)
+    also no loader workers, no length grouping and padding to the longest sample (with
+    autotune's collator); at the fixed effective batch when there is one (batch 8 when it
+    divides it)."""
+    params = {
+        k: knob.baseline
+        for k, knob in KNOBS.items()
+        if knob.baseline is not None
+        and (own_data or not knob.data_only)
+        and (own_collator or not knob.collator)
+    }
     params["optim"] = default_optim
     if effective_batch_size:
         params["batch_size"] = math.gcd(params["batch_size"], effective_batch_size)

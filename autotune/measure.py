@@ -20,21 +20,117 @@ from transformers import TrainerCallback
 from autotune.knobs import precision_parts, sixteen_bit
 
 
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """What the training loop took from its loader: samples, and tokens of `input_ids`."""
+
+    samples: int = 0
+    tokens: int = 0
+    """Real tokens: padding (attention mask 0) not counted."""
+    padded_tokens: int = 0
+    """Every position of the batches, padding included: what the model computes on."""
+    squared_lengths: int = 0
+    """Sum over samples of (real tokens)^2: attention's FLOPs grow with it."""
+
+    def __sub__(self, other: Counts) -> Counts:
+        return Counts(*(a - b for a, b in zip(self.astuple(), other.astuple(), strict=True)))
+
+    def astuple(self) -> tuple[int, int, int, int]:
+        return (self.samples, self.tokens, self.padded_tokens, self.squared_lengths)
+
+
+class BatchCounter:
+    """Counts the batches a Trainer's training loop takes, as it takes them (in the training
+    process, after the loader's workers have collated them).
+
+    `count_batches(trainer)` wraps the Trainer's own `get_train_dataloader`, so it counts what
+    any Trainer trains on, a user's own included. The HF loop takes the batches of optimizer
+    step k after step k-1 has ended, so the counts read at a step's end hold that step's.
+    """
+
+    def __init__(self) -> None:
+        self.counts = Counts()
+
+    def count(self, batch: Any) -> None:
+        import torch
+
+        ids = batch.get("input_ids") if isinstance(batch, dict) else None
+        if not isinstance(ids, torch.Tensor):  # no tokens to count: samples only
+            first = next((v for v in _values(batch) if isinstance(v, torch.Tensor)), None)
+            rows = len(first) if first is not None and first.dim() else 0
+            self.counts = Counts(self.counts.samples + rows, *self.counts.astuple()[1:])
+            return
+        mask = batch.get("attention_mask")
+        lengths = (
+            mask.sum(dim=-1) if isinstance(mask, torch.Tensor) else torch.full(
+                (ids.shape[0],), ids.shape[-1], device=ids.device)
+        )  # fmt: skip
+        tokens, squared = torch.stack([lengths.sum(), (lengths * lengths).sum()]).tolist()
+        self.counts = Counts(
+            self.counts.samples + ids.shape[0],
+            self.counts.tokens + int(tokens),
+            self.counts.padded_tokens + ids.numel(),
+            self.counts.squared_lengths + int(squared),
+        )
+
+
+def _values(batch: Any) -> list[Any]:
+    if isinstance(batch, dict):
+        return list(batch.values())
+    return list(batch) if isinstance(batch, list | tuple) else [batch]
+
+
+class _CountedLoader:
+    """A training loader that tells `counter` each batch as the loop takes it; everything else
+    (length, sampler, set_epoch) is the loader's own."""
+
+    def __init__(self, loader: Any, counter: BatchCounter) -> None:
+        self._loader = loader
+        self._counter = counter
+
+    def __iter__(self) -> Any:
+        for batch in self._loader:
+            self._counter.count(batch)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+def count_batches(trainer: Any) -> BatchCounter:
+    """Count the batches `trainer.train()` takes (see `BatchCounter`)."""
+    counter = BatchCounter()
+    make_loader = trainer.get_train_dataloader
+    trainer.get_train_dataloader = lambda: _CountedLoader(make_loader(), counter)
+    return counter
+
+
 class StepTimer(TrainerCallback):
-    """Records the clock at the end of every optimizer step.
+    """Records the clock (and, given a `BatchCounter`, what was trained on) at the end of every
+    optimizer step.
 
     Batches are fetched before `on_step_begin`, so step boundaries are taken end to end: the
     interval from the end of step k to the end of step k+1 holds everything step k+1 costs,
     data loading included. Warm-up step w's end opens the timed window.
     """
 
-    def __init__(self, warmup_steps: int, synchronize: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        warmup_steps: int,
+        synchronize: Callable[[], None] = lambda: None,
+        counter: BatchCounter | None = None,
+    ):
         if warmup_steps < 1:
             raise ValueError("warmup_steps must be >= 1: the first step's end opens the window")
         self.warmup_steps = warmup_steps
         self.synchronize = synchronize
+        self.counter = counter or BatchCounter()
         self.train_begin_s: float | None = None
         self.step_end_s: list[float] = []
+        self.step_end_counts: list[Counts] = []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.synchronize()
@@ -43,10 +139,17 @@ class StepTimer(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.synchronize()
         self.step_end_s.append(time.perf_counter())
+        self.step_end_counts.append(self.counter.counts)
 
     def measured_step_times_s(self) -> list[float]:
         ends = self.step_end_s[self.warmup_steps - 1 :]
         return [later - earlier for earlier, later in itertools.pairwise(ends)]
+
+    def measured_counts(self) -> Counts:
+        """What the timed steps trained on (from the end of warm-up to the last step's end)."""
+        if len(self.step_end_counts) < self.warmup_steps:
+            return Counts()
+        return self.step_end_counts[-1] - self.step_end_counts[self.warmup_steps - 1]
 
     def warmup_step_times_s(self) -> list[float]:
         """The untimed steps; the first runs from the start of training (compile lands here)."""
@@ -77,21 +180,25 @@ def compile_s(warmup_step_times_s: list[float], median_step_s: float) -> float:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Throughput:
     samples_per_s: float
-    tokens_per_s: float
+    tokens_per_s: float | None
+    """Real tokens (padding not counted); None when the batches hold no `input_ids`."""
+    padding_share: float | None
+    """Padding among the positions computed on: 1 - real / padded tokens."""
     step_time_median_ms: float
     step_time_cv: float
     measured_steps: int
 
 
-def throughput(step_times_s: list[float], *, samples_per_step: int, seq_len: int) -> Throughput:
-    """Throughput over the timed steps; `samples_per_step` is micro batch x grad accumulation."""
+def throughput(step_times_s: list[float], counts: Counts) -> Throughput:
+    """Throughput over the timed steps, from what they trained on (`counts`)."""
     if len(step_times_s) < 2:
         raise ValueError(f"need at least 2 timed steps, got {len(step_times_s)}")
     total_s = sum(step_times_s)
-    samples_per_s = samples_per_step * len(step_times_s) / total_s
+    has_tokens = counts.padded_tokens > 0
     return Throughput(
-        samples_per_s=samples_per_s,
-        tokens_per_s=samples_per_s * seq_len,
+        samples_per_s=counts.samples / total_s,
+        tokens_per_s=counts.tokens / total_s if has_tokens else None,
+        padding_share=1 - counts.tokens / counts.padded_tokens if has_tokens else None,
         step_time_median_ms=statistics.median(step_times_s) * 1e3,
         step_time_cv=statistics.stdev(step_times_s) / statistics.fmean(step_times_s),
         measured_steps=len(step_times_s),
@@ -133,16 +240,24 @@ def attention_layers(config: Any) -> tuple[int, int]:
     return config.num_hidden_layers, width
 
 
-def flops_per_sample(model: Any, seq_len: int) -> float:
-    """Training FLOPs for one sample (forward + backward), after PaLM's appendix B.
+def training_flops(model: Any, counts: Counts) -> float:
+    """Training FLOPs (forward + backward) for what `counts` holds, after PaLM's appendix B.
 
-    6 FLOPs per matmul weight per token (2 forward, 4 backward), plus the attention scores and
-    the weighted sum, 12 x seq_len x width per token per attention block. Encoder-decoder models
-    see seq_len tokens on each side. Activation checkpointing recomputes the forward but does
-    not change the model's FLOPs, so MFU does not reward it.
+    6 FLOPs per matmul weight per real token (2 forward, 4 backward), plus the attention
+    scores and the weighted sum, 12 x length x width per token per attention block: 12 x width
+    x length^2 per sample. Padding is not counted: it is work that trains nothing.
+    Encoder-decoder models see each sample on both sides. Activation checkpointing recomputes
+    the forward but does not change the model's FLOPs, so MFU does not reward it.
     """
     blocks, width = attention_layers(model.config)
-    return 6 * matmul_parameters(model) * seq_len + 12 * blocks * width * seq_len**2
+    return 6 * matmul_parameters(model) * counts.tokens + 12 * blocks * width * (
+        counts.squared_lengths
+    )
+
+
+def flops_per_sample(model: Any, seq_len: int) -> float:
+    """Training FLOPs for one sample of `seq_len` real tokens (see `training_flops`)."""
+    return training_flops(model, Counts(1, seq_len, seq_len, seq_len**2))
 
 
 # Dense peak TFLOP/s (no 2:4 sparsity) from NVIDIA datasheets and whitepapers, keyed by a

@@ -7,11 +7,14 @@ with the model and the space are reported together.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from autotune import factories, user_data
 from autotune.capabilities import apply_sampling_rules, fit_space
 from autotune.config import STUDY_NAME_MAX_CHARS, RunConfig
 from autotune.errors import AutotuneError, ConfigError
@@ -22,6 +25,7 @@ from autotune.parallel import Slot, assign
 from autotune.records import RunInfo
 from autotune.space import SamplingRules, SearchSpace
 from autotune.space_file import SoftwareFacts, load_space
+from autotune.user_data import DataError, DataSpec, source_format
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -40,6 +44,18 @@ class SearchPlan:
     device_info: DeviceInfo
     slots: list[Slot]
     """One per worker: the device or the cores it owns (`workers=`, `devices=`)."""
+    data: DataSpec | None = None
+    """The user's data (`data=`); None: synthetic tokens or the user's Trainer."""
+    search_dir: Path = Path()
+    """The working directory the search was started in: a `trainer=` module is looked up
+    there, as `python -m` would."""
+
+    @property
+    def data_dir(self) -> Path | None:
+        """Where the prepared data lies (`user_data.prepare`): one entry per fingerprint."""
+        if self.info.data is None:
+            return None
+        return self.study_dir / user_data.CACHE_FOLDER / self.info.data["fingerprint"]
 
     @property
     def study_name(self) -> str:
@@ -65,6 +81,7 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         optimizer_names=device_info.optimizer_names or None,
         compile_backends=device_info.compile_backends or None,
     )
+    source = "trainer" if config.trainer else "data" if config.data else "synthetic"
     rules = SamplingRules(
         effective_batch_size=config.effective_batch_size,
         tensor_core_64=device == "cuda" and device_info.tensor_core_64,
@@ -75,7 +92,7 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
             raise ConfigError(
                 f"space={space.name} is for device={space.device}, but this search runs on {device}"
             )
-        space = apply_sampling_rules(fit_space(space, device, device_info), rules)
+        space = apply_sampling_rules(fit_space(space, device, device_info, source), rules)
     except AutotuneError as exc:
         problems.append(str(exc))
         space = None
@@ -93,6 +110,16 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
             problems.append(f"study={study_name}: {study_dir} lies outside out={config.out}")
     slots, slot_problems = assign(config.workers, config.devices, device, device_info)
     problems += slot_problems
+    search_dir = Path.cwd()
+    data = data_info = trainer = None
+    if config.data and model is not None:
+        try:
+            data, data_info = _data(config, model)
+        except AutotuneError as exc:
+            problems.append(str(exc))
+    if config.trainer:
+        trainer = {"factory": factories.normalise(config.trainer, search_dir),
+                   "search_dir": str(search_dir)}  # fmt: skip
     if problems:
         raise ConfigError("\n".join(problems))
     assert model is not None and space is not None and study_name and study_dir
@@ -113,6 +140,8 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         headroom=config.headroom,
         noise_cv=config.noise_cv,
         report_to=config.report_to,
+        data=data_info,
+        trainer=trainer,
     )
     return SearchPlan(
         config=config,
@@ -120,12 +149,49 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         info=info,
         space=space,
         rules=rules,
-        baseline=baseline_params(device_info.default_optim, config.effective_batch_size),
+        baseline=baseline_params(
+            device_info.default_optim,
+            config.effective_batch_size,
+            own_data=source != "synthetic",
+            own_collator=source != "trainer",
+        ),
         study_dir=study_dir,
         storage_url=config.storage or f"sqlite:///{study_dir / 'study.db'}",
         device_info=device_info,
         slots=slots,
+        data=data,
+        search_dir=search_dir,
     )
+
+
+def _data(config: RunConfig, model: ModelSpec) -> tuple[DataSpec, dict[str, Any]]:
+    """The user's data as prepared for this search, and what the study stores of it (with its
+    fingerprint: other data is another study). Local paths are made absolute."""
+    assert config.data
+    tokenizer = config.tokenizer or model.name
+    spec = DataSpec(
+        data=_absolute(config.data),
+        tokenizer=_absolute(tokenizer),
+        seq_len=config.seq_len,
+        split=config.data_split,
+        text_column=config.text_column,
+    )
+    data_format, files = source_format(spec.data)
+    try:
+        fingerprint = spec.fingerprint()
+    except OSError as exc:
+        raise DataError(f"data={config.data}: cannot read it: {exc}") from exc
+    return spec, dataclasses.asdict(spec) | {
+        "fingerprint": fingerprint,
+        "format": data_format,
+        "files": files,
+    }
+
+
+def _absolute(path_or_id: str) -> str:
+    """A local path made absolute; a hub id as it is."""
+    path = Path(path_or_id).expanduser()
+    return str(path.resolve()) if path.exists() else path_or_id
 
 
 def model_problems(model: ModelSpec, task: str, device_info: DeviceInfo) -> list[str]:

@@ -68,6 +68,20 @@ class RunInfo:
     noise_cv: float
     report_to: str = "none"
     """Trackers the exported script logs to (`TrainingArguments.report_to`); trials never log."""
+    data: dict[str, Any] | None = None
+    """The user's data (`user_data.DataSpec` fields and its `fingerprint`); None: synthetic."""
+    trainer: dict[str, str] | None = None
+    """The user's Trainer: `factory` (`module:function`, or a file made absolute) and the
+    `search_dir` a module was looked up in; None: autotune builds the Trainer."""
+
+    @property
+    def data_fingerprint(self) -> str | None:
+        """What decides the tokens trained on; another dataset is another study."""
+        return self.data["fingerprint"] if self.data else None
+
+    @property
+    def trainer_factory(self) -> str | None:
+        return self.trainer["factory"] if self.trainer else None
 
     @property
     def batch_mode(self) -> str:

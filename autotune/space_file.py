@@ -274,13 +274,13 @@ def _parse_when(raw: Any) -> tuple[Condition, ...]:
 
 def _condition_problems(knob: SpaceKnob, knobs: dict[str, SpaceKnob]) -> list[str]:
     problems = []
-    for required, value in KNOBS[knob.name].requires.items():
+    for required, need in KNOBS[knob.name].requires.items():
         other = knobs.get(required)
-        if other is None or value not in other.choices:
-            problems.append(
-                f"takes effect only with {required}={str(value).lower()}, which this space "
-                "never chooses"
-            )
+        met = callable(need) and other and any(need(v) for v in other.choices)
+        if not met and (other is None or need not in other.choices):
+            wanted = f"{required} {need.__name__}" if callable(need) else (
+                f"{required}={str(need).lower()}")  # fmt: skip
+            problems.append(f"takes effect only with {wanted}, which this space never chooses")
     for condition in knob.when:
         other = knobs.get(condition.knob)
         if condition.knob not in KNOBS:

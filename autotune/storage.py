@@ -42,7 +42,8 @@ from autotune.units import format_bytes
 DIRECTIONS = (optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE)
 OBJECTIVES = ("samples_per_s", "peak_memory_gib")
 # What makes a study what it is: a resumed study must have been made for the same.
-IDENTITY = ("model", "task", "seq_len", "device", "space", "effective_batch_size")
+IDENTITY = ("model", "task", "seq_len", "device", "space", "effective_batch_size",
+            "data_fingerprint", "trainer_factory")  # fmt: skip
 
 
 @contextlib.contextmanager

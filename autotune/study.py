@@ -348,6 +348,9 @@ def _launch(
         memory_budget_bytes=plan.info.memory_budget_bytes,
         compile_cache_dir=str(plan.study_dir / "inductor-cache"),
         peak_tflops=config.peak_tflops,
+        data_dir=str(plan.data_dir) if plan.data_dir else None,
+        trainer=plan.info.trainer_factory,
+        trainer_dir=str(plan.search_dir),
     )
     return runner.launch_trial(
         spec,

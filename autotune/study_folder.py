@@ -23,6 +23,7 @@ from autotune.report.html import write_report
 METRIC_COLUMNS = (
     "samples_per_s",
     "tokens_per_s",
+    "padding_share",
     "peak_memory_gib",
     "peak_allocated_gib",
     "nvml_used_gib",
@@ -140,8 +141,8 @@ def _settings_and_metrics(record: TrialRecord, snapshot: StudySnapshot) -> dict[
 
 
 RECOMMENDATION_METRICS = (
-    "samples_per_s", "tokens_per_s", "peak_memory_gib", "step_time_median_ms", "step_time_cv",
-    "mfu",
+    "samples_per_s", "tokens_per_s", "padding_share", "peak_memory_gib", "step_time_median_ms",
+    "step_time_cv", "mfu",
 )  # fmt: skip
 
 

@@ -59,6 +59,12 @@ class TrialSpec:
     """Inductor cache shared by the trials of a study, so a compile is paid once."""
     peak_tflops: float | None = None
     """The device's dense peak for MFU when it is not in the built-in table."""
+    data_dir: str | None = None
+    """The user's prepared data (`user_data.prepare`); None: synthetic tokens."""
+    trainer: str | None = None
+    """The user's Trainer factory (`module:function` or `/abs/file.py:function`)."""
+    trainer_dir: str | None = None
+    """Where a factory module is looked up besides sys.path (the search's working directory)."""
     schema_version: int = SCHEMA_VERSION
 
 
@@ -71,6 +77,9 @@ class TrialResult:
     """One line for the user: why a trial is not ok."""
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
+    """Real tokens: padding is not counted."""
+    padding_share: float | None = None
+    """Padding among the token positions the timed steps computed on (0 for synthetic data)."""
     step_time_median_ms: float | None = None
     step_time_cv: float | None = None
     """Coefficient of variation (stdev / mean) of the timed optimizer steps."""

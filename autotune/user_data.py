@@ -20,8 +20,11 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +33,18 @@ from autotune.errors import AutotuneError
 BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet",
             ".txt": "text"}  # fmt: skip
 """File suffix -> the `datasets` builder that reads it."""
+CACHE_FOLDER = "data"
+"""In the study folder: one prepared entry per fingerprint."""
+PROGRESS_INTERVAL_S = 1.0
 READY = "autotune-ready.json"
 """Written last into a cache entry: an entry without it is incomplete and is rebuilt."""
-KEPT_COLUMNS = ("input_ids", "attention_mask", "label", "labels")
+KEPT_COLUMNS = ("input_ids", "label", "labels")
+"""Of already-tokenized data (the collator makes the attention mask)."""
+LENGTH_COLUMN = "length"
+"""Tokens per sample, stored so that `group_by_length` does not read every sample to sort
+(`TrainingArguments.length_column_name`'s default)."""
+FORMAT_VERSION = 2
+"""Of a cache entry: part of the fingerprint, so entries of an older layout are rebuilt."""
 
 
 class DataError(AutotuneError):
@@ -50,13 +62,22 @@ class DataSpec:
     text_column: str = "text"
 
     def fingerprint(self) -> str:
-        """Hex digest of everything that decides the tokens."""
-        digest = hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode())
-        for path in (*_files(Path(self.data)), *_files(Path(self.tokenizer))):
-            digest.update(path.name.encode())
-            with open(path, "rb") as f:
-                for chunk in iter(lambda f=f: f.read(1 << 20), b""):
-                    digest.update(chunk)
+        """Hex digest of everything that decides the tokens: the files' names (relative) and
+        bytes, or the hub id; the split, the column and seq_len. A dataset moved to another
+        folder keeps its fingerprint."""
+        settings = {"split": self.split, "text_column": self.text_column,
+                    "seq_len": self.seq_len, "format": FORMAT_VERSION}  # fmt: skip
+        digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+        for source in (self.data, self.tokenizer):
+            root = Path(source)
+            files = _files(root)
+            digest.update(b"\0" + (b"" if files else source.encode()))  # a hub id: its name
+            for path in files:
+                digest.update(path.relative_to(root).as_posix().encode() if root.is_dir()
+                              else path.name.encode())  # fmt: skip
+                with open(path, "rb") as f:
+                    for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                        digest.update(chunk)
         return digest.hexdigest()[:16]
 
 
@@ -74,15 +95,20 @@ def _files(path: Path) -> list[Path]:
     return []
 
 
-def prepare(spec: DataSpec, cache_dir: Path) -> Path:
-    """The tokenized dataset's folder in `cache_dir`, built unless it is there already."""
+def prepare(
+    spec: DataSpec, cache_dir: Path, on_progress: Callable[[str], None] = lambda text: None
+) -> Path:
+    """The tokenized dataset's folder in `cache_dir`, built unless it is there already;
+    `on_progress` hears how far tokenizing is, about once a second."""
     target = cache_dir / spec.fingerprint()
     if (target / READY).is_file():
         return target
     import datasets
 
     datasets.disable_progress_bars()  # the search shows its own progress
-    tokenized, pad_token_id = tokenize(load(spec), spec)
+    on_progress(f"loading data={spec.data}")
+    tokenized, pad_token_id = tokenize(load(spec), spec, on_progress)
+    on_progress(f"saving {len(tokenized)} tokenized rows")
     cache_dir.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(dir=cache_dir, prefix=".building-"))
     try:
@@ -90,6 +116,7 @@ def prepare(spec: DataSpec, cache_dir: Path) -> Path:
         summary = {
             "rows": len(tokenized),
             "pad_token_id": pad_token_id,
+            "max_token_id": _max_token_id(tokenized),
             "spec": dataclasses.asdict(spec),
         }
         (building / READY).write_text(json.dumps(summary))
@@ -101,30 +128,44 @@ def prepare(spec: DataSpec, cache_dir: Path) -> Path:
     return target
 
 
+def read_ready(folder: Path) -> dict[str, Any]:
+    """A complete entry's summary: rows, pad_token_id, max_token_id, spec."""
+    return json.loads((folder / READY).read_text())
+
+
+def source_format(data: str) -> tuple[str, list[str]]:
+    """How `data=` is read: (`save_to_disk`, []), (`hub`, []), or (a `datasets` builder such
+    as `json`, its files); a DataError when it cannot be told."""
+    path = Path(data)
+    if _is_saved_dataset(path):
+        return "save_to_disk", []
+    if path.exists():
+        files = _files(path)
+        kinds = {BUILDERS.get(p.suffix.lower()) for p in files}
+        if not files or None in kinds or len(kinds) > 1:
+            found = ", ".join(sorted({p.suffix or p.name for p in files})) or "no files"
+            raise DataError(
+                f"data={data}: cannot tell its format (found {found}); give "
+                f"{', '.join(BUILDERS)} files of one kind, or a save_to_disk folder"
+            )
+        return str(kinds.pop()), [str(p) for p in files]
+    if path.suffix.lower() in BUILDERS or data.startswith((".", "/", "~")):
+        raise DataError(f"data={data}: no such file or folder")
+    return "hub", []
+
+
 def load(spec: DataSpec) -> Any:
     """The split of the data as a `datasets.Dataset`, or a DataError naming the problem."""
     import datasets
 
-    path = Path(spec.data)
+    kind, files = source_format(spec.data)
     try:
-        if _is_saved_dataset(path):
-            loaded = datasets.load_from_disk(str(path))
-        elif path.exists():
-            files = _files(path)
-            kinds = {BUILDERS.get(p.suffix.lower()) for p in files}
-            if not files or None in kinds or len(kinds) > 1:
-                found = ", ".join(sorted({p.suffix or p.name for p in files})) or "no files"
-                raise DataError(
-                    f"data={spec.data}: cannot tell its format (found {found}); give "
-                    f"{', '.join(BUILDERS)} files of one kind, or a save_to_disk folder"
-                )
-            loaded = datasets.load_dataset(kinds.pop(), data_files=[str(p) for p in files])
-        elif path.suffix.lower() in BUILDERS or spec.data.startswith((".", "/", "~")):
-            raise DataError(f"data={spec.data}: no such file or folder")
+        if kind == "save_to_disk":
+            loaded = datasets.load_from_disk(spec.data)
+        elif kind == "hub":
+            loaded = datasets.load_dataset(spec.data)
         else:
-            loaded = datasets.load_dataset(spec.data)  # a hub id
-    except DataError:
-        raise
+            loaded = datasets.load_dataset(kind, data_files=files)
     except Exception as exc:  # datasets raises many kinds; each means "unusable"
         raise DataError(f"data={spec.data}: cannot load it: {_first_line(exc)}") from exc
     if isinstance(loaded, datasets.DatasetDict):
@@ -142,25 +183,46 @@ def load(spec: DataSpec) -> Any:
     return loaded
 
 
-def tokenize(dataset: Any, spec: DataSpec) -> tuple[Any, int]:
+def tokenize(
+    dataset: Any, spec: DataSpec, on_progress: Callable[[str], None] = lambda text: None
+) -> tuple[Any, int]:
     """Token ids of the text column (truncated at seq_len, no padding: trials pad per batch),
     the label column when there is one, and the id trials pad with."""
     if "input_ids" in dataset.column_names:  # tokenized already: padded with 0 unless a
         kept = [c for c in dataset.column_names if c in KEPT_COLUMNS]  # tokenizer says else
         dataset = dataset.select_columns(kept)
-        truncated = dataset.map(lambda row: {"input_ids": row["input_ids"][: spec.seq_len]})
+        truncated = dataset.map(lambda row: _with_length(row["input_ids"][: spec.seq_len]))
         try:
             return truncated, _pad_token_id(load_tokenizer(spec.tokenizer))
         except DataError:
             return truncated, 0
     tokenizer = load_tokenizer(spec.tokenizer)
+    done, shown_s = 0, time.monotonic()
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
+        nonlocal done, shown_s
         texts = [t if isinstance(t, str) else "" for t in batch[spec.text_column]]
-        return tokenizer(texts, truncation=True, max_length=spec.seq_len)
+        encoded = tokenizer(texts, truncation=True, max_length=spec.seq_len)
+        done += len(texts)
+        if time.monotonic() - shown_s >= PROGRESS_INTERVAL_S:
+            on_progress(f"tokenizing data: {done}/{len(dataset)} rows")
+            shown_s = time.monotonic()
+        return {**encoded, LENGTH_COLUMN: [len(ids) for ids in encoded["input_ids"]]}
 
     dropped = [c for c in dataset.column_names if c not in ("label", "labels")]
     return dataset.map(encode, batched=True, remove_columns=dropped), _pad_token_id(tokenizer)
+
+
+def _max_token_id(dataset: Any) -> int:
+    """The largest id in `input_ids`: the model's vocabulary must hold it."""
+    import pyarrow.compute
+
+    flat = pyarrow.compute.list_flatten(dataset.data.column("input_ids"))
+    return int(pyarrow.compute.max(flat).as_py() or 0)
+
+
+def _with_length(input_ids: list[int]) -> dict[str, Any]:
+    return {"input_ids": input_ids, LENGTH_COLUMN: len(input_ids)}
 
 
 def _pad_token_id(tokenizer: Any) -> int:
@@ -190,11 +252,52 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
+def prepare_in_subprocess(
+    spec: DataSpec, cache_dir: Path, on_progress: Callable[[str], None] = lambda text: None
+) -> Path:
+    """`prepare` in a process of its own (tokenizers import torch, which the search process
+    never does); its progress lines go to `on_progress`."""
+    command = [sys.executable, "-m", "autotune.user_data"]
+    answer: dict[str, Any] = {}
+    with tempfile.TemporaryFile("w+") as errors:  # a file: a full pipe could stall the child
+        proc = subprocess.Popen(
+            [*command, json.dumps(dataclasses.asdict(spec)), str(cache_dir)],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                answer = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a library's own print
+            if not isinstance(answer, dict):
+                answer = {}
+            elif "progress" in answer:
+                on_progress(answer["progress"])
+        proc.wait()
+        errors.seek(0)
+        stderr = errors.read()
+    if "folder" in answer:
+        return Path(answer["folder"])
+    if "error" in answer:
+        raise DataError(answer["error"])
+    raise DataError(
+        f"data={spec.data}: preparing it failed (exit {proc.returncode}):\n{stderr[-2000:]}"
+    )
+
+
 def main(argv: list[str]) -> int:
-    """`python -m autotune.user_data SPEC_JSON CACHE_DIR`: prints the entry's folder as JSON."""
+    """`python -m autotune.user_data SPEC_JSON CACHE_DIR`: JSON lines, {"progress": ...}
+    while it works, then {"folder": ...} or {"error": ...}."""
     spec = DataSpec(**json.loads(argv[0]))
+
+    def say(text: str) -> None:
+        print(json.dumps({"progress": text}), flush=True)
+
     try:
-        folder = prepare(spec, Path(argv[1]))
+        folder = prepare(spec, Path(argv[1]), say)
     except DataError as exc:
         print(json.dumps({"error": str(exc)}))
         return 2

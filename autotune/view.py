@@ -176,9 +176,10 @@ def _trial_line(record: TrialRecord, done: int, total: int) -> str:
     status = r.status.value if r.status is Status.OK else f"[red]{r.status.value}[/]"
     head = f"[{done}/{total}] trial {record.number:>3} {status:<7} {describe_params(record.params)}"
     if r.status is Status.OK:
+        padding = f" ({r.padding_share:.0%} padding)" if r.padding_share else ""
         return (
-            f"{head}: {r.samples_per_s:.2f} samples/s, {format_gib(r.peak_memory_gib, 3)}, "
-            f"step CV {r.step_time_cv:.0%}, {r.wall_s:.1f} s"
+            f"{head}: {r.samples_per_s:.2f} samples/s{padding}, "
+            f"{format_gib(r.peak_memory_gib, 3)}, step CV {r.step_time_cv:.0%}, {r.wall_s:.1f} s"
         )
     return f"{head}: {escape(r.reason)}"
 

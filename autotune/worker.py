@@ -1,9 +1,10 @@
 """One trial in a process of its own: `python -m autotune.worker SPEC.json RESULT.json`.
 
-Builds the model from its config, synthetic data (random token ids, as the HF guide does) and
-the real HF `Trainer` with the `TrainingArguments` from `autotune.export`, trains warm-up plus
-measured steps, and writes a `TrialResult` atomically. The only code that touches the device;
-it never imports optuna. Exit code 0 means the result file says what happened.
+Builds the model from its config, the data (random token ids, as the HF guide does, or the
+user's prepared data) and the real HF `Trainer` with the tuned `TrainingArguments`, or calls
+the user's own Trainer factory with those arguments; trains warm-up plus measured steps, counts
+what the loop trained on, and writes a `TrialResult` atomically. The only code that touches the
+device; it never imports optuna. Exit code 0 means the result file says what happened.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 import transformers
 import transformers.trainer
 
-from autotune import data, knobs, measure
+from autotune import data, factories, knobs, measure, user_data
 from autotune.models import ModelSpec, build_model
 from autotune.processes import children_die_with_this_process
 from autotune.trial import (
@@ -66,34 +67,23 @@ def train_trial(spec: TrialSpec, progress_path: Path) -> TrialResult:
         reporter.report_building()  # with this record the parent's CPU watchdog has its zero
         started = time.perf_counter()
         tuned_args = knobs.training_args(spec.params, device=spec.device, fields=_ARG_FIELDS)
-        args = _training_arguments(spec, tuned_args, workdir)
         model_kwargs = knobs.model_kwargs(spec.params)
-        model = build_model(
-            ModelSpec(name=spec.model_name, source="spec", config=spec.model_config),
-            spec.task,
-            **model_kwargs,
-        )
-        samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        dataset = data.SyntheticDataset(
-            task=spec.task,
-            vocab_size=model.config.vocab_size,
-            seq_len=spec.seq_len,
-            n_samples=samples_per_step * args.max_steps,
-            seed=spec.seed,
-        )
-        trainer = transformers.Trainer(
-            # Callbacks run in list order: the reporter after the timer has read the clock.
-            model=model,
-            args=args,
-            train_dataset=dataset,
-            callbacks=[timer, reporter],
-        )
+        if spec.trainer:
+            trainer = _users_trainer(spec, tuned_args, model_kwargs, workdir)
+        else:
+            trainer = _our_trainer(spec, tuned_args, model_kwargs, workdir)
+        timer.counter = measure.count_batches(trainer)
+        # Callbacks run in list order, after the Trainer's and the user's own: the reporter
+        # after the timer has read the clock.
+        trainer.add_callback(timer)
+        trainer.add_callback(reporter)
         build_s = time.perf_counter() - started
 
         started = time.perf_counter()
         output = trainer.train()
         train_s = time.perf_counter() - started
 
+        model = trainer.model
         memory = _cuda_memory() if on_cuda else _cpu_memory(baseline_rss)
         device_name = torch.cuda.get_device_name() if on_cuda else "cpu"
         step_times_s = timer.measured_step_times_s()
@@ -109,7 +99,66 @@ def train_trial(spec: TrialSpec, progress_path: Path) -> TrialResult:
             "model_kwargs": model_kwargs,
             "step_times_ms": [t * 1e3 for t in step_times_s],
         }
-        return _result(spec, timer, model, output.training_loss, samples_per_step, measured)
+        return _result(spec, timer, model, output.training_loss, measured)
+
+
+def _our_trainer(
+    spec: TrialSpec, tuned_args: dict[str, Any], model_kwargs: dict[str, Any], workdir: str
+) -> transformers.Trainer:
+    """The HF Trainer on the model built from its config, with random tokens or the user's
+    prepared data (`data=`), memory-mapped here, after the fork: the fork server never loads
+    data, so no arrow thread or mapping crosses a fork."""
+    run_only = {"remove_unused_columns": False} if spec.data_dir else {}
+    # The collator reads only the columns it needs; kept, the `length` column spares
+    # group_by_length a pass over every sample to measure it.
+    args = _training_arguments(spec, tuned_args | run_only, workdir)
+    model = build_model(
+        ModelSpec(name=spec.model_name, source="spec", config=spec.model_config),
+        spec.task,
+        **model_kwargs,
+    )
+    if spec.data_dir:
+        import datasets
+
+        dataset = datasets.load_from_disk(spec.data_dir)
+        collator = data.PaddingCollator(
+            task=spec.task,
+            pad_token_id=user_data.read_ready(Path(spec.data_dir))["pad_token_id"],
+            pad_to_multiple_of=spec.params.get("pad_to_multiple_of", 1),
+        )
+    else:
+        samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        dataset = data.SyntheticDataset(
+            task=spec.task,
+            vocab_size=model.config.vocab_size,
+            seq_len=spec.seq_len,
+            n_samples=samples_per_step * args.max_steps,
+            seed=spec.seed,
+        )
+        collator = None  # the Trainer's default: the samples are of one length
+    return transformers.Trainer(
+        model=model, args=args, train_dataset=dataset, data_collator=collator
+    )
+
+
+def _users_trainer(
+    spec: TrialSpec, tuned_args: dict[str, Any], model_kwargs: dict[str, Any], workdir: str
+) -> transformers.Trainer:
+    """The Trainer the user's factory (`trainer=`) makes with the tuned arguments."""
+    args = _training_arguments(spec, tuned_args, workdir)
+    factory = factories.load(spec.trainer, spec.trainer_dir)
+    print(f"calling {spec.trainer}(args, model_kwargs={model_kwargs!r})", flush=True)
+    trainer = factory(args, dict(model_kwargs))
+    if not isinstance(trainer, transformers.Trainer):
+        raise factories.FactoryError(
+            f"{spec.trainer} returned {type(trainer).__name__}, not a transformers.Trainer"
+        )
+    if trainer.args is not args:
+        raise factories.FactoryError(
+            f"{spec.trainer}: its Trainer does not train with the args it was given: pass "
+            "them on (Trainer(args=args, ...)), or the trial would time other settings"
+        )
+    return trainer
 
 
 _ARG_FIELDS = frozenset(f.name for f in dataclasses.fields(transformers.TrainingArguments))
@@ -241,7 +290,6 @@ def _result(
     timer: measure.StepTimer,
     model: Any,
     loss: float,
-    samples_per_step: int,
     measured: dict[str, Any],
 ) -> TrialResult:
     """The verdict, and for an `ok` trial throughput, compile time and MFU."""
@@ -251,13 +299,12 @@ def _result(
         return TrialResult(
             status=status, reason=reason, measured_steps=len(step_times_s), **measured
         )
-    stats = measure.throughput(
-        step_times_s, samples_per_step=samples_per_step, seq_len=spec.seq_len
-    )
+    counts = timer.measured_counts()
+    stats = measure.throughput(step_times_s, counts)
     compile_s = None
     if knobs.is_compiled(spec.params):
         compile_s = measure.compile_s(timer.warmup_step_times_s(), stats.step_time_median_ms / 1e3)
-    flops = measure.flops_per_sample(model, spec.seq_len)
+    flops = measure.training_flops(model, counts) if counts.tokens else None
     peak = spec.peak_tflops or measure.peak_tflops(
         measured["device_name"], spec.params.get("precision", "fp32")
     )
@@ -266,8 +313,8 @@ def _result(
         **measured,
         **dataclasses.asdict(stats),
         compile_s=compile_s,
-        flops_per_sample=flops,
-        mfu=stats.samples_per_s * flops / (peak * 1e12) if peak else None,
+        flops_per_sample=flops / counts.samples if flops else None,
+        mfu=flops / sum(step_times_s) / (peak * 1e12) if flops and peak else None,
     )
 
 

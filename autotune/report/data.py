@@ -55,6 +55,8 @@ class Row:
     status: str
     params: str
     samples_per_s: float | None
+    padding_share: float | None
+    """Padding among the token positions computed on (the user's data)."""
     peak_memory_gib: float | None
     mfu: float | None
     step_time_cv: float | None
@@ -197,7 +199,9 @@ def _hover(record: TrialRecord, snapshot: StudySnapshot) -> str:
     r = record.result
     lines = [f"trial {record.number}: {r.status.value}" + (" (baseline)" * record.baseline)]
     if r.samples_per_s is not None:
-        lines.append(f"{r.samples_per_s:.2f} samples/s, {r.tokens_per_s:.0f} tokens/s")
+        tokens = "" if r.tokens_per_s is None else f", {r.tokens_per_s:.0f} tokens/s"
+        padding = f" ({r.padding_share:.0%} padding)" if r.padding_share else ""
+        lines.append(f"{r.samples_per_s:.2f} samples/s{tokens}{padding}")
     if r.peak_memory_gib is not None:
         placed = " when stopped (drawn at the budget)" if r.status in MEMORY_STATUSES else ""
         lines.append(f"peak {format_gib(r.peak_memory_gib, 3)}{placed}")
@@ -258,6 +262,7 @@ def _row(record: TrialRecord, snapshot: StudySnapshot) -> Row:
         status=r.status.value + (" (baseline)" if record.baseline else ""),
         params=describe_params(record.params),
         samples_per_s=r.samples_per_s,
+        padding_share=r.padding_share,
         peak_memory_gib=r.peak_memory_gib,
         mfu=r.mfu,
         step_time_cv=r.step_time_cv,

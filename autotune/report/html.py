@@ -268,8 +268,8 @@ def _rows(data: ReportData) -> str:
         changed = ", ".join(c.setting for c in r.changes)
         full = "\n".join(c.describe() for c in r.changes)
         cells = [f"<td>{e(c)}</td>" for c in (str(r.number), r.status, r.params,
-                                             _num(r.samples_per_s, 2), _num(r.peak_memory_gib, 3),
-                                             _pct(r.mfu))]  # fmt: skip
+                                             _num(r.samples_per_s, 2), _pct(r.padding_share),
+                                             _num(r.peak_memory_gib, 3), _pct(r.mfu))]  # fmt: skip
         cells.append(f'<td class="noisy">{e(cv)}</td>' if r.noisy else f"<td>{e(cv)}</td>")
         cells.append(f'<td class="changes" title="{e(full)}">{e(changed)}</td>')
         cells.append(f"<td>{e(r.reason)}</td>")
@@ -302,7 +302,8 @@ def render_html(data: ReportData) -> str:
 {_sections(data, drawn)}
 <h2>Trials</h2><p>Click a column to sort. Hover a change for what it does to the training.</p>
 <table class="sortable" id="trials"><thead><tr><th>#</th><th>status</th><th>settings</th>
-<th>samples/s</th><th>peak GiB</th><th>MFU</th><th>step CV</th><th>changes vs baseline</th>
+<th>samples/s</th><th>padding</th><th>peak GiB</th><th>MFU</th><th>step CV</th>
+<th>changes vs baseline</th>
 <th>reason</th></tr></thead>
 <tbody>{_rows(data)}</tbody></table>
 {code}

@@ -25,7 +25,8 @@ def test_text_is_tokenized_once_truncated_and_cached(corpus, tmp_path):
     folder = prepare(spec, tmp_path / "cache")
     dataset = datasets.load_from_disk(str(folder))
     assert len(dataset) == 300
-    assert set(dataset.column_names) == {"input_ids", "attention_mask", "label"}
+    assert set(dataset.column_names) == {"input_ids", "attention_mask", "label", "length"}
+    assert dataset["length"] == [len(ids) for ids in dataset["input_ids"]]
     lengths = [len(ids) for ids in dataset["input_ids"]]
     assert max(lengths) == 64 and min(lengths) < 20, "varied lengths, truncated at seq_len"
     summary = json.loads((folder / READY).read_text())

@@ -99,11 +99,23 @@ def test_effective_batch_that_no_batch_size_divides_is_refused():
         fitted("quick", "h100", 32)  # 16-bit on H100: multiples of 64 only
 
 
-def test_synthetic_data_makes_loader_workers_irrelevant(tmp_path):
-    path = tmp_path / "workers.yaml"
-    path.write_text("knobs:\n  dataloader_num_workers: {choices: [0, 2, 4]}\n")
-    space = fit_space(load_space(str(path)), *PROFILES["cpu"])
-    assert any("dataloader_num_workers cannot matter here" in n for n in space.notes)
+def test_synthetic_data_fixes_the_loader_and_padding_knobs():
+    space = fit_space(load_space("data"), *PROFILES["cpu"])
+    for name, fixed in (("dataloader_num_workers", 0), ("group_by_length", False),
+                        ("pad_to_multiple_of", 1), ("dataloader_prefetch_factor", 2)):  # fmt: skip
+        assert space.knobs[name].choices == (fixed,)
+        assert any(n.startswith(f"{name} fixed at") and "synthetic" in n for n in space.notes)
+    assert space.knobs["batch_size"].choices == (8, 16, 32), "the rest is searched"
+    data = fit_space(load_space("data"), *PROFILES["cpu"], "data")
+    assert data.knobs["dataloader_num_workers"].choices == (0, 1, 2, 4)
+    assert data.knobs["pad_to_multiple_of"].choices == (1, 8, 64)
+
+
+def test_a_users_trainer_pads_with_its_own_collator():
+    space = fit_space(load_space("data"), *PROFILES["cpu"], "trainer")
+    assert space.knobs["pad_to_multiple_of"].choices == (1,)
+    assert any("trainer= brings its own" in n for n in space.notes)
+    assert space.knobs["group_by_length"].choices == (False, True), "a TrainingArguments field"
 
 
 @pytest.mark.parametrize(("space_name", "profile", "effective"), COMBINATIONS)

@@ -114,6 +114,17 @@ def run_info(text: str) -> RunInfo:
         "headroom": 0.1,
         "noise_cv": 0.05,
         "report_to": text,
+        "data": {
+            "data": text,
+            "split": text,
+            "text_column": text,
+            "tokenizer": text,
+            "seq_len": 32,
+            "fingerprint": text,
+            "format": text,
+            "files": [text],
+        },
+        "trainer": {"factory": text, "search_dir": text},
     }
     return RunInfo(**{f.name: values[f.name] for f in dataclasses.fields(RunInfo)})
 

@@ -10,6 +10,7 @@ from autotune.errors import SpaceError
 from autotune.knobs import (
     KNOBS,
     SAMPLE_ORDER,
+    active,
     at_least_as_hungry,
     baseline_params,
     describe_params,
@@ -69,10 +70,32 @@ def test_a_settings_line_shows_each_knob_as_the_catalogue_says():
 
 
 def test_the_baseline_is_the_catalogues_hf_defaults():
-    assert baseline_params("adamw_torch_fused", None) == {
+    synthetic = {
         "batch_size": 8, "grad_accum": 1, "gradient_checkpointing": False, "precision": "fp32",
-        "optim": "adamw_torch_fused", "attn_implementation": "sdpa", "dataloader_num_workers": 0,
+        "optim": "adamw_torch_fused", "attn_implementation": "sdpa",
     }  # fmt: skip
+    assert baseline_params("adamw_torch_fused", None) == synthetic
+    loader = {"dataloader_num_workers": 0, "group_by_length": False}
+    assert baseline_params("adamw_torch_fused", None, own_data=True) == synthetic | loader | {
+        "pad_to_multiple_of": 1
+    }
+    users_trainer = baseline_params("adamw_torch_fused", None, own_data=True, own_collator=False)
+    assert users_trainer == synthetic | loader, "a user's Trainer pads with its own collator"
+
+
+def test_loader_settings_follow_the_installed_transformers_and_the_workers():
+    params = {"dataloader_num_workers": 2, "dataloader_prefetch_factor": 4,
+              "group_by_length": True, "pad_to_multiple_of": 8}  # fmt: skip
+    new = training_args(params, device="cuda", fields={"train_sampling_strategy"})
+    assert new["train_sampling_strategy"] == "group_by_length"
+    assert new["dataloader_prefetch_factor"] == 4 and "pad_to_multiple_of" not in new
+    old = training_args(params, device="cuda", fields={"group_by_length"})
+    assert old["group_by_length"] is True
+    assert active("dataloader_prefetch_factor", params)
+    no_workers = params | {"dataloader_num_workers": 0}
+    assert not active("dataloader_prefetch_factor", no_workers), "torch refuses it without"
+    assert "dataloader_prefetch_factor" not in training_args(no_workers, device="cpu",
+                                                             fields=set())  # fmt: skip
 
 
 def test_facts_about_values_have_one_answer():

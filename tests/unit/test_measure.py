@@ -1,6 +1,8 @@
 import pytest
+import torch
 
 from autotune import measure
+from autotune.data import PaddingCollator
 
 
 def test_warmup_steps_are_outside_the_timed_window(monkeypatch):
@@ -14,18 +16,63 @@ def test_warmup_steps_are_outside_the_timed_window(monkeypatch):
     assert len(synced) == 6  # the device is synchronised before every clock read
 
 
-def test_throughput_counts_samples_per_optimizer_step():
-    stats = measure.throughput([0.5, 0.5, 0.5, 0.5], samples_per_step=32, seq_len=128)
+def test_throughput_is_what_the_timed_steps_trained_on():
+    counts = measure.Counts(samples=128, tokens=128 * 100, padded_tokens=128 * 128,
+                            squared_lengths=128 * 100**2)  # fmt: skip
+    stats = measure.throughput([0.5, 0.5, 0.5, 0.5], counts)
     assert stats.samples_per_s == pytest.approx(64.0)
-    assert stats.tokens_per_s == pytest.approx(64.0 * 128)
+    assert stats.tokens_per_s == pytest.approx(64.0 * 100), "real tokens only"
+    assert stats.padding_share == pytest.approx(28 / 128)
     assert stats.step_time_median_ms == pytest.approx(500.0)
     assert stats.step_time_cv == 0.0
     assert stats.measured_steps == 4
 
 
 def test_variation_is_reported_as_a_coefficient_of_variation():
-    stats = measure.throughput([0.9, 1.1], samples_per_step=1, seq_len=1)
+    stats = measure.throughput([0.9, 1.1], measure.Counts(2, 2, 2, 2))
     assert stats.step_time_cv == pytest.approx(0.1414, rel=1e-3)
+
+
+def test_batches_count_real_tokens_as_a_hand_count_does():
+    """Three samples of 5, 2 and 9 tokens, padded to 16: 16 real tokens of 48 positions."""
+    collator = PaddingCollator(task="masked-lm", pad_token_id=0, pad_to_multiple_of=8)
+    batch = collator([{"input_ids": list(range(1, n + 1))} for n in (5, 2, 9)])
+    counter = measure.BatchCounter()
+    counter.count(batch)
+    counter.count(batch)
+    assert batch["input_ids"].shape == (3, 16)
+    assert counter.counts == measure.Counts(
+        samples=6, tokens=2 * 16, padded_tokens=2 * 48, squared_lengths=2 * (25 + 4 + 81)
+    )
+    synthetic = {"input_ids": torch.ones(4, 32, dtype=torch.long)}  # no mask: all real
+    counter.count(synthetic)
+    assert counter.counts.tokens == 32 + 128 and counter.counts.padded_tokens == 96 + 128
+
+
+def test_the_timed_window_holds_the_counts_of_the_timed_steps_only():
+    counter = measure.BatchCounter()
+    timer = measure.StepTimer(warmup_steps=2, counter=counter)
+    timer.on_train_begin(None, None, None)
+    for step in range(5):  # the loop takes a step's batch before the step ends
+        counter.count({"input_ids": torch.ones(step + 1, 4, dtype=torch.long)})
+        timer.on_step_end(None, None, None)
+    assert timer.measured_counts().samples == 3 + 4 + 5, "steps 3-5: after warm-up step 2"
+
+
+def test_the_counted_loader_is_the_trainers_own_loader_otherwise():
+    loader = torch.utils.data.DataLoader([{"input_ids": torch.ones(3, dtype=torch.long)}] * 4,
+                                         batch_size=2)  # fmt: skip
+
+    class Trainer:
+        def get_train_dataloader(self):
+            return loader
+
+    trainer = Trainer()
+    counter = measure.count_batches(trainer)
+    counted = trainer.get_train_dataloader()
+    assert len(counted) == 2 and counted.batch_size == 2
+    assert [b["input_ids"].shape for b in counted] == [(2, 3), (2, 3)]
+    assert counter.counts == measure.Counts(4, 12, 12, 4 * 9)
 
 
 def test_warmup_must_be_at_least_one_step():

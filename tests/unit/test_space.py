@@ -176,12 +176,12 @@ def test_rule_violations_and_impossible_conditions(knobs, message):
 
 
 def test_unknown_shipped_name_lists_the_shipped_ones():
-    with pytest.raises(SpaceError, match="choose one of cpu, default"):
+    with pytest.raises(SpaceError, match="choose one of cpu, data, default"):
         load_space("nope")
 
 
 def test_the_baseline_as_optuna_parameters_uses_the_spaces_own_distributions():
-    baseline = baseline_params("adamw_torch_fused", None)
+    baseline = baseline_params("adamw_torch_fused", None, own_data=True)
     found = load_space("memory").optuna_params(baseline, SamplingRules())
     # fp32 is no choice of this space: Optuna holds one distribution per name, so it is left out.
     assert "precision" not in found

@@ -51,15 +51,6 @@ def test_a_config_as_hungry_as_an_oom_is_skipped_naming_that_trial():
 
 
 def test_baseline_is_the_hf_defaults_at_the_fixed_effective_batch():
-    assert baseline_params("adamw_torch_fused", None) == {
-        "batch_size": 8,
-        "grad_accum": 1,
-        "gradient_checkpointing": False,
-        "precision": "fp32",
-        "optim": "adamw_torch_fused",
-        "attn_implementation": "sdpa",
-        "dataloader_num_workers": 0,
-    }
     assert baseline_params("adamw_torch", 64)["grad_accum"] == 8
     fixed = baseline_params("adamw_torch", 12)
     assert fixed["batch_size"] * fixed["grad_accum"] == 12
