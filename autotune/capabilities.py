@@ -115,10 +115,11 @@ def _fit_to_data(space: SearchSpace, source: DataSource) -> tuple[SearchSpace, l
     notes = []
     for name, knob in space.knobs.items():
         catalogue = KNOBS[name]
-        if source == "trainer" and catalogue.collator and len(knob.choices) > 1:
-            space = space.with_choices(name, knob.choices[:1])
-            notes.append(f"{name} fixed at {knob.choices[0]} and unused: it sets autotune's "
-                         "collator, and trainer= brings its own")  # fmt: skip
+        if source == "trainer" and catalogue.collator:
+            knobs = {k: v for k, v in space.knobs.items() if k != name}
+            space = replace(space, knobs=knobs)
+            notes.append(f"removed {name}: it sets autotune's collator, and trainer= brings its "
+                         "own")  # fmt: skip
         elif source == "synthetic" and catalogue.data_only and len(knob.choices) > 1:
             value = catalogue.baseline if catalogue.baseline in knob.choices else knob.choices[0]
             space = space.with_choices(name, (value,))

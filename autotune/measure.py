@@ -11,7 +11,7 @@ import itertools
 import resource
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +54,7 @@ class BatchCounter:
     def count(self, batch: Any) -> None:
         import torch
 
-        ids = batch.get("input_ids") if isinstance(batch, dict) else None
+        ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
         if not isinstance(ids, torch.Tensor):  # no tokens to count: samples only
             first = next((v for v in _values(batch) if isinstance(v, torch.Tensor)), None)
             rows = len(first) if first is not None and first.dim() else 0
@@ -75,7 +75,7 @@ class BatchCounter:
 
 
 def _values(batch: Any) -> list[Any]:
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):  # a dict, or the BatchEncoding HF collators return
         return list(batch.values())
     return list(batch) if isinstance(batch, list | tuple) else [batch]
 

@@ -300,6 +300,14 @@ def _result(
             status=status, reason=reason, measured_steps=len(step_times_s), **measured
         )
     counts = timer.measured_counts()
+    if counts.samples == 0:
+        return TrialResult(
+            status=Status.ERROR,
+            reason="no batch was seen: the Trainer's loader did not come from "
+            "get_train_dataloader, so samples/s cannot be measured",
+            measured_steps=len(step_times_s),
+            **measured,
+        )
     stats = measure.throughput(step_times_s, counts)
     compile_s = None
     if knobs.is_compiled(spec.params):

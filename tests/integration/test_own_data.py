@@ -1,0 +1,237 @@
+"""Searches on the user's own data (`data=`) and with the user's own Trainer (`trainer=`), run
+as the README's "Your own data" and "Your own Trainer" sections show them."""
+
+import csv
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.records import load_records
+from autotune.trial import Status
+from autotune.user_data import CACHE_FOLDER, READY
+from tests.benchmarking import up_to_three_attempts
+from tests.text_data import train_tokenizer, write_corpus
+
+ROOT = Path(__file__).parents[2]
+README = ROOT / "README.md"
+EXAMPLE = ROOT / "examples" / "classifier_trainer.py"
+
+
+def readme_command(section: str) -> list[str]:
+    """The `autotune search` line of a README section, split as a shell would."""
+    text = README.read_text().split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```bash\n(.*?)```", text, flags=re.S)[0]
+    return shlex.split(block.strip())
+
+
+def autotune(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
+                          text=True, timeout=600, check=False, cwd=cwd)  # fmt: skip
+
+
+def study_of(folder: Path) -> optuna.Study:
+    return optuna.load_study(study_name=folder.name, storage=f"sqlite:///{folder / 'study.db'}")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("text")
+    data = write_corpus(folder / "reviews.jsonl")
+    return data, train_tokenizer(data, folder / "my-tokenizer")
+
+
+def test_a_search_on_the_users_data_measures_padding_and_reuses_its_tokens(corpus, tmp_path):
+    data, tokenizer = corpus
+    command = readme_command("Your own data")
+    assert command[:2] == ["autotune", "search"] and "space=data" in command
+    command = [a.replace("reviews.jsonl", str(data)).replace("my-tokenizer", str(tokenizer))
+               for a in command[1:]]  # fmt: skip
+    fast = ["n_trials=6", "warmup_steps=1", "measure_steps=4", f"out={tmp_path}", "study=own"]
+    proc = autotune(*command, *fast)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = load_records(study_of(tmp_path / "own"))
+    ok = [r for r in records if r.status is Status.OK]
+    assert len(records) == 6 and len(ok) >= 5, [(r.number, r.result.reason) for r in records]
+    for knob in ("dataloader_num_workers", "pad_to_multiple_of", "group_by_length"):
+        assert len({r.params[knob] for r in records}) > 1, f"the trials vary {knob}"
+    lengths = [min(n + 2, 128) for n in _word_counts(data)]  # a token per word, [CLS], [SEP]
+    for r in ok:
+        tokens_per_sample = r.result.tokens_per_s / r.result.samples_per_s
+        # Real tokens only: about the data's mean length (the timed batches are a sample of
+        # it), far below the padded length a batch computes on.
+        assert 0.5 * _mean(lengths) < tokens_per_sample < 1.5 * _mean(lengths)
+        assert 0 < r.result.padding_share < 1
+    no_grouping = [r for r in ok if not r.params["group_by_length"]]
+    assert all(r.result.padding_share > 0.2 for r in no_grouping), "random batches pad a lot"
+    with open(tmp_path / "own" / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert all(row["padding_share"] for row in rows if row["status"] == "ok")
+
+    # Tokenized once: the resumed study reads the same entry, untouched.
+    entries = list((tmp_path / "own" / CACHE_FOLDER).iterdir())
+    assert len(entries) == 1 and json.loads((entries[0] / READY).read_text())["rows"] == 300
+    arrow = next(entries[0].glob("*.arrow"))
+    stamp = arrow.stat().st_mtime_ns
+    resumed = [*command, *fast[1:], "n_trials=7"]
+    proc = autotune(*resumed)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resuming: 6 finished trial(s) kept" in proc.stdout
+    assert list((tmp_path / "own" / CACHE_FOLDER).iterdir()) == entries
+    assert arrow.stat().st_mtime_ns == stamp, "no second tokenization"
+
+    # Other data is another study: resuming with it is refused, before any trial runs.
+    changed = write_corpus(tmp_path / "changed.jsonl", seed=3)
+    other = [a.replace(str(data), str(changed)) for a in resumed]
+    proc = autotune(*other)
+    assert proc.returncode == 2 and "data_fingerprint" in proc.stderr, proc.stderr
+    assert len(load_records(study_of(tmp_path / "own"))) == 7
+
+    # The exported script trains on the same data with the recommended settings.
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "own" / "recommended.py"), "--max-steps", "3",
+         "--output-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "'train_loss'" in proc.stdout + proc.stderr
+
+
+def _word_counts(path: Path) -> list[int]:
+    return [len(json.loads(line)["text"].split()) for line in path.read_text().splitlines()]
+
+
+def _mean(values: list[int]) -> float:
+    return sum(values) / len(values)
+
+
+def test_a_tokenizer_that_cannot_be_had_offline_is_exit_2_with_nothing_run(corpus, tmp_path):
+    data, _ = corpus
+    proc = autotune("search", "model=google/bert_uncased_L-2_H-128_A-2", f"data={data}",
+                    f"tokenizer={tmp_path / 'none'}", f"out={tmp_path}", "study=s")  # fmt: skip
+    assert proc.returncode == 2
+    assert "tokenizer=" in proc.stderr and "cannot load it" in proc.stderr, proc.stderr
+    assert not (tmp_path / "s" / "study.db").exists()
+
+
+def test_the_users_trainer_is_what_each_trial_times(tmp_path):
+    command = readme_command("Your own Trainer")
+    assert command[:2] == ["autotune", "search"]
+    fast = ["n_trials=4", "seq_len=128", "warmup_steps=1", "measure_steps=3", f"out={tmp_path}",
+            "study=mine"]  # fmt: skip
+    proc = autotune(*command[1:], *fast, cwd=ROOT)  # the path in the README is the repo's
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = load_records(study_of(tmp_path / "mine"))
+    assert len(records) == 4 and all(r.status is Status.OK for r in records), records
+    for r in records:
+        log = (tmp_path / "mine" / "trials" / f"{r.number:04d}" / "worker.log").read_text()
+        assert "classifier_trainer: building the example's own Trainer" in log
+        assert r.result.padding_share > 0, "the factory's collator pads per batch"
+    assert all("pad_to_multiple_of" not in r.params for r in records)
+
+    script = (tmp_path / "mine" / "recommended.py").read_text()
+    assert f"'factory': '{EXAMPLE}:make_trainer'" in script
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "mine" / "recommended.py"), "--max-steps", "3",
+         "--output-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "classifier_trainer: building the example's own Trainer" in proc.stdout
+    assert "'train_loss'" in proc.stdout + proc.stderr
+
+
+def test_a_factory_with_a_wrong_signature_stops_the_search_and_one_that_raises_fails_trials(
+    tmp_path,
+):
+    factory = tmp_path / "factories.py"
+    factory.write_text(
+        "def two_args(args):\n    return None\n\n"
+        "def raises(args, model_kwargs):\n    raise ValueError('the user factory broke')\n"
+    )
+    base = ["search", "model=google/bert_uncased_L-2_H-128_A-2", f"out={tmp_path}"]
+    proc = autotune(*base, f"trainer={factory}:two_args", "study=sig")
+    assert proc.returncode == 2
+    assert "cannot be called as two_args(args, model_kwargs)" in proc.stderr, proc.stderr
+    assert not (tmp_path / "sig" / "study.db").exists(), "nothing was run"
+    proc = autotune(*base, "trainer=no_such_module:make", "study=missing")
+    assert proc.returncode == 2 and "importing no_such_module failed" in proc.stderr
+
+    proc = autotune(*base, f"trainer={factory}:raises", "study=raises", "n_trials=2",
+                    "seq_len=32")  # fmt: skip
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = load_records(study_of(tmp_path / "raises"))
+    assert [r.status for r in records] == [Status.ERROR, Status.ERROR]
+    assert "ValueError: the user factory broke" in records[0].result.reason
+    assert "factories.py" in records[0].result.stderr_tail, "the user's traceback is kept"
+
+
+HEAVY_FACTORY = """
+import hashlib
+
+import datasets
+import transformers
+
+ROWS = 256
+
+
+def heavy(batch):
+    # Real work per sample, as image decoding or on-the-fly tokenization would be: ~20 ms here.
+    ids = []
+    for text in batch["text"]:
+        digest = text.encode()
+        for _ in range(40000):
+            digest = hashlib.sha256(digest).digest()
+        ids.append([2 + b % 200 for b in digest] * 2)
+    return {"input_ids": ids, "labels": [i % 2 for i in range(len(ids))]}
+
+
+def make_trainer(args, model_kwargs):
+    data = datasets.Dataset.from_dict({"text": [f"sample {i}" for i in range(ROWS)]})
+    data.set_transform(heavy)
+    config = transformers.BertConfig(vocab_size=256, hidden_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=128)
+    model = transformers.AutoModelForSequenceClassification.from_config(config, **model_kwargs)
+    args.remove_unused_columns = False
+    return transformers.Trainer(model=model, args=args, train_dataset=data)
+"""
+WORKERS_SPACE = """knobs:
+  precision: fp32
+  batch_size: 16
+  grad_accum: 1
+  optim: adamw_torch
+  dataloader_num_workers: {choices: [0, 2]}
+"""
+
+
+@pytest.mark.benchmark
+@up_to_three_attempts
+def test_loader_workers_pay_off_when_the_data_costs_cpu_time(corpus, tmp_path):
+    """With a CPU-heavy per-sample transform, 2 loader workers beat none; on data tokenized
+    before the search they gain nothing (their start-up falls in the untimed warm-up)."""
+    (tmp_path / "heavy.py").write_text(HEAVY_FACTORY)
+    (tmp_path / "workers.yaml").write_text(WORKERS_SPACE)
+    base = ["search", "model=google/bert_uncased_L-2_H-128_A-2", "seq_len=64", "sampler=grid",
+            "n_trials=3", f"space={tmp_path / 'workers.yaml'}", "warmup_steps=2",
+            "measure_steps=5", f"out={tmp_path}"]  # fmt: skip
+    data, tokenizer = corpus
+    speeds = {}
+    for name, source in (("heavy", [f"trainer={tmp_path / 'heavy.py'}:make_trainer"]),
+                         ("tokenized", [f"data={data}", f"tokenizer={tokenizer}"])):  # fmt: skip
+        proc = autotune(*base, *source, f"study={name}")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        records = load_records(study_of(tmp_path / name))
+        speeds[name] = {r.params["dataloader_num_workers"]: r.result.samples_per_s
+                        for r in records if not r.baseline}  # fmt: skip
+    heavy, tokenized = (speeds[k][2] / speeds[k][0] for k in ("heavy", "tokenized"))
+    print(
+        f"samples/s with 2 loader workers over none: heavy transform {heavy:.2f}, "
+        f"tokenized data {tokenized:.2f}"
+    )
+    assert heavy > 1.3
+    assert tokenized < 1.15
