@@ -27,6 +27,7 @@ from autotune.config import load_config
 from autotune.parallel import Slot
 from autotune.plan import make_plan
 from autotune.records import (
+    BASELINE_ATTR,
     NOT_RUN_ATTR,
     OWNER_ATTR,
     PARAMS_ATTR,
@@ -253,7 +254,10 @@ def test_a_trial_from_a_lost_host_is_failed_after_stale_after_and_a_live_one_nev
     def remote_trial(host: str) -> optuna.Trial:
         trial = study.ask()
         trial.set_user_attr(OWNER_ATTR, {"host": host, "pid": 1, "pid_started": 0.0})
-        trial.set_user_attr(PARAMS_ATTR, plan.space.sample(trial, plan.rules))
+        # The first is the queued baseline, which runs the HF defaults as they are.
+        baseline = trial.user_attrs.get(BASELINE_ATTR)
+        params = dict(plan.baseline) if baseline else plan.space.sample(trial, plan.rules)
+        trial.set_user_attr(PARAMS_ATTR, params)
         return trial
 
     lost, live = remote_trial("lost-host"), remote_trial("live-host")
