@@ -121,7 +121,7 @@ def _refuse_non_finite(constant: str) -> float:
 
 def _fetch_hub_config(name: str) -> Path | None:
     """Download config.json from the hub; None when offline or the repo does not exist."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false") or not _hub_reachable():
+    if hub_offline():
         return None
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
@@ -134,11 +134,17 @@ def _fetch_hub_config(name: str) -> Path | None:
         return None
 
 
-def _hub_reachable(timeout_s: float = 3.0) -> bool:
-    """One quick TCP connect, so an offline machine answers in seconds, not after retries."""
-    from huggingface_hub import constants
+def hub_offline() -> bool:
+    """Whether the hub cannot be used: offline mode is on, or it cannot be reached."""
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false") or not _hub_reachable()
 
-    host = urllib.parse.urlparse(constants.ENDPOINT).hostname
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """One quick TCP connect, so an offline machine answers in seconds, not after retries.
+    The endpoint is read as huggingface_hub reads it, without importing it (it reads the
+    offline switch once, when imported)."""
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    host = urllib.parse.urlparse(endpoint).hostname
     try:
         socket.create_connection((host, 443), timeout=timeout_s).close()
     except OSError:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
+from autotune.models import hub_offline
 
 BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet",
             ".txt": "text"}  # fmt: skip
@@ -292,6 +293,10 @@ def main(argv: list[str]) -> int:
     """`python -m autotune.user_data SPEC_JSON CACHE_DIR`: JSON lines, {"progress": ...}
     while it works, then {"folder": ...} or {"error": ...}."""
     spec = DataSpec(**json.loads(argv[0]))
+    if not (Path(spec.data).exists() and Path(spec.tokenizer).exists()) and hub_offline():
+        # Without this the hub client retries for most of a minute before it gives up; in
+        # offline mode what the local cache holds still loads, and the rest fails at once.
+        os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
 
     def say(text: str) -> None:
         print(json.dumps({"progress": text}), flush=True)
