@@ -361,6 +361,30 @@ PER_PROCESS_SETTINGS = frozenset(WorkerConfig.model_fields) - {"study"} | {"stor
 """Settings each process sets for itself; the others are the study's (stored with it)."""
 
 
+class EstimateConfig(BaseModel):
+    """`autotune estimate model=NAME key=value ... [knob=value ...]`"""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+    model: str = Field(
+        description="catalogue name, local folder with config.json, or hub id",
+        json_schema_extra={"metavar": "NAME"},
+    )
+    task: Task = Field("auto", description="training head; auto picks it from the architecture")
+    seq_len: int = Field(512, gt=0, description="tokens per sample")
+    device: Device = Field(
+        "auto", description="cuda adds its context; auto = cuda if NVML sees a GPU"
+    )
+    memory_budget: ByteSize | None = Field(
+        None,
+        description="the memory to fit, e.g. 24GiB; null = the device's free memory now",
+        json_schema_extra={"metavar": "SIZE"},
+    )
+    max_batch_size: int = Field(
+        4096, gt=0, description="the largest batch size the table goes up to"
+    )
+
+
 class ReportConfig(BaseModel):
     """`autotune report STUDY_DIR key=value ...`"""
 

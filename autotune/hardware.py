@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -108,6 +109,28 @@ def probe() -> DeviceInfo:
     if proc.returncode != 0:
         raise DeviceError(f"the device probe failed:\n{proc.stderr[-2000:]}")
     return DeviceInfo.from_facts(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def memory_without_torch(device: str) -> tuple[str, str, int]:
+    """(`cuda` or `cpu`, the device's name, its free memory in bytes) from NVML or the OS, in
+    milliseconds: for answers that must not wait for the probe (`autotune estimate`). `auto`
+    is CUDA when NVML sees a GPU (the first of CUDA_VISIBLE_DEVICES when that is an index)."""
+    import psutil
+
+    if device in ("auto", "cuda"):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
+            name = pynvml.nvmlDeviceGetName(handle)
+            free = pynvml.nvmlDeviceGetMemoryInfo(handle).free
+            return "cuda", name.decode() if isinstance(name, bytes) else name, int(free)
+        except Exception as exc:  # no driver, no GPU, no NVML: each means "no GPU"
+            if device == "cuda":
+                raise DeviceError(f"device=cuda: NVML sees no GPU here ({exc})") from exc
+    return "cpu", _cpu_name(), psutil.virtual_memory().available
 
 
 def _cpu_name() -> str:

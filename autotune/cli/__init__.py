@@ -11,7 +11,7 @@ import optuna
 from rich.markup import escape
 
 from autotune import __version__
-from autotune.cli import catalog, results, search
+from autotune.cli import catalog, estimate, results, search
 from autotune.config import ExportConfig, ReportConfig, RunConfig, WorkerConfig
 from autotune.errors import AutotuneError, ConfigError
 from autotune.runner import Launcher
@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     search.add_parser(commands)
     results.add_parsers(commands)
     catalog.add_parsers(commands)
+    estimate.add_parser(commands)
     return parser
 
 

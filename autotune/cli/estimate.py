@@ -1,0 +1,133 @@
+"""`autotune estimate model=NAME [seq_len=N] [knob=value ...]`: will it fit, before running?
+
+Peak training memory by parts over batch sizes, the largest batch that fits the budget for each
+combination of the knobs left free, and the FLOPs of a sample. No torch, no trial: the device's
+free memory comes from NVML (or the OS), the parameter count from the catalogue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import itertools
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from autotune import hardware
+from autotune.config import EstimateConfig, help_rows, make_config, parse_overrides
+from autotune.estimate import PARTS, Estimate, estimate
+from autotune.knobs import KNOBS, baseline_params, describe_params
+from autotune.models import catalogue_parameter_counts, resolve_model
+from autotune.units import GIB, format_bytes
+from autotune.view import console
+
+FREE_KNOBS = {"precision": ("fp32", "bf16"), "gradient_checkpointing": (False, True)}
+"""Knobs the table varies when not given: those that move memory the most at a given batch."""
+DEFAULT_OPTIM = "adamw_torch_fused"
+"""TrainingArguments' default optimizer in the transformers this release is tested with."""
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    rows = "\n".join(f"  {k}={d:<10} {m}" for k, _, d, m in help_rows(EstimateConfig))
+    knobs = ", ".join(k for k in KNOBS if k not in ("batch_size",))
+    parser = commands.add_parser(
+        "estimate",
+        help="estimate peak training memory over batch sizes, without training",
+        description=f"Settings (key=value):\n{rows}\n\nKnobs (knob=value, the rest at the HF "
+        f"defaults; precision and gradient_checkpointing vary when not given): {knobs}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config, knobs = parse(args.overrides)
+    model = resolve_model(config.model)
+    task = model.default_task if config.task == "auto" else config.task
+    if config.device == "cuda" and config.memory_budget:  # for a GPU elsewhere: no NVML needed
+        device, device_name, free_bytes = "cuda", "a GPU of memory_budget", 0
+    else:
+        device, device_name, free_bytes = hardware.memory_without_torch(config.device)
+    budget = int(config.memory_budget or free_bytes)
+    parameters = catalogue_parameter_counts().get(model.name)
+    fixed = baseline_params(DEFAULT_OPTIM, None) | {"attn_implementation": "sdpa"} | knobs
+    free = {k: v for k, v in FREE_KNOBS.items() if k not in knobs}
+
+    def at(params: dict[str, Any]) -> Estimate:
+        return estimate(model.config, task=task, seq_len=config.seq_len, params=params,
+                        device=device, parameters=parameters)  # fmt: skip
+
+    console.print(
+        f"{escape(model.name)} ({task}), seq_len {config.seq_len}, {device} "
+        f"({escape(device_name)}): budget {format_bytes(budget)}"
+        + ("" if config.memory_budget else " (free now)")
+    )
+    shown = {k: v for k, v in fixed.items() if k != "batch_size"}
+    console.print(f"settings: {escape(describe_params(shown))}")
+    batches = [b for b in (2**k for k in range(13)) if b <= config.max_batch_size]
+    if "batch_size" in knobs:
+        batches = [knobs["batch_size"]]
+    table = Table(title="Peak training memory (GiB) by part")
+    for column in ("batch", *PARTS, "peak", "fits"):
+        table.add_column(column, justify="right")
+    for batch in batches:
+        parts = at(fixed | {"batch_size": batch})
+        fits = parts.total <= budget
+        table.add_row(
+            str(batch),
+            *(f"{getattr(parts, p) / GIB:.2f}" for p in PARTS),
+            f"{parts.total / GIB:.2f}",
+            "yes" if fits else "[red]no[/]",
+        )
+        if not fits:
+            break  # larger batches only need more
+    console.print(table)
+    console.print(
+        f"largest batch that fits: {_largest(at, fixed, batches, budget) or 'none'}; "
+        f"{at(fixed).flops_per_sample / 1e12:.3g} TFLOP per sample (training)"
+    )
+    if free:
+        grid = Table(title="Largest batch that fits, by the knobs left free")
+        for name in free:
+            grid.add_column(name)
+        grid.add_column("largest batch", justify="right")
+        for values in itertools.product(*free.values()):
+            combo = dict(zip(free, values, strict=True))
+            largest = _largest(at, fixed | combo, batches, budget)
+            grid.add_row(*(str(v).lower() for v in values), str(largest or "none"))
+        console.print(grid)
+    console.print(
+        "Estimated by the HF guide's anatomy, before any training: the peak is not the sum, as "
+        "gradients fill in while the last backward frees activations. A trial measures it."
+    )
+    return 0
+
+
+def _largest(at: Any, params: dict[str, Any], batches: list[int], budget: int) -> int | None:
+    fitting = None
+    for batch in batches:
+        if at(params | {"batch_size": batch}).total > budget:
+            break
+        fitting = batch
+    return fitting
+
+
+def parse(overrides: list[str]) -> tuple[EstimateConfig, dict[str, Any]]:
+    """The settings and the knobs given; every problem is named at once."""
+    values, problems = parse_overrides(overrides)
+    knobs: dict[str, Any] = {}
+    for key in [k for k in values if k in KNOBS]:
+        value, knob = values.pop(key), KNOBS[key]
+        if type(value) is not knob.kind or not knob.check(value):
+            problems.append(f"{key}={value}: expected {knob.expected}")
+        else:
+            knobs[key] = value
+    unknown = [k for k in values if k not in EstimateConfig.model_fields]
+    for key in unknown:
+        close = difflib.get_close_matches(key, [*EstimateConfig.model_fields, *KNOBS], n=1)
+        problems.append(f"{key}: unknown key" + (f"; did you mean {close[0]}?" if close else ""))
+        values.pop(key)
+    return make_config(values, EstimateConfig, problems), knobs

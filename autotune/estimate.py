@@ -1,0 +1,251 @@
+"""Peak training memory and FLOPs before any trial runs, by the HF guide's anatomy.
+
+Parent side and pure: a model's config (a dict), the task, seq_len and the knobs in; bytes per
+part out. No torch: `autotune estimate` answers in well under a second, and the search asks it
+before every trial.
+
+The parts, per parameter P and per micro-batch of b samples of s tokens:
+- weights: 4 B/param in fp32; mixed precision adds the 16-bit copies autocast keeps (2 B);
+- gradients: 4 B/param (the weights are fp32);
+- optimizer states: AdamW 8 B/param, 8-bit AdamW 2, Lion/RMSprop/Adagrad 4, SGD 0, Adafactor
+  its factored second moments (a row and a column per matrix);
+- activations, per layer (Korthikanti et al. 2022, "Reducing activation recomputation", whose
+  34sbh + 5as^2b is the 16-bit case), written per tensor autograd keeps: the inputs of the
+  matmuls, Q, K and V, the MLP's two intermediates, the LayerNorm inputs (fp32 residual
+  stream), dropout masks (1 B), and with eager attention the softmax output, its dropout mask
+  and the dropped-out copy (a^2 s^2 b terms; SDPA's fused kernels on CUDA keep none); with
+  checkpointing only each layer's input plus one layer recomputed; plus the LM head's logits;
+- temporary: one layer's activation gradients during backward, and the LM head's logits grad;
+- the CUDA context (kernels, cuBLAS workspace), on CUDA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.knobs import optimizer_family, sixteen_bit
+from autotune.units import GIB
+
+CUDA_CONTEXT_BYTES = int(0.5 * GIB)
+"""CUDA context and cuBLAS workspace of a PyTorch process on a recent GPU (NVML's per-process
+figure minus what the allocator reserved); not seen by torch.cuda.memory_stats."""
+MASK_BYTES = 1
+"""A dropout mask element (torch.bool)."""
+
+PARTS = ("weights", "gradients", "optimizer", "activations", "temporary", "context")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Shape:
+    """What the memory of a transformer depends on, read from its config."""
+
+    hidden: int
+    layers: int
+    """Transformer blocks (encoder plus decoder)."""
+    heads: int
+    intermediate: int
+    vocab: int
+    parameters: int
+    matrices: tuple[tuple[int, int], ...]
+    """The weight matrices' shapes, one entry per kind with its count folded in (Adafactor)."""
+    dropout: bool
+    cross_attention_layers: int = 0
+
+
+def shape_of(config: dict[str, Any], parameters: int | None = None) -> Shape:
+    """The config's dimensions (BERT, GPT-2, T5, Llama names alike) and its parameter count
+    (the catalogue's when given, else counted from the dimensions)."""
+
+    def first(*names: str, default: Any = None) -> Any:
+        return next((config[n] for n in names if config.get(n) is not None), default)
+
+    hidden = first("hidden_size", "n_embd", "d_model", "dim")
+    encoder = first("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    decoder = 0
+    if config.get("is_encoder_decoder"):
+        decoder = first("num_decoder_layers", default=encoder)
+    heads = first("num_attention_heads", "n_head", "num_heads", "n_heads")
+    intermediate = first("intermediate_size", "n_inner", "d_ff", "ffn_dim", "hidden_dim")
+    intermediate = intermediate or 4 * hidden
+    vocab = first("vocab_size", default=0)
+    gated = config.get("model_type") in ("llama", "mistral", "qwen2", "gemma", "qwen3")
+    gated = gated or str(config.get("feed_forward_proj", "")).startswith("gated")
+    layers = encoder + decoder
+    mlp = (3 if gated else 2) * hidden * intermediate
+    attention = 4 * hidden * hidden
+    matrices = (
+        (vocab, hidden),
+        *[(hidden, hidden)] * 4 * (layers + decoder),  # decoder blocks cross-attend too
+        *[(hidden, intermediate)] * (3 if gated else 2) * layers,
+    )
+    counted = vocab * hidden + layers * (attention + mlp) + decoder * attention
+    dropout = any(
+        (config.get(k) or 0) > 0
+        for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop",
+                  "attn_pdrop", "dropout_rate", "dropout", "attention_dropout")
+    )  # fmt: skip
+    return Shape(
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        intermediate=intermediate,
+        vocab=vocab,
+        parameters=parameters or counted,
+        matrices=matrices,
+        dropout=dropout,
+        cross_attention_layers=decoder,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Estimate:
+    """Bytes per part at the training peak, and the model FLOPs of one sample."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    temporary: int
+    context: int
+    total: int
+    """The peak: not the plain sum, as gradients fill in while activations are freed."""
+    flops_per_sample: float
+
+    @property
+    def total_gib(self) -> float:
+        return self.total / GIB
+
+
+def optimizer_bytes_per_parameter(optim: str) -> float | None:
+    """States per parameter; None for Adafactor (factored: see `estimate`)."""
+    family = optimizer_family(optim)
+    if family.startswith("Adafactor"):
+        return None
+    if "8-bit" in family:
+        return 2.0 if family.startswith(("AdamW", "AdEMAMix")) else 1.0
+    if "4-bit" in family:
+        return 1.0
+    if family.startswith(("SGD", "LOMO")):
+        return 0.0
+    if family.startswith(("Lion", "RMSprop", "Adagrad", "schedule-free")):
+        return 4.0
+    return 8.0  # AdamW and its kernels, AdEMAMix, GaLore/APOLLO at worst
+
+
+def estimate(
+    config: dict[str, Any],
+    *,
+    task: str,
+    seq_len: int,
+    params: dict[str, Any],
+    device: str,
+    parameters: int | None = None,
+    context_bytes: int | None = None,
+    gradients_kept: bool = False,
+) -> Estimate:
+    """The peak of one training step with `params` (knob -> value; missing knobs at their HF
+    default), on `device`. `context_bytes` replaces the CUDA context's size (CUDA_CONTEXT_BYTES);
+    `gradients_kept` is for training loops that zero gradients in place instead of freeing them
+    (`zero_grad(set_to_none=False)`, PyTorch's default before 2.0): they then live through
+    every forward, as with gradient accumulation."""
+    shape = shape_of(config, parameters)
+    p = shape.parameters
+    precision = params.get("precision", "fp32")
+    mixed = sixteen_bit(precision)
+    batch = params.get("batch_size", 8)
+    accumulating = params.get("grad_accum", 1) > 1
+    weights = 4 * p + (2 * p if mixed else 0)
+    gradients = 4 * p
+    per_param = optimizer_bytes_per_parameter(params.get("optim", "adamw_torch"))
+    if per_param is None:  # Adafactor: a row and a column of fp32 per matrix, the rest full
+        factored = sum(r + c for r, c in shape.matrices)
+        in_matrices = sum(r * c for r, c in shape.matrices)
+        optimizer = 4 * (factored + max(0, p - in_matrices))
+    else:
+        optimizer = int(per_param * p)
+    eager = params.get("attn_implementation", "sdpa") == "eager" or device == "cpu"
+    layer = _layer_activations(shape, batch, seq_len, mixed=mixed, eager=eager)
+    if params.get("gradient_checkpointing"):
+        # Each block's input (fp32 residual stream) is kept; one block is recomputed at a time.
+        stored = shape.layers * 4 * batch * seq_len * shape.hidden + layer
+    else:
+        stored = shape.layers * layer
+    head = _head_activations(shape, task, batch, seq_len, mixed=mixed)
+    activations = stored + head["kept"]
+    temporary = layer + head["gradient"]
+    # The peak: in the last backward, gradients fill in as activations are freed (one step:
+    # the larger of the two); accumulating steps run every later forward with the gradients
+    # of the earlier ones held.
+    kept = accumulating or gradients_kept
+    live = gradients + activations if kept else max(gradients, activations)
+    context = (CUDA_CONTEXT_BYTES if context_bytes is None else context_bytes) * (device == "cuda")
+    return Estimate(
+        weights=weights,
+        gradients=gradients,
+        optimizer=optimizer,
+        activations=activations,
+        temporary=temporary,
+        context=context,
+        total=weights + optimizer + live + temporary + context,
+        flops_per_sample=flops_per_sample(shape, seq_len),
+    )
+
+
+def _layer_activations(shape: Shape, b: int, s: int, *, mixed: bool, eager: bool) -> int:
+    """Bytes autograd keeps for one transformer block (see the module docstring)."""
+    h, i, a = shape.hidden, shape.intermediate, shape.heads
+    e = 2 if mixed else 4  # matmul inputs and outputs
+    tokens = b * s
+    # QKV input, Q, K, V, attention output (proj input), MLP input: 6 h-wide tensors; the
+    # MLP's pre- and post-activation: 2 i-wide; the two LayerNorm inputs: fp32 residuals.
+    kept = tokens * (6 * h * e + 2 * i * e + 2 * h * 4)
+    if shape.dropout:
+        kept += tokens * 2 * h * MASK_BYTES
+    if eager:
+        scores = a * s * s * b
+        # Softmax output (fp32 under autocast too), its dropout mask, the matmul's copy.
+        kept += scores * 4 + (scores * MASK_BYTES if shape.dropout else 0)
+        kept += scores * e if shape.dropout or mixed else 0
+    return kept
+
+
+def _head_activations(shape: Shape, task: str, b: int, s: int, *, mixed: bool) -> dict[str, int]:
+    """The logits a language-model head keeps (16-bit under autocast, upcast to fp32 for the
+    loss) and their gradient; a classification head's are negligible."""
+    if task == "sequence-classification":
+        return {"kept": 0, "gradient": 0}
+    logits = b * s * shape.vocab
+    kept = logits * (2 + 4 if mixed else 4)
+    return {"kept": kept, "gradient": logits * 4}
+
+
+def flops_per_sample(shape: Shape, seq_len: int) -> float:
+    """Training FLOPs of one sample of seq_len tokens, as `measure.training_flops` counts them
+    (6 per matmul weight per token, plus 12 x width x length^2 per attention block)."""
+    matmul = sum(r * c for r, c in shape.matrices)
+    blocks = shape.layers + shape.cross_attention_layers
+    return 6 * matmul * seq_len + 12 * blocks * shape.hidden * seq_len**2
+
+
+def largest_fitting_batch(
+    config: dict[str, Any],
+    *,
+    task: str,
+    seq_len: int,
+    params: dict[str, Any],
+    device: str,
+    budget_bytes: int,
+    parameters: int | None = None,
+    batches: tuple[int, ...] = (),
+) -> int | None:
+    """The largest batch size (of `batches`, default powers of two to 4096) whose estimate
+    fits the budget; None when none does."""
+    fitting = None
+    for batch in batches or tuple(2**k for k in range(13)):
+        peak = estimate(config, task=task, seq_len=seq_len, params=params | {"batch_size": batch},
+                        device=device, parameters=parameters).total  # fmt: skip
+        if peak > budget_bytes:
+            break
+        fitting = batch
+    return fitting

@@ -1,0 +1,55 @@
+"""`autotune estimate` as the README shows it: the same table, in under 2 s, without torch."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+README = Path(__file__).parents[2] / "README.md"
+
+
+def readme_excerpt() -> tuple[list[str], list[str]]:
+    """The command and the output lines of the README's "Estimating memory" example."""
+    section = README.read_text().split("## Estimating memory\n", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```\n(.*?)```", section, flags=re.S)[0].splitlines()
+    return block[0].removeprefix("$ autotune ").split(), block[1:]
+
+
+def test_the_readme_example_prints_what_the_readme_shows():
+    command, shown = readme_excerpt()
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from autotune.cli import main; "
+         "sys.exit(main()); ", *command],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    elapsed_s = time.perf_counter() - started
+    assert proc.returncode == 0, proc.stderr
+    printed = [line.rstrip() for line in proc.stdout.splitlines()]
+    for line in shown:
+        assert line.rstrip() in printed, line
+    assert elapsed_s < 2.0, f"{elapsed_s:.2f} s"
+
+
+def test_it_never_imports_torch():
+    code = (
+        "import sys; from autotune.cli import main; main(['estimate', 'model=gpt2', "
+        "'memory_budget=8GiB']); assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_bad_input_is_exit_2_with_every_problem_named():
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "estimate", "model=gpt2", "precision=fp64",
+         "batch_size=0", "budget=1GB"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    for problem in ("precision=fp64", "batch_size=0", "budget: unknown key"):
+        assert problem in proc.stderr, proc.stderr

@@ -1,0 +1,90 @@
+"""The memory estimate against the HF guide's measured bert-large table, and its parts."""
+
+import time
+
+import pytest
+
+from autotune.cli.estimate import parse
+from autotune.errors import ConfigError
+from autotune.estimate import estimate, optimizer_bytes_per_parameter, shape_of
+from autotune.models import catalogue_parameter_counts, resolve_model
+
+BERT_LARGE = resolve_model("bert-large-uncased")
+PARAMETERS = catalogue_parameter_counts()["bert-large-uncased"]
+GUIDE_CONTEXT_BYTES = int(1.3e9)
+"""The guide's own measure of its V100's CUDA kernels ("the kernels alone take up 1.3GB")."""
+# The guide (V100, seq 512, BertForSequenceClassification, 2021 PyTorch: eager attention, and
+# gradients zeroed in place, so they live through each forward): knobs -> GB.
+GUIDE = [
+    ({"batch_size": 4}, 14.9),
+    ({"batch_size": 4, "precision": "fp16"}, 13.9),
+    ({"batch_size": 1, "grad_accum": 4}, 8.7),
+]
+
+
+def guide_estimate_gb(knobs: dict) -> float:
+    params = {"optim": "adamw_torch", "attn_implementation": "eager"} | knobs
+    found = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
+                     params=params, device="cuda", parameters=PARAMETERS,
+                     context_bytes=GUIDE_CONTEXT_BYTES, gradients_kept=True)  # fmt: skip
+    return found.total / 1e9
+
+
+@pytest.mark.parametrize(("knobs", "guide_gb"), GUIDE)
+def test_the_estimate_is_within_15_percent_of_the_guides_measurements(knobs, guide_gb):
+    assert guide_estimate_gb(knobs) == pytest.approx(guide_gb, rel=0.15)
+
+
+def test_the_parts_follow_the_guides_anatomy():
+    p = PARAMETERS
+    fp32 = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
+                    params={"batch_size": 4}, device="cpu", parameters=p)  # fmt: skip
+    assert (fp32.weights, fp32.gradients, fp32.optimizer) == (4 * p, 4 * p, 8 * p)
+    assert fp32.context == 0, "no CUDA context on CPU"
+    mixed = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
+                     params={"batch_size": 4, "precision": "bf16"}, device="cpu",
+                     parameters=p)  # fmt: skip
+    assert mixed.weights == 6 * p and mixed.activations < fp32.activations
+    assert optimizer_bytes_per_parameter("adamw_bnb_8bit") == 2
+    assert optimizer_bytes_per_parameter("sgd") == 0
+    adafactor = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
+                         params={"optim": "adafactor"}, device="cpu", parameters=p)  # fmt: skip
+    assert adafactor.optimizer < 0.1 * p, "factored second moments: a row and a column"
+    checkpointed = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
+                            params={"batch_size": 4, "gradient_checkpointing": True},
+                            device="cpu", parameters=p)  # fmt: skip
+    assert checkpointed.activations < fp32.activations / 10
+
+
+def test_activations_grow_linearly_with_the_batch():
+    def activations(batch: int) -> int:
+        return estimate(BERT_LARGE.config, task="masked-lm", seq_len=128,
+                        params={"batch_size": batch}, device="cuda").activations  # fmt: skip
+
+    assert activations(16) == 2 * activations(8) == 4 * activations(4)
+
+
+def test_the_shape_is_read_from_bert_gpt2_and_t5_configs():
+    for name in ("bert-large-uncased", "gpt2", "t5-small"):
+        shape = shape_of(resolve_model(name).config)
+        counted = catalogue_parameter_counts()[name]
+        assert shape.parameters == pytest.approx(counted, rel=0.05), name
+
+
+def test_an_estimate_takes_milliseconds():
+    started = time.perf_counter()
+    for batch in range(1, 101):
+        estimate(BERT_LARGE.config, task="causal-lm", seq_len=1024, params={"batch_size": batch},
+                 device="cuda")  # fmt: skip
+    assert time.perf_counter() - started < 0.5
+
+
+def test_knobs_and_settings_are_checked_together():
+    config, knobs = parse(["model=gpt2", "seq_len=1024", "precision=bf16", "batch_size=4"])
+    assert config.seq_len == 1024 and knobs == {"precision": "bf16", "batch_size": 4}
+    with pytest.raises(ConfigError) as error:
+        parse(["model=gpt2", "precision=fp64", "seq_lenn=3", "gradient_checkpointing=maybe"])
+    message = str(error.value)
+    assert "precision=fp64: expected one of" in message
+    assert "seq_lenn: unknown key; did you mean seq_len?" in message
+    assert "gradient_checkpointing=maybe: expected true or false" in message
