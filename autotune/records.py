@@ -37,6 +37,11 @@ the study had its n_trials, another retry ran the same settings): the sampler le
 from it, and it does not count."""
 SAME_AS_RUNNING_ATTR = "same_as_running"
 """Trial: NOT_RUN_ATTR's earlier name, for a proposal another process was running."""
+OUTSIDE_SPACE_ATTR = "outside_space"
+"""Trial: true for a measured trial (the baseline) whose settings are no point of the space: it
+is told FAIL so that no sampler sees it. Relative samplers (GP, NSGA-II) model only parameters
+every COMPLETE trial has with one distribution; one trial without them would empty that set
+and leave them sampling at random."""
 SETTINGS_ATTR = "settings"
 """Study: the search's settings (`RunConfig` keys), for a worker that joins the study."""
 OWNER_ATTR = "owner"
@@ -162,12 +167,18 @@ def tell_result(
     budget_gib: float,
     *,
     noise_cv: float,
+    in_space: bool = True,
 ) -> None:
-    """Record a trial's result and tell Optuna the outcome."""
+    """Record a trial's result and tell Optuna the outcome; a trial whose settings are no
+    point of the space (`in_space=False`) is recorded, but told FAIL (OUTSIDE_SPACE_ATTR)."""
     trial.set_user_attr(RESULT_ATTR, result.to_dict())
     for name in FLAT_ATTRS:
         trial.set_user_attr(name, result.to_dict()[name])
     trial.set_user_attr("noisy", is_noisy(result, noise_cv))
+    if not in_space:
+        trial.set_user_attr(OUTSIDE_SPACE_ATTR, True)
+        study.tell(trial, state=TrialState.FAIL)
+        return
     _tell_outcome(study, trial, result, budget_gib)
 
 

@@ -146,8 +146,7 @@ class SearchSpace:
         value lies in it; a value outside is left out (a study holds one distribution per
         parameter name). A knob the space never suggests gets a one-value distribution.
         """
-        recorder = _Recorder(params)
-        self.sample(recorder, rules)  # type: ignore[arg-type]  # walks the same conditions
+        recorder = self._record(params, rules)
         found = {
             name: (distribution, recorder.value(name))
             for name, distribution in recorder.distributions.items()
@@ -158,6 +157,20 @@ class SearchSpace:
             if name not in suggested:
                 found[name] = (optuna.distributions.CategoricalDistribution([value]), value)
         return found
+
+    def holds(self, params: dict[str, Any], rules: SamplingRules) -> bool:
+        """Whether every parameter `sample` would suggest for these settings holds their
+        value: then they are a point of the space as the samplers see it."""
+        recorder = self._record(params, rules)
+        return all(
+            _holds(distribution, recorder.value(name))
+            for name, distribution in recorder.distributions.items()
+        )
+
+    def _record(self, params: dict[str, Any], rules: SamplingRules) -> _Recorder:
+        recorder = _Recorder(params)
+        self.sample(recorder, rules)  # type: ignore[arg-type]  # walks the same conditions
+        return recorder
 
 
 def _holds(distribution: optuna.distributions.BaseDistribution, value: Any) -> bool:

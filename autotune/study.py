@@ -73,7 +73,9 @@ def make_sampler(plan: SearchPlan, *, seed: int) -> optuna.samplers.BaseSampler:
     if name == "gp":
         # Optuna's GP runs on torch (CPU tensors, never CUDA) and needs scipy.
         if importlib.util.find_spec("scipy") is None:
-            raise ConfigError("sampler=gp needs scipy: pip install scipy, or use sampler=tpe")
+            raise ConfigError(
+                'sampler=gp needs scipy: pip install "autotune[gp]", or use sampler=tpe'
+            )
         return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
     if name == "nsga2":
         population = max(4, min(50, plan.config.n_trials // 4))
@@ -161,6 +163,7 @@ def run_search(
     deadline = time.monotonic() + config.timeout if config.timeout else float("inf")
     budget_gib = plan.info.memory_budget_gib
     baseline = plan.space.optuna_params(plan.baseline, plan.rules)
+    baseline_in_space = plan.space.holds(plan.baseline, plan.rules)
     enqueue_baseline(study, baseline)
     repeats = 0
     while True:
@@ -239,7 +242,9 @@ def run_search(
                             study.tell(trial, state=TrialState.FAIL)
                         _set_aside_result(trial_dir(plan.study_dir, trial.number))
                         raise
-                tell_result(study, trial, result, budget_gib, noise_cv=plan.info.noise_cv)
+                in_space = baseline_in_space or not trial.user_attrs.get(BASELINE_ATTR)
+                tell_result(study, trial, result, budget_gib, noise_cv=plan.info.noise_cv,
+                            in_space=in_space)  # fmt: skip
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
             if study.get_trials(deepcopy=False)[trial.number].state is TrialState.RUNNING:
                 raise

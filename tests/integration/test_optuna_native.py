@@ -48,3 +48,34 @@ def test_the_main_figures_are_columns_of_trials_dataframe(study):
 def test_optunas_importance_runs_on_the_study_as_stored(study):
     importance = optuna.importance.get_param_importances(study, target=lambda t: t.values[0])
     assert set(importance) <= set(KNOBS)
+
+
+SEARCHED = {"precision", "batch_size", "grad_accum", "optim"}
+
+
+@pytest.mark.parametrize(("space", "sampler", "baseline_in_space"),
+                         [("memory", "nsga2", False), ("cpu", "gp", True)])  # fmt: skip
+def test_no_relative_sampler_falls_back_to_random_after_the_baseline(
+    tmp_path, space, sampler, baseline_in_space
+):
+    """GP and NSGA-II model only the parameters every COMPLETE trial has, with one
+    distribution. A baseline outside the space (the memory space has no fp32) would empty that
+    set: it is recorded but kept out of the samplers' view (FAIL, `outside_space`)."""
+    args = [f"model={TINY_MODEL}", "n_trials=4", "seq_len=32", f"out={tmp_path}", "study=s",
+            f"space={space}", f"sampler={sampler}"]  # fmt: skip
+    assert cli.main(["search", *args], launcher=fake_launcher("ok")) == 0
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
+    baseline = study.trials[0]
+    assert baseline.user_attrs["baseline"] and baseline.user_attrs["result"]["status"] == "ok"
+    assert baseline.user_attrs.get("outside_space", False) is not baseline_in_space
+    expected = (
+        optuna.trial.TrialState.COMPLETE if baseline_in_space else optuna.trial.TrialState.FAIL
+    )
+    assert baseline.state is expected
+    modelled = optuna.search_space.IntersectionSearchSpace().calculate(study)
+    # What the space searches here (fitted to the CPU: the memory space keeps bf16 alone).
+    searched = {k for k in study.trials[1].distributions if k in SEARCHED}
+    assert len(searched) >= 2, searched
+    assert searched <= set(modelled), f"{sorted(searched - set(modelled))} fall back to random"
+    gp = optuna.samplers.GPSampler(seed=0)
+    assert searched <= set(gp.infer_relative_search_space(study, study.trials[-1]))
