@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import torch
 import transformers
+import transformers.trainer  # imported before the memory baseline, as a trial's fork server has
 
 from autotune import measure
 from autotune.data import SyntheticDataset
@@ -69,11 +70,12 @@ def main() -> None:
             seed=0,
         )
         sync = torch.cuda.synchronize if on_cuda else (lambda: None)
-        timer = measure.StepTimer(args.warmup_steps, sync)
-        transformers.Trainer(model=model, args=training_args, train_dataset=dataset,
-                             callbacks=[timer]).train()  # fmt: skip
+        trainer = transformers.Trainer(model=model, args=training_args, train_dataset=dataset)
+        timer = measure.StepTimer(args.warmup_steps, sync, measure.count_batches(trainer))
+        trainer.add_callback(timer)
+        trainer.train()
     times = timer.measured_step_times_s()
-    long_run = measure.throughput(times, samples_per_step=per_step, seq_len=info.seq_len)
+    long_run = measure.throughput(times, timer.measured_counts())
     peak_gib = (torch.cuda.max_memory_reserved() if on_cuda
                 else measure.peak_rss_bytes() - baseline_rss) / GIB  # fmt: skip
     report = {
