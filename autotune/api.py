@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from autotune import factories, hardware, parallel, user_data
+from autotune import factories, parallel, software_cache, user_data
 from autotune.config import RunConfig, WorkerConfig, make_config
 from autotune.knobs import MathChange, describe_params
 from autotune.plan import SearchPlan, make_plan
@@ -196,7 +196,7 @@ def run(
     exception goes on)."""
     observer = observer or SearchObserver()
     with observer.busy("probing the device"):
-        device_info = hardware.probe()
+        device_info = software_cache.probe_device()
     plan = make_plan(config, device_info)
     prepare_inputs(plan, observer)
     with locked_study(plan) as (study, plan):
@@ -221,7 +221,7 @@ def join(
     observer = observer or SearchObserver()
     config = join_config(worker)
     with observer.busy("probing the device"):
-        device_info = hardware.probe()
+        device_info = software_cache.probe_device()
     plan = make_plan(config, device_info)
     prepare_inputs(plan, observer)
     study, plan = open_study(plan, joining=True)

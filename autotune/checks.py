@@ -12,9 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.estimate import Measured, calibrated_gib
 from autotune.knobs import at_least_as_hungry
 from autotune.records import TrialRecord
-from autotune.trial import OUT_OF_MEMORY
+from autotune.trial import OUT_OF_MEMORY, Status
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,6 +50,32 @@ def as_hungry_as_an_oom(params: dict[str, Any], records: list[TrialRecord]) -> S
                 "memory"
             )
     return None
+
+
+def over_budget_by_estimate(
+    estimate_gib: Callable[[dict[str, Any]], float | None], limit_gib: float
+) -> Check:
+    """A check that skips settings whose estimate, calibrated on the study's ok trials
+    (`estimate.calibrated_gib`), is above `limit_gib` (the budget plus the margin)."""
+
+    def check(params: dict[str, Any], records: list[TrialRecord]) -> Skip | None:
+        measured = [
+            Measured(params=r.params, estimate_gib=r.result.estimate_gib,
+                     peak_gib=r.result.peak_memory_gib)
+            for r in records
+            if r.status is Status.OK and r.result.estimate_gib and r.result.peak_memory_gib
+        ]  # fmt: skip
+        raw = estimate_gib(params)
+        if raw is None:
+            return None
+        predicted = calibrated_gib(params, raw, measured)
+        if predicted <= limit_gib:
+            return None
+        basis = f"calibrated on {len(measured)} trial(s)" if measured else "not yet calibrated"
+        return Skip(reason=f"estimated at {predicted:.2f} GiB ({basis}), over the "
+                           f"{limit_gib:.2f} GiB the budget and estimate_margin allow")  # fmt: skip
+
+    return check
 
 
 PRE_TRIAL_CHECKS: tuple[Check, ...] = (already_measured, as_hungry_as_an_oom)

@@ -171,6 +171,12 @@ class RunConfig(BaseModel):
     headroom: float = Field(
         0.1, ge=0, lt=1, description="recommend only configs below budget x (1 - headroom)"
     )
+    estimate_margin: float | None = Field(
+        0.25,
+        ge=0,
+        description="skip a trial whose memory estimate, calibrated on the study's own "
+        "trials, exceeds the budget by more than this share; null = never skip by estimate",
+    )
     sampler: Sampler = Field(
         "auto",
         description="Optuna sampler; auto = TPE (multivariate), best on small budgets here",

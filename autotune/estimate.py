@@ -21,6 +21,8 @@ The parts, per parameter P and per micro-batch of b samples of s tokens:
 
 from __future__ import annotations
 
+import json
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +36,10 @@ MASK_BYTES = 1
 """A dropout mask element (torch.bool)."""
 
 PARTS = ("weights", "gradients", "optimizer", "activations", "temporary", "context")
+
+
+class UnknownShape(ValueError):
+    """A config without the dimensions the estimate needs."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,10 +68,12 @@ def shape_of(config: dict[str, Any], parameters: int | None = None) -> Shape:
 
     hidden = first("hidden_size", "n_embd", "d_model", "dim")
     encoder = first("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    if not all(isinstance(v, int) and v > 0 for v in (hidden, encoder)):
+        raise UnknownShape(f"model_type {config.get('model_type')!r}: no hidden size or layers")
     decoder = 0
     if config.get("is_encoder_decoder"):
         decoder = first("num_decoder_layers", default=encoder)
-    heads = first("num_attention_heads", "n_head", "num_heads", "n_heads")
+    heads = first("num_attention_heads", "n_head", "num_heads", "n_heads", default=1)
     intermediate = first("intermediate_size", "n_inner", "d_ff", "ffn_dim", "hidden_dim")
     intermediate = intermediate or 4 * hidden
     vocab = first("vocab_size", default=0)
@@ -249,3 +257,43 @@ def largest_fitting_batch(
             break
         fitting = batch
     return fitting
+
+
+# ---- calibration: the estimate against what a study's own trials measured ----
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Measured:
+    """An ok trial's settings, its estimate before it ran and the peak it measured."""
+
+    params: dict[str, Any]
+    estimate_gib: float
+    peak_gib: float
+
+
+def mode_of(params: dict[str, Any]) -> str:
+    """Everything but the batch size: for fixed other knobs the peak is close to linear in it."""
+    return json.dumps({k: v for k, v in params.items() if k != "batch_size"}, sort_keys=True)
+
+
+def calibrated_gib(params: dict[str, Any], estimate_gib: float, measured: list[Measured]) -> float:
+    """The estimate corrected by the study's own measurements:
+    - two or more batch sizes measured in this mode: the straight line through them (least
+      squares), at this batch size;
+    - one: this estimate scaled by that trial's measured / estimated;
+    - none in this mode: scaled by the median measured / estimated of all trials;
+    - no trials yet: the estimate as it is."""
+    same = [m for m in measured if mode_of(m.params) == mode_of(params)]
+    batches = {m.params.get("batch_size", 8) for m in same}
+    if len(batches) >= 2:
+        xs = [m.params.get("batch_size", 8) for m in same]
+        ys = [m.peak_gib for m in same]
+        mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum(
+            (x - mean_x) ** 2 for x in xs
+        )
+        return mean_y + slope * (params.get("batch_size", 8) - mean_x)
+    pool = same or measured
+    if not pool:
+        return estimate_gib
+    return estimate_gib * statistics.median(m.peak_gib / m.estimate_gib for m in pool)

@@ -94,11 +94,16 @@ class DeviceInfo:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in facts.items()})
 
 
-def probe() -> DeviceInfo:
-    """Run the probe in a subprocess; CUDA is initialised there, never here."""
+def probe(*, bitsandbytes_error: str | bool | None = False) -> DeviceInfo:
+    """Run the probe in a subprocess; CUDA is initialised there, never here.
+
+    `bitsandbytes_error`, when known (a message, or None for "imports fine"; False: unknown),
+    spares the probe importing bitsandbytes, which takes seconds (`software_cache` knows it for
+    the installed versions)."""
+    known = bitsandbytes_error is not False
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "autotune.hardware"],
+            [sys.executable, "-m", "autotune.hardware", *([SKIP_BITSANDBYTES] * known)],
             capture_output=True,
             text=True,
             timeout=PROBE_TIMEOUT_S,
@@ -108,7 +113,10 @@ def probe() -> DeviceInfo:
         raise DeviceError(f"the device probe did not answer in {PROBE_TIMEOUT_S:.0f} s") from exc
     if proc.returncode != 0:
         raise DeviceError(f"the device probe failed:\n{proc.stderr[-2000:]}")
-    return DeviceInfo.from_facts(json.loads(proc.stdout.strip().splitlines()[-1]))
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    if known:
+        facts["bitsandbytes_error"] = bitsandbytes_error
+    return DeviceInfo.from_facts(facts)
 
 
 def memory_without_torch(device: str) -> tuple[str, str, int]:
@@ -154,7 +162,10 @@ def _bitsandbytes_error() -> str | None:
     return None
 
 
-def _probe_here() -> dict:
+SKIP_BITSANDBYTES = "--skip-bitsandbytes"
+
+
+def _probe_here(skip_bitsandbytes: bool = False) -> dict:
     import psutil
     import torch
     import torch._dynamo
@@ -171,7 +182,7 @@ def _probe_here() -> dict:
         "transformers_version": transformers.__version__,
         "cpu_name": _cpu_name(),
         "host_available_memory_bytes": host.available,
-        "bitsandbytes_error": _bitsandbytes_error(),
+        "bitsandbytes_error": None if skip_bitsandbytes else _bitsandbytes_error(),
         # exclude_tags=() also lists the debugging backends (eager, aot_eager) users may name.
         "compile_backends": sorted(torch._dynamo.list_backends(exclude_tags=())),
         "optimizer_names": [o.value for o in OptimizerNames],
@@ -209,4 +220,4 @@ def _probe_here() -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(_probe_here()))
+    print(json.dumps(_probe_here(skip_bitsandbytes=SKIP_BITSANDBYTES in sys.argv[1:])))

@@ -18,13 +18,15 @@ from autotune import factories, user_data
 from autotune.capabilities import apply_sampling_rules, fit_space
 from autotune.config import STUDY_NAME_MAX_CHARS, RunConfig
 from autotune.errors import AutotuneError, ConfigError
+from autotune.estimate import UnknownShape, estimate
 from autotune.hardware import DeviceInfo
 from autotune.knobs import baseline_params
-from autotune.models import ModelSpec, resolve_model
+from autotune.models import ModelSpec, catalogue_parameter_counts, resolve_model
 from autotune.parallel import Slot, assign
 from autotune.records import RunInfo
 from autotune.space import SamplingRules, SearchSpace
 from autotune.space_file import SoftwareFacts, load_space
+from autotune.units import GIB
 from autotune.user_data import DataError, DataSpec, source_format
 
 
@@ -49,6 +51,17 @@ class SearchPlan:
     search_dir: Path = Path()
     """The working directory the search was started in: a `trainer=` module is looked up
     there, as `python -m` would."""
+
+    def estimate_gib(self, params: dict[str, Any]) -> float | None:
+        """The peak `autotune.estimate` gives these settings before they run; None for a
+        config whose dimensions it cannot read (no skip by estimate then)."""
+        parameters = catalogue_parameter_counts().get(self.model.name)
+        try:
+            found = estimate(self.model.config, task=self.info.task, seq_len=self.info.seq_len,
+                             params=params, device=self.device, parameters=parameters)  # fmt: skip
+        except (UnknownShape, TypeError):  # a config of unexpected types: no estimate
+            return None
+        return found.total / GIB
 
     @property
     def data_dir(self) -> Path | None:

@@ -21,7 +21,7 @@ from autotune.trial import write_json_atomic
 
 CACHE_DIR_ENV = "AUTOTUNE_CACHE_DIR"
 """Overrides the cache folder (tests point it at a temporary one)."""
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FILE_NAME = "software-facts.json"
 
 
@@ -39,37 +39,60 @@ def installed_key() -> dict[str, Any]:
     """What the cached names depend on: the torch and transformers versions, and the compile
     backends other packages register (`torch._dynamo.list_backends` lists their entry points)."""
     plugins = metadata.entry_points(group="torch_dynamo_backends")
+    try:
+        bitsandbytes = metadata.version("bitsandbytes")
+    except metadata.PackageNotFoundError:
+        bitsandbytes = None
     return {
         "torch": metadata.version("torch"),
         "transformers": metadata.version("transformers"),
+        "bitsandbytes": bitsandbytes,
         "compile_backend_plugins": sorted(plugins.names),
     }
 
 
 def software_facts() -> SoftwareFacts:
     """From the cache when it was written for the installed packages, else from the probe."""
-    path = cache_dir() / FILE_NAME
-    key = installed_key()
-    cached = _read(path)
-    if cached.get("schema_version") == SCHEMA_VERSION and cached.get("key") == key:
+    cached = _cached()
+    if cached is not None:
         return SoftwareFacts(
             optimizer_names=tuple(cached["optimizer_names"]),
             compile_backends=tuple(cached["compile_backends"]),
         )
-    info = hardware.probe()
-    record = {
-        "schema_version": SCHEMA_VERSION,
-        "key": key,
-        "optimizer_names": list(info.optimizer_names),
-        "compile_backends": list(info.compile_backends),
-    }
-    try:
-        write_json_atomic(path, record)
-    except OSError:
-        pass  # a read-only home: the answer is the same, only the next run probes again
+    info = probe_device()
     return SoftwareFacts(
         optimizer_names=info.optimizer_names, compile_backends=info.compile_backends
     )
+
+
+def probe_device() -> hardware.DeviceInfo:
+    """The device probe (always run: memory and CUDA state are never cached), told whether
+    bitsandbytes imports when the cache knows it for the installed versions (importing it
+    takes the probe seconds); a full probe fills the cache."""
+    cached = _cached()
+    if cached is not None:
+        return hardware.probe(bitsandbytes_error=cached["bitsandbytes_error"])
+    info = hardware.probe()
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "key": installed_key(),
+        "optimizer_names": list(info.optimizer_names),
+        "compile_backends": list(info.compile_backends),
+        "bitsandbytes_error": info.bitsandbytes_error,
+    }
+    try:
+        write_json_atomic(cache_dir() / FILE_NAME, record)
+    except OSError:
+        pass  # a read-only home: the answer is the same, only the next run probes again
+    return info
+
+
+def _cached() -> dict[str, Any] | None:
+    """The cache's record when it was written for the installed packages."""
+    cached = _read(cache_dir() / FILE_NAME)
+    if cached.get("schema_version") == SCHEMA_VERSION and cached.get("key") == installed_key():
+        return cached
+    return None
 
 
 def _read(path: Path) -> dict[str, Any]:

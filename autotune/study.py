@@ -164,6 +164,10 @@ def run_search(
     budget_gib = plan.info.memory_budget_gib
     baseline = plan.space.optuna_params(plan.baseline, plan.rules)
     baseline_in_space = plan.space.holds(plan.baseline, plan.rules)
+    pre_trial = checks.PRE_TRIAL_CHECKS
+    if config.estimate_margin is not None:
+        limit_gib = budget_gib * (1 + config.estimate_margin)
+        pre_trial += (checks.over_budget_by_estimate(plan.estimate_gib, limit_gib),)
     enqueue_baseline(study, baseline)
     repeats = 0
     while True:
@@ -212,7 +216,7 @@ def run_search(
                             return f"the last {MAX_REPEATS} proposals were running or run already"
                         time.sleep(RUNNING_BACKOFF_S)
                     continue
-                skip = checks.first_skip(params, records)
+                skip = checks.first_skip(params, records, pre_trial)
                 if skip is not None and skip.repeat_of is not None:
                     tell_repeat(study, trial, skip.repeat_of, budget_gib)
                     repeats += 1
@@ -223,6 +227,7 @@ def run_search(
                         )
                     continue
                 repeats = 0
+                estimate_gib = plan.estimate_gib(params)
                 if skip is not None:
                     result = TrialResult(status=Status.SKIPPED, reason=skip.reason)
                 else:
@@ -243,6 +248,7 @@ def run_search(
                         _set_aside_result(trial_dir(plan.study_dir, trial.number))
                         raise
                 in_space = baseline_in_space or not trial.user_attrs.get(BASELINE_ATTR)
+                result = dataclasses.replace(result, estimate_gib=estimate_gib)
                 tell_result(study, trial, result, budget_gib, noise_cv=plan.info.noise_cv,
                             in_space=in_space)  # fmt: skip
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):

@@ -25,6 +25,7 @@ METRIC_COLUMNS = (
     "tokens_per_s",
     "padding_share",
     "peak_memory_gib",
+    "estimate_gib",
     "peak_allocated_gib",
     "nvml_used_gib",
     "alloc_retries",

@@ -93,6 +93,8 @@ class TrialResult:
     """Each timed optimizer step, in order: the raw data behind the median and the CV."""
     peak_memory_gib: float | None = None
     """CUDA: peak reserved by PyTorch's allocator. CPU: peak RSS above the worker's baseline."""
+    estimate_gib: float | None = None
+    """The peak `autotune.estimate` gave before the trial ran (set by the parent)."""
     peak_allocated_gib: float | None = None
     """CUDA: peak held by tensors (reserved minus the allocator's cache)."""
     alloc_retries: int | None = None

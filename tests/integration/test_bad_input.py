@@ -17,7 +17,7 @@ def device_info():
 @pytest.fixture(autouse=True)
 def probe_once(monkeypatch, device_info):
     """The real probe, once per module."""
-    monkeypatch.setattr(hardware, "probe", lambda: device_info)
+    monkeypatch.setattr(hardware, "probe", lambda **known: device_info)
 
 
 def search(*overrides: str) -> int:

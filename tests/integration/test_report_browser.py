@@ -45,7 +45,9 @@ def report(tmp_path_factory) -> Path:
 def oom_report(tmp_path_factory) -> Path:
     """Every trial out of memory: nothing to recommend, nothing to draw."""
     out = tmp_path_factory.mktemp("reports")
-    proc = search(out, "o", "n_trials=3", "measure_steps=2", "memory_budget=20MiB")
+    proc = search(
+        out, "o", "n_trials=3", "measure_steps=2", "memory_budget=20MiB", "estimate_margin=null"
+    )  # each trial runs into the budget
     assert proc.returncode == 3, proc.stderr  # nothing to recommend
     return out / "o" / "report.html"
 

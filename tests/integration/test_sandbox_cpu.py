@@ -59,8 +59,10 @@ def test_over_budget_batches_are_oom_and_larger_ones_after_an_oom_are_skipped(tm
     # Measured here: batch 8 and 16 grow the worker by ~0.1-0.2 GiB, batch 256 by ~0.9 GiB.
     space = tmp_path / "batches.yaml"
     space.write_text(SPACE.replace("[8, 16, 256]", "[8, 16, 256, 384, 512, 640]"))
+    # Skipping by estimate off: these batches must run to meet the watchdog.
     proc = subprocess.run(
-        search_command(tmp_path, space, "n_trials=7", "memory_budget=600MiB"),
+        search_command(tmp_path, space, "n_trials=7", "memory_budget=600MiB",
+                       "estimate_margin=null"),
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -80,6 +82,24 @@ def test_over_budget_batches_are_oom_and_larger_ones_after_an_oom_are_skipped(tm
             assert row["status"] == "oom", row
             first_oom = batch if first_oom is None else min(first_oom, batch)
     assert "skipped" in status.values(), "seed 0 runs a larger batch after a smaller OOM"
+
+
+def test_batches_the_estimate_puts_over_budget_are_skipped_without_running(tmp_path):
+    """The same budget with the estimate on (the default margin): batches far over it never
+    start, and every trial that ran keeps its estimate beside its measured peak."""
+    space = tmp_path / "batches.yaml"
+    space.write_text(SPACE.replace("[8, 16, 256]", "[8, 16, 1024, 2048]"))
+    proc = subprocess.run(search_command(tmp_path, space, "n_trials=5", "memory_budget=600MiB"),
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    table = rows(tmp_path / "s" / "trials.csv")
+    by_batch = {int(r["batch_size"]): r for r in table if r["baseline"] == "False"}
+    for batch in (1024, 2048):
+        assert by_batch[batch]["status"] == "skipped", by_batch[batch]
+        assert by_batch[batch]["reason"].startswith("estimated at"), by_batch[batch]["reason"]
+        assert not (tmp_path / "s" / "trials" / f"{int(by_batch[batch]['number']):04d}").exists()
+    ran = [r for r in table if r["status"] == "ok"]
+    assert ran and all(float(r["estimate_gib"]) > 0 for r in ran)
 
 
 @pytest.mark.benchmark

@@ -4,10 +4,19 @@ import time
 
 import pytest
 
+from autotune.checks import over_budget_by_estimate
 from autotune.cli.estimate import parse
 from autotune.errors import ConfigError
-from autotune.estimate import estimate, optimizer_bytes_per_parameter, shape_of
+from autotune.estimate import (
+    Measured,
+    calibrated_gib,
+    estimate,
+    optimizer_bytes_per_parameter,
+    shape_of,
+)
 from autotune.models import catalogue_parameter_counts, resolve_model
+from autotune.records import TrialRecord
+from autotune.trial import Status, TrialResult
 
 BERT_LARGE = resolve_model("bert-large-uncased")
 PARAMETERS = catalogue_parameter_counts()["bert-large-uncased"]
@@ -88,3 +97,31 @@ def test_knobs_and_settings_are_checked_together():
     assert "precision=fp64: expected one of" in message
     assert "seq_lenn: unknown key; did you mean seq_len?" in message
     assert "gradient_checkpointing=maybe: expected true or false" in message
+
+
+def measured(batch: int, estimate_gib: float, peak_gib: float, **knobs) -> Measured:
+    return Measured(params={"batch_size": batch, **knobs}, estimate_gib=estimate_gib,
+                    peak_gib=peak_gib)  # fmt: skip
+
+
+def test_calibration_uses_the_closest_evidence_there_is():
+    params = {"batch_size": 32}
+    assert calibrated_gib(params, 4.0, []) == 4.0, "nothing measured: the estimate itself"
+    one = [measured(8, 1.0, 1.5)]
+    assert calibrated_gib(params, 4.0, one) == pytest.approx(6.0), "scaled like its mode"
+    line = [measured(8, 1.0, 1.5), measured(16, 2.0, 2.5)]  # 0.5 + 0.125 GiB a sample
+    assert calibrated_gib(params, 4.0, line) == pytest.approx(4.5), "the mode's straight line"
+    other_mode = [measured(8, 1.0, 2.0, precision="bf16")]
+    assert calibrated_gib(params, 4.0, other_mode) == pytest.approx(8.0), "the study's ratio"
+
+
+def test_the_estimate_check_skips_what_cannot_fit_and_says_why():
+    check = over_budget_by_estimate(lambda params: params["batch_size"] / 8, limit_gib=5.0)
+    record = TrialRecord(number=1, params={"batch_size": 8},
+                         result=TrialResult(status=Status.OK, peak_memory_gib=2.0,
+                                            estimate_gib=1.0))  # fmt: skip
+    assert check({"batch_size": 32}, []) is None, "4 GiB estimated, not calibrated: runs"
+    skip = check({"batch_size": 32}, [record])
+    assert skip is not None and skip.repeat_of is None
+    assert skip.reason.startswith("estimated at 8.00 GiB (calibrated on 1 trial(s))")
+    assert check({"batch_size": 16}, [record]) is None

@@ -17,8 +17,8 @@ def probes(monkeypatch, tmp_path):
     monkeypatch.setenv(software_cache.CACHE_DIR_ENV, str(tmp_path))
     calls = []
 
-    def probe():
-        calls.append(1)
+    def probe(bitsandbytes_error=False):
+        calls.append(bitsandbytes_error)
         return DeviceInfo(
             cuda_available=False,
             name="cpu",
@@ -26,6 +26,7 @@ def probes(monkeypatch, tmp_path):
             free_memory_bytes=4 * GIB,
             optimizer_names=("adamw_torch", f"optim_{len(calls)}"),
             compile_backends=("inductor",),
+            bitsandbytes_error="no GPU library" if bitsandbytes_error is False else None,
         )
 
     monkeypatch.setattr(hardware, "probe", probe)
@@ -85,3 +86,12 @@ def test_the_cache_folder_follows_the_xdg_spec(monkeypatch, tmp_path, env, expec
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("HOME", str(tmp_path))
     assert str(software_cache.cache_dir()) == expected.replace("HOME", str(tmp_path))
+
+
+def test_a_search_probes_the_device_each_time_but_bitsandbytes_once(probes):
+    """Memory is probed afresh every search; whether bitsandbytes imports (seconds to find
+    out) is known from the first probe for the installed versions."""
+    first = software_cache.probe_device()
+    software_cache.probe_device()
+    assert probes == [False, "no GPU library"], "the second probe is told, not importing it"
+    assert first.bitsandbytes_error == "no GPU library"
