@@ -9,6 +9,7 @@ afresh every time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from importlib import metadata
@@ -21,7 +22,7 @@ from autotune.trial import write_json_atomic
 
 CACHE_DIR_ENV = "AUTOTUNE_CACHE_DIR"
 """Overrides the cache folder (tests point it at a temporary one)."""
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 FILE_NAME = "software-facts.json"
 
 
@@ -66,19 +67,20 @@ def software_facts() -> SoftwareFacts:
 
 
 def probe_device() -> hardware.DeviceInfo:
-    """The device probe (always run: memory and CUDA state are never cached), told whether
-    bitsandbytes imports when the cache knows it for the installed versions (importing it
-    takes the probe seconds); a full probe fills the cache."""
+    """The device probe (always run: memory and CUDA state are never cached), given the
+    installed packages' facts when the cache has them for these versions (reading them takes
+    the probe seconds: transformers, torch._dynamo, bitsandbytes); a full probe fills it."""
     cached = _cached()
     if cached is not None:
-        return hardware.probe(bitsandbytes_error=cached["bitsandbytes_error"])
+        return hardware.probe(software=cached["software"])
     info = hardware.probe()
+    facts = dataclasses.asdict(info)
     record = {
         "schema_version": SCHEMA_VERSION,
         "key": installed_key(),
         "optimizer_names": list(info.optimizer_names),
         "compile_backends": list(info.compile_backends),
-        "bitsandbytes_error": info.bitsandbytes_error,
+        "software": {k: facts[k] for k in hardware.SOFTWARE_FACTS},
     }
     try:
         write_json_atomic(cache_dir() / FILE_NAME, record)

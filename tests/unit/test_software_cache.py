@@ -17,8 +17,12 @@ def probes(monkeypatch, tmp_path):
     monkeypatch.setenv(software_cache.CACHE_DIR_ENV, str(tmp_path))
     calls = []
 
-    def probe(bitsandbytes_error=False):
-        calls.append(bitsandbytes_error)
+    def probe(software=None):
+        calls.append(software)
+        if software is not None:  # told the packages' facts: it reads the device alone
+            device = {"cuda_available": False, "name": "cpu", "total_memory_bytes": 8 * GIB,
+                      "free_memory_bytes": 4 * GIB}  # fmt: skip
+            return DeviceInfo.from_facts({**software, **device})
         return DeviceInfo(
             cuda_available=False,
             name="cpu",
@@ -26,7 +30,7 @@ def probes(monkeypatch, tmp_path):
             free_memory_bytes=4 * GIB,
             optimizer_names=("adamw_torch", f"optim_{len(calls)}"),
             compile_backends=("inductor",),
-            bitsandbytes_error="no GPU library" if bitsandbytes_error is False else None,
+            bitsandbytes_error="no GPU library",
         )
 
     monkeypatch.setattr(hardware, "probe", probe)
@@ -88,10 +92,11 @@ def test_the_cache_folder_follows_the_xdg_spec(monkeypatch, tmp_path, env, expec
     assert str(software_cache.cache_dir()) == expected.replace("HOME", str(tmp_path))
 
 
-def test_a_search_probes_the_device_each_time_but_bitsandbytes_once(probes):
-    """Memory is probed afresh every search; whether bitsandbytes imports (seconds to find
-    out) is known from the first probe for the installed versions."""
+def test_a_search_probes_the_device_each_time_and_the_packages_once(probes):
+    """Memory is probed afresh every search; what the installed packages accept (seconds of
+    imports to find out) is known from the first probe for their versions."""
     first = software_cache.probe_device()
-    software_cache.probe_device()
-    assert probes == [False, "no GPU library"], "the second probe is told, not importing it"
-    assert first.bitsandbytes_error == "no GPU library"
+    second = software_cache.probe_device()
+    assert probes[0] is None and len(probes) == 2, "both probe the device"
+    assert probes[1]["bitsandbytes_error"] == "no GPU library", "the second is told the rest"
+    assert second.optimizer_names == first.optimizer_names == ("adamw_torch", "optim_1")
