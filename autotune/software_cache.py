@@ -1,10 +1,11 @@
-"""The names the installed packages accept, cached per user so `autotune validate` starts no torch.
+"""What the installed packages accept, cached per user: `autotune validate` starts no torch,
+and a search's device probe imports torch alone.
 
-`TrainingArguments.optim` values and `torch.compile` backends change only when the packages do,
-so the device probe's answer is kept under the versions that produced it (read with
-`importlib.metadata`, which imports neither package) and probed again when they differ. Only
-these software facts are cached, never memory or CUDA state: `autotune search` probes the device
-afresh every time.
+`TrainingArguments.optim` values, `torch.compile` backends, transformers' model types and heads
+and whether bitsandbytes imports change only when the packages do, so the device probe's
+answer is kept under the versions that produced it (read with `importlib.metadata`, which
+imports none of them) and probed again when they differ. Only these software facts are cached,
+never memory or CUDA state: `autotune search` probes the device afresh every time.
 """
 
 from __future__ import annotations
