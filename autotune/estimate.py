@@ -236,29 +236,6 @@ def flops_per_sample(shape: Shape, seq_len: int) -> float:
     return 6 * matmul * seq_len + 12 * blocks * shape.hidden * seq_len**2
 
 
-def largest_fitting_batch(
-    config: dict[str, Any],
-    *,
-    task: str,
-    seq_len: int,
-    params: dict[str, Any],
-    device: str,
-    budget_bytes: int,
-    parameters: int | None = None,
-    batches: tuple[int, ...] = (),
-) -> int | None:
-    """The largest batch size (of `batches`, default powers of two to 4096) whose estimate
-    fits the budget; None when none does."""
-    fitting = None
-    for batch in batches or tuple(2**k for k in range(13)):
-        peak = estimate(config, task=task, seq_len=seq_len, params=params | {"batch_size": batch},
-                        device=device, parameters=parameters).total  # fmt: skip
-        if peak > budget_bytes:
-            break
-        fitting = batch
-    return fitting
-
-
 # ---- calibration: the estimate against what a study's own trials measured ----
 
 

@@ -30,7 +30,7 @@ class FactoryError(AutotuneError):
 
 
 def normalise(ref: str, search_dir: Path) -> str:
-    """A file reference made absolute (`train.py:make` -> `/work/train.py:make`), so trials
+    """A file reference made absolute (`train.py:make` -> `/home/me/train.py:make`), so trials
     and exports find it from anywhere; a module reference as it is."""
     where, _, function = ref.rpartition(":")
     if where.endswith(".py"):
