@@ -121,7 +121,10 @@ def prepare(
             "spec": dataclasses.asdict(spec),
         }
         (building / READY).write_text(json.dumps(summary))
-        shutil.rmtree(target, ignore_errors=True)  # an incomplete entry (no READY file)
+        if not (target / READY).is_file():
+            # An incomplete entry, left by a process that died; never a complete one another
+            # process (a worker of the same study) finished meanwhile, which trials may be reading.
+            shutil.rmtree(target, ignore_errors=True)
         with contextlib.suppress(OSError):  # another process put the same entry there first
             os.rename(building, target)
     finally:

@@ -4,6 +4,7 @@ tokenized once with the user's tokenizer (made offline here), cached by fingerpr
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import datasets
 import pytest
@@ -85,3 +86,29 @@ def test_the_search_prepares_data_in_a_subprocess(corpus, tmp_path):
                           text=True, check=False)  # fmt: skip
     assert proc.returncode == 2
     assert "text_column=body" in json.loads(proc.stdout.splitlines()[-1])["error"]
+
+
+def test_a_second_preparation_racing_the_first_leaves_its_entry_alone(
+    corpus, tmp_path, monkeypatch
+):
+    """Two processes prepare the same data: the later one looked before the first finished,
+    so it builds too, but it leaves the finished entry in place (trials may be reading it)."""
+    data, tokenizer = corpus
+    spec = DataSpec(data=str(data), tokenizer=str(tokenizer), seq_len=16)
+    folder = prepare(spec, tmp_path)
+    stamp = (folder / READY).stat().st_mtime_ns
+    real_is_file = Path.is_file
+    looks = []
+
+    def first_look_misses(path: Path) -> bool:  # the later process's first look: not there yet
+        if path.name == READY:
+            looks.append(path)
+            if len(looks) == 1:
+                return False
+        return real_is_file(path)
+
+    monkeypatch.setattr(Path, "is_file", first_look_misses)
+    assert prepare(spec, tmp_path) == folder
+    monkeypatch.undo()
+    assert (folder / READY).stat().st_mtime_ns == stamp, "the finished entry was kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [folder.name], "no build left behind"
