@@ -70,3 +70,13 @@ def postgres_database(server_url: str):
     finally:
         with psycopg.connect(admin, autocommit=True) as db:
             db.execute(f"DROP DATABASE {name} WITH (FORCE)")  # Optuna's pool may still hold one
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """Text data for `data=` (tests/text_data.py) and the tokenizer trained on it, made once."""
+    from tests.text_data import train_tokenizer, write_corpus
+
+    folder = tmp_path_factory.mktemp("text")
+    data = write_corpus(folder / "train.jsonl")
+    return data, train_tokenizer(data, folder / "tokenizer")

@@ -17,7 +17,7 @@ from autotune.records import load_records
 from autotune.trial import Status
 from autotune.user_data import CACHE_FOLDER, READY
 from tests.benchmarking import up_to_three_attempts
-from tests.text_data import train_tokenizer, write_corpus
+from tests.text_data import write_corpus
 
 ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"
@@ -36,15 +36,20 @@ def autotune(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
                           text=True, timeout=600, check=False, cwd=cwd)  # fmt: skip
 
 
+def run_exported_script(study_dir: Path, output_dir: Path) -> subprocess.CompletedProcess:
+    """The study's recommended.py for 3 steps: it must train (its Trainer reports a loss)."""
+    proc = subprocess.run(
+        [sys.executable, str(study_dir / "recommended.py"), "--max-steps", "3",
+         "--output-dir", str(output_dir)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "'train_loss'" in proc.stdout + proc.stderr
+    return proc
+
+
 def study_of(folder: Path) -> optuna.Study:
     return optuna.load_study(study_name=folder.name, storage=f"sqlite:///{folder / 'study.db'}")
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("text")
-    data = write_corpus(folder / "reviews.jsonl")
-    return data, train_tokenizer(data, folder / "my-tokenizer")
 
 
 def test_a_search_on_the_users_data_measures_padding_and_reuses_its_tokens(corpus, tmp_path):
@@ -94,13 +99,7 @@ def test_a_search_on_the_users_data_measures_padding_and_reuses_its_tokens(corpu
     assert len(load_records(study_of(tmp_path / "own"))) == 7
 
     # The exported script trains on the same data with the recommended settings.
-    proc = subprocess.run(
-        [sys.executable, str(tmp_path / "own" / "recommended.py"), "--max-steps", "3",
-         "--output-dir", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "'train_loss'" in proc.stdout + proc.stderr
+    run_exported_script(tmp_path / "own", tmp_path / "run")
 
 
 def _word_counts(path: Path) -> list[int]:
@@ -144,14 +143,8 @@ def test_the_users_trainer_is_what_each_trial_times(tmp_path):
 
     script = (tmp_path / "mine" / "recommended.py").read_text()
     assert f"'factory': '{EXAMPLE}:make_trainer'" in script
-    proc = subprocess.run(
-        [sys.executable, str(tmp_path / "mine" / "recommended.py"), "--max-steps", "3",
-         "--output-dir", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_exported_script(tmp_path / "mine", tmp_path / "run")
     assert "classifier_trainer: building the example's own Trainer" in proc.stdout
-    assert "'train_loss'" in proc.stdout + proc.stderr
 
 
 def test_a_factory_with_a_wrong_signature_stops_the_search_and_one_that_raises_fails_trials(

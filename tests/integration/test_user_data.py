@@ -10,14 +10,7 @@ import datasets
 import pytest
 
 from autotune.user_data import READY, DataError, DataSpec, prepare
-from tests.text_data import train_tokenizer, write_corpus
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("data")
-    data = write_corpus(folder / "train.jsonl")
-    return data, train_tokenizer(data, folder / "tokenizer")
+from tests.text_data import write_corpus
 
 
 def test_text_is_tokenized_once_truncated_and_cached(corpus, tmp_path):
