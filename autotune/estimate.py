@@ -141,6 +141,11 @@ def optimizer_bytes_per_parameter(optim: str) -> float | None:
     return 8.0  # AdamW and its kernels, AdEMAMix, GaLore/APOLLO at worst
 
 
+KNOBS_READ = ("precision", "batch_size", "grad_accum", "optim", "attn_implementation",
+              "gradient_checkpointing")  # fmt: skip
+"""The knobs `estimate` reads; the others leave it unchanged."""
+
+
 def estimate(
     config: dict[str, Any],
     *,

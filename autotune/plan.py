@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from autotune import factories, user_data
 from autotune.capabilities import apply_sampling_rules, fit_space
 from autotune.config import STUDY_NAME_MAX_CHARS, RunConfig
 from autotune.errors import AutotuneError, ConfigError
-from autotune.estimate import UnknownShape, estimate
+from autotune.estimate import KNOBS_READ, UnknownShape, estimate
 from autotune.hardware import DeviceInfo
 from autotune.knobs import baseline_params
 from autotune.models import ModelSpec, catalogue_parameter_counts, resolve_model
@@ -62,6 +63,13 @@ class SearchPlan:
         except (UnknownShape, TypeError):  # a config of unexpected types: no estimate
             return None
         return found.total / GIB
+
+    @property
+    def estimate_limit_gib(self) -> float | None:
+        """Past this estimate a proposal is skipped (the budget plus `estimate_margin`); None
+        when skipping by estimate is off."""
+        margin = self.config.estimate_margin
+        return None if margin is None else self.info.memory_budget_gib * (1 + margin)
 
     @property
     def data_dir(self) -> Path | None:
@@ -175,6 +183,35 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         data=data,
         search_dir=search_dir,
     )
+
+
+def fit_batches_to_budget(plan: SearchPlan) -> SearchPlan:
+    """The plan with the batch sizes removed whose estimate is over `estimate_limit_gib`
+    whatever the other knobs (the most frugal choice of each), so the sampler never proposes
+    them; the smallest batch always stays. Called once the study's budget is settled."""
+    limit = plan.estimate_limit_gib
+    knob = plan.space.knobs.get("batch_size")
+    if limit is None or knob is None or len(knob.choices) < 2:
+        return plan
+    others = {name: plan.space.knobs[name].choices for name in KNOBS_READ
+              if name != "batch_size" and name in plan.space.knobs}  # fmt: skip
+    combos = [dict(zip(others, v, strict=True)) for v in itertools.product(*others.values())]
+    kept = list(knob.choices)
+    while len(kept) > 1:
+        estimates = [plan.estimate_gib({**combo, "batch_size": kept[-1]}) for combo in combos]
+        if None in estimates or min(estimates) <= limit:
+            break
+        kept.pop()
+    if len(kept) == len(knob.choices):
+        return plan
+    note = (
+        f"batch_size above {kept[-1]} removed: estimated over the {limit:.2f} GiB that "
+        "memory_budget and estimate_margin allow, with the most frugal other knobs"
+    )
+    space = plan.space.with_choices("batch_size", tuple(kept))
+    space = dataclasses.replace(space, notes=(*space.notes, note))
+    info = dataclasses.replace(plan.info, space_notes=list(space.notes))
+    return dataclasses.replace(plan, space=space, info=info)
 
 
 def _data(config: RunConfig, model: ModelSpec) -> tuple[DataSpec, dict[str, Any]]:

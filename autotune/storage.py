@@ -33,7 +33,7 @@ import sqlalchemy.exc
 
 from autotune.config import PER_PROCESS_SETTINGS, RunConfig, WorkerConfig, make_config
 from autotune.errors import ConfigError, StudyError
-from autotune.plan import SearchPlan
+from autotune.plan import SearchPlan, fit_batches_to_budget
 from autotune.records import RUN_ATTR, SETTINGS_ATTR, RunInfo, is_recorded, store_run_info
 from autotune.study import enqueue_baseline, make_sampler
 from autotune.study_lock import StudyLock
@@ -230,6 +230,7 @@ def open_study(plan: SearchPlan, *, joining: bool = False) -> tuple[optuna.Study
         plan = dataclasses.replace(
             plan, info=dataclasses.replace(plan.info, memory_budget_bytes=budget)
         )
+    plan = fit_batches_to_budget(plan)  # the budget is settled: drop what cannot fit
     # Offset the seed by the trials already run, so a resumed study does not replay the same
     # random start-up proposals it made the first time; a worker among several by its pid, so
     # that they do not all propose the same start-up points.

@@ -165,9 +165,8 @@ def run_search(
     baseline = plan.space.optuna_params(plan.baseline, plan.rules)
     baseline_in_space = plan.space.holds(plan.baseline, plan.rules)
     pre_trial = checks.PRE_TRIAL_CHECKS
-    if config.estimate_margin is not None:
-        limit_gib = budget_gib * (1 + config.estimate_margin)
-        pre_trial += (checks.over_budget_by_estimate(plan.estimate_gib, limit_gib),)
+    if plan.estimate_limit_gib is not None:
+        pre_trial += (checks.over_budget_by_estimate(plan.estimate_gib, plan.estimate_limit_gib),)
     enqueue_baseline(study, baseline)
     repeats = 0
     while True:

@@ -85,19 +85,27 @@ def test_over_budget_batches_are_oom_and_larger_ones_after_an_oom_are_skipped(tm
 
 
 def test_batches_the_estimate_puts_over_budget_are_skipped_without_running(tmp_path):
-    """The same budget with the estimate on (the default margin): batches far over it never
-    start, and every trial that ran keeps its estimate beside its measured peak."""
+    """The same budget with the estimate on (the default margin): batches that cannot fit
+    whatever the other knobs leave the space before the search, a proposal estimated over the
+    budget never starts, and every trial that ran keeps its estimate beside its measured peak.
+    (Estimated: batch 256 at 1.0 GiB without checkpointing, 0.70 with; 1024 at 2.8 with.)"""
     space = tmp_path / "batches.yaml"
-    space.write_text(SPACE.replace("[8, 16, 256]", "[8, 16, 1024, 2048]"))
-    proc = subprocess.run(search_command(tmp_path, space, "n_trials=5", "memory_budget=600MiB"),
+    text = SPACE.replace("[8, 16, 256]", "[8, 16, 256, 1024, 2048]")
+    space.write_text(text.replace("gradient_checkpointing: false",
+                                  "gradient_checkpointing: {choices: [false, true]}"))  # fmt: skip
+    proc = subprocess.run(search_command(tmp_path, space, "n_trials=7", "sampler=grid",
+                                         "memory_budget=600MiB"),
                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    assert "batch_size above 256 removed: estimated over the 0.73 GiB" in proc.stdout
     table = rows(tmp_path / "s" / "trials.csv")
-    by_batch = {int(r["batch_size"]): r for r in table if r["baseline"] == "False"}
-    for batch in (1024, 2048):
-        assert by_batch[batch]["status"] == "skipped", by_batch[batch]
-        assert by_batch[batch]["reason"].startswith("estimated at"), by_batch[batch]["reason"]
-        assert not (tmp_path / "s" / "trials" / f"{int(by_batch[batch]['number']):04d}").exists()
+    by_point = {(int(r["batch_size"]), r["gradient_checkpointing"]): r
+                for r in table if r["baseline"] == "False"}  # fmt: skip
+    assert {batch for batch, _ in by_point} == {8, 16, 256}, "1024 and 2048 never proposed"
+    skipped = by_point[256, "False"]
+    assert skipped["status"] == "skipped", skipped
+    assert skipped["reason"].startswith("estimated at"), skipped["reason"]
+    assert not (tmp_path / "s" / "trials" / f"{int(skipped['number']):04d}").exists()
     ran = [r for r in table if r["status"] == "ok"]
     assert ran and all(float(r["estimate_gib"]) > 0 for r in ran)
 

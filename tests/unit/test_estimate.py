@@ -125,3 +125,35 @@ def test_the_estimate_check_skips_what_cannot_fit_and_says_why():
     assert skip is not None and skip.repeat_of is None
     assert skip.reason.startswith("estimated at 8.00 GiB (calibrated on 1 trial(s))")
     assert check({"batch_size": 16}, [record]) is None
+
+
+def test_batch_sizes_that_cannot_fit_leave_the_space_and_the_smallest_stays(tmp_path):
+    from autotune.config import load_config
+    from autotune.plan import fit_batches_to_budget, make_plan
+    from tests.unit.test_hardening import CPU
+
+    def plan_for(tmp_path, *settings):
+        return make_plan(load_config([f"out={tmp_path}", *settings]), CPU)
+
+    settings = ["model=bert-large-uncased", "seq_len=512", "space=memory"]
+    roomy = plan_for(tmp_path, *settings, "memory_budget=80GiB")
+    assert fit_batches_to_budget(roomy) == roomy
+    tight = plan_for(tmp_path, *settings, "memory_budget=3GiB")
+    trimmed = fit_batches_to_budget(tight)
+    before, after = (p.space.knobs["batch_size"].choices for p in (tight, trimmed))
+    assert 1 < len(after) < len(before) and after == before[: len(after)]
+    limit = 3 * 1.25
+    frugal = {"precision": "bf16", "optim": "adafactor", "gradient_checkpointing": True,
+              "grad_accum": 4}  # fmt: skip
+    assert trimmed.estimate_gib({**frugal, "batch_size": after[-1]}) <= limit
+    assert tight.estimate_gib({**frugal, "batch_size": before[len(after)]}) > limit
+    assert "batch_size above" in trimmed.info.space_notes[-1]
+    # Nothing fits: the smallest batch stays, and its trials say why.
+    assert (
+        fit_batches_to_budget(plan_for(tmp_path, *settings, "memory_budget=1GiB"))
+        .space.knobs["batch_size"]
+        .choices
+        == before[:1]
+    )
+    off = plan_for(tmp_path, *settings, "memory_budget=3GiB", "estimate_margin=null")
+    assert fit_batches_to_budget(off) == off

@@ -1,0 +1,199 @@
+"""Replaying a landscape: the real search loop, with each trial answered from measurements
+made earlier instead of run.
+
+A landscape is every point of a search space with what it measured: a grid recorded on a real
+machine (`benchmarks/landscapes/*.json`, written by `benchmarks/landscapes/record.py`), or a
+cost model. `replay` plans a search for it as `autotune search` would (space, baseline,
+budget, estimate), and runs `study.run_search` unchanged with a `ReplayLauncher`: sampler,
+tell rules, pre-trial checks and the skip by estimate all act as in a real search, so
+strategies can be compared on the same landscape in seconds and repeated over seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+from autotune import software_cache
+from autotune.checks import settings_key
+from autotune.config import make_config
+from autotune.hardware import DeviceInfo
+from autotune.plan import SearchPlan, fit_batches_to_budget, make_plan
+from autotune.records import TrialRecord, load_records
+from autotune.runner import Worker
+from autotune.storage import DIRECTIONS
+from autotune.study import make_sampler, run_search
+from autotune.trial import Status, TrialResult, write_json_atomic
+from autotune.units import GIB
+
+FIGURES = ("samples_per_s", "tokens_per_s", "peak_memory_gib", "step_time_cv",
+           "step_time_median_ms", "estimate_gib", "wall_s")  # fmt: skip
+"""What a landscape keeps of each measured trial."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Landscape:
+    """A search space with an answer for each of its points."""
+
+    name: str
+    model: str
+    seq_len: int
+    device: str
+    """`cpu` or `cuda`: the device the answers are for."""
+    device_name: str
+    memory_budget_gib: float
+    knobs: dict[str, Any]
+    """The space's knobs, as in a space file."""
+    answer: Callable[[dict[str, Any]], dict[str, Any]]
+    """Settings -> {status, reason, samples_per_s, peak_memory_gib, wall_s, ...}."""
+    points: list[dict[str, Any]] = field(default_factory=list)
+    """Every point with its answer (`params` included) where the landscape lists them."""
+    device_facts: dict[str, Any] = field(default_factory=dict)
+    """`DeviceInfo` fields of the landscape's device beyond its name (a GPU's compute
+    capability, bf16 support, ...)."""
+    description: str = ""
+
+    @classmethod
+    def load(cls, path: Path) -> Landscape:
+        """A landscape recorded by `benchmarks/landscapes/record.py`."""
+        data = json.loads(Path(path).read_text())
+        by_key = {settings_key(p["params"]): p for p in data["points"]}
+
+        def answer(params: dict[str, Any]) -> dict[str, Any]:
+            try:
+                return by_key[settings_key(params)]
+            except KeyError:
+                raise KeyError(f"landscape {data['name']} has no point {params}") from None
+
+        return cls(
+            name=data["name"],
+            model=data["model"],
+            seq_len=data["seq_len"],
+            device=data["device"],
+            device_name=data["machine"],
+            memory_budget_gib=data["memory_budget_gib"],
+            knobs=data["space"],
+            answer=answer,
+            points=data["points"],
+            description=data["command"],
+        )
+
+    def optimum(self) -> float:
+        """The best samples/s of an ok point: what a full grid finds."""
+        return max(p["samples_per_s"] for p in self.points if p["status"] == Status.OK.value)
+
+
+class ReplayLauncher:
+    """Answers each trial from the landscape: writes the result file a worker would have
+    written. Each answer is a real process that exits at once (`true`), so the parent's
+    supervision (its process group, the OOM witness) runs as for a worker."""
+
+    def __init__(self, landscape: Landscape) -> None:
+        self.landscape = landscape
+        self.answered: list[dict[str, Any]] = []
+        """The points answered, in order: what a real search would have run."""
+
+    def ready(self) -> None:
+        pass
+
+    def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker:
+        params = json.loads(spec_path.read_text())["params"]
+        point = self.landscape.answer(params)
+        self.answered.append(point)
+        result = TrialResult(
+            status=Status(point["status"]),
+            reason=point.get("reason", ""),
+            measured_steps=1 if point["status"] == Status.OK.value else 0,
+            **{k: point.get(k) for k in FIGURES if k not in ("estimate_gib", "wall_s")},
+        )
+        write_json_atomic(result_path, result.to_dict())
+        process = subprocess.Popen(["true"], start_new_session=True)
+        process.wait()
+        return _Exited(process.pid)
+
+
+@dataclass
+class _Exited:
+    pid: int
+
+    def poll(self) -> int:
+        return 0
+
+    def reap(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Replayed:
+    records: list[TrialRecord]
+    """The study's trials as the loop recorded them (skips included), in order."""
+    answered: list[dict[str, Any]]
+    """The landscape points the launcher answered (trials that would have run), in order."""
+    study: optuna.Study
+    """The in-memory study the loop ran on."""
+    plan: SearchPlan
+
+
+def replay(
+    landscape: Landscape,
+    *,
+    n_trials: int,
+    seed: int,
+    sampler: str = "auto",
+    estimate_margin: float | None = 0.25,
+    work_dir: Path | None = None,
+) -> Replayed:
+    """One search on the landscape, as `autotune search model=... sampler=... n_trials=...`
+    would run it on the landscape's machine."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(work_dir or tmp)
+        space_path = work / "space.yaml"
+        space_path.write_text(yaml.safe_dump({"device": landscape.device,
+                                              "knobs": landscape.knobs}))  # fmt: skip
+        plan = plan_for(landscape, space_path, work / "out", n_trials=n_trials, seed=seed,
+                        sampler=sampler, estimate_margin=estimate_margin)  # fmt: skip
+        plan = fit_batches_to_budget(plan)  # as `storage.open_study` does
+        study = optuna.create_study(directions=list(DIRECTIONS))
+        study.sampler = make_sampler(plan, seed=seed)
+        launcher = ReplayLauncher(landscape)
+        run_search(plan, study, launcher=launcher)
+        return Replayed(records=load_records(study), answered=launcher.answered, study=study,
+                        plan=plan)  # fmt: skip
+
+
+def plan_for(landscape: Landscape, space_path: Path, out: Path, **settings: Any) -> SearchPlan:
+    config = make_config({
+        "model": landscape.model,
+        "seq_len": landscape.seq_len,
+        "device": landscape.device,
+        "space": str(space_path),
+        "memory_budget": int(landscape.memory_budget_gib * GIB),
+        "out": str(out),
+        "quiet": True,
+        **settings,
+    })  # fmt: skip
+    return make_plan(config, device_info(landscape))
+
+
+def device_info(landscape: Landscape) -> DeviceInfo:
+    """This machine's software facts (optimizers, model types) with the landscape's device."""
+    memory = int(landscape.memory_budget_gib * GIB) * 4
+    device = {"cuda_available": landscape.device == "cuda", "name": landscape.device_name,
+              "total_memory_bytes": memory, "free_memory_bytes": memory,
+              "host_available_memory_bytes": memory}  # fmt: skip
+    return dataclasses.replace(_here(), **device, **landscape.device_facts)
+
+
+@functools.cache
+def _here() -> DeviceInfo:
+    return software_cache.probe_device()

@@ -1,0 +1,340 @@
+"""Search strategies on recorded landscapes: which finds the fastest config in the fewest trials?
+
+Each landscape (`benchmarks/landscapes/`) holds a measurement for every point of a space:
+three recorded on a CPU with `sampler=grid`, and the bert-large/H100 cost model. autotune's
+samplers run through the real search loop (`autotune.replay`: sampler, tell rules, pre-trial
+checks and the skip by estimate as in a search), each over several seeds. The peers'
+strategies run as they work, on the same answers:
+
+- Lightning's BatchSizeFinder (binsearch mode): doubles the batch from the smallest until one
+  runs out of memory, then bisects; keeps the largest batch that fits. Other knobs at defaults.
+- HF `auto_find_batch_size`: starts at a large batch (the landscape's largest) and shrinks it on
+  each out-of-memory until one fits. accelerate 1.x shrinks by 0.9, older releases by half; a
+  landscape of doubling batches can only answer halving, which undercounts the 0.9 steps' OOMs.
+- DeepSpeed autotuning, fast mode: sweeps the micro batch at fixed other knobs (from the
+  smallest until one runs out of memory) and keeps the fastest.
+- HF defaults: the baseline alone.
+- random (`sampler=random`) and the full grid (`sampler=grid`), through the loop.
+
+For each: the best feasible samples/s found over the landscape's optimum (what a full grid
+finds) after 10, 20 and 30 trials, how many trials it took to come within 2% of the optimum,
+trials spent on OOM, and the recorded wall time of the trials it ran (CPU landscapes).
+
+    python benchmarks/replay.py [--seeds 10] [--trials 30] [--jobs 2]
+
+Writes benchmarks/results/replay.json and benchmarks/results/replay.md (the tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import multiprocessing
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+from landscapes import cost_model  # noqa: E402
+
+from autotune.api import quiet_optuna  # noqa: E402
+from autotune.replay import Landscape, plan_for, replay  # noqa: E402
+from autotune.trial import OUT_OF_MEMORY, Status  # noqa: E402
+
+RECORDED = sorted((HERE / "landscapes").glob("*.json"))
+COST_MODEL = "cost-model-h100"
+SEARCHES: dict[str, dict[str, Any]] = {
+    "autotune (sampler=auto)": {"sampler": "auto"},
+    "auto without the estimate": {"sampler": "auto", "estimate_margin": None},
+    "tpe": {"sampler": "tpe"},
+    "gp": {"sampler": "gp"},
+    "nsga2": {"sampler": "nsga2"},
+    "random": {"sampler": "random"},
+    "grid": {"sampler": "grid"},
+}
+GRID_LIMIT = 500
+"""Points beyond which the grid is not replayed (the cost model has 13,681)."""
+WITHIN = 0.98
+
+
+@dataclass(frozen=True)
+class Trial:
+    status: str
+    samples_per_s: float | None
+    wall_s: float | None
+
+
+@functools.cache
+def landscape(name: str) -> Landscape:
+    if name == COST_MODEL:
+        return cost_model.landscape()
+    return Landscape.load(HERE / "landscapes" / f"{name}.json")
+
+
+def search(name: str, policy: str, seed: int, trials: int) -> list[Trial]:
+    land = landscape(name)
+    settings = dict(SEARCHES[policy])
+    n_trials = len(land.points) + 1 if settings["sampler"] == "grid" else trials
+    replayed = replay(land, n_trials=n_trials, seed=seed, **settings)
+    return [_trial(land, r.params, r.status.value) for r in replayed.records]
+
+
+def _trial(land: Landscape, params: dict, status: str) -> Trial:
+    if status == Status.SKIPPED.value:  # not run: no time spent
+        return Trial(status, None, 0.0)
+    return _as_trial(land.answer(params))
+
+
+# The peers' strategies: batch size only, other knobs at the HF defaults.
+
+
+def batches_at_defaults(land: Landscape) -> dict[int, dict]:
+    """Batch size -> the landscape's point with every other knob at the HF defaults."""
+    baseline = plan_for(land, _space_file(land), Path("unused"), n_trials=1, seed=0).baseline
+    fixed = {k: v for k, v in baseline.items() if k != "batch_size"}
+    found: dict[int, dict] = {}
+    for point in land.points:
+        params = point["params"]
+        if (
+            all(params.get(k) == v for k, v in fixed.items())
+            and params.get("torch_compile", "off") == "off"
+        ):
+            found.setdefault(params["batch_size"], point)
+    return dict(sorted(found.items()))
+
+
+def lightning(points: dict[int, dict]) -> tuple[list[dict], dict | None]:
+    sizes = list(points)
+    tried, low, high, i = [], None, None, 0
+    while True:
+        tried.append(points[sizes[i]])
+        if tried[-1]["status"] == Status.OK.value:
+            low = i
+            if high is None and i + 1 < len(sizes):
+                i += 1
+                continue
+        else:
+            high = i
+        if low is None or high is None or high - low <= 1:
+            break
+        i = (low + high) // 2
+    return tried, points[sizes[low]] if low is not None else None
+
+
+def hf_auto_find_batch_size(points: dict[int, dict]) -> tuple[list[dict], dict | None]:
+    tried = []
+    for size in reversed(points):
+        tried.append(points[size])
+        if points[size]["status"] == Status.OK.value:
+            return tried, points[size]
+    return tried, None
+
+
+def deepspeed_fast(points: dict[int, dict]) -> tuple[list[dict], dict | None]:
+    tried = []
+    for size in points:
+        tried.append(points[size])
+        if points[size]["status"] != Status.OK.value:
+            break
+    ok = [p for p in tried if p["status"] == Status.OK.value]
+    return tried, max(ok, key=lambda p: p["samples_per_s"], default=None)
+
+
+def hf_defaults(points: dict[int, dict]) -> tuple[list[dict], dict | None]:
+    first = points[min(points)]
+    return [first], first if first["status"] == Status.OK.value else None
+
+
+PEERS: dict[str, Callable[[dict[int, dict]], tuple[list[dict], dict | None]]] = {
+    "Lightning BatchSizeFinder": lightning,
+    "HF auto_find_batch_size": hf_auto_find_batch_size,
+    "DeepSpeed autotuning (fast)": deepspeed_fast,
+    "HF defaults": hf_defaults,
+}
+
+
+def peer(name: str, policy: str) -> dict[str, Any]:
+    land = landscape(name)
+    tried, chosen = PEERS[policy](batches_at_defaults(land))
+    optimum = land.optimum()
+    found = chosen["samples_per_s"] / optimum if chosen else 0.0
+    return {
+        "found": found,
+        "trials": len(tried),
+        "within_2pct": found >= WITHIN,
+        "oom_trials": sum(p["status"] in _oom() for p in tried),
+        "wall_s": _wall([_as_trial(p) for p in tried]),
+        "chosen_batch": chosen["params"]["batch_size"] if chosen else None,
+    }
+
+
+def _as_trial(point: dict) -> Trial:
+    return Trial(point["status"], point.get("samples_per_s"), point.get("wall_s"))
+
+
+def _oom() -> set[str]:
+    return {s.value for s in OUT_OF_MEMORY}
+
+
+def _wall(trials: list[Trial]) -> float | None:
+    walls = [t.wall_s for t in trials]
+    return None if any(w is None for w in walls) else sum(walls)
+
+
+def _space_file(land: Landscape) -> Path:
+    import tempfile
+
+    import yaml
+
+    path = Path(tempfile.mkdtemp()) / "space.yaml"
+    path.write_text(yaml.safe_dump({"device": land.device, "knobs": land.knobs}))
+    return path
+
+
+def summarise(trials_by_seed: list[list[Trial]], optimum: float, marks: list[int]) -> dict:
+    """Median (and min) found/optimum at each mark, trials to within 2%, OOM trials, wall."""
+
+    def best(trials: list[Trial]) -> float:
+        return max((t.samples_per_s for t in trials if t.status == "ok"), default=0.0) / optimum
+
+    def to_within(trials: list[Trial]) -> int | None:
+        return next((k for k in range(1, len(trials) + 1) if best(trials[:k]) >= WITHIN), None)
+
+    out: dict[str, Any] = {"seeds": len(trials_by_seed)}
+    for mark in marks:
+        found = [best(t[:mark]) for t in trials_by_seed]
+        out[f"found@{mark}"] = {"median": statistics.median(found), "min": min(found)}
+        out[f"within_2pct@{mark}"] = sum(f >= WITHIN for f in found)
+        out[f"oom_trials@{mark}"] = statistics.median(
+            sum(x.status in _oom() for x in t[:mark]) for t in trials_by_seed
+        )
+        walls = [_wall(t[:mark]) for t in trials_by_seed]
+        out[f"wall_s@{mark}"] = None if None in walls else statistics.median(walls)
+    reached = [to_within(t) for t in trials_by_seed]
+    out["trials_to_2pct"] = {
+        "median": statistics.median(r if r is not None else float("inf") for r in reached),
+        "reached": sum(r is not None for r in reached),
+    }
+    return out
+
+
+def _run(task: tuple[str, str, int, int]) -> tuple[str, str, int, list[Trial], float]:
+    quiet_optuna()
+    warnings.simplefilter("ignore")
+    name, policy, seed, trials = task
+    started = time.perf_counter()
+    return name, policy, seed, search(name, policy, seed, trials), time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--trials", type=int, default=30)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--landscapes", nargs="+",
+                        default=[p.stem for p in RECORDED] + [COST_MODEL])  # fmt: skip
+    parser.add_argument("--policies", nargs="+", default=[*SEARCHES, *PEERS])
+    args = parser.parse_args()
+    marks = [m for m in (10, 20, 30, 50) if m <= args.trials]
+    tasks = []
+    for name in args.landscapes:
+        for policy in (p for p in args.policies if p in SEARCHES):
+            if policy == "grid" and len(landscape(name).points) > GRID_LIMIT:
+                continue
+            tasks += [(name, policy, seed, args.trials) for seed in range(args.seeds)]
+    runs: dict[tuple[str, str], list[list[Trial]]] = {}
+    cpu_s: dict[tuple[str, str], float] = {}
+    with multiprocessing.get_context("forkserver").Pool(args.jobs) as pool:
+        for done, (name, policy, seed, trials, took) in enumerate(
+            pool.imap_unordered(_run, tasks), 1
+        ):
+            runs.setdefault((name, policy), []).append(trials)
+            cpu_s[name, policy] = cpu_s.get((name, policy), 0.0) + took
+            print(f"[{done}/{len(tasks)}] {name} {policy} seed {seed}: {took:.1f} s", flush=True)
+    results: dict[str, dict[str, Any]] = {}
+    for name in args.landscapes:
+        land = landscape(name)
+        results[name] = {
+            "optimum_samples_per_s": land.optimum(),
+            "points": len(land.points),
+            "oom_points": sum(p["status"] in _oom() for p in land.points),
+            "recorded_with": land.description,
+            "policies": {},
+        }
+        for policy in args.policies:
+            if policy in PEERS:
+                results[name]["policies"][policy] = {"peer": True, **peer(name, policy)}
+            elif (name, policy) in runs:
+                summary = summarise(runs[name, policy], land.optimum(), marks)
+                summary["replay_s_per_seed"] = cpu_s[name, policy] / args.seeds
+                results[name]["policies"][policy] = summary
+    out = HERE / "results"
+    summary = {"seeds": args.seeds, "trials": args.trials, "landscapes": results}
+    (out / "replay.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "replay.md").write_text(tables(results, args.trials))
+    print(tables(results, args.trials))
+
+
+def tables(results: dict[str, dict[str, Any]], trials: int) -> str:
+    """The summary (policy x landscape: found after 20 trials, OOM trials) and one detailed
+    table per landscape."""
+    names = list(results)
+    policies = list(dict.fromkeys(p for r in results.values() for p in r["policies"]))
+    lines = [
+        "| policy | " + " | ".join(f"`{n}`" for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for policy in policies:
+        cells = []
+        for name in names:
+            r = results[name]["policies"].get(policy)
+            if r is None:
+                cells.append("-")
+            elif r.get("peer"):
+                cells.append(f"{r['found']:.2f} ({r['trials']} trials, {r['oom_trials']} OOM)")
+            else:
+                cells.append(f"{r['found@20']['median']:.2f} ({r['oom_trials@20']:g} OOM)")
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    for name, r in results.items():
+        text += (
+            f"\n`{name}`: {r['points']} points ({r['oom_points']} out of memory), optimum "
+            f"{r['optimum_samples_per_s']:.1f} samples/s\n\n"
+            "| policy | found @10 | found @20 (min) | found @30 | seeds within 2% @20 "
+            "| trials to 2% (median, seeds reaching) | OOM trials @20 | wall @20 |\n"
+            "|---|---|---|---|---|---|---|---|\n"
+        )
+        for policy, p in r["policies"].items():
+            if p.get("peer"):
+                wall = "-" if p["wall_s"] is None else f"{p['wall_s'] / 60:.1f} min"
+                text += (f"| {policy} | | {p['found']:.2f} (batch {p['chosen_batch']}) | | "
+                         f"{'yes' if p['within_2pct'] else 'no'} | {p['trials']} trials run | "
+                         f"{p['oom_trials']} | {wall} |\n")  # fmt: skip
+                continue
+            reach = p["trials_to_2pct"]
+            median = "never" if reach["median"] == float("inf") else f"{reach['median']:g}"
+            wall = p.get("wall_s@20")
+            text += (
+                f"| {policy} | {_cell(p, 10)} | {p['found@20']['median']:.2f} "
+                f"({p['found@20']['min']:.2f}) | {_cell(p, 30)} | "
+                f"{p['within_2pct@20']}/{p['seeds']} | {median} ({reach['reached']}/{p['seeds']}) "
+                f"| {p['oom_trials@20']:g} | {'-' if wall is None else f'{wall / 60:.1f} min'} |\n"
+            )
+    return text
+
+
+def _cell(summary: dict, mark: int) -> str:
+    found = summary.get(f"found@{mark}")
+    return "-" if found is None else f"{found['median']:.2f}"
+
+
+if __name__ == "__main__":
+    main()
