@@ -22,7 +22,7 @@ from autotune import factories, parallel, software_cache, user_data
 from autotune.config import RunConfig, WorkerConfig, make_config
 from autotune.knobs import MathChange, describe_params
 from autotune.plan import SearchPlan, make_plan
-from autotune.records import RunInfo, StudySnapshot, TrialRecord, load_records, read_snapshot
+from autotune.records import RunInfo, StudySnapshot, TrialRecord, read_snapshot, trials_run
 from autotune.runner import Launcher
 from autotune.storage import join_config, load_study_dir, locked_study, open_study
 from autotune.study import SearchObserver, run_search
@@ -200,7 +200,7 @@ def run(
     plan = make_plan(config, device_info)
     prepare_inputs(plan, observer)
     with locked_study(plan) as (study, plan):
-        observer.planned(plan, done_before=len(load_records(study)))
+        observer.planned(plan, done_before=trials_run(study))
         try:
             stopped = _run_workers(plan, study, observer, launcher)
         finally:
@@ -225,7 +225,7 @@ def join(
     plan = make_plan(config, device_info)
     prepare_inputs(plan, observer)
     study, plan = open_study(plan, joining=True)
-    observer.planned(plan, done_before=len(load_records(study)))
+    observer.planned(plan, done_before=trials_run(study))
     return plan, _run_workers(plan, study, observer, launcher)
 
 

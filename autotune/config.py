@@ -144,7 +144,12 @@ class RunConfig(BaseModel):
         description="fix batch_size x grad_accum to this (grad_accum derived); "
         "null = grad_accum as the space says",
     )
-    n_trials: int = Field(20, gt=0, description="trials in the study, finished ones included")
+    n_trials: int = Field(
+        20,
+        gt=0,
+        description="trials in the study, finished ones included; skipped ones "
+        "(not run) do not count",
+    )
     timeout: Duration | None = Field(
         None,
         description="stop starting trials after this long (e.g. 20m); null = no limit",
@@ -179,7 +184,8 @@ class RunConfig(BaseModel):
     )
     sampler: Sampler = Field(
         "auto",
-        description="Optuna sampler; auto = TPE (multivariate), best on small budgets here",
+        description="Optuna sampler; auto = GP, after informed start-up trials (per precision "
+        "the largest batch the estimate fits); the best on the recorded landscapes",
     )
     noise_cv: float = Field(
         0.1, gt=0, description="flag a trial as noisy when its step-time CV is above this"

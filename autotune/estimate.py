@@ -16,7 +16,7 @@ The parts, per parameter P and per micro-batch of b samples of s tokens:
   and the dropped-out copy (a^2 s^2 b terms; SDPA's fused kernels on CUDA keep none); with
   checkpointing only each layer's input plus one layer recomputed; plus the LM head's logits;
 - temporary: one layer's activation gradients during backward, and the LM head's logits grad;
-- the CUDA context (kernels, cuBLAS workspace), on CUDA.
+- the CUDA context (kernels, cuBLAS workspace) on CUDA; on CPU, the runtime's own memory.
 """
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ from autotune.units import GIB
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)
 """CUDA context and cuBLAS workspace of a PyTorch process on a recent GPU (NVML's per-process
 figure minus what the allocator reserved); not seen by torch.cuda.memory_stats."""
+CPU_RUNTIME_BYTES = int(0.1 * GIB)
+"""On CPU, what a training process's resident memory grows by beyond its tensors once steps
+run (the allocator's free lists and arenas, oneDNN and OpenMP scratch, the Trainer's state):
+the offset of the measured peaks over the tensors on the recorded landscapes
+(`benchmarks/landscapes/`), 0.05-0.17 GiB there."""
 MASK_BYTES = 1
 """A dropout mask element (torch.bool)."""
 
@@ -177,8 +182,12 @@ def estimate(
         optimizer = 4 * (factored + max(0, p - in_matrices))
     else:
         optimizer = int(per_param * p)
-    eager = params.get("attn_implementation", "sdpa") == "eager" or device == "cpu"
-    layer = _layer_activations(shape, batch, seq_len, mixed=mixed, eager=eager)
+    attention = params.get("attn_implementation", "sdpa")
+    # On CPU, SDPA trains through PyTorch's math path (its fused kernel takes no dropout), which
+    # keeps the scores as eager attention does; under bf16 autocast it computes in fp32.
+    eager = attention == "eager" or device == "cpu"
+    upcast = device == "cpu" and attention == "sdpa" and mixed
+    layer = _layer_activations(shape, batch, seq_len, mixed=mixed, eager=eager, upcast=upcast)
     if params.get("gradient_checkpointing"):
         # Each block's input (fp32 residual stream) is kept; one block is recomputed at a time.
         stored = shape.layers * 4 * batch * seq_len * shape.hidden + layer
@@ -192,7 +201,8 @@ def estimate(
     # of the earlier ones held.
     kept = accumulating or gradients_kept
     live = gradients + activations if kept else max(gradients, activations)
-    context = (CUDA_CONTEXT_BYTES if context_bytes is None else context_bytes) * (device == "cuda")
+    runtime = CUDA_CONTEXT_BYTES if device == "cuda" else CPU_RUNTIME_BYTES
+    context = runtime if context_bytes is None else context_bytes
     return Estimate(
         weights=weights,
         gradients=gradients,
@@ -205,8 +215,11 @@ def estimate(
     )
 
 
-def _layer_activations(shape: Shape, b: int, s: int, *, mixed: bool, eager: bool) -> int:
-    """Bytes autograd keeps for one transformer block (see the module docstring)."""
+def _layer_activations(
+    shape: Shape, b: int, s: int, *, mixed: bool, eager: bool, upcast: bool = False
+) -> int:
+    """Bytes autograd keeps for one transformer block (see the module docstring); `upcast`:
+    the attention runs in fp32 on 16-bit inputs (CPU SDPA under autocast)."""
     h, i, a = shape.hidden, shape.intermediate, shape.heads
     e = 2 if mixed else 4  # matmul inputs and outputs
     tokens = b * s
@@ -220,6 +233,8 @@ def _layer_activations(shape: Shape, b: int, s: int, *, mixed: bool, eager: bool
         # Softmax output (fp32 under autocast too), its dropout mask, the matmul's copy.
         kept += scores * 4 + (scores * MASK_BYTES if shape.dropout else 0)
         kept += scores * e if shape.dropout or mixed else 0
+        if upcast:  # fp32 copies of Q, K and V and of the dropped-out scores
+            kept += tokens * 3 * h * 4 + scores * (4 - e)
     return kept
 
 
@@ -262,9 +277,13 @@ def calibrated_gib(params: dict[str, Any], estimate_gib: float, measured: list[M
     """The estimate corrected by the study's own measurements:
     - two or more batch sizes measured in this mode: the straight line through them (least
       squares), at this batch size;
-    - one: this estimate scaled by that trial's measured / estimated;
-    - none in this mode: scaled by the median measured / estimated of all trials;
-    - no trials yet: the estimate as it is."""
+    - one: this estimate shifted by that trial's measured - estimated;
+    - none in this mode: shifted by the median measured - estimated of all trials;
+    - no trials yet: the estimate as it is.
+    A shift, not a ratio: what the estimate misses on CPU is mostly a constant (the allocator's
+    retained memory), and a ratio taken at a small batch would shrink the estimate of a large
+    one (on the recorded landscapes, one smaller batch of the same mode gives a median error of
+    3-9% shifted, 6-12% scaled)."""
     same = [m for m in measured if mode_of(m.params) == mode_of(params)]
     batches = {m.params.get("batch_size", 8) for m in same}
     if len(batches) >= 2:
@@ -278,4 +297,4 @@ def calibrated_gib(params: dict[str, Any], estimate_gib: float, measured: list[M
     pool = same or measured
     if not pool:
         return estimate_gib
-    return estimate_gib * statistics.median(m.peak_gib / m.estimate_gib for m in pool)
+    return estimate_gib + statistics.median(m.peak_gib - m.estimate_gib for m in pool)

@@ -27,6 +27,8 @@ RESULT_ATTR = "result"
 """Trial: the `TrialResult`; a finished trial without one was interrupted or a repeat."""
 BASELINE_ATTR = "baseline"
 """Trial: true for the HF-defaults trial."""
+INFORMED_ATTR = "informed"
+"""Trial: queued as `sampler=auto`'s informed start-up trial number N (0, 1, ...)."""
 RETRY_OF_ATTR = "retry_of"
 """Trial: the interrupted trial whose settings it runs again."""
 REPEAT_OF_ATTR = "repeat_of"
@@ -137,8 +139,18 @@ def store_run_info(study: optuna.Study, info: RunInfo) -> None:
 
 
 def is_recorded(trial: FrozenTrial) -> bool:
-    """Finished with a result: a measurement (or a skip) that counts toward `n_trials`."""
+    """Finished with a result: a measurement, a failure or a skip."""
     return trial.state.is_finished() and RESULT_ATTR in trial.user_attrs
+
+
+def counts_toward_n_trials(trial: FrozenTrial) -> bool:
+    """Recorded and run: a skip (not run, nothing spent) does not use up `n_trials`."""
+    return is_recorded(trial) and trial.user_attrs[RESULT_ATTR]["status"] != Status.SKIPPED.value
+
+
+def trials_run(study: optuna.Study) -> int:
+    """The trials that count toward `n_trials` so far."""
+    return sum(counts_toward_n_trials(t) for t in study.get_trials(deepcopy=False))
 
 
 def load_records(study: optuna.Study) -> list[TrialRecord]:

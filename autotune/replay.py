@@ -88,9 +88,16 @@ class Landscape:
             description=data["command"],
         )
 
+    def feasible(self, point: dict[str, Any]) -> bool:
+        """Measured and within the budget: a point the search may recommend (a trial can end
+        ok a little past the budget, between two looks of the memory watchdog)."""
+        return point["status"] == Status.OK.value and (
+            point["peak_memory_gib"] <= self.memory_budget_gib
+        )
+
     def optimum(self) -> float:
-        """The best samples/s of an ok point: what a full grid finds."""
-        return max(p["samples_per_s"] for p in self.points if p["status"] == Status.OK.value)
+        """The best samples/s of a feasible point: what a full grid finds."""
+        return max(p["samples_per_s"] for p in self.points if self.feasible(p))
 
 
 class ReplayLauncher:
@@ -156,11 +163,7 @@ def replay(
     """One search on the landscape, as `autotune search model=... sampler=... n_trials=...`
     would run it on the landscape's machine."""
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(work_dir or tmp)
-        space_path = work / "space.yaml"
-        space_path.write_text(yaml.safe_dump({"device": landscape.device,
-                                              "knobs": landscape.knobs}))  # fmt: skip
-        plan = plan_for(landscape, space_path, work / "out", n_trials=n_trials, seed=seed,
+        plan = plan_for(landscape, Path(work_dir or tmp), n_trials=n_trials, seed=seed,
                         sampler=sampler, estimate_margin=estimate_margin)  # fmt: skip
         plan = fit_batches_to_budget(plan)  # as `storage.open_study` does
         study = optuna.create_study(directions=list(DIRECTIONS))
@@ -171,14 +174,18 @@ def replay(
                         plan=plan)  # fmt: skip
 
 
-def plan_for(landscape: Landscape, space_path: Path, out: Path, **settings: Any) -> SearchPlan:
+def plan_for(landscape: Landscape, work_dir: Path, **settings: Any) -> SearchPlan:
+    """The plan `autotune search` makes for the landscape's model, space and budget on its
+    device; the space file and the study folder go in `work_dir`."""
+    space_path = work_dir / "space.yaml"
+    space_path.write_text(yaml.safe_dump({"device": landscape.device, "knobs": landscape.knobs}))
     config = make_config({
         "model": landscape.model,
         "seq_len": landscape.seq_len,
         "device": landscape.device,
         "space": str(space_path),
         "memory_budget": int(landscape.memory_budget_gib * GIB),
-        "out": str(out),
+        "out": str(work_dir / "out"),
         "quiet": True,
         **settings,
     })  # fmt: skip

@@ -31,11 +31,13 @@ from autotune.knobs import is_compiled
 from autotune.plan import SearchPlan
 from autotune.records import (
     BASELINE_ATTR,
+    INFORMED_ATTR,
     NOT_RUN_ATTR,
     OWNER_ATTR,
     PARAMS_ATTR,
     RETRY_OF_ATTR,
     TrialRecord,
+    counts_toward_n_trials,
     is_interrupted,
     is_recorded,
     record_of,
@@ -59,7 +61,18 @@ def make_sampler(plan: SearchPlan, *, seed: int) -> optuna.samplers.BaseSampler:
     """The configured sampler. TPE, NSGA-II and GP read each trial's constraint, so trials that
     ran out of memory steer them away; random and grid ignore constraints."""
     name = plan.config.sampler
-    if name in ("auto", "tpe"):
+    if name in ("auto", "gp"):
+        # Optuna's GP (the `auto` pick, after benchmarks/replay.py) models the knobs jointly
+        # and takes running trials into account (other workers' proposals). It runs on torch in
+        # this process (CPU tensors, never CUDA), a second or two per proposal, and needs scipy.
+        if importlib.util.find_spec("scipy") is None:
+            raise ConfigError(f"sampler={name} needs scipy: pip install scipy, or use sampler=tpe")
+        import torch
+
+        # One thread: other workers' trials may be running on the cores while this one asks.
+        torch.set_num_threads(1)
+        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
+    if name == "tpe":
         # Multivariate TPE models the knobs jointly (batch size and checkpointing interact);
         # `group` splits the conditional space (compile_mode, 64-multiple batches) into parts
         # that always appear together, instead of falling back to independent sampling.
@@ -70,13 +83,6 @@ def make_sampler(plan: SearchPlan, *, seed: int) -> optuna.samplers.BaseSampler:
             return optuna.samplers.TPESampler(
                 seed=seed, multivariate=True, group=True, constant_liar=True
             )
-    if name == "gp":
-        # Optuna's GP runs on torch (CPU tensors, never CUDA) and needs scipy.
-        if importlib.util.find_spec("scipy") is None:
-            raise ConfigError(
-                'sampler=gp needs scipy: pip install "autotune[gp]", or use sampler=tpe'
-            )
-        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
     if name == "nsga2":
         population = max(4, min(50, plan.config.n_trials // 4))
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
@@ -146,16 +152,18 @@ def run_search(
     observer: SearchObserver | None = None,
     launcher: runner.Launcher | None = None,
 ) -> str:
-    """Run trials until the study has `n_trials` recorded or `timeout` has passed; says why it
-    stopped. Other processes may run the same study at the same time (`workers=N`,
-    `autotune worker`): `n_trials` counts the whole study's trials, not this loop's.
+    """Run trials until the study has `n_trials` run (skipped ones run nothing and do not
+    count) or `timeout` has passed; says why it stopped. Other processes may run the same
+    study at the same time (`workers=N`, `autotune worker`): `n_trials` counts the whole
+    study's trials, not this loop's.
 
     The first trial of a study is the baseline (HF defaults; `enqueue_baseline`). Before each
     trial, every record is read afresh, trials whose search died are failed (a dead process on
     this host at once, any other after `stale_after` without a heartbeat) and their settings
     queued to run again once (`recover`), and the pre-trial checks run
     (`checks.PRE_TRIAL_CHECKS`): settings already run are told, not run again, and settings at
-    least as memory-hungry as a known OOM, whichever process met it, are skipped.
+    least as memory-hungry as a known OOM, whichever process met it, or estimated over the
+    budget by more than `estimate_margin`, are skipped.
     """
     config = plan.config
     observer = observer or SearchObserver()
@@ -168,25 +176,28 @@ def run_search(
     if plan.estimate_limit_gib is not None:
         pre_trial += (checks.over_budget_by_estimate(plan.estimate_gib, plan.estimate_limit_gib),)
     enqueue_baseline(study, baseline)
+    informed = plan.informed_start() if config.sampler == "auto" else []
     repeats = 0
     while True:
         for number in recover(study, plan.study_dir, baseline):
             observer.retried(number)
         trials = study.get_trials(deepcopy=False)  # afresh: other processes record trials too
         records = [record_of(t) for t in trials if is_recorded(t)]
-        if len(records) >= config.n_trials:
-            return f"{len(records)} of {config.n_trials} trials finished"
+        done = sum(counts_toward_n_trials(t) for t in trials)
+        if done >= config.n_trials:
+            return f"{done} of {config.n_trials} trials finished"
         if time.monotonic() > deadline:
-            return f"timeout: {len(records)} of {config.n_trials} trials finished"
+            return f"timeout: {done} of {config.n_trials} trials finished"
         sampler = study.sampler
         if isinstance(sampler, AskTellGridSampler) and sampler.is_exhausted(study):
-            return f"every grid point has run: {len(records)} trials finished"
+            return f"every grid point has run: {done} trials finished"
         running = sum(t.state is TrialState.RUNNING for t in trials)
-        if len(records) + running >= config.n_trials:
+        if done + running >= config.n_trials:
             # The last trials run in other processes: wait for them; one whose process dies
             # is failed by `recover` and run again here.
             time.sleep(WAIT_FOR_OTHERS_S)
             continue
+        queue_informed_start(study, trials, informed)
         with warnings.catch_warnings():
             # Optuna warns that heartbeats are meant for study.optimize: this loop beats itself.
             warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
@@ -216,16 +227,22 @@ def run_search(
                         time.sleep(RUNNING_BACKOFF_S)
                     continue
                 skip = checks.first_skip(params, records, pre_trial)
-                if skip is not None and skip.repeat_of is not None:
-                    tell_repeat(study, trial, skip.repeat_of, budget_gib)
+                if skip is not None:
+                    # Repeats and skips run nothing and use up no trial: too many of them in a
+                    # row and the space is exhausted.
                     repeats += 1
                     if repeats >= MAX_REPEATS:
+                        trial.set_user_attr(NOT_RUN_ATTR, "the space looks exhausted")
+                        study.tell(trial, state=TrialState.FAIL)
                         return (
-                            f"the last {MAX_REPEATS} proposals repeated settings already run: "
-                            f"the space looks exhausted after {len(records)} trials"
+                            f"the last {MAX_REPEATS} proposals repeated settings already run or "
+                            f"were skipped: the space looks exhausted after {done} trials"
                         )
+                else:
+                    repeats = 0
+                if skip is not None and skip.repeat_of is not None:
+                    tell_repeat(study, trial, skip.repeat_of, budget_gib)
                     continue
-                repeats = 0
                 estimate_gib = plan.estimate_gib(params)
                 if skip is not None:
                     result = TrialResult(status=Status.SKIPPED, reason=skip.reason)
@@ -282,7 +299,7 @@ def _not_to_run(
             if _queued_as(other) == queued_as:
                 return _NotRun(f"trial {other.number} was queued for the same: {queued_as}")
     ahead = sum(
-        is_recorded(t) or (t.state is TrialState.RUNNING and t.number < trial.number)
+        counts_toward_n_trials(t) or (t.state is TrialState.RUNNING and t.number < trial.number)
         for t in trials
     )
     if ahead >= n_trials:
@@ -421,6 +438,22 @@ def enqueue_baseline(
     if not any(t.user_attrs.get(BASELINE_ATTR) for t in study.get_trials(deepcopy=False)):
         values = {name: value for name, (_, value) in baseline.items()}
         study.enqueue_trial(values, user_attrs={BASELINE_ATTR: True})
+
+
+def queue_informed_start(
+    study: optuna.Study, trials: list[FrozenTrial], informed: list[dict[str, Any]]
+) -> None:
+    """Queue the next of `sampler=auto`'s informed start-up trials (`SearchPlan.informed_start`)
+    that no process has queued yet, when nothing else is queued: one at a time, right before
+    asking, so none is left queued when the search ends. They count as the sampler's start-up
+    trials; one that repeats settings already run is told that trial's result instead."""
+    if any(t.state is TrialState.WAITING for t in trials):
+        return
+    queued = {t.user_attrs.get(INFORMED_ATTR) for t in trials}
+    for index, values in enumerate(informed):
+        if index not in queued:
+            study.enqueue_trial(values, user_attrs={INFORMED_ATTR: index})
+            return
 
 
 def suggest(

@@ -153,7 +153,8 @@ class TerminalView(SearchObserver):
 
     def trial_ended(self, record: TrialRecord) -> None:
         self._drop(record.number)
-        done = int(self.bar.tasks[0].completed) + 1
+        # A skip runs nothing and uses up no trial.
+        done = int(self.bar.tasks[0].completed) + (record.status is not Status.SKIPPED)
         if record.status is Status.OK:
             self.best = max(self.best, record.result.samples_per_s)
         self.bar.update(self.task, completed=done, best=f"best {self.best:.2f} samples/s")

@@ -17,10 +17,10 @@ strategies run as they work, on the same answers:
 - random (`sampler=random`) and the full grid (`sampler=grid`), through the loop.
 
 For each: the best feasible samples/s found over the landscape's optimum (what a full grid
-finds) after 10, 20 and 30 trials, how many trials it took to come within 2% of the optimum,
+finds) after 10 and 20 trials, how many trials it took to come within 2% of the optimum,
 trials spent on OOM, and the recorded wall time of the trials it ran (CPU landscapes).
 
-    python benchmarks/replay.py [--seeds 10] [--trials 30] [--jobs 2]
+    python benchmarks/replay.py [--seeds 10] [--trials 20] [--jobs 2]
 
 Writes benchmarks/results/replay.json and benchmarks/results/replay.md (the tables).
 """
@@ -33,6 +33,7 @@ import json
 import multiprocessing
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -46,6 +47,7 @@ sys.path.insert(0, str(HERE))
 from landscapes import cost_model  # noqa: E402
 
 from autotune.api import quiet_optuna  # noqa: E402
+from autotune.estimate import Measured, calibrated_gib  # noqa: E402
 from autotune.replay import Landscape, plan_for, replay  # noqa: E402
 from autotune.trial import OUT_OF_MEMORY, Status  # noqa: E402
 
@@ -69,6 +71,7 @@ WITHIN = 0.98
 class Trial:
     status: str
     samples_per_s: float | None
+    """Set only where the trial is feasible (ok and within the budget)."""
     wall_s: float | None
 
 
@@ -84,13 +87,8 @@ def search(name: str, policy: str, seed: int, trials: int) -> list[Trial]:
     settings = dict(SEARCHES[policy])
     n_trials = len(land.points) + 1 if settings["sampler"] == "grid" else trials
     replayed = replay(land, n_trials=n_trials, seed=seed, **settings)
-    return [_trial(land, r.params, r.status.value) for r in replayed.records]
-
-
-def _trial(land: Landscape, params: dict, status: str) -> Trial:
-    if status == Status.SKIPPED.value:  # not run: no time spent
-        return Trial(status, None, 0.0)
-    return _as_trial(land.answer(params))
+    # Skipped proposals run nothing, cost no time and use up no trial: the trials are the runs.
+    return [_as_trial(land, point) for point in replayed.answered]
 
 
 # The peers' strategies: batch size only, other knobs at the HF defaults.
@@ -98,7 +96,8 @@ def _trial(land: Landscape, params: dict, status: str) -> Trial:
 
 def batches_at_defaults(land: Landscape) -> dict[int, dict]:
     """Batch size -> the landscape's point with every other knob at the HF defaults."""
-    baseline = plan_for(land, _space_file(land), Path("unused"), n_trials=1, seed=0).baseline
+    with tempfile.TemporaryDirectory() as work:
+        baseline = plan_for(land, Path(work), n_trials=1, seed=0).baseline
     fixed = {k: v for k, v in baseline.items() if k != "batch_size"}
     found: dict[int, dict] = {}
     for point in land.points:
@@ -165,19 +164,20 @@ def peer(name: str, policy: str) -> dict[str, Any]:
     land = landscape(name)
     tried, chosen = PEERS[policy](batches_at_defaults(land))
     optimum = land.optimum()
-    found = chosen["samples_per_s"] / optimum if chosen else 0.0
+    found = chosen["samples_per_s"] / optimum if chosen and land.feasible(chosen) else 0.0
     return {
         "found": found,
         "trials": len(tried),
         "within_2pct": found >= WITHIN,
         "oom_trials": sum(p["status"] in _oom() for p in tried),
-        "wall_s": _wall([_as_trial(p) for p in tried]),
+        "wall_s": _wall([_as_trial(land, p) for p in tried]),
         "chosen_batch": chosen["params"]["batch_size"] if chosen else None,
     }
 
 
-def _as_trial(point: dict) -> Trial:
-    return Trial(point["status"], point.get("samples_per_s"), point.get("wall_s"))
+def _as_trial(land: Landscape, point: dict) -> Trial:
+    speed = point["samples_per_s"] if land.feasible(point) else None
+    return Trial(point["status"], speed, point.get("wall_s"))
 
 
 def _oom() -> set[str]:
@@ -189,21 +189,11 @@ def _wall(trials: list[Trial]) -> float | None:
     return None if any(w is None for w in walls) else sum(walls)
 
 
-def _space_file(land: Landscape) -> Path:
-    import tempfile
-
-    import yaml
-
-    path = Path(tempfile.mkdtemp()) / "space.yaml"
-    path.write_text(yaml.safe_dump({"device": land.device, "knobs": land.knobs}))
-    return path
-
-
 def summarise(trials_by_seed: list[list[Trial]], optimum: float, marks: list[int]) -> dict:
     """Median (and min) found/optimum at each mark, trials to within 2%, OOM trials, wall."""
 
     def best(trials: list[Trial]) -> float:
-        return max((t.samples_per_s for t in trials if t.status == "ok"), default=0.0) / optimum
+        return max((t.samples_per_s or 0.0 for t in trials), default=0.0) / optimum
 
     def to_within(trials: list[Trial]) -> int | None:
         return next((k for k in range(1, len(trials) + 1) if best(trials[:k]) >= WITHIN), None)
@@ -226,6 +216,50 @@ def summarise(trials_by_seed: list[list[Trial]], optimum: float, marks: list[int
     return out
 
 
+def estimate_errors(name: str) -> dict[str, Any]:
+    """The estimate against every ok point's measured peak: as it is before any trial, and
+    calibrated on all the other ok points (`estimate.calibrated_gib`, as a search that has
+    measured them would)."""
+    land = landscape(name)
+    with tempfile.TemporaryDirectory() as work:
+        plan = plan_for(land, Path(work), n_trials=1, seed=0)
+    ok = [p for p in land.points if p["status"] == Status.OK.value]
+    raw = {id(p): plan.estimate_gib(p["params"]) for p in ok}
+    errors, calibrated = [], []
+    for point in ok:
+        others = [
+            Measured(params=o["params"], estimate_gib=raw[id(o)], peak_gib=o["peak_memory_gib"])
+            for o in ok
+            if o is not point
+        ]
+        errors.append(raw[id(point)] / point["peak_memory_gib"] - 1)
+        fixed = calibrated_gib(point["params"], raw[id(point)], others)
+        calibrated.append(fixed / point["peak_memory_gib"] - 1)
+    return {
+        "ok_trials": len(ok),
+        "raw_median_abs_error": statistics.median(abs(e) for e in errors),
+        "raw_median_error": statistics.median(errors),
+        "raw_error_range": [min(errors), max(errors)],
+        "calibrated_median_abs_error": statistics.median(abs(e) for e in calibrated),
+    }
+
+
+def estimate_table(errors: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "| landscape | ok trials | estimate: median abs error (median, range) "
+        "| calibrated on the other trials |",
+        "|---|---|---|---|",
+    ]
+    for name, e in errors.items():
+        low, high = e["raw_error_range"]
+        lines.append(
+            f"| `{name}` | {e['ok_trials']} | {e['raw_median_abs_error']:.1%} "
+            f"({e['raw_median_error']:+.1%}, {low:+.0%} to {high:+.0%}) "
+            f"| {e['calibrated_median_abs_error']:.1%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _run(task: tuple[str, str, int, int]) -> tuple[str, str, int, list[Trial], float]:
     quiet_optuna()
     warnings.simplefilter("ignore")
@@ -237,7 +271,7 @@ def _run(task: tuple[str, str, int, int]) -> tuple[str, str, int, list[Trial], f
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--trials", type=int, default=30)
+    parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--landscapes", nargs="+",
                         default=[p.stem for p in RECORDED] + [COST_MODEL])  # fmt: skip
@@ -277,10 +311,15 @@ def main() -> None:
                 summary["replay_s_per_seed"] = cpu_s[name, policy] / args.seeds
                 results[name]["policies"][policy] = summary
     out = HERE / "results"
-    summary = {"seeds": args.seeds, "trials": args.trials, "landscapes": results}
+    errors = {n: estimate_errors(n) for n in args.landscapes if n != COST_MODEL}
+    summary = {"seeds": args.seeds, "trials": args.trials, "landscapes": results,
+               "estimate": errors}  # fmt: skip
     (out / "replay.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "replay.md").write_text(tables(results, args.trials))
-    print(tables(results, args.trials))
+    text = (
+        tables(results, args.trials) + "\nThe memory estimate on CPU:\n\n" + estimate_table(errors)
+    )
+    (out / "replay.md").write_text(text)
+    print(text)
 
 
 def tables(results: dict[str, dict[str, Any]], trials: int) -> str:
@@ -308,14 +347,14 @@ def tables(results: dict[str, dict[str, Any]], trials: int) -> str:
         text += (
             f"\n`{name}`: {r['points']} points ({r['oom_points']} out of memory), optimum "
             f"{r['optimum_samples_per_s']:.1f} samples/s\n\n"
-            "| policy | found @10 | found @20 (min) | found @30 | seeds within 2% @20 "
+            "| policy | found @10 | found @20 (worst seed) | seeds within 2% @20 "
             "| trials to 2% (median, seeds reaching) | OOM trials @20 | wall @20 |\n"
-            "|---|---|---|---|---|---|---|---|\n"
+            "|---|---|---|---|---|---|---|\n"
         )
         for policy, p in r["policies"].items():
             if p.get("peer"):
                 wall = "-" if p["wall_s"] is None else f"{p['wall_s'] / 60:.1f} min"
-                text += (f"| {policy} | | {p['found']:.2f} (batch {p['chosen_batch']}) | | "
+                text += (f"| {policy} | | {p['found']:.2f} (batch {p['chosen_batch']}) | "
                          f"{'yes' if p['within_2pct'] else 'no'} | {p['trials']} trials run | "
                          f"{p['oom_trials']} | {wall} |\n")  # fmt: skip
                 continue
@@ -324,7 +363,7 @@ def tables(results: dict[str, dict[str, Any]], trials: int) -> str:
             wall = p.get("wall_s@20")
             text += (
                 f"| {policy} | {_cell(p, 10)} | {p['found@20']['median']:.2f} "
-                f"({p['found@20']['min']:.2f}) | {_cell(p, 30)} | "
+                f"({p['found@20']['min']:.2f}) | "
                 f"{p['within_2pct@20']}/{p['seeds']} | {median} ({reach['reached']}/{p['seeds']}) "
                 f"| {p['oom_trials@20']:g} | {'-' if wall is None else f'{wall / 60:.1f} min'} |\n"
             )

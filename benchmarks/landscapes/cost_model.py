@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import math
 import random
+import tempfile
 from pathlib import Path
 
 import optuna
@@ -85,7 +86,8 @@ def landscape() -> Landscape:
         device_facts=H100,
         description="benchmarks/landscapes/cost_model.py",
     )
-    plan = plan_for(empty, SPACE, Path("unused"), n_trials=1, seed=0)
+    with tempfile.TemporaryDirectory() as work:
+        plan = plan_for(empty, Path(work), n_trials=1, seed=0)
     seen: dict[str, dict] = {}
     grid = plan.space.grid(plan.rules)
     names = list(grid)

@@ -8,6 +8,8 @@ from autotune.checks import over_budget_by_estimate
 from autotune.cli.estimate import parse
 from autotune.errors import ConfigError
 from autotune.estimate import (
+    CPU_RUNTIME_BYTES,
+    CUDA_CONTEXT_BYTES,
     Measured,
     calibrated_gib,
     estimate,
@@ -49,11 +51,25 @@ def test_the_parts_follow_the_guides_anatomy():
     fp32 = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
                     params={"batch_size": 4}, device="cpu", parameters=p)  # fmt: skip
     assert (fp32.weights, fp32.gradients, fp32.optimizer) == (4 * p, 4 * p, 8 * p)
-    assert fp32.context == 0, "no CUDA context on CPU"
-    mixed = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
-                     params={"batch_size": 4, "precision": "bf16"}, device="cpu",
-                     parameters=p)  # fmt: skip
-    assert mixed.weights == 6 * p and mixed.activations < fp32.activations
+    assert fp32.context == CPU_RUNTIME_BYTES, "the CPU runtime's own memory, no CUDA context"
+    on_cuda = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
+                       params={"batch_size": 4}, device="cuda", parameters=p)  # fmt: skip
+    assert on_cuda.context == CUDA_CONTEXT_BYTES
+    # CPU SDPA under autocast runs the math path in fp32: more than eager attention keeps.
+    cpu_mixed = {"batch_size": 4, "precision": "bf16"}
+    sdpa, eager = (
+        estimate(
+            BERT_LARGE.config,
+            task="sequence-classification",
+            seq_len=512,
+            params={**cpu_mixed, "attn_implementation": attention},
+            device="cpu",
+            parameters=p,
+        )
+        for attention in ("sdpa", "eager")
+    )
+    assert sdpa.activations > eager.activations
+    assert eager.weights == 6 * p and eager.activations < fp32.activations
     assert optimizer_bytes_per_parameter("adamw_bnb_8bit") == 2
     assert optimizer_bytes_per_parameter("sgd") == 0
     adafactor = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
@@ -108,22 +124,22 @@ def test_calibration_uses_the_closest_evidence_there_is():
     params = {"batch_size": 32}
     assert calibrated_gib(params, 4.0, []) == 4.0, "nothing measured: the estimate itself"
     one = [measured(8, 1.0, 1.5)]
-    assert calibrated_gib(params, 4.0, one) == pytest.approx(6.0), "scaled like its mode"
+    assert calibrated_gib(params, 4.0, one) == pytest.approx(4.5), "shifted like its mode"
     line = [measured(8, 1.0, 1.5), measured(16, 2.0, 2.5)]  # 0.5 + 0.125 GiB a sample
     assert calibrated_gib(params, 4.0, line) == pytest.approx(4.5), "the mode's straight line"
     other_mode = [measured(8, 1.0, 2.0, precision="bf16")]
-    assert calibrated_gib(params, 4.0, other_mode) == pytest.approx(8.0), "the study's ratio"
+    assert calibrated_gib(params, 4.0, other_mode) == pytest.approx(5.0), "the study's shift"
 
 
 def test_the_estimate_check_skips_what_cannot_fit_and_says_why():
-    check = over_budget_by_estimate(lambda params: params["batch_size"] / 8, limit_gib=5.0)
+    check = over_budget_by_estimate(lambda params: params["batch_size"] / 8, limit_gib=4.5)
     record = TrialRecord(number=1, params={"batch_size": 8},
                          result=TrialResult(status=Status.OK, peak_memory_gib=2.0,
                                             estimate_gib=1.0))  # fmt: skip
     assert check({"batch_size": 32}, []) is None, "4 GiB estimated, not calibrated: runs"
     skip = check({"batch_size": 32}, [record])
     assert skip is not None and skip.repeat_of is None
-    assert skip.reason.startswith("estimated at 8.00 GiB (calibrated on 1 trial(s))")
+    assert skip.reason.startswith("estimated at 5.00 GiB (calibrated on 1 trial(s))")
     assert check({"batch_size": 16}, [record]) is None
 
 
@@ -157,3 +173,28 @@ def test_batch_sizes_that_cannot_fit_leave_the_space_and_the_smallest_stays(tmp_
     )
     off = plan_for(tmp_path, *settings, "memory_budget=3GiB", "estimate_margin=null")
     assert fit_batches_to_budget(off) == off
+
+
+def test_the_informed_start_is_the_largest_fitting_batch_of_each_precision(tmp_path):
+    import optuna
+
+    from autotune.config import load_config
+    from autotune.plan import make_plan
+    from tests.unit.test_hardening import CPU
+
+    plan = make_plan(load_config([f"out={tmp_path}", "model=bert-large-uncased", "seq_len=128",
+                                  "space=cpu", "memory_budget=12GiB"]), CPU)  # fmt: skip
+    start = plan.informed_start()
+    assert [v["precision"] for v in start] == ["fp32", "bf16"]
+    for values in start:
+        params = plan.space.sample(optuna.trial.FixedTrial(values), plan.rules)
+        assert {k: params[k] for k in ("optim", "gradient_checkpointing")} == {
+            "optim": plan.baseline["optim"],
+            "gradient_checkpointing": False,
+        }, "the other knobs as in the baseline"
+        assert plan.estimate_gib(params) <= 12
+        larger = [b for b in plan.space.batch_candidates(params["precision"], plan.rules)
+                  if b > params["batch_size"]]  # fmt: skip
+        if larger:
+            assert plan.estimate_gib({**params, "batch_size": larger[0]}) > 12
+    assert start[0]["batch_size"] < start[1]["batch_size"], "16-bit fits a larger batch"
