@@ -184,8 +184,8 @@ class RunConfig(BaseModel):
     )
     sampler: Sampler = Field(
         "auto",
-        description="Optuna sampler; auto = GP, after informed start-up trials (per precision "
-        "the largest batch the estimate fits); the best on the recorded landscapes",
+        description="Optuna sampler; auto = TPE (multivariate), the best on the recorded "
+        "landscapes (benchmarks/replay.py)",
     )
     noise_cv: float = Field(
         0.1, gt=0, description="flag a trial as noisy when its step-time CV is above this"

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import optuna
-
 from autotune import factories, user_data
 from autotune.capabilities import apply_sampling_rules, fit_space
 from autotune.config import STUDY_NAME_MAX_CHARS, RunConfig
@@ -65,35 +63,6 @@ class SearchPlan:
         except (UnknownShape, TypeError):  # a config of unexpected types: no estimate
             return None
         return found.total / GIB
-
-    def informed_start(self) -> list[dict[str, Any]]:
-        """`sampler=auto`'s first trials after the baseline: for each precision of the space,
-        the largest batch the estimate fits in the budget, the other knobs as in the baseline
-        (or the space's first value); as Optuna parameter values. Speed rises with the batch
-        until memory runs out on most devices, and precision is the knob worth most: these
-        show the sampler both before it models anything."""
-        grid = self.space.grid(self.rules)
-        precisions = grid.get("precision") or [self.baseline.get("precision")]
-        chosen: list[dict[str, Any]] = []
-        for precision in precisions:
-            knob = {name: "batch_size" if name.startswith("batch_size") else name for name in grid}
-            values = {name: self.baseline.get(knob[name], choices[0])
-                      for name, choices in grid.items()}  # fmt: skip
-            values = {name: value if value in grid[name] else grid[name][0]
-                      for name, value in values.items()}  # fmt: skip
-            values["precision"] = precision
-            fitting = None
-            for batch in reversed(self.space.batch_candidates(precision, self.rules)):
-                trial_values = {**values, **{n: batch for n in grid if n.startswith("batch_size")
-                                             and batch in grid[n]}}  # fmt: skip
-                params = self.space.sample(optuna.trial.FixedTrial(trial_values), self.rules)
-                estimate_gib = self.estimate_gib(params)
-                if estimate_gib is not None and estimate_gib <= self.info.memory_budget_gib:
-                    fitting = trial_values
-                    break
-            if fitting is not None and fitting not in chosen:
-                chosen.append(fitting)
-        return chosen
 
     @property
     def estimate_limit_gib(self) -> float | None:

@@ -31,7 +31,6 @@ from autotune.knobs import is_compiled
 from autotune.plan import SearchPlan
 from autotune.records import (
     BASELINE_ATTR,
-    INFORMED_ATTR,
     NOT_RUN_ATTR,
     OWNER_ATTR,
     PARAMS_ATTR,
@@ -61,19 +60,22 @@ def make_sampler(plan: SearchPlan, *, seed: int) -> optuna.samplers.BaseSampler:
     """The configured sampler. TPE, NSGA-II and GP read each trial's constraint, so trials that
     ran out of memory steer them away; random and grid ignore constraints."""
     name = plan.config.sampler
-    if name in ("auto", "gp"):
-        # Optuna's GP (the `auto` pick, after benchmarks/replay.py) models the knobs jointly
-        # and takes running trials into account (other workers' proposals). It runs on torch in
-        # this process (CPU tensors, never CUDA), a second or two per proposal, and needs scipy.
+    if name == "gp":
+        # Optuna's GP models the knobs jointly and takes running trials into account (other
+        # workers' proposals). It runs on torch in this process (CPU tensors, never CUDA), a
+        # second or so per proposal, and needs scipy.
         if importlib.util.find_spec("scipy") is None:
-            raise ConfigError(f"sampler={name} needs scipy: pip install scipy, or use sampler=tpe")
+            raise ConfigError(
+                'sampler=gp needs scipy: pip install "autotune[gp]", or use sampler=tpe'
+            )
         import torch
 
         # One thread: other workers' trials may be running on the cores while this one asks.
         torch.set_num_threads(1)
         return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
-    if name == "tpe":
-        # Multivariate TPE models the knobs jointly (batch size and checkpointing interact);
+    if name in ("auto", "tpe"):
+        # Multivariate TPE (the `auto` pick, after benchmarks/replay.py) models the knobs
+        # jointly (batch size and checkpointing interact);
         # `group` splits the conditional space (compile_mode, 64-multiple batches) into parts
         # that always appear together, instead of falling back to independent sampling.
         with warnings.catch_warnings():
@@ -176,7 +178,6 @@ def run_search(
     if plan.estimate_limit_gib is not None:
         pre_trial += (checks.over_budget_by_estimate(plan.estimate_gib, plan.estimate_limit_gib),)
     enqueue_baseline(study, baseline)
-    informed = plan.informed_start() if config.sampler == "auto" else []
     repeats = 0
     while True:
         for number in recover(study, plan.study_dir, baseline):
@@ -197,7 +198,6 @@ def run_search(
             # is failed by `recover` and run again here.
             time.sleep(WAIT_FOR_OTHERS_S)
             continue
-        queue_informed_start(study, trials, informed)
         with warnings.catch_warnings():
             # Optuna warns that heartbeats are meant for study.optimize: this loop beats itself.
             warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
@@ -438,22 +438,6 @@ def enqueue_baseline(
     if not any(t.user_attrs.get(BASELINE_ATTR) for t in study.get_trials(deepcopy=False)):
         values = {name: value for name, (_, value) in baseline.items()}
         study.enqueue_trial(values, user_attrs={BASELINE_ATTR: True})
-
-
-def queue_informed_start(
-    study: optuna.Study, trials: list[FrozenTrial], informed: list[dict[str, Any]]
-) -> None:
-    """Queue the next of `sampler=auto`'s informed start-up trials (`SearchPlan.informed_start`)
-    that no process has queued yet, when nothing else is queued: one at a time, right before
-    asking, so none is left queued when the search ends. They count as the sampler's start-up
-    trials; one that repeats settings already run is told that trial's result instead."""
-    if any(t.state is TrialState.WAITING for t in trials):
-        return
-    queued = {t.user_attrs.get(INFORMED_ATTR) for t in trials}
-    for index, values in enumerate(informed):
-        if index not in queued:
-            study.enqueue_trial(values, user_attrs={INFORMED_ATTR: index})
-            return
 
 
 def suggest(

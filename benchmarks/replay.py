@@ -9,8 +9,9 @@ strategies run as they work, on the same answers:
 - Lightning's BatchSizeFinder (binsearch mode): doubles the batch from the smallest until one
   runs out of memory, then bisects; keeps the largest batch that fits. Other knobs at defaults.
 - HF `auto_find_batch_size`: starts at a large batch (the landscape's largest) and shrinks it on
-  each out-of-memory until one fits. accelerate 1.x shrinks by 0.9, older releases by half; a
-  landscape of doubling batches can only answer halving, which undercounts the 0.9 steps' OOMs.
+  each out-of-memory until one fits: here to the next smaller batch the landscape has.
+  accelerate 1.x shrinks by 0.9, older releases by half; on the CPU landscapes' doubling
+  batches that is halving, which undercounts the OOMs of 0.9 steps.
 - DeepSpeed autotuning, fast mode: sweeps the micro batch at fixed other knobs (from the
   smallest until one runs out of memory) and keeps the fastest.
 - HF defaults: the baseline alone.
@@ -56,7 +57,6 @@ COST_MODEL = "cost-model-h100"
 SEARCHES: dict[str, dict[str, Any]] = {
     "autotune (sampler=auto)": {"sampler": "auto"},
     "auto without the estimate": {"sampler": "auto", "estimate_margin": None},
-    "tpe": {"sampler": "tpe"},
     "gp": {"sampler": "gp"},
     "nsga2": {"sampler": "nsga2"},
     "random": {"sampler": "random"},

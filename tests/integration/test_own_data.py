@@ -58,9 +58,7 @@ def test_a_search_on_the_users_data_measures_padding_and_reuses_its_tokens(corpu
     assert command[:2] == ["autotune", "search"] and "space=data" in command
     command = [a.replace("reviews.jsonl", str(data)).replace("my-tokenizer", str(tokenizer))
                for a in command[1:]]  # fmt: skip
-    # Random proposals: six trials of the default sampler start at the baseline's loader knobs.
-    fast = ["n_trials=6", "warmup_steps=1", "measure_steps=4", f"out={tmp_path}", "study=own",
-            "sampler=random"]  # fmt: skip
+    fast = ["n_trials=6", "warmup_steps=1", "measure_steps=4", f"out={tmp_path}", "study=own"]
     proc = autotune(*command, *fast)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = load_records(study_of(tmp_path / "own"))

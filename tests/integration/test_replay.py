@@ -5,7 +5,7 @@ benchmark wrote."""
 
 import importlib.util
 import json
-import statistics
+import math
 import sys
 from pathlib import Path
 
@@ -44,7 +44,7 @@ def test_three_landscapes_are_recorded_with_a_memory_edge_each_point_once():
         assert "oom" in statuses and "ok" in statuses, f"{land.name}: no memory edge"
         grid = {json.dumps({k: p["params"][k] for k in varied}, sort_keys=True)
                 for p in land.points}  # fmt: skip
-        assert len(grid) == statistics.prod(len(v) for v in varied.values()), land.name
+        assert len(grid) == math.prod(len(v) for v in varied.values()), land.name
         for point in land.points:
             if point["status"] == "ok":  # a few MiB past the budget, between two looks
                 assert point["peak_memory_gib"] <= land.memory_budget_gib * 1.02

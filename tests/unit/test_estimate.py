@@ -173,28 +173,3 @@ def test_batch_sizes_that_cannot_fit_leave_the_space_and_the_smallest_stays(tmp_
     )
     off = plan_for(tmp_path, *settings, "memory_budget=3GiB", "estimate_margin=null")
     assert fit_batches_to_budget(off) == off
-
-
-def test_the_informed_start_is_the_largest_fitting_batch_of_each_precision(tmp_path):
-    import optuna
-
-    from autotune.config import load_config
-    from autotune.plan import make_plan
-    from tests.unit.test_hardening import CPU
-
-    plan = make_plan(load_config([f"out={tmp_path}", "model=bert-large-uncased", "seq_len=128",
-                                  "space=cpu", "memory_budget=12GiB"]), CPU)  # fmt: skip
-    start = plan.informed_start()
-    assert [v["precision"] for v in start] == ["fp32", "bf16"]
-    for values in start:
-        params = plan.space.sample(optuna.trial.FixedTrial(values), plan.rules)
-        assert {k: params[k] for k in ("optim", "gradient_checkpointing")} == {
-            "optim": plan.baseline["optim"],
-            "gradient_checkpointing": False,
-        }, "the other knobs as in the baseline"
-        assert plan.estimate_gib(params) <= 12
-        larger = [b for b in plan.space.batch_candidates(params["precision"], plan.rules)
-                  if b > params["batch_size"]]  # fmt: skip
-        if larger:
-            assert plan.estimate_gib({**params, "batch_size": larger[0]}) > 12
-    assert start[0]["batch_size"] < start[1]["batch_size"], "16-bit fits a larger batch"
