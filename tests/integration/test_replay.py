@@ -59,7 +59,7 @@ def test_the_estimate_against_the_measured_cpu_peaks(land):
     errors = benchmark_module().estimate_errors(land.name)
     assert errors["ok_trials"] == sum(p["status"] == "ok" for p in land.points)
     assert errors["calibrated_median_abs_error"] <= 0.15, errors
-    assert errors["raw_median_abs_error"] <= 0.20, errors
+    assert errors["raw_median_abs_error"] <= 0.15, errors
 
 
 @pytest.mark.parametrize("land", RECORDED, ids=lambda land: land.name)

@@ -88,7 +88,7 @@ def test_batches_the_estimate_puts_over_budget_are_skipped_without_running(tmp_p
     """With the estimate on (the default margin): batches that cannot fit whatever the other
     knobs leave the space before the search, a proposal estimated over the budget never
     starts, and every trial that ran keeps its estimate beside its measured peak. Estimated
-    (eager attention, SGD): batch 320 at 1.35 GiB in fp32 and 0.89 in bf16, 1024 at 2.6 in
+    (eager attention, SGD): batch 320 at 1.37 GiB in fp32 and 0.91 in bf16, 1024 at 2.6 in
     bf16; the limit is 0.98 GiB. Precision has no memory order, so an out-of-memory bf16 trial
     does not stand for the fp32 one: only the estimate can skip it."""
     space = tmp_path / "batches.yaml"
