@@ -313,6 +313,14 @@ def _not_to_run(
             and theirs is not None
             and checks.settings_key(theirs) == key
         ):
+            if (
+                queued_as is not None
+                and other.number > trial.number
+                and (_queued_as(other) == queued_as)
+            ):
+                # A later copy of this queued trial (two processes queued it at once): it
+                # steps aside for this one above; stepping aside here too would run neither.
+                continue
             return _NotRun(f"trial {other.number} was running these settings", True)
     return None
 

@@ -125,6 +125,23 @@ def test_settings_another_process_is_running_are_not_run_again():
     assert not is_interrupted(study.trials[mine.number])
 
 
+def test_of_two_retries_queued_at_once_the_earlier_runs_whichever_is_asked_first():
+    from autotune.records import PARAMS_ATTR
+    from autotune.study import RETRY_OF_ATTR, _not_to_run
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    settings = {"batch_size": 16}
+    for _ in range(2):  # two processes found trial 5 dead and each queued its settings
+        study.enqueue_trial({}, user_attrs={RETRY_OF_ATTR: 5})
+    earlier, later = study.ask(), study.ask()
+    for trial in (later, earlier):  # the later copy was asked for, and published, first
+        trial.set_user_attr(PARAMS_ATTR, settings)
+    assert _not_to_run(study, later, settings, n_trials=10).reason.startswith(
+        "trial 0 was queued for the same"
+    )
+    assert _not_to_run(study, earlier, settings, n_trials=10) is None, "neither would run"
+
+
 def test_trials_asked_for_earlier_go_first_up_to_n_trials():
     from autotune.study import _not_to_run
 
