@@ -24,6 +24,7 @@ import transformers
 
 import autotune
 from autotune import checks
+from autotune.replay import FIGURES
 
 HERE = Path(__file__).parent
 SETTINGS = {
@@ -34,8 +35,6 @@ SETTINGS = {
     "measure_steps": 5,
     "estimate_margin": None,
 }
-FIGURES = ("samples_per_s", "tokens_per_s", "peak_memory_gib", "estimate_gib", "step_time_cv",
-           "step_time_median_ms", "wall_s")  # fmt: skip
 
 
 def main() -> None:
