@@ -20,6 +20,7 @@ import optuna
 
 from autotune import factories, parallel, software_cache, user_data
 from autotune.config import RunConfig, WorkerConfig, make_config
+from autotune.interrupts import SearchInterrupted, stop_signals
 from autotune.knobs import MathChange, describe_params
 from autotune.plan import SearchPlan, make_plan
 from autotune.records import RunInfo, StudySnapshot, TrialRecord, read_snapshot, trials_run
@@ -160,7 +161,11 @@ def search(
     quiet_optuna()
     config = make_config({"model": model, "quiet": quiet, **settings})
     view = TerminalView(quiet=config.quiet)
-    result = run(config, observer=view, launcher=launcher)
+    try:
+        result = run(config, observer=view, launcher=launcher)
+    except SearchInterrupted as exc:
+        print_paths(view.report, exc.paths)  # what finished is written: say where
+        raise
     print_outcome(view.report, result.snapshot)
     print_paths(view.report, result.paths)
     return result
@@ -199,14 +204,29 @@ def run(
         device_info = software_cache.probe_device()
     plan = make_plan(config, device_info)
     prepare_inputs(plan, observer)
-    with locked_study(plan) as (study, plan):
+    with locked_study(plan) as (study, plan), stop_signals() as signals:
         observer.planned(plan, done_before=trials_run(study))
         try:
             stopped = _run_workers(plan, study, observer, launcher)
-        finally:
-            snapshot = read_snapshot(study)
-            paths = write_study_folder(snapshot, plan.study_dir)
+        except KeyboardInterrupt as exc:
+            # Ctrl-C, SIGTERM or SIGHUP: the running trial was recorded as interrupted; what
+            # finished is written, and the paths go with the exception to be said.
+            interrupted = signals.interrupted(exc)
+            with signals.deferred():
+                _, interrupted.paths = _write_outputs(study, plan)
+            raise interrupted from None
+        except BaseException:
+            with signals.deferred():
+                _write_outputs(study, plan)
+            raise
+        with signals.deferred():  # a signal now stops the search once the outputs are whole
+            snapshot, paths = _write_outputs(study, plan)
     return SearchResult(snapshot=snapshot, study_dir=plan.study_dir, paths=paths, stopped=stopped)
+
+
+def _write_outputs(study: optuna.Study, plan: SearchPlan) -> tuple[StudySnapshot, list[Path]]:
+    snapshot = read_snapshot(study)
+    return snapshot, write_study_folder(snapshot, plan.study_dir)
 
 
 def join(
@@ -226,7 +246,11 @@ def join(
     prepare_inputs(plan, observer)
     study, plan = open_study(plan, joining=True)
     observer.planned(plan, done_before=trials_run(study))
-    return plan, _run_workers(plan, study, observer, launcher)
+    with stop_signals() as signals:
+        try:
+            return plan, _run_workers(plan, study, observer, launcher)
+        except KeyboardInterrupt as exc:
+            raise signals.interrupted(exc) from None
 
 
 def prepare_inputs(plan: SearchPlan, observer: SearchObserver) -> None:

@@ -1,14 +1,17 @@
 """The run configuration: typed, validated, with every default in one place.
 
-`autotune search key=value ...` overrides are parsed Hydra-style: the value is read as YAML
-(`n_trials=8` is an int, `storage=null` is None, `study=run1` a string), and pydantic validates
-the result. Problems are collected and reported at once.
+`autotune search key=value ...` overrides are parsed Hydra-style: the value of a setting whose
+type needs it is read as YAML (`n_trials=8` is an int, `quiet=true` a bool); a path, name or URL
+(a setting typed `str` or `Path`) is the literal text typed (`data=#reviews.jsonl` is that file,
+not a YAML comment), `null` or `~` alone meaning unset where the setting may be. pydantic
+validates the result. Problems are collected and reported at once.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
+import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +29,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
 from autotune.errors import ConfigError
 
@@ -169,6 +173,7 @@ class RunConfig(BaseModel):
     measure_steps: int = Field(10, ge=2, description="timed optimizer steps per trial")
     memory_budget: ByteSize | None = Field(
         None,
+        gt=0,
         description="memory a trial may use, e.g. 24GiB: past it the trial is oom; "
         "null = the device's free memory when the study is made (stored with the study)",
         json_schema_extra={"metavar": "SIZE"},
@@ -288,8 +293,42 @@ def study_name_problem(name: str) -> str | None:
     return None
 
 
-def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """`["a=1", "b=x"]` -> `({"a": 1, "b": "x"}, problems)`."""
+NULL_WORDS = frozenset({"null", "Null", "NULL", "~"})
+"""What YAML reads as null; alone, they unset an optional path, name or URL too."""
+
+
+def _text_only(annotation: Any) -> tuple[bool, bool]:
+    """(the setting takes text alone, it may be None) for a field's type: `str`, `Path`,
+    `StudyName | None`, ... are text; `int | Literal["auto"]`, `Literal[...]`, numbers are not."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) is not Literal else ()
+    if typing.get_origin(annotation) is Annotated:
+        return _text_only(args[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        optional = len(inner) < len(args)
+        return len(inner) == 1 and _text_only(inner[0])[0], optional
+    return annotation in (str, Path), False
+
+
+def _read_value(raw: str, field: FieldInfo | None) -> Any:
+    """The typed value of one override: literal text for a path, name or URL (YAML would
+    turn `#x` into null, `a: b` into a mapping, a newline into a space), YAML otherwise."""
+    if field is not None:
+        text, optional = _text_only(field.annotation)
+        if text:
+            return None if optional and raw.strip() in NULL_WORDS else raw
+    try:
+        return yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError:
+        return raw  # not YAML (e.g. `[8,`): let validation say what is expected
+
+
+def parse_overrides(
+    overrides: list[str], schema: type[BaseModel] | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """`["a=1", "b=x"]` -> `({"a": 1, "b": "x"}, problems)`; each value typed as `schema`'s
+    field of that name needs (`_read_value`); keys it lacks are read as YAML."""
+    fields = schema.model_fields if schema is not None else {}
     values: dict[str, Any] = {}
     problems: list[str] = []
     seen: set[str] = set()
@@ -303,11 +342,7 @@ def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
             problems.append(f"{key}: given more than once")
             continue
         seen.add(key)
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else raw
-        except yaml.YAMLError:
-            value = raw  # not YAML (e.g. `[8,`): let validation say what is expected
-        values[key] = value
+        values[key] = _read_value(raw, fields.get(key))
     return values, problems
 
 
@@ -366,11 +401,19 @@ class WorkerConfig(BaseModel):
         "has its n_trials",
         json_schema_extra={"metavar": "DURATION"},
     )
+    trainer: TrainerFactory | None = Field(
+        None,
+        description="run this Trainer factory (module:function or path/to/file.py:function, "
+        "the same function the study names) instead of the file the study names, which is "
+        "run only when its content is the one the search checked; null = the study's",
+        json_schema_extra={"metavar": "MODULE:FUNCTION"},
+    )
     quiet: bool = Field(False, description="print only errors")
 
 
-PER_PROCESS_SETTINGS = frozenset(WorkerConfig.model_fields) - {"study"} | {"storage"}
-"""Settings each process sets for itself; the others are the study's (stored with it)."""
+PER_PROCESS_SETTINGS = frozenset(WorkerConfig.model_fields) - {"study", "trainer"} | {"storage"}
+"""Settings each process sets for itself; the others are the study's (stored with it). A
+worker's own `trainer=` stands in for the study's, which is stored."""
 
 
 class EstimateConfig(BaseModel):
@@ -389,6 +432,7 @@ class EstimateConfig(BaseModel):
     )
     memory_budget: ByteSize | None = Field(
         None,
+        gt=0,
         description="the memory to fit, e.g. 24GiB; null = the device's free memory now",
         json_schema_extra={"metavar": "SIZE"},
     )
@@ -408,7 +452,7 @@ class ReportConfig(BaseModel):
 
 def load_config(overrides: list[str], schema: type[BaseModel] = RunConfig) -> Any:
     """Parse and validate command-line overrides into `schema` (RunConfig by default)."""
-    values, problems = parse_overrides(overrides)
+    values, problems = parse_overrides(overrides, schema)
     return make_config(values, schema, problems)
 
 
@@ -422,6 +466,9 @@ def make_config(
         _unknown_key_problem(key, schema) for key in values if key not in schema.model_fields
     ]  # fmt: skip
     known = {k: v for k, v in values.items() if k in schema.model_fields}
+    for key in [k for k, v in known.items() if isinstance(v, bool) and _numeric(schema, k)]:
+        # pydantic reads True as 1 (`seq_len=True` from the API): a slip, never meant
+        problems.append(f"{key}={known.pop(key)}: expected a number, not a boolean")
     try:
         config = schema(**known)
     except ValidationError as exc:
@@ -431,8 +478,23 @@ def make_config(
     return config
 
 
+def _numeric(schema: type[BaseModel], key: str) -> bool:
+    """Whether setting `key` takes a number (int, float, a size, a duration) and no boolean."""
+    annotation = schema.model_fields[key].annotation
+    kinds = typing.get_args(annotation) or (annotation,)
+    kinds = [typing.get_args(k)[0] if typing.get_origin(k) is Annotated else k for k in kinds]
+    if bool in kinds:
+        return False
+    return any(isinstance(k, type) and issubclass(k, int | float) for k in kinds)
+
+
 def _unknown_key_problem(key: str, schema: type[BaseModel]) -> str:
     close = difflib.get_close_matches(key, schema.model_fields, n=1, cutoff=0.6)
+    if schema is WorkerConfig:  # a worker's few keys, said; a search's come from the study
+        takes = ", ".join(WorkerConfig.model_fields)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return (f"{key}: not a setting of autotune worker: {hint}a worker takes {takes}; the "
+                "model and the search's other settings come from the study")  # fmt: skip
     hint = f"; did you mean {close[0]}?" if close else "; see --help"
     return f"{key}: unknown key{hint}"
 

@@ -18,6 +18,7 @@ import yaml
 from autotune.errors import StudyError
 from autotune.knobs import KNOBS
 from autotune.models import TASK_CLASSES
+from autotune.output_files import write_atomic
 from autotune.trial import write_json_atomic
 
 if TYPE_CHECKING:  # the worker imports this module and must not import optuna via records
@@ -31,7 +32,7 @@ def write_recommendation(
     json_path = study_dir / "recommended.json"
     py_path = study_dir / "recommended.py"
     write_json_atomic(json_path, recommendation)
-    py_path.write_text(script, encoding="utf-8")  # the encoding Python reads source in
+    write_atomic(py_path, script)  # UTF-8: the encoding Python reads source in
     return [json_path, py_path]
 
 

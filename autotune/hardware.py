@@ -134,7 +134,10 @@ def memory_without_torch(device: str) -> tuple[str, str, int]:
             return "cuda", name.decode() if isinstance(name, bytes) else name, int(free)
         except Exception as exc:  # no driver, no GPU, no NVML: each means "no GPU"
             if device == "cuda":
-                raise DeviceError(f"device=cuda: NVML sees no GPU here ({exc})") from exc
+                raise DeviceError(
+                    f"device=cuda: NVML sees no GPU here ({exc}); to estimate for a GPU on "
+                    "another machine, give its memory: device=cuda memory_budget=80GiB"
+                ) from exc
     return "cpu", _cpu_name(), psutil.virtual_memory().available
 
 

@@ -28,12 +28,19 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import psutil
 from optuna.trial import TrialState
 
 from autotune.errors import AutotuneError, ConfigError
 from autotune.hardware import DeviceInfo
 from autotune.processes import die_with_parent
-from autotune.records import PARAMS_ATTR, RETRY_OF_ATTR, is_recorded, record_of
+from autotune.records import (
+    PARAMS_ATTR,
+    RETRY_OF_ATTR,
+    counts_toward_n_trials,
+    is_recorded,
+    record_of,
+)
 from autotune.trial import PROGRESS_FILE, Progress, read_progress, write_json_atomic
 
 WATCH_S = 0.5
@@ -41,6 +48,9 @@ WATCH_S = 0.5
 STOP_WAIT_S = 30.0
 """How long workers get to end their trial's record after Ctrl-C before they are killed."""
 LOG_TAIL_LINES = 15
+STORAGE_ENV = "AUTOTUNE_STORAGE_URL"
+"""How a worker process gets the study's storage URL: in its environment (readable by its
+user alone), not in spec.json, as the URL may hold a password."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -175,13 +185,16 @@ def run_workers(plan: Any, study: optuna.Study, observer: Any, launcher: Any) ->
     folder = plan.study_dir / "workers" / f"{socket.gethostname()}-{os.getpid()}"
     folder.mkdir(parents=True, exist_ok=True)
     spec = {
-        "settings": plan.config.model_dump(mode="json"),
+        # Without the storage URL: it may hold a password, and the study folder is no place
+        # for one (it is kept, shared, copied); the workers get it in their environment.
+        "settings": plan.config.model_dump(mode="json", exclude={"storage"}),
         "device_info": dataclasses.asdict(plan.device_info),
         "slots": [dataclasses.asdict(s) for s in plan.slots],
         "trial_command": trial_command,
     }
     write_json_atomic(folder / "spec.json", spec)
-    workers = [_start(folder, k) for k in range(len(plan.slots))]
+    env = os.environ | {STORAGE_ENV: plan.storage_url}
+    workers = [_start(folder, k, env) for k in range(len(plan.slots))]
     watcher = _Watcher(plan, study, observer)
     try:
         while True:
@@ -191,6 +204,13 @@ def run_workers(plan: Any, study: optuna.Study, observer: Any, launcher: Any) ->
                 if worker.returncode not in (None, 0) and k not in watcher.failed:
                     watcher.failed.add(k)
                     observer.worker_failed(k, _exit(worker.returncode), _tail(_log(folder, k)))
+            for k in _stopped_after_the_study_ended(workers, study, plan.config.n_trials):
+                # Stopped (SIGSTOP, a debugger) it would be waited for forever; the study has
+                # its trials without it (its trial, stale, was run again elsewhere).
+                workers[k].kill()
+                watcher.failed.add(k)
+                observer.worker_failed(k, "stopped (SIGSTOP) while the study got all its "
+                                       "trials: ended it", _tail(_log(folder, k)))  # fmt: skip
             if all(done):
                 watcher.look()  # what the last worker recorded just before it ended
                 break
@@ -206,10 +226,24 @@ def run_workers(plan: Any, study: optuna.Study, observer: Any, launcher: Any) ->
     return _stopped(folder, workers)
 
 
-def _start(folder: Path, index: int) -> subprocess.Popen:
+def _stopped_after_the_study_ended(
+    workers: list[subprocess.Popen], study: optuna.Study, n_trials: int
+) -> list[int]:
+    """The workers that are stopped (not running, not ended) once the study has `n_trials`."""
+    stopped = []
+    for k, worker in enumerate(workers):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if worker.poll() is None and psutil.Process(worker.pid).status() == "stopped":
+                stopped.append(k)
+    trials = study.get_trials(deepcopy=False) if stopped else []
+    return stopped if sum(counts_toward_n_trials(t) for t in trials) >= n_trials else []
+
+
+def _start(folder: Path, index: int, env: dict[str, str]) -> subprocess.Popen:
     with open(_log(folder, index), "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "autotune.parallel", str(folder / "spec.json"), str(index)],
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -327,7 +361,9 @@ def _worker_main(spec_path: Path, index: int) -> int:
     slot = Slot(**{k: tuple(v) if isinstance(v, list) else v for k, v in owned.items()})
     print(f"worker {index} (pid {os.getpid()}): {slot.describe()}", flush=True)
     # The slots were assigned by the process that started the workers: this one is slot INDEX.
-    settings = spec["settings"] | {"workers": 1, "devices": "auto"}
+    # Taken out of the environment: the trials, and the user's code in them, need no password.
+    storage = os.environ.pop(STORAGE_ENV)
+    settings = spec["settings"] | {"workers": 1, "devices": "auto", "storage": storage}
     plan = make_plan(make_config(settings), DeviceInfo.from_facts(spec["device_info"]))
     command = spec["trial_command"]
     with slot.applied():  # before the fork server starts: it and every trial inherit it
@@ -342,14 +378,19 @@ def _worker_main(spec_path: Path, index: int) -> int:
 
 
 def main(argv: list[str]) -> int:
+    from autotune.interrupts import SearchInterrupted, stop_signals
+
     try:
-        return _worker_main(Path(argv[0]), int(argv[1]))
+        # SIGTERM sent to a worker itself (a scheduler ending every process of the job) ends
+        # its trial as the forwarded Ctrl-C does: recorded as interrupted.
+        with stop_signals():
+            return _worker_main(Path(argv[0]), int(argv[1]))
     except AutotuneError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("interrupted", file=sys.stderr, flush=True)
-        return 130
+        return exc.exit_code if isinstance(exc, SearchInterrupted) else 130
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from autotune.estimate import KNOBS_READ, UnknownShape, estimate
 from autotune.hardware import DeviceInfo
 from autotune.knobs import baseline_params
 from autotune.models import ModelSpec, catalogue_parameter_counts, resolve_model
+from autotune.output_files import check_owner
 from autotune.parallel import Slot, assign
 from autotune.records import RunInfo
 from autotune.space import SamplingRules, SearchSpace
@@ -119,16 +120,17 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         space = None
     if model is not None:
         task = model.default_task if config.task == "auto" else config.task
-        limit = model.max_seq_len
-        if limit is not None and config.seq_len > limit:
-            problems.append(f"seq_len={config.seq_len}: {model.name} takes at most {limit} tokens")
-        problems += model_problems(model, task, device_info)
+        problems += input_problems(model, task, config.seq_len, device_info)
     study_name = study_dir = None
     if model is not None:
         study_name = config.study or default_study_name(model.name, device, config.seq_len)
         study_dir = (config.out / study_name).resolve()
         if not study_dir.is_relative_to(config.out.resolve()):
             problems.append(f"study={study_name}: {study_dir} lies outside out={config.out}")
+        try:  # before anything (the data cache first) is written into it
+            check_owner(study_dir)
+        except AutotuneError as exc:
+            problems.append(str(exc))
     slots, slot_problems = assign(config.workers, config.devices, device, device_info)
     problems += slot_problems
     search_dir = Path.cwd()
@@ -139,8 +141,7 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         except AutotuneError as exc:
             problems.append(str(exc))
     if config.trainer:
-        trainer = {"factory": factories.normalise(config.trainer, search_dir),
-                   "search_dir": str(search_dir)}  # fmt: skip
+        trainer = trainer_info(config.trainer, search_dir)
     if problems:
         raise ConfigError("\n".join(problems))
     assert model is not None and space is not None and study_name and study_dir
@@ -183,6 +184,16 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         data=data,
         search_dir=search_dir,
     )
+
+
+def trainer_info(ref: str, search_dir: Path) -> dict[str, str | None]:
+    """What the study stores of `trainer=`: the reference (a file made absolute), the folder a
+    module is looked up in, and the sha256 of the file it runs (None: no such file; the check
+    says so), which a worker joining the study checks before it runs that file."""
+    factory = factories.normalise(ref, search_dir)
+    source = factories.source_file(factory, search_dir)
+    return {"factory": factory, "search_dir": str(search_dir),
+            "sha256": factories.sha256_of(source) if source else None}  # fmt: skip
 
 
 def fit_batches_to_budget(plan: SearchPlan) -> SearchPlan:
@@ -242,6 +253,16 @@ def _absolute(path_or_id: str) -> str:
     """A local path made absolute; a hub id as it is."""
     path = Path(path_or_id).expanduser()
     return str(path.resolve()) if path.exists() else path_or_id
+
+
+def input_problems(model: ModelSpec, task: str, seq_len: int, device_info: DeviceInfo) -> list[str]:
+    """What the search refuses about the model, its task and seq_len before any trial runs;
+    `autotune estimate` asks the same, so it never answers for what the search refuses."""
+    problems = []
+    limit = model.max_seq_len
+    if limit is not None and seq_len > limit:
+        problems.append(f"seq_len={seq_len}: {model.name} takes at most {limit} tokens")
+    return problems + model_problems(model, task, device_info)
 
 
 def model_problems(model: ModelSpec, task: str, device_info: DeviceInfo) -> list[str]:

@@ -75,9 +75,10 @@ class RunInfo:
     """Trackers the exported script logs to (`TrainingArguments.report_to`); trials never log."""
     data: dict[str, Any] | None = None
     """The user's data (`user_data.DataSpec` fields and its `fingerprint`); None: synthetic."""
-    trainer: dict[str, str] | None = None
-    """The user's Trainer: `factory` (`module:function`, or a file made absolute) and the
-    `search_dir` a module was looked up in; None: autotune builds the Trainer."""
+    trainer: dict[str, str | None] | None = None
+    """The user's Trainer: `factory` (`module:function`, or a file made absolute), the
+    `search_dir` a module was looked up in, and the `sha256` of the file it runs (None in
+    studies made before it was stored); None: autotune builds the Trainer."""
 
     @property
     def data_fingerprint(self) -> str | None:

@@ -12,6 +12,7 @@ fraction of a second instead of paying ~7 s of imports. `CommandLauncher` runs a
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import multiprocessing
 import os
@@ -20,13 +21,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
 from pathlib import Path
 from typing import Protocol
 
 import psutil
 
 from autotune.oom_killer import OomWitness
-from autotune.processes import die_with_parent
+from autotune.processes import descendants, die_with_parent, end_processes
 from autotune.trial import (
     PROGRESS_FILE,
     Progress,
@@ -37,7 +39,8 @@ from autotune.trial import (
     spec_to_dict,
     write_json_atomic,
 )
-from autotune.units import GIB, format_bytes
+from autotune.units import GIB, format_bytes_apart
+from autotune.worker_log import CappedLog
 
 WORKER_COMMAND = (sys.executable, "-m", "autotune.worker")
 PRELOAD = (
@@ -48,7 +51,11 @@ PRELOAD = (
     "autotune.worker",
 )
 STDERR_TAIL_CHARS = 4000
+LOG_PIPE = "worker.pipe"
 POLL_S = 0.05
+TREE_WALK_S = 0.5
+"""Least time between two listings of the worker's descendants when the memory watchdog does
+not list them at every poll: a listing reads every process's /proc entry (a few ms)."""
 
 
 class Worker(Protocol):
@@ -131,18 +138,58 @@ class ForkserverLauncher:
         The first fork waits for those imports; done here, they are not charged to the first
         trial's `trial_timeout`."""
         if not self._ready:
-            process = self.context.Process(target=_nothing)
+            process = _TrialProcess(target=_nothing)
             process.start()
             process.join()
             self._ready = True
 
     def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker:
         # Not a daemon: daemonic processes may not have children, and DataLoader workers are.
-        process = self.context.Process(
+        process = _TrialProcess(
             target=_forked_main, args=(str(spec_path), str(result_path), str(log_path))
         )
         process.start()
         return _Forked(process)
+
+
+_MAIN_MODULE_KEYS = ("init_main_from_path", "init_main_from_name")
+"""What tells a fork-server child to import the parent's `__main__` before it runs."""
+
+
+class _TrialProcess(context.ForkServerProcess):
+    """A fork-server child that never imports the search's `__main__`.
+
+    multiprocessing re-imports the parent's main module in each child (as `__mp_main__`) so
+    that targets defined there can be unpickled. A trial's target is `_forked_main`, found by
+    its module's name, so nothing of `__main__` is needed; imported, a user's script without
+    an `if __name__ == "__main__":` guard would start a search of its own in every trial, and
+    `python - < script.py` would fail on a file named '<stdin>'."""
+
+    @staticmethod
+    def _Popen(process_obj: multiprocessing.process.BaseProcess) -> popen_forkserver.Popen:
+        return _TrialPopen(process_obj)
+
+
+class _TrialPopen(popen_forkserver.Popen):
+    def _launch(self, process_obj: multiprocessing.process.BaseProcess) -> None:
+        # CPython 3.11's own `_launch`, with the main module left out of the data.
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        for key in _MAIN_MODULE_KEYS:
+            prep_data.pop(key, None)
+        buf = io.BytesIO()
+        context.set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            context.set_spawning_popen(None)
+        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+        # The parent keeps a copy of the data pipe's write end, as CPython's does.
+        parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
 
 
 def _nothing() -> None:
@@ -151,6 +198,8 @@ def _nothing() -> None:
 
 def _forked_main(spec_path: str, result_path: str, log_path: str) -> None:
     """Runs in the forked trial process."""
+    # The fork server's SIGTERM handler (fork_server_init) is not the worker's.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.setsid()  # its own session and process group, as with CommandLauncher
     # multiprocessing hands every forked child the write end of the server's "alive" pipe (so
     # that children may start processes of their own); the server exits only when every copy
@@ -207,18 +256,27 @@ def launch_trial(
     # in one trial of six on 2 cores, 2-3% with this).
     os.sync()
     launcher.ready()  # outside the clock: a fork server's start is not the trial's time
-    started = time.perf_counter()
-    worker = launcher.start(spec_path, result_path, log_path)
-    witness = oom_witness(worker.pid)
+    # The worker writes its output into a pipe, copied into worker.log up to a cap.
+    log = CappedLog(log_path, trial_dir / LOG_PIPE)
     try:
-        verdict = supervise(
-            worker, started + timeout_s, rss_limit_bytes, progress_path, on_progress
-        )
+        started = time.perf_counter()
+        worker = launcher.start(spec_path, result_path, log.pipe_path)
+        witness = oom_witness(worker.pid)
+        # The worker and every descendant seen while it ran: one whose parent died early (a
+        # crashed worker's orphans) is out of the worker's tree by the time the trial ends.
+        seen = {worker.pid: _process(worker.pid)}
+        try:
+            verdict = supervise(
+                worker, started + timeout_s, rss_limit_bytes, progress_path, on_progress, seen
+            )
+        finally:
+            # Also on Ctrl-C: nothing of the trial may outlive it, in whatever session it runs.
+            end_processes([p for p in seen.values() if p is not None])
+            _kill_group(worker.pid)
+            worker.reap()
+        wall_s = time.perf_counter() - started
     finally:
-        # Also on Ctrl-C: nothing of the trial may outlive it.
-        _kill_group(worker.pid)
-        worker.reap()
-    wall_s = time.perf_counter() - started
+        log.close()
 
     if verdict is not None:
         result = verdict
@@ -241,13 +299,18 @@ def supervise(
     rss_limit_bytes: int | None,
     progress_path: Path,
     on_progress: Callable[[Progress], None] | None = None,
+    seen: dict[int, psutil.Process | None] | None = None,
 ) -> TrialResult | None:
     """Wait for the worker; a TrialResult when the parent ends the trial, None when it exits.
 
     Each poll reads the worker's progress record (the watchdog's baseline, and `on_progress`
-    when the record changed), also once after the worker exited, so its last one is seen."""
+    when the record changed), also once after the worker exited, so its last one is seen.
+    The worker's descendants are added to `seen` as they appear."""
     last: Progress | None = None
     peak = 0
+    walked_s = -float("inf")
+    seen = {} if seen is None else seen
+    seen.setdefault(worker.pid, _process(worker.pid))
     while True:
         exited = worker.poll() is not None  # before the read: no record written after it
         progress = read_progress(progress_path)
@@ -259,32 +322,43 @@ def supervise(
             return None
         if time.perf_counter() > deadline:
             return TrialResult(status=Status.TIMEOUT, reason="no result before trial_timeout")
-        if rss_limit_bytes is not None and last is not None:
-            grown = _tree_rss(worker.pid) - last.baseline_rss_bytes
+        watching_memory = rss_limit_bytes is not None and last is not None
+        if watching_memory or time.perf_counter() - walked_s >= TREE_WALK_S:
+            walked_s = time.perf_counter()
+            root = seen[worker.pid]
+            tree = descendants(root) if root is not None else []
+            seen.update((p.pid, p) for p in tree)
+        if watching_memory:
+            grown = _tree_rss([root, *tree]) - last.baseline_rss_bytes
             peak = max(peak, grown)
             if grown > rss_limit_bytes:
+                grown_text, limit_text = format_bytes_apart(grown, rss_limit_bytes)
                 return TrialResult(
                     status=Status.OOM,
-                    reason=f"memory {format_bytes(grown)} over the worker's start exceeded "
-                    f"memory_budget {format_bytes(rss_limit_bytes)}",
+                    reason=f"memory {grown_text} over the worker's start exceeded "
+                    f"memory_budget {limit_text}",
                     peak_memory_gib=peak / GIB,
                 )
         time.sleep(POLL_S)
 
 
-def _tree_rss(pid: int) -> int:
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None  # exited already
+
+
+def _tree_rss(processes: list[psutil.Process | None]) -> int:
     """Resident memory of a process and its descendants (DataLoader workers, compilers).
 
     RSS counts pages shared after fork in each process, so the sum can exceed what the tree
     really holds: the watchdog errs on the side of calling a trial too big.
     """
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
     total = 0
     for process in processes:
+        if process is None:
+            continue
         try:
             total += process.memory_info().rss
         except psutil.NoSuchProcess:

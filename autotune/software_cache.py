@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune import hardware
+from autotune.errors import StudyError
 from autotune.space_file import SoftwareFacts
 from autotune.trial import write_json_atomic
 
@@ -85,8 +86,8 @@ def probe_device() -> hardware.DeviceInfo:
     }
     try:
         write_json_atomic(cache_dir() / FILE_NAME, record)
-    except OSError:
-        pass  # a read-only home: the answer is the same, only the next run probes again
+    except StudyError:
+        pass  # a read-only home or a full disk: the same answer, the next run probes again
     return info
 
 

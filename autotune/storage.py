@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import shutil
 import sqlite3
 import warnings
@@ -30,11 +31,14 @@ from typing import Any
 
 import optuna
 import sqlalchemy.exc
+from optuna.storages import RDBStorage
 
 from autotune.config import PER_PROCESS_SETTINGS, RunConfig, WorkerConfig, make_config
 from autotune.errors import ConfigError, StudyError
+from autotune.factory_trust import factory_to_run
 from autotune.plan import SearchPlan, fit_batches_to_budget
 from autotune.records import RUN_ATTR, SETTINGS_ATTR, RunInfo, is_recorded, store_run_info
+from autotune.storage_outage import RetryingRDBStorage
 from autotune.study import enqueue_baseline, make_sampler
 from autotune.study_lock import StudyLock
 from autotune.units import format_bytes
@@ -51,8 +55,10 @@ def locked_study(plan: SearchPlan) -> Iterator[tuple[optuna.Study, SearchPlan]]:
     """The study, opened under the study folder's lock, and the plan with the stored budget.
 
     Refuses a study another search holds. A failure before the study opens leaves no trace: a
-    study folder made by this call is removed again.
+    study folder made by this call is removed again, and so is an `out=` folder it made (when
+    nothing else was put in it meanwhile).
     """
+    missing = [p for p in (plan.study_dir, *plan.study_dir.parents) if not p.exists()]
     created = _make_study_dir(plan.study_dir)
     opened = False
     try:
@@ -63,6 +69,9 @@ def locked_study(plan: SearchPlan) -> Iterator[tuple[optuna.Study, SearchPlan]]:
     finally:
         if created and not opened:
             shutil.rmtree(plan.study_dir, ignore_errors=True)
+            for folder in missing[1:]:  # innermost first; rmdir leaves one in use alone
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
 
 
 def _make_study_dir(study_dir: Path) -> bool:
@@ -100,6 +109,7 @@ def open_storage(
     """An Optuna RDB storage safe for several writing processes, or a StudyError that says why
     it cannot be opened. `stale_after_s` turns heartbeats on (a search's storage)."""
     shown = shown or f"storage={safe_url(url)}"
+    _check_user_info(url, shown)
     url = _with_driver(url)
     options: dict = {}
     if stale_after_s is not None:
@@ -120,7 +130,10 @@ def open_storage(
             }
         with warnings.catch_warnings():  # heartbeats: "experimental" since Optuna 2.9
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            storage = optuna.storages.RDBStorage(url, **options)
+            # A server's outages are waited out (storage_outage); a SQLite file has none.
+            kind = RDBStorage if url.startswith("sqlite") else RetryingRDBStorage
+            storage = kind(url, **options)
+            storage.shown = shown
         if sqlite_file is not None:
             # Every transaction takes the write lock when it begins, so Optuna's
             # read-then-write steps (hand out a queued trial, check a trial still runs before
@@ -186,12 +199,55 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
+MASK = "***"
+# Query (or libpq key=value) settings that hold a secret: libpq's `password` and `sslpassword`,
+# and what other dialects call theirs (`passwd`, `pwd`, tokens). Paths to files that hold one
+# (`passfile`, `sslkey`) say nothing secret and are shown.
+_SECRET_SETTING = re.compile(
+    r"(?P<key>(?:^|[?&;\s])[\w.-]*(?:passw|pwd|secret|token|credential)[\w.-]*=)(?P<value>[^&;\s]*)",
+    re.IGNORECASE,
+)
+
+
 def safe_url(url: str) -> str:
-    """The URL with any password masked, for messages."""
-    try:
-        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
-    except sqlalchemy.exc.ArgumentError:
+    """The URL as typed, with every credential masked, for messages: the password of its user
+    info and secret query settings (`?password=`, `?sslpassword=`, ...).
+
+    Not SQLAlchemy's `render_as_string(hide_password=True)`: it shows `?password=` as it is,
+    and a password holding an unencoded `@` only up to that `@` (make_url splits there). The
+    user info here runs to the URL's last `@`: a query value holding an `@` masks more than it
+    needs to, never less."""
+    url = _SECRET_SETTING.sub(lambda m: m["key"] + MASK, url)
+    scheme, sep, rest = url.partition("://")
+    at = rest.rfind("@")
+    if not sep or at < 0 or rest.startswith("/"):  # no user info (sqlite:///path: a path)
         return url
+    user, colon, _ = rest[:at].partition(":")
+    return f"{scheme}://{user}{colon and ':' + MASK}{rest[at:]}"
+
+
+def _check_user_info(url: str, shown: str) -> None:
+    """Refuse a URL whose user name or password holds an unencoded `@` (or what makes its port
+    unreadable) before it reaches a driver: SQLAlchemy and libpq end the user info at its first
+    `@`, so the rest of the password would become the host, and the driver's error would show
+    it."""
+    _, sep, rest = url.partition("://")
+    if not sep or rest.startswith("/") or "@" not in rest:
+        return
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except sqlalchemy.exc.ArgumentError:
+        return  # RDBStorage names the problem, without the URL
+    except ValueError:  # an unreadable port, whose text may be part of the password
+        misread = True
+    else:
+        misread = "@" in f"{parsed.host or ''}{parsed.database or ''}"
+    if misread:
+        raise StudyError(
+            f"{shown}: cannot read its user name, password, host or port: a user name or "
+            "password must write '@', ':', '/', '?' and '#' percent-encoded (%40, %3A, %2F, "
+            "%3F, %23), as Python's urllib.parse.quote(password, safe='') does"
+        )
 
 
 def open_study(plan: SearchPlan, *, joining: bool = False) -> tuple[optuna.Study, SearchPlan]:
@@ -211,12 +267,19 @@ def open_study(plan: SearchPlan, *, joining: bool = False) -> tuple[optuna.Study
     )
     if RUN_ATTR in study.user_attrs:  # an existing study: it must have been made for this run
         stored = RunInfo.of(study)
-        made_for = {k: getattr(stored, k) for k in IDENTITY}
-        wanted = {k: getattr(plan.info, k) for k in IDENTITY}
-        if made_for != wanted:
+        # A joining worker's own trainer= stands in for the study's (`join_config` checked it).
+        identity = [k for k in IDENTITY if not (joining and k == "trainer_factory")]
+        changed = [
+            f"{k} {getattr(stored, k)} -> {getattr(plan.info, k)}"
+            for k in identity
+            if getattr(stored, k) != getattr(plan.info, k)
+        ]
+        if changed:
+            # data_fingerprint covers the data files' bytes, the tokenizer, column and seq_len.
             raise StudyError(
-                f"study={plan.study_name} in {safe_url(plan.storage_url)} was made for "
-                f"{made_for}, not {wanted}; pick another study= name or out= folder"
+                f"study={plan.study_name} in {safe_url(plan.storage_url)} was made for other "
+                f"settings (the study's -> this run's): {', '.join(changed)}; pick another "
+                "study= name or out= folder"
             )
         explicit = plan.config.memory_budget
         if explicit is not None and int(explicit) != stored.memory_budget_bytes:
@@ -280,8 +343,11 @@ def join_config(worker: WorkerConfig) -> RunConfig:
             f"study={name} stores no search settings (it was made by an older autotune or by "
             "Optuna alone): resume it with autotune search"
         )
-    own = worker.model_dump(exclude={"study", "storage"})
-    return make_config({**settings, **own, "study": name, "storage": url})
+    stored_trainer = study.user_attrs.get(RUN_ATTR, {}).get("trainer")
+    # Before anything imports it: the worker's own choice, or the very file the search checked.
+    trainer = factory_to_run(stored_trainer, worker.trainer, Path.cwd(), name)
+    own = worker.model_dump(exclude={"study", "storage", "trainer"})
+    return make_config({**settings, **own, "study": name, "storage": url, "trainer": trainer})
 
 
 def load_study_dir(study_dir: Path, storage_url: str | None, name: str | None) -> optuna.Study:

@@ -214,7 +214,13 @@ def run_search(
                 # Published before looking at the others, so that of two processes proposing the
                 # same settings at once, at least one sees the other's.
                 trial.set_user_attr(PARAMS_ATTR, params)
-                not_run = _not_to_run(study, trial, params, config.n_trials)
+                # Read again, after publishing: a trial another process recorded since the
+                # read above (before `ask`) must count as measured here, or these settings
+                # would run twice (seen on PostgreSQL, whose reads are not serialized with
+                # the other processes' writes as SQLite's are).
+                trials = study.get_trials(deepcopy=False)
+                records = [record_of(t) for t in trials if is_recorded(t)]
+                not_run = _not_to_run(study, trial, params, config.n_trials, trials)
                 if not_run is not None:
                     trial.set_user_attr(NOT_RUN_ATTR, not_run.reason)
                     study.tell(trial, state=TrialState.FAIL)
@@ -286,13 +292,19 @@ class _NotRun:
 
 
 def _not_to_run(
-    study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], n_trials: int
+    study: optuna.Study,
+    trial: optuna.Trial,
+    params: dict[str, Any],
+    n_trials: int,
+    trials: list[FrozenTrial] | None = None,
 ) -> _NotRun | None:
-    """Why a trial just asked for must not run, looking at every process's trials: a second
-    baseline or a second retry of the same interrupted trial (queued by two processes at once),
-    one more than `n_trials` (trials asked for earlier go first: their numbers are smaller), or
+    """Why a trial just asked for must not run, looking at every process's `trials` (read
+    after this one's settings were published; read here when not given): a second baseline or
+    a second retry of the same interrupted trial (queued by two processes at once), one more
+    than `n_trials` (trials asked for earlier go first: their numbers are smaller), or
     settings another process is running."""
-    trials = study.get_trials(deepcopy=False)
+    if trials is None:
+        trials = study.get_trials(deepcopy=False)
     queued_as = _queued_as(trial)
     if queued_as is not None:
         for other in trials[: trial.number]:

@@ -5,17 +5,21 @@ pareto.csv        the non-dominated feasible trials
 recommended.json  TrainingArguments kwargs + model kwargs + measured metrics + baseline
 recommended.py    a runnable snippet building those TrainingArguments
 report.html       the interactive report
+
+Each is written whole or not at all, never through a link (`autotune.output_files`).
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 from pathlib import Path
 from typing import Any
 
 from autotune import export
 from autotune.knobs import KNOBS
+from autotune.output_files import check_owner, write_atomic
 from autotune.records import StudySnapshot, TrialRecord
 from autotune.report.data import build_report_data
 from autotune.report.html import write_report
@@ -43,18 +47,19 @@ def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
     """Every output file, from a snapshot of the study storage (also for `autotune report`);
     returns the paths written."""
     info, picks = snapshot.info, snapshot.picks
-    out.mkdir(parents=True, exist_ok=True)
+    check_owner(out)
     paths = [
         write_table(out / "trials.csv", snapshot.records, snapshot),
         write_table(out / "pareto.csv", snapshot.front, snapshot),
     ]
-    for stale in (out / "recommended.json", out / "recommended.py"):
-        stale.unlink(missing_ok=True)
     script = flags = ""
     if picks.fastest is not None:
         script = export.render_script(info, picks.fastest)
         flags = export.render_cli(picks.fastest.result.training_args)
         paths += export.write_recommendation(out, recommendation(snapshot), script)
+    else:  # no trial to recommend now: a recommendation left from before would mislead
+        for stale in (out / "recommended.json", out / "recommended.py"):
+            stale.unlink(missing_ok=True)
     data = build_report_data(snapshot, code=script, cli_flags=flags)
     paths.append(write_report(data, out / "report.html"))
     return paths
@@ -62,12 +67,12 @@ def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
 
 def write_table(path: Path, records: list[TrialRecord], snapshot: StudySnapshot) -> Path:
     columns, rows = table(records, snapshot)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, columns)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _cell(v) for k, v in row.items()})
-    return path
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, columns)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _cell(v) for k, v in row.items()})
+    return write_atomic(path, text.getvalue())
 
 
 def table(

@@ -14,6 +14,7 @@ for the message a refused search prints.
 from __future__ import annotations
 
 import datetime
+import errno
 import fcntl
 import json
 import os
@@ -39,8 +40,14 @@ class StudyLock:
         path = study_dir / LOCK_FILE
         try:
             # Not inherited by child processes (PEP 446), so only this process holds it.
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            # O_NOFOLLOW: the holder is written into the file, never through a planted link.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StudyError(
+                    f"{path}: a symbolic link, not the lock file autotune makes; remove it if "
+                    "you made it, else ask who did"
+                ) from exc
             raise StudyError(f"cannot create {path}: {exc.strerror}") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

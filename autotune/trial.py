@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from autotune.output_files import write_atomic
 
 SCHEMA_VERSION = 1
 
@@ -219,19 +219,8 @@ def spec_from_dict(data: dict[str, Any]) -> TrialSpec:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any], *, fsync: bool = True) -> None:
-    """Write JSON so that a reader sees the old file, the new file, or none: never half of one.
+    """Write JSON so that a reader sees the old file, the new file, or none: never half of one
+    (`output_files.write_atomic`, which raises a StudyError when it cannot).
 
     `fsync` also makes it survive a machine crash: results need that, a passing record not."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, allow_nan=True)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; these are ordinary output files
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomic(path, json.dumps(data, indent=2, allow_nan=True), fsync=fsync)

@@ -24,11 +24,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune import data_checks
+from autotune.data_checks import DataError
 from autotune.models import hub_offline
 
 BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet",
@@ -46,10 +47,6 @@ LENGTH_COLUMN = "length"
 (`TrainingArguments.length_column_name`'s default)."""
 FORMAT_VERSION = 2
 """Of a cache entry: part of the fingerprint, so entries of an older layout are rebuilt."""
-
-
-class DataError(AutotuneError):
-    """The data or its tokenizer cannot be used; the message names the setting."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -159,10 +156,12 @@ def source_format(data: str) -> tuple[str, list[str]]:
 
 
 def load(spec: DataSpec) -> Any:
-    """The split of the data as a `datasets.Dataset`, or a DataError naming the problem."""
+    """The split of the data as a `datasets.Dataset`, its values checked (`data_checks`), or
+    a DataError naming the problem."""
     import datasets
 
     kind, files = source_format(spec.data)
+    data_checks.check_files(spec.data, kind, files)
     try:
         if kind == "save_to_disk":
             loaded = datasets.load_from_disk(spec.data)
@@ -171,7 +170,11 @@ def load(spec: DataSpec) -> Any:
         else:
             loaded = datasets.load_dataset(kind, data_files=files)
     except Exception as exc:  # datasets raises many kinds; each means "unusable"
-        raise DataError(f"data={spec.data}: cannot load it: {_first_line(exc)}") from exc
+        # Its message names no line ("An error occurred while generating the dataset").
+        where = data_checks.first_bad_json_line(files) if kind == "json" else None
+        raise DataError(
+            f"data={spec.data}: {where or f'cannot load it: {_first_line(exc)}'}"
+        ) from exc
     if isinstance(loaded, datasets.DatasetDict):
         if spec.split not in loaded:
             raise DataError(f"data_split={spec.split}: data={spec.data} has the splits "
@@ -184,7 +187,35 @@ def load(spec: DataSpec) -> Any:
             f"text_column={spec.text_column}: data={spec.data} has no such column (it has: "
             f"{', '.join(loaded.column_names)}); name the text column, or give input_ids"
         )
+    _check_values(loaded, spec)
     return loaded
+
+
+def _check_values(dataset: Any, spec: DataSpec) -> None:
+    """Values a trial would train on as if right, or fail on in every trial, are refused."""
+    import pyarrow
+
+    if "input_ids" in dataset.column_names:
+        data_checks.check_token_ids(spec.data, dataset.data.column("input_ids"))
+    else:
+        data_checks.check_texts(spec.data, spec.text_column, _values(dataset, spec.text_column))
+    for column in ("label", "labels"):
+        arrow_type = dataset.data.column(column).type if column in dataset.column_names else None
+        # `labels` may hold a label per token (seq2seq data): only class ids are checked.
+        if arrow_type is not None and not pyarrow.types.is_list(arrow_type):
+            data_checks.check_labels(spec.data, column, _values(dataset, column))
+
+
+def _values(dataset: Any, column: str) -> Iterable[Any]:
+    """A column's values as Python objects, chunk by chunk: straight from arrow (10x faster than
+    `dataset[column]`), but through `datasets` for an extension type (JSON of mixed types),
+    whose arrow values are not what the row holds."""
+    import pyarrow
+
+    chunks = dataset.data.column(column).chunks
+    if chunks and isinstance(chunks[0].type, pyarrow.BaseExtensionType):
+        return dataset[column]
+    return (value for chunk in chunks for value in chunk.to_pylist())
 
 
 def tokenize(
@@ -205,7 +236,7 @@ def tokenize(
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
         nonlocal done, shown_s
-        texts = [t if isinstance(t, str) else "" for t in batch[spec.text_column]]
+        texts = batch[spec.text_column]  # strings all (`data_checks.check_texts`)
         encoded = tokenizer(texts, truncation=True, max_length=spec.seq_len)
         done += len(texts)
         if time.monotonic() - shown_s >= PROGRESS_INTERVAL_S:
@@ -214,7 +245,11 @@ def tokenize(
         return {**encoded, LENGTH_COLUMN: [len(ids) for ids in encoded["input_ids"]]}
 
     dropped = [c for c in dataset.column_names if c not in ("label", "labels")]
-    return dataset.map(encode, batched=True, remove_columns=dropped), _pad_token_id(tokenizer)
+    tokenized = dataset.map(encode, batched=True, remove_columns=dropped)
+    data_checks.check_real_tokens(
+        spec.data, tokenized.data.column("input_ids"), tokenizer.all_special_ids
+    )
+    return tokenized, _pad_token_id(tokenizer)
 
 
 def _max_token_id(dataset: Any) -> int:

@@ -9,6 +9,7 @@ search.log, always) gets plain lines only, one when a trial starts and one when 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from autotune import trial
 from autotune.knobs import describe_params
 from autotune.plan import SearchPlan
 from autotune.records import StudySnapshot, TrialRecord
-from autotune.study import SearchObserver
+from autotune.study import SearchObserver, trial_dir
 from autotune.trial import Status
 from autotune.units import format_bytes, format_gib
 
@@ -51,8 +52,18 @@ class Reporter:
         if (always or not self.quiet) and not log_only:
             console.print(markup, soft_wrap=True)
         if self.log_path is not None:
-            with open(self.log_path, "a") as log:
-                log.write(Text.from_markup(markup).plain + "\n")
+            self._append(self.log_path, Text.from_markup(markup).plain + "\n")
+
+    def _append(self, path: Path, text: str) -> None:
+        # O_NOFOLLOW: a link planted at the log's name is refused, not appended through.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        try:
+            with open(os.open(path, flags, 0o644), "a") as log:
+                log.write(text)
+        except OSError as exc:  # a full disk: the search goes on, its lines on the terminal
+            errors.print(f"[yellow]warning:[/] cannot append to {escape(str(path))}: "
+                         f"{exc.strerror}; the search goes on without it")  # fmt: skip
+            self.log_path = None
 
 
 class _BarAndTrial(Progress):
@@ -185,6 +196,21 @@ def _trial_line(record: TrialRecord, done: int, total: int) -> str:
     return f"{head}: {escape(r.reason)}"
 
 
+def _why_nothing_to_recommend(snapshot: StudySnapshot) -> str:
+    """The budget, unless every trial that ran failed the same way for another reason (bad
+    data, a broken factory): then that reason, which no other budget would change."""
+    ran = [r for r in snapshot.records if r.status is not Status.SKIPPED]
+    kinds = {(r.status, r.result.reason.split(":", 1)[0]) for r in ran}
+    if len(kinds) == 1 and ran[0].status not in {Status.OK, *trial.OUT_OF_MEMORY}:
+        first = ran[0]
+        reason = (first.result.reason.strip().splitlines() or ["no reason given"])[0][:200]
+        log = trial_dir(Path(), first.number) / "worker.log"
+        return (f"every trial that ran ended {first.status} ({reason}); see {log} in the study "
+                "folder")  # fmt: skip
+    limit = format_gib(snapshot.info.memory_limit_gib)
+    return f"no successful trial stays below {limit} (budget less headroom)"
+
+
 def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
     """The front table, the baseline, the picks with their caveats and what in them changes
     the training (after a search, and for `autotune report`)."""
@@ -216,10 +242,8 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
     if picks.baseline is not None and picks.baseline.result.samples_per_s is None:
         report.line("[yellow]the HF defaults did not run here, so there is no speedup figure[/]")
     if picks.fastest is None:
-        report.line(
-            f"[yellow]no successful trial stays below {format_gib(snapshot.info.memory_limit_gib)} "
-            f"(budget less headroom): nothing to recommend (exit code {NOTHING_TO_RECOMMEND})[/]"
-        )
+        report.line(f"[yellow]{escape(_why_nothing_to_recommend(snapshot))}: nothing to "
+                    f"recommend (exit code {NOTHING_TO_RECOMMEND})[/]")  # fmt: skip
         return
     for label, record in (("recommended (*)", picks.fastest), ("memory saver (m)", picks.saver)):
         if label.startswith("memory") and record.number == picks.fastest.number:

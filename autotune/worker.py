@@ -9,6 +9,7 @@ device; it never imports optuna. Exit code 0 means the result file says what hap
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import json
@@ -28,7 +29,11 @@ import transformers.trainer
 
 from autotune import data, factories, knobs, measure, user_data
 from autotune.models import ModelSpec, build_model
-from autotune.processes import children_die_with_this_process
+from autotune.processes import (
+    children_die_with_this_process,
+    end_own_descendants,
+    keep_orphans_in_this_tree,
+)
 from autotune.trial import (
     PROGRESS_FILE,
     Progress,
@@ -147,18 +152,41 @@ def _users_trainer(
     """The Trainer the user's factory (`trainer=`) makes with the tuned arguments."""
     args = _training_arguments(spec, tuned_args, workdir)
     factory = factories.load(spec.trainer, spec.trainer_dir)
+    # A copy taken before the call: the factory may change the very object it is given.
+    expected = _set_by_autotune(args, spec, tuned_args)
     print(f"calling {spec.trainer}(args, model_kwargs={model_kwargs!r})", flush=True)
     trainer = factory(args, dict(model_kwargs))
     if not isinstance(trainer, transformers.Trainer):
         raise factories.FactoryError(
             f"{spec.trainer} returned {type(trainer).__name__}, not a transformers.Trainer"
         )
-    if trainer.args is not args:
-        raise factories.FactoryError(
-            f"{spec.trainer}: its Trainer does not train with the args it was given: pass "
-            "them on (Trainer(args=args, ...)), or the trial would time other settings"
-        )
+    check_trained_args(spec.trainer, expected, trainer.args)
     return trainer
+
+
+def _set_by_autotune(
+    args: transformers.TrainingArguments, spec: TrialSpec, tuned_args: dict[str, Any]
+) -> dict[str, Any]:
+    """The values of every argument autotune set (the tuned ones and the fixed run length),
+    as TrainingArguments holds them after its own checks."""
+    names = [*tuned_args, *_run_args(spec)]
+    return {name: copy.deepcopy(getattr(args, name)) for name in names}
+
+
+def check_trained_args(ref: str, expected: dict[str, Any], trained: Any) -> None:
+    """Refuse a Trainer whose arguments differ from those autotune set: its trial would be
+    recorded under settings that never ran."""
+    changed = [
+        f"{name}={getattr(trained, name, None)!r} (tuned: {value!r})"
+        for name, value in expected.items()
+        if getattr(trained, name, None) != value
+    ]
+    if changed:
+        raise factories.FactoryError(
+            f"{ref}: the Trainer trains with other arguments than the trial's: "
+            f"{', '.join(changed)}. Pass `args` to the Trainer unchanged (Trainer(args=args, "
+            "...)); settings of your own belong in the search space"
+        )
 
 
 _ARG_FIELDS = frozenset(f.name for f in dataclasses.fields(transformers.TrainingArguments))
@@ -271,18 +299,21 @@ def _training_arguments(
     """The tuned arguments plus what every trial runs with: a fixed number of steps, no saving,
     logging, progress bars or trackers."""
     try:
-        return transformers.TrainingArguments(
-            output_dir=workdir,
-            max_steps=spec.warmup_steps + spec.measure_steps,
-            save_strategy="no",
-            logging_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            seed=spec.seed,
-            **tuned_args,
-        )
+        return transformers.TrainingArguments(output_dir=workdir, **_run_args(spec), **tuned_args)
     except (ValueError, ImportError) as exc:  # TrainingArguments validates combinations here
         raise InvalidConfig(f"TrainingArguments refused the settings: {exc}") from exc
+
+
+def _run_args(spec: TrialSpec) -> dict[str, Any]:
+    """What every trial runs with, beside the tuned arguments."""
+    return {
+        "max_steps": spec.warmup_steps + spec.measure_steps,
+        "save_strategy": "no",
+        "logging_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+        "seed": spec.seed,
+    }
 
 
 def _result(
@@ -381,8 +412,11 @@ def _failure(status: Status, exc: BaseException) -> TrialResult:
 
 
 def main(argv: list[str]) -> int:
-    # DataLoader workers and other forked helpers must not outlive this process.
+    # DataLoader workers and other forked helpers must not outlive this process; what the
+    # user's code starts otherwise (other sessions, double forks) stays in its tree and is
+    # ended with the trial.
     children_die_with_this_process()
+    keep_orphans_in_this_tree()
     spec_path, result_path = Path(argv[0]), Path(argv[1])
     spec = spec_from_dict(json.loads(spec_path.read_text()))
     try:
@@ -397,6 +431,8 @@ def main(argv: list[str]) -> int:
         result = _failure(status, exc)
     result = dataclasses.replace(result, worker_pid=os.getpid())
     write_json_atomic(result_path, result.to_dict())
+    # Exited, this process would leave its descendants to PID 1, out of the search's sight.
+    end_own_descendants()
     return 0
 
 

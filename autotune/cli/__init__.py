@@ -1,10 +1,12 @@
 """`autotune` command line: parse, build, run, print. The only place that prints errors and picks
-exit codes (2 for a problem the user can fix, 130 for Ctrl-C). One module per subcommand group:
-`search`, `catalog` (models, spaces, validate) and `results` (report, export)."""
+exit codes (2 for a problem the user can fix; 75 when the study's database server stayed away;
+130, 143, 129 for a search stopped by Ctrl-C, SIGTERM, SIGHUP). One module per subcommand
+group: `search`, `catalog` (models, spaces, validate) and `results` (report, export)."""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 import optuna
@@ -14,7 +16,9 @@ from autotune import __version__
 from autotune.cli import catalog, estimate, results, search
 from autotune.config import ExportConfig, ReportConfig, RunConfig, WorkerConfig
 from autotune.errors import AutotuneError, ConfigError
+from autotune.interrupts import SearchInterrupted
 from autotune.runner import Launcher
+from autotune.storage_outage import OUTAGE_EXIT_CODE, StorageUnavailable
 from autotune.view import errors
 
 _SETTINGS = {
@@ -40,13 +44,24 @@ def main(argv: list[str] | None = None, *, launcher: Launcher | None = None) -> 
             _refuse_dashed_settings(sys.argv[1:] if argv is None else argv, args.command)
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         return args.handler(args)
+    except StorageUnavailable as exc:
+        # Not a mistake to fix but a server to bring back: the same command then resumes.
+        errors.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, soft_wrap=True)
+        return OUTAGE_EXIT_CODE
     except AutotuneError as exc:
         # The message quotes user strings (model names, paths): never read them as markup.
         errors.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, soft_wrap=True)
         return 2
+    except SearchInterrupted as exc:
+        # What finished is written; the exit code is a shell's for that signal (143 for
+        # SIGTERM, 129 for SIGHUP, 130 for Ctrl-C), so a scheduler sees why it ended.
+        written = f"; wrote {', '.join(map(str, exc.paths))}" if exc.paths else ""
+        errors.print(f"interrupted by {signal.Signals(exc.signum).name}{written}", markup=False,
+                     soft_wrap=True)  # fmt: skip
+        return exc.exit_code
     except KeyboardInterrupt:
         errors.print("interrupted")
-        return 130
+        return 128 + signal.SIGINT
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -117,7 +117,7 @@ def _largest(at: Any, params: dict[str, Any], batches: list[int], budget: int) -
 
 def parse(overrides: list[str]) -> tuple[EstimateConfig, dict[str, Any]]:
     """The settings and the knobs given; every problem is named at once."""
-    values, problems = parse_overrides(overrides)
+    values, problems = parse_overrides(overrides, EstimateConfig)
     knobs: dict[str, Any] = {}
     for key in [k for k in values if k in KNOBS]:
         value, knob = values.pop(key), KNOBS[key]

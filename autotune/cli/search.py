@@ -9,12 +9,14 @@ import os
 import shlex
 import socket
 import textwrap
+from pathlib import Path
 
 from pydantic import BaseModel
 
 from autotune import api
 from autotune.config import RunConfig, WorkerConfig, help_rows, load_config
-from autotune.storage import safe_url
+from autotune.factory_trust import describe
+from autotune.storage import MASK, join_config, safe_url
 from autotune.view import (
     NOTHING_TO_RECOMMEND,
     TerminalView,
@@ -84,9 +86,18 @@ def run_worker(args: argparse.Namespace) -> int:
     worker = load_config(args.overrides, WorkerConfig)
     log_name = f"workers/{socket.gethostname()}-{os.getpid()}.log"
     view = TerminalView(quiet=worker.quiet, log_name=log_name)
+    # What the worker will import, shown before anything is (join_config refuses a file that
+    # is not the one the search checked, or the worker's own trainer=).
+    trainer = join_config(worker).trainer
+    if trainer and not worker.quiet:
+        console.print(f"trainer={trainer}: runs {describe(trainer, Path.cwd())}", markup=False,
+                      soft_wrap=True)  # fmt: skip
     plan, _ = api.join(worker, observer=view, launcher=args.launcher)
-    storage, study = f"storage={safe_url(plan.storage_url)}", f"study={plan.study_name}"
+    shown = safe_url(plan.storage_url)
+    storage, study = f"storage={shown}", f"study={plan.study_name}"
     report = shlex.join(["autotune", "report", str(plan.study_dir), storage, study])
+    if shown != plan.storage_url:  # the password is never printed: the user has it
+        report += f"   ({MASK}: put the password back)"
     if not worker.quiet:
         console.print(f"the study's outputs: {report}", markup=False, soft_wrap=True)
     return 0

@@ -19,6 +19,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from autotune.output_files import write_atomic
 from autotune.report.charts import Series
 from autotune.report.data import CHARTS, POINT_KINDS, Point, ReportData
 
@@ -314,8 +315,7 @@ def render_html(data: ReportData) -> str:
 
 
 def write_report(data: ReportData, path: Path) -> Path:
-    path.write_text(render_html(data))
-    return path
+    return write_atomic(path, render_html(data))
 
 
 def _num(value: float | None, digits: int) -> str:

@@ -1,0 +1,95 @@
+"""Stopping a real `autotune search` from outside, as schedulers (Slurm, Kubernetes, systemd,
+`timeout`) and a closed terminal do: SIGTERM and SIGHUP end it as Ctrl-C does.
+
+Each test waits for a state (the trial's progress file), never for a time, before it sends the
+signal; the timeouts below are only a safety net for a loaded machine.
+"""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.records import RETRY_OF_ATTR, is_interrupted
+from autotune.study import INTERRUPTED_RESULT
+from tests.conftest import TINY_MODEL
+from tests.integration.test_sandbox_cpu import SPACE, descendants, rows, wait_gone
+
+pytestmark = pytest.mark.slow
+SAFETY_NET_S = 600
+
+
+def command(out: Path, space: Path, *extra: str) -> list[str]:
+    # 150 measured steps: a trial lasts long enough (~15 s here) to be stopped in its middle.
+    return [
+        sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
+        f"space={space}", "warmup_steps=1", "measure_steps=150", f"out={out}", "study=s",
+        "n_trials=2", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def space(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text(SPACE)
+    return path
+
+
+def stop_mid_trial_1(argv: list[str], study_dir: Path, sig: int) -> tuple[subprocess.Popen, str]:
+    """Start the search, send `sig` once trial 1 (after the baseline) is training; its stderr."""
+    search = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + SAFETY_NET_S
+    progress = study_dir / "trials" / "0001" / "progress.json"
+    try:
+        while not progress.exists():
+            assert time.monotonic() < deadline and search.poll() is None, search.communicate()
+            time.sleep(0.05)
+        processes = descendants(search)
+        sent = time.monotonic()
+        search.send_signal(sig)
+        _, stderr = search.communicate(timeout=SAFETY_NET_S)
+        print(f"{signal.Signals(sig).name} to exit: {time.monotonic() - sent:.2f} s")
+    finally:
+        if search.poll() is None:
+            search.kill()
+            search.wait()
+    assert not wait_gone(processes), "a process of the search outlived it"
+    return search, stderr
+
+
+def test_sigterm_mid_trial_records_it_interrupted_writes_the_outputs_and_exits_143(tmp_path, space):
+    study_dir = tmp_path / "s"
+    search, stderr = stop_mid_trial_1(command(tmp_path, space), study_dir, signal.SIGTERM)
+    assert search.returncode == 143, stderr
+    assert "Traceback" not in stderr
+    assert "interrupted by SIGTERM; wrote" in stderr
+    assert "trials.csv" in stderr and "report.html" in stderr
+    assert (study_dir / "report.html").is_file()
+    assert [r["number"] for r in rows(study_dir / "trials.csv")] == ["0"]
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}")
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL"]
+    assert is_interrupted(study.trials[1])
+
+    again = subprocess.run(
+        command(tmp_path, space), capture_output=True, text=True, timeout=SAFETY_NET_S
+    )
+    assert again.returncode == 0, again.stderr
+    assert "trial 1 was interrupted: its settings run again first" in again.stdout
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}")
+    assert [t.user_attrs.get(RETRY_OF_ATTR) for t in study.trials] == [None, None, 1]
+    assert (study_dir / "trials" / "0001" / INTERRUPTED_RESULT).exists() or not (
+        study_dir / "trials" / "0001" / "result.json"
+    ).exists()
+
+
+def test_sighup_mid_trial_writes_the_outputs_and_exits_129(tmp_path, space):
+    study_dir = tmp_path / "s"
+    search, stderr = stop_mid_trial_1(command(tmp_path, space), study_dir, signal.SIGHUP)
+    assert search.returncode == 129, stderr
+    assert "interrupted by SIGHUP; wrote" in stderr
+    assert (study_dir / "report.html").is_file()
+    assert [r["number"] for r in rows(study_dir / "trials.csv")] == ["0"]
