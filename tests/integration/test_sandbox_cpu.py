@@ -158,7 +158,7 @@ def start_and_interrupt(command: list[str], study_dir: Path, sig: int) -> tuple[
         time.sleep(0.05)
     seen |= descendants(proc)
     proc.send_signal(sig)
-    proc.communicate(timeout=60)
+    proc.communicate(timeout=600)  # a safety net on a loaded machine, not a bound
     return proc.returncode, seen
 
 
