@@ -405,7 +405,7 @@ def test_ctrl_c_stops_every_worker_and_the_outputs_are_written(tmp_path):
             progress = list((tmp_path / "c" / "trials").glob("*/progress.json"))
         started = psutil.Process(search.pid).children(recursive=True)
         search.send_signal(signal.SIGINT)
-        stdout, stderr = search.communicate(timeout=600)  # a safety net on a loaded machine, not a bound
+        stdout, stderr = search.communicate(timeout=600)  # a safety net, not a bound
     finally:
         if search.poll() is None:
             search.kill()
