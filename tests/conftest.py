@@ -80,3 +80,19 @@ def corpus(tmp_path_factory):
     folder = tmp_path_factory.mktemp("text")
     data = write_corpus(folder / "train.jsonl")
     return data, train_tokenizer(data, folder / "tokenizer")
+
+
+@pytest.fixture(scope="module")
+def device_info():
+    """The real device probe, run once per test module."""
+    from autotune import hardware
+
+    return hardware.probe()
+
+
+@pytest.fixture
+def probe_once(monkeypatch, device_info):
+    """Searches in the test reuse the module's probe (`pytestmark = usefixtures(...)`)."""
+    from autotune import hardware
+
+    monkeypatch.setattr(hardware, "probe", lambda **known: device_info)

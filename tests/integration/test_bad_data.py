@@ -8,22 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from autotune import cli, hardware
+from autotune import cli
 from tests.conftest import TINY_MODEL, fake_launcher
 from tests.text_data import write_corpus
 
 TEXT = "the model trains fast on real text"
 
 
-@pytest.fixture(scope="module")
-def device_info():
-    return hardware.probe()
-
-
-@pytest.fixture(autouse=True)
-def probe_once(monkeypatch, device_info):
-    """The real probe, once per module."""
-    monkeypatch.setattr(hardware, "probe", lambda **known: device_info)
+pytestmark = pytest.mark.usefixtures("probe_once")
 
 
 def jsonl(path: Path, rows: list[dict]) -> Path:
