@@ -70,7 +70,8 @@ def test_over_budget_batches_are_oom_and_larger_ones_after_an_oom_are_skipped(tm
     status = {int(r["batch_size"]): r["status"] for r in table}
     assert set(status) == {8, 16, 256, 384, 512, 640}
     assert status[8] == status[16] == "ok"
-    assert re.search(r"exceeded memory_budget 0\.59\d* GiB", proc.stdout)
+    # 600 MiB is 0.5859 GiB: "0.59", or "0.586" or "0.5859" when the growth rounds alike.
+    assert re.search(r"exceeded memory_budget 0\.5(9|8\d+) GiB", proc.stdout), proc.stdout
     first_oom = None
     for row in table:  # in the order they ran
         batch = int(row["batch_size"])
