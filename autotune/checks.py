@@ -53,10 +53,13 @@ def as_hungry_as_an_oom(params: dict[str, Any], records: list[TrialRecord]) -> S
 
 
 def over_budget_by_estimate(
-    estimate_gib: Callable[[dict[str, Any]], float | None], limit_gib: float
+    estimate_gib: Callable[[dict[str, Any]], float | None],
+    limit_gib: float,
+    limit_source: str = "memory_budget and estimate_margin allow",
 ) -> Check:
     """A check that skips settings whose estimate, calibrated on the study's ok trials
-    (`estimate.calibrated_gib`), is above `limit_gib` (the budget plus the margin)."""
+    (`estimate.calibrated_gib`), is above `limit_gib` (the budget plus the margin, or what
+    `limit_source` says)."""
 
     def check(params: dict[str, Any], records: list[TrialRecord]) -> Skip | None:
         measured = [
@@ -73,7 +76,7 @@ def over_budget_by_estimate(
             return None
         basis = f"calibrated on {len(measured)} trial(s)" if measured else "not yet calibrated"
         return Skip(reason=f"estimated at {predicted:.2f} GiB ({basis}), over the "
-                           f"{limit_gib:.2f} GiB the budget and estimate_margin allow")  # fmt: skip
+                           f"{limit_gib:.2f} GiB {limit_source}")  # fmt: skip
 
     return check
 

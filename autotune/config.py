@@ -175,7 +175,8 @@ class RunConfig(BaseModel):
         None,
         gt=0,
         description="memory a trial may use, e.g. 24GiB: past it the trial is oom; "
-        "null = the device's free memory when the study is made (stored with the study)",
+        "null = the device's free memory when the study is made (on CPU less what the search "
+        "and the machine keep; stored with the study)",
         json_schema_extra={"metavar": "SIZE"},
     )
     headroom: float = Field(
@@ -185,7 +186,8 @@ class RunConfig(BaseModel):
         0.25,
         ge=0,
         description="skip a trial whose memory estimate, calibrated on the study's own "
-        "trials, exceeds the budget by more than this share; null = never skip by estimate",
+        "trials, exceeds the budget by more than this share (on CPU never past what the "
+        "machine can give a trial); null = never skip by estimate",
     )
     sampler: Sampler = Field(
         "auto",

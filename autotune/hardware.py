@@ -21,6 +21,17 @@ if TYPE_CHECKING:
     from autotune.parallel import Slot
 
 PROBE_TIMEOUT_S = 120.0
+MIB = 2**20
+SEARCH_RESERVE_BYTES = 512 * MIB
+"""Host RAM kept for the search process on CPU (0.1 GiB measured; more while it writes the
+report)."""
+FORK_SERVER_RESERVE_BYTES = 768 * MIB
+"""Host RAM kept for each worker's fork server, which holds torch and transformers (0.45 GiB
+measured)."""
+MACHINE_RESERVE_SHARE = 0.10
+"""Share of the host's RAM kept for the rest of the machine and for what a trial grows
+between two looks of the watchdog: past the budget the watchdog ends the trial, past the
+machine's RAM the kernel's OOM killer does, sometimes to the search itself."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -38,6 +49,7 @@ class DeviceInfo:
     transformers_version: str = ""
     cpu_name: str = ""
     host_available_memory_bytes: int = 0
+    host_total_memory_bytes: int = 0
     bitsandbytes_error: str | None = None
     """Why `import bitsandbytes` failed; None when it imports."""
     compile_backends: tuple[str, ...] = ()
@@ -77,14 +89,18 @@ class DeviceInfo:
     def memory_for(self, device: str, slots: Sequence[Slot] = ()) -> tuple[str, int]:
         """(device name, bytes a trial may use) for the resolved device, shared by `slots`
         (the workers): on CUDA the least free of their devices, on CPU an equal share of the
-        available RAM (their trials run at the same time)."""
+        RAM available less what the search, its fork servers and the machine need
+        (`cpu_budget_bytes`; their trials run at the same time)."""
         if device == "cuda":
             free = self.cuda_free_memory_bytes
             chosen = [s.cuda_index for s in slots if s.cuda_index is not None]
             if free and chosen and all(i < len(free) for i in chosen):
                 return self.cuda_device_names[chosen[0]], min(free[i] for i in chosen)
             return self.name, self.free_memory_bytes
-        return self.cpu_name, self.host_available_memory_bytes // max(1, len(slots))
+        budget = cpu_budget_bytes(
+            self.host_available_memory_bytes, self.host_total_memory_bytes, max(1, len(slots))
+        )
+        return self.cpu_name, budget
 
     @classmethod
     def from_facts(cls, facts: dict[str, Any]) -> DeviceInfo:
@@ -92,6 +108,21 @@ class DeviceInfo:
         facts = dict(facts)
         facts["task_model_types"] = {k: tuple(v) for k, v in facts["task_model_types"].items()}
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in facts.items()})
+
+
+def cpu_reserve_bytes(total_bytes: int, workers: int = 1) -> int:
+    """Host RAM a CPU search keeps out of its trials' budget: the search process, each
+    worker's fork server, and a share of the machine's RAM."""
+    return (SEARCH_RESERVE_BYTES + FORK_SERVER_RESERVE_BYTES * workers
+            + int(MACHINE_RESERVE_SHARE * total_bytes))  # fmt: skip
+
+
+def cpu_budget_bytes(available_bytes: int, total_bytes: int, workers: int = 1) -> int:
+    """The default memory budget of each of `workers` trials on CPU: the RAM available now
+    less `cpu_reserve_bytes` (of the total, or of the available RAM when the total is not
+    known), shared equally; 0 when nothing is left."""
+    reserve = cpu_reserve_bytes(total_bytes or available_bytes, workers)
+    return max(0, available_bytes - reserve) // workers
 
 
 def probe(*, software: dict[str, Any] | None = None) -> DeviceInfo:
@@ -117,8 +148,9 @@ def probe(*, software: dict[str, Any] | None = None) -> DeviceInfo:
 
 
 def memory_without_torch(device: str) -> tuple[str, str, int]:
-    """(`cuda` or `cpu`, the device's name, its free memory in bytes) from NVML or the OS, in
-    milliseconds: for answers that must not wait for the probe (`autotune estimate`). `auto`
+    """(`cuda` or `cpu`, the device's name, the default budget of a search's trial in bytes:
+    the GPU's free memory, or the RAM available less `cpu_reserve_bytes`) from NVML or the OS,
+    in milliseconds: for answers that must not wait for the probe (`autotune estimate`). `auto`
     is CUDA when NVML sees a GPU (the first of CUDA_VISIBLE_DEVICES when that is an index)."""
     import psutil
 
@@ -138,7 +170,8 @@ def memory_without_torch(device: str) -> tuple[str, str, int]:
                     f"device=cuda: NVML sees no GPU here ({exc}); to estimate for a GPU on "
                     "another machine, give its memory: device=cuda memory_budget=80GiB"
                 ) from exc
-    return "cpu", _cpu_name(), psutil.virtual_memory().available
+    host = psutil.virtual_memory()
+    return "cpu", _cpu_name(), cpu_budget_bytes(host.available, host.total)
 
 
 def _cpu_name() -> str:
@@ -204,6 +237,7 @@ def _probe_here(device_only: bool = False) -> dict:
         "cuda_available": torch.cuda.is_available(),
         "cpu_name": _cpu_name(),
         "host_available_memory_bytes": host.available,
+        "host_total_memory_bytes": host.total,
         **({} if device_only else _software_facts()),
     }
     if facts["cuda_available"]:

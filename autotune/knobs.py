@@ -361,15 +361,20 @@ def describe_params(params: dict[str, Any]) -> str:
 def at_least_as_hungry(candidate: dict[str, Any], oom: dict[str, Any]) -> bool:
     """Every knob at least as memory-hungry as in a config that ran out of memory: a batch at
     least as large, checkpointing off where it was on. Knobs without a safe memory order
-    (mixed precision keeps fp32 master weights) must match."""
-    if set(candidate) != set(oom):
-        return False
-    for name, value in candidate.items():
-        order = KNOBS[name].memory
-        if order == "larger is hungrier" and value < oom[name]:
+    (mixed precision keeps fp32 master weights) must match. A knob one of them leaves unset
+    counts at its HF default (the baseline sets knobs a space may fix or leave out: its OOM
+    stands for the proposals after it); one without effect in either (reentrant checkpointing
+    with checkpointing off) is not compared."""
+    for name, knob in KNOBS.items():
+        if not (active(name, candidate) and active(name, oom)):
+            continue
+        value, limit = candidate.get(name, knob.baseline), oom.get(name, knob.baseline)
+        if value == limit:
+            continue
+        if value is None or limit is None or knob.memory == "unordered":
             return False
-        if order == "off is hungrier" and value and not oom[name]:
+        if knob.memory == "larger is hungrier" and value < limit:
             return False
-        if order == "unordered" and value != oom[name]:
+        if knob.memory == "off is hungrier" and value and not limit:
             return False
     return True

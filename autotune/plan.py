@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune import factories, user_data
+from autotune import factories, hardware, user_data
 from autotune.capabilities import apply_sampling_rules, fit_space
 from autotune.config import STUDY_NAME_MAX_CHARS, RunConfig
 from autotune.errors import AutotuneError, ConfigError
@@ -28,7 +28,7 @@ from autotune.parallel import Slot, assign
 from autotune.records import RunInfo
 from autotune.space import SamplingRules, SearchSpace
 from autotune.space_file import SoftwareFacts, load_space
-from autotune.units import GIB
+from autotune.units import GIB, format_bytes
 from autotune.user_data import DataError, DataSpec, source_format
 
 
@@ -53,6 +53,9 @@ class SearchPlan:
     search_dir: Path = Path()
     """The working directory the search was started in: a `trainer=` module is looked up
     there, as `python -m` would."""
+    host_limit_bytes: int | None = None
+    """On CPU, the most a trial can grow before the machine itself runs out (the default
+    budget: `hardware.cpu_budget_bytes`); None on CUDA."""
 
     def estimate_gib(self, params: dict[str, Any]) -> float | None:
         """The peak `autotune.estimate` gives these settings before they run; None for a
@@ -67,10 +70,25 @@ class SearchPlan:
 
     @property
     def estimate_limit_gib(self) -> float | None:
-        """Past this estimate a proposal is skipped (the budget plus `estimate_margin`); None
-        when skipping by estimate is off."""
+        """Past this estimate a proposal is skipped (the budget plus `estimate_margin`, on CPU
+        at most `host_limit_bytes`); None when skipping by estimate is off."""
         margin = self.config.estimate_margin
-        return None if margin is None else self.info.memory_budget_gib * (1 + margin)
+        if margin is None:
+            return None
+        return min(self.info.memory_budget_gib * (1 + margin), self._host_limit_gib)
+
+    @property
+    def estimate_limit_source(self) -> str:
+        """What sets `estimate_limit_gib`, in words that follow the figure."""
+        if self.estimate_limit_gib == self._host_limit_gib:
+            return "this machine can give a trial (its free RAM less what the search keeps)"
+        return "memory_budget and estimate_margin allow"
+
+    @property
+    def _host_limit_gib(self) -> float:
+        # Past it on CPU the kernel's OOM killer ends the trial, or the search: the margin
+        # for the estimate's error stops at what the machine can hold.
+        return float("inf") if self.host_limit_bytes is None else self.host_limit_bytes / GIB
 
     @property
     def data_dir(self) -> Path | None:
@@ -99,10 +117,7 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         problems.append(str(exc))
     auto_space = "default" if device == "cuda" else "cpu"
     space_name = auto_space if config.space == "auto" else config.space
-    facts = SoftwareFacts(
-        optimizer_names=device_info.optimizer_names or None,
-        compile_backends=device_info.compile_backends or None,
-    )
+    facts = SoftwareFacts.from_probe(dataclasses.asdict(device_info))
     source = "trainer" if config.trainer else "data" if config.data else "synthetic"
     rules = SamplingRules(
         effective_batch_size=config.effective_batch_size,
@@ -120,7 +135,7 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         space = None
     if model is not None:
         task = model.default_task if config.task == "auto" else config.task
-        problems += input_problems(model, task, config.seq_len, device_info)
+        problems += input_problems(model, task, config.seq_len, facts)
     study_name = study_dir = None
     if model is not None:
         study_name = config.study or default_study_name(model.name, device, config.seq_len)
@@ -142,11 +157,13 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
             problems.append(str(exc))
     if config.trainer:
         trainer = trainer_info(config.trainer, search_dir)
+    device_name, available_bytes = device_info.memory_for(device, slots)
+    if not config.memory_budget and available_bytes <= 0:
+        problems.append(_no_memory_left(device, device_info, len(slots)))
     if problems:
         raise ConfigError("\n".join(problems))
     assert model is not None and space is not None and study_name and study_dir
 
-    device_name, available_bytes = device_info.memory_for(device, slots)
     info = RunInfo(
         study=study_name,
         model=model.name,
@@ -183,6 +200,20 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         slots=slots,
         data=data,
         search_dir=search_dir,
+        host_limit_bytes=available_bytes if device == "cpu" else None,
+    )
+
+
+def _no_memory_left(device: str, device_info: DeviceInfo, workers: int) -> str:
+    if device == "cuda":
+        return "memory_budget: the GPU has no free memory; free it, or give memory_budget="
+    available = format_bytes(device_info.host_available_memory_bytes)
+    total = device_info.host_total_memory_bytes or device_info.host_available_memory_bytes
+    kept = format_bytes(hardware.cpu_reserve_bytes(total, workers))
+    return (
+        f"memory_budget: {available} of RAM is available and a CPU search keeps {kept} for "
+        "itself, its fork servers and the machine: nothing is left for a trial; free memory, "
+        "use fewer workers, or give memory_budget= to take that risk"
     )
 
 
@@ -216,8 +247,8 @@ def fit_batches_to_budget(plan: SearchPlan) -> SearchPlan:
     if len(kept) == len(knob.choices):
         return plan
     note = (
-        f"batch_size above {kept[-1]} removed: estimated over the {limit:.2f} GiB that "
-        "memory_budget and estimate_margin allow, with the most frugal other knobs"
+        f"batch_size above {kept[-1]} removed: estimated over the {limit:.2f} GiB "
+        f"{plan.estimate_limit_source}, with the most frugal other knobs"
     )
     space = plan.space.with_choices("batch_size", tuple(kept))
     space = dataclasses.replace(space, notes=(*space.notes, note))
@@ -255,25 +286,26 @@ def _absolute(path_or_id: str) -> str:
     return str(path.resolve()) if path.exists() else path_or_id
 
 
-def input_problems(model: ModelSpec, task: str, seq_len: int, device_info: DeviceInfo) -> list[str]:
+def input_problems(model: ModelSpec, task: str, seq_len: int, facts: SoftwareFacts) -> list[str]:
     """What the search refuses about the model, its task and seq_len before any trial runs;
     `autotune estimate` asks the same, so it never answers for what the search refuses."""
     problems = []
     limit = model.max_seq_len
     if limit is not None and seq_len > limit:
         problems.append(f"seq_len={seq_len}: {model.name} takes at most {limit} tokens")
-    return problems + model_problems(model, task, device_info)
+    return problems + model_problems(model, task, facts)
 
 
-def model_problems(model: ModelSpec, task: str, device_info: DeviceInfo) -> list[str]:
-    """What the installed transformers cannot build, found before any trial runs."""
-    known, heads = device_info.model_types, device_info.task_model_types.get(task)
+def model_problems(model: ModelSpec, task: str, facts: SoftwareFacts) -> list[str]:
+    """What the installed transformers cannot build, found before any trial runs (each check
+    skipped where `facts` does not know)."""
+    known, heads = facts.model_types, (facts.task_model_types or {}).get(task)
     if known and model.model_type not in known:
         close = difflib.get_close_matches(model.model_type, known, n=3)
         hint = f" (close: {', '.join(close)})" if close else ""
         return [
             f"model={model.name}: model_type {model.model_type!r} is not one transformers "
-            f"{device_info.transformers_version} knows{hint}"
+            f"{facts.transformers_version} knows{hint}"
         ]
     if heads and model.model_type not in heads:
         return [f"task={task}: transformers has no {task} head for {model.model_type} models"]

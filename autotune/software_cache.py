@@ -1,5 +1,5 @@
-"""What the installed packages accept, cached per user: `autotune validate` starts no torch,
-and a search's device probe imports torch alone.
+"""What the installed packages accept, cached per user: `autotune validate` and `autotune
+estimate` start no torch, and a search's device probe imports torch alone.
 
 `TrainingArguments.optim` values, `torch.compile` backends, transformers' model types and heads
 and whether bitsandbytes imports change only when the packages do, so the device probe's
@@ -55,17 +55,12 @@ def installed_key() -> dict[str, Any]:
 
 
 def software_facts() -> SoftwareFacts:
-    """From the cache when it was written for the installed packages, else from the probe."""
+    """From the cache when it was written for the installed packages, else from the probe
+    (which fills the cache)."""
     cached = _cached()
     if cached is not None:
-        return SoftwareFacts(
-            optimizer_names=tuple(cached["optimizer_names"]),
-            compile_backends=tuple(cached["compile_backends"]),
-        )
-    info = probe_device()
-    return SoftwareFacts(
-        optimizer_names=info.optimizer_names, compile_backends=info.compile_backends
-    )
+        return SoftwareFacts.from_probe(cached["software"])
+    return SoftwareFacts.from_probe(dataclasses.asdict(probe_device()))
 
 
 def probe_device() -> hardware.DeviceInfo:

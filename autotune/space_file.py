@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -57,6 +58,26 @@ class SoftwareFacts:
 
     optimizer_names: tuple[str, ...] | None = None
     compile_backends: tuple[str, ...] | None = None
+    model_types: tuple[str, ...] | None = None
+    """`model_type` values the installed transformers can build."""
+    task_model_types: dict[str, tuple[str, ...]] | None = None
+    """Task -> the model types with that head in the installed transformers."""
+    transformers_version: str = ""
+    """Named in the messages about model types."""
+
+    @classmethod
+    def from_probe(cls, software: Mapping[str, Any]) -> SoftwareFacts:
+        """From the device probe's facts of the installed packages (`hardware.SOFTWARE_FACTS`:
+        a `DeviceInfo` as a dict, or the software cache's record). An empty list is one the
+        probe did not read, so its check is skipped."""
+        tasks = software.get("task_model_types") or {}
+        return cls(
+            optimizer_names=tuple(software.get("optimizer_names") or ()) or None,
+            compile_backends=tuple(software.get("compile_backends") or ()) or None,
+            model_types=tuple(software.get("model_types") or ()) or None,
+            task_model_types={task: tuple(types) for task, types in tasks.items()} or None,
+            transformers_version=software.get("transformers_version") or "",
+        )
 
 
 def load_space(name_or_path: str, facts: SoftwareFacts | None = None) -> SearchSpace:
@@ -171,9 +192,10 @@ def _parse_knob(name: str, spec: Any, facts: SoftwareFacts) -> SpaceKnob:
     else:
         form = "`low:`, `high:` (optional `step:`, `log:`), " if kind.ranges else ""
         raise ValueError(f"expected {form}`choices: [...]` or a single value")
-    choices = [_normalise(name, v) for v in choices]
+    choices = [normalise_value(name, v) for v in choices]
     errors = [f"{v!r} is not {kind.expected}" for v in choices if not _valid(kind, v)]
-    errors += _known_name_problems(name, choices, facts)
+    named = [known_name_problem(name, v, facts) for v in choices if _valid(kind, v)]
+    errors += [p for p in named if p]
     if len(set(map(repr, choices))) != len(choices):
         errors.append(f"choices repeat a value: {choices}")
     if name == "batch_size" and not errors:
@@ -207,7 +229,9 @@ def _expand_range(spec: dict[str, Any]) -> list[int]:
     return list(range(low, high + 1, step))
 
 
-def _normalise(name: str, value: Any) -> Any:
+def normalise_value(name: str, value: Any) -> Any:
+    """A knob's value as read from YAML (a space, `autotune estimate knob=value`) made the
+    value the knob takes."""
     # YAML 1.1 reads a bare `off` as false; for torch_compile it means "no compile".
     return "off" if name == "torch_compile" and value is False else value
 
@@ -222,18 +246,20 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _known_name_problems(name: str, choices: list[Any], facts: SoftwareFacts) -> list[str]:
+def known_name_problem(name: str, value: Any, facts: SoftwareFacts) -> str | None:
+    """Why the installed packages refuse this value of knob `name` (an optimizer or compile
+    backend they do not offer), with the closest name they accept; None when they take it or
+    `facts` does not know. A space's choices and `autotune estimate optim=...` are checked
+    alike."""
     known = {"optim": facts.optimizer_names, "torch_compile": facts.compile_backends}.get(name)
     if known is None:
-        return []
+        return None
     allowed = set(known) | ({"off"} if name == "torch_compile" else set())
-    problems = []
-    for value in choices:
-        if value not in allowed:
-            close = difflib.get_close_matches(str(value), sorted(allowed), n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            problems.append(f"{value!r} is not {KNOBS[name].expected} here{hint}")
-    return problems
+    if value in allowed:
+        return None
+    close = difflib.get_close_matches(str(value), sorted(allowed), n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"{value!r} is not {KNOBS[name].expected} here{hint}"
 
 
 def _batch_rule_problems(choices: list[int], multiple_of: int | str, is_range: bool) -> list[str]:
@@ -267,7 +293,7 @@ def _parse_when(raw: Any) -> tuple[Condition, ...]:
                 raise ValueError(f"when.{knob}: expected a value, a list, or {{not: ...}}")
             values = values["not"]
         values = values if isinstance(values, list) else [values]
-        normalised = tuple(_normalise(str(knob), v) for v in values)
+        normalised = tuple(normalise_value(str(knob), v) for v in values)
         conditions.append(Condition(knob=str(knob), values=normalised, negate=negate))
     return tuple(conditions)
 

@@ -176,7 +176,11 @@ def run_search(
     baseline_in_space = plan.space.holds(plan.baseline, plan.rules)
     pre_trial = checks.PRE_TRIAL_CHECKS
     if plan.estimate_limit_gib is not None:
-        pre_trial += (checks.over_budget_by_estimate(plan.estimate_gib, plan.estimate_limit_gib),)
+        pre_trial += (
+            checks.over_budget_by_estimate(
+                plan.estimate_gib, plan.estimate_limit_gib, plan.estimate_limit_source
+            ),
+        )
     enqueue_baseline(study, baseline)
     repeats = 0
     while True:

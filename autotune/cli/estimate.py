@@ -15,11 +15,14 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from autotune import hardware
+from autotune import hardware, software_cache
 from autotune.config import EstimateConfig, help_rows, make_config, parse_overrides
+from autotune.errors import AutotuneError, ConfigError
 from autotune.estimate import PARTS, Estimate, estimate
 from autotune.knobs import KNOBS, baseline_params, describe_params
-from autotune.models import catalogue_parameter_counts, resolve_model
+from autotune.models import ModelSpec, catalogue_parameter_counts, resolve_model
+from autotune.plan import input_problems
+from autotune.space_file import SoftwareFacts, known_name_problem, normalise_value
 from autotune.units import GIB, format_bytes
 from autotune.view import console
 
@@ -45,8 +48,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config, knobs = parse(args.overrides)
-    model = resolve_model(config.model)
-    task = model.default_task if config.task == "auto" else config.task
+    with console.status("reading the model types and optimizer names transformers accepts"):
+        facts = software_cache.software_facts()  # cached per user: no torch in this process
+    model, task = check(config, knobs, facts)
     if config.device == "cuda" and config.memory_budget:  # for a GPU elsewhere: no NVML needed
         device, device_name, free_bytes = "cuda", "a GPU of memory_budget", 0
     else:
@@ -63,7 +67,13 @@ def run(args: argparse.Namespace) -> int:
     console.print(
         f"{escape(model.name)} ({task}), seq_len {config.seq_len}, {device} "
         f"({escape(device_name)}): budget {format_bytes(budget)}"
-        + ("" if config.memory_budget else " (free now)")
+        + (
+            ""
+            if config.memory_budget
+            else " (free now)"
+            if device == "cuda"
+            else " (free RAM now, less what a search keeps for itself and the machine)"
+        )
     )
     shown = {k: v for k, v in fixed.items() if k != "batch_size"}
     console.print(f"settings: {escape(describe_params(shown))}")
@@ -120,7 +130,7 @@ def parse(overrides: list[str]) -> tuple[EstimateConfig, dict[str, Any]]:
     values, problems = parse_overrides(overrides, EstimateConfig)
     knobs: dict[str, Any] = {}
     for key in [k for k in values if k in KNOBS]:
-        value, knob = values.pop(key), KNOBS[key]
+        value, knob = normalise_value(key, values.pop(key)), KNOBS[key]
         if type(value) is not knob.kind or not knob.check(value):
             problems.append(f"{key}={value}: expected {knob.expected}")
         else:
@@ -131,3 +141,28 @@ def parse(overrides: list[str]) -> tuple[EstimateConfig, dict[str, Any]]:
         problems.append(f"{key}: unknown key" + (f"; did you mean {close[0]}?" if close else ""))
         values.pop(key)
     return make_config(values, EstimateConfig, problems), knobs
+
+
+def check(
+    config: EstimateConfig, knobs: dict[str, Any], facts: SoftwareFacts
+) -> tuple[ModelSpec, str]:
+    """The model and its task, once the checks `autotune search` runs before any trial pass
+    (seq_len within the model's, a model type and head transformers builds, optimizer and
+    compile backend names it offers), so no table answers for what the search refuses.
+    ConfigError names every problem, in the search's words."""
+    problems = []
+    for key, value in knobs.items():
+        if problem := known_name_problem(key, value, facts):
+            problems.append(f"{key}: {problem}")
+    model = task = None
+    try:
+        model = resolve_model(config.model)
+    except AutotuneError as exc:
+        problems.append(str(exc))
+    if model is not None:
+        task = model.default_task if config.task == "auto" else config.task
+        problems += input_problems(model, task, config.seq_len, facts)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    assert model is not None and task is not None
+    return model, task

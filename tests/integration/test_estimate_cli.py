@@ -7,7 +7,19 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from autotune import software_cache
+
 README = Path(__file__).parents[2] / "README.md"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_software_cache():
+    """The installed packages' facts probed once into the session's cache (tests/conftest.py
+    sets AUTOTUNE_CACHE_DIR, which the commands below inherit): they time the estimate, not
+    the first probe after an install."""
+    software_cache.software_facts()
 
 
 def readme_excerpt() -> tuple[list[str], list[str]]:
@@ -53,3 +65,19 @@ def test_bad_input_is_exit_2_with_every_problem_named():
     assert proc.returncode == 2
     for problem in ("precision=fp64", "batch_size=0", "budget: unknown key"):
         assert problem in proc.stderr, proc.stderr
+
+
+def test_what_the_search_refuses_is_exit_2_without_a_table():
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "estimate", "model=gpt2", "seq_len=2048",
+         "task=seq2seq", "optim=adamw_foo"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout
+    for problem in (
+        "seq_len=2048: gpt2 takes at most 1024 tokens",
+        "task=seq2seq: transformers has no seq2seq head for gpt2 models",
+        "optim: 'adamw_foo' is not a TrainingArguments.optim name here; did you mean adamw_torch?",
+    ):
+        assert problem in proc.stderr, proc.stderr
+    assert "Peak training memory" not in proc.stdout

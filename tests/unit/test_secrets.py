@@ -78,7 +78,8 @@ def test_a_bad_storage_url_leaves_no_empty_out_folder_behind(tmp_path):
     from tests.conftest import TINY_MODEL
 
     cpu = DeviceInfo(cuda_available=False, name="cpu", total_memory_bytes=2**34,
-                     free_memory_bytes=2**34, cpu_name="cpu")  # fmt: skip
+                     free_memory_bytes=2**34, cpu_name="cpu",
+                     host_available_memory_bytes=2**34)  # fmt: skip
     out = tmp_path / "new" / "reports"
     settings = [f"model={TINY_MODEL}", f"out={out}", "study=s", "storage=nosuchdb://x/y"]
     with (

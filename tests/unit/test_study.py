@@ -184,3 +184,22 @@ def test_of_two_baselines_queued_at_once_only_the_first_runs():
     assert _not_to_run(study, first, {"batch_size": 8}, n_trials=10) is None
     again = _not_to_run(study, second, {"batch_size": 8}, n_trials=10)
     assert again.reason == "trial 0 was queued for the same: the baseline"
+
+
+def test_a_baseline_that_ran_out_of_host_memory_stands_for_hungrier_proposals():
+    """The baseline sets knobs the space leaves out (attention, grad_accum) and leaves out
+    some the space fixes (loader workers, at their HF default 0): its OOM still rules out
+    every proposal at least as hungry, or the next proposal is hungrier still."""
+    baseline = baseline_params("adamw_torch_fused", None)
+    proposal = {"batch_size": 16, "gradient_checkpointing": False, "precision": "fp32",
+                "optim": "adamw_torch_fused", "dataloader_num_workers": 0}  # fmt: skip
+    died = [record(0, baseline, Status.HOST_OOM)]
+    assert as_hungry_as_an_oom(proposal, died).reason.endswith("trial 0, which ran out of memory")
+    for other in ({"batch_size": 4}, {"gradient_checkpointing": True}, {"optim": "sgd"},
+                    {"attn_implementation": "eager"}, {"dataloader_num_workers": 2}):  # fmt: skip
+        assert as_hungry_as_an_oom(proposal | other, died) is None, other  # lighter, or no order
+
+
+def test_a_knob_without_effect_in_either_config_is_not_compared():
+    oom = {**OOM, "gradient_checkpointing": True, "checkpointing_reentrant": True}
+    assert at_least_as_hungry({**OOM, "batch_size": 64}, oom)  # checkpointing off: no reentrant
