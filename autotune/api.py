@@ -12,21 +12,35 @@ with the same defaults and checks (`autotune.config.RunConfig`).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from autotune import factories, parallel, software_cache, user_data
+from autotune import conditions, confirm, factories, parallel, software_cache, user_data
 from autotune.config import RunConfig, WorkerConfig, make_config
 from autotune.interrupts import SearchInterrupted, stop_signals
 from autotune.knobs import MathChange, describe_params
 from autotune.plan import SearchPlan, make_plan
-from autotune.records import RunInfo, StudySnapshot, TrialRecord, read_snapshot, trials_run
+from autotune.records import (
+    SETTINGS_ATTR,
+    Ending,
+    RunEnd,
+    RunInfo,
+    StudySnapshot,
+    TrialRecord,
+    end_run,
+    read_snapshot,
+    start_run,
+    store_run_end,
+    trials_run,
+)
 from autotune.runner import Launcher
-from autotune.storage import join_config, load_study_dir, locked_study, open_study
-from autotune.study import SearchObserver, run_search
+from autotune.storage import join_config, load_study_dir, locked_study, open_study, safe_url
+from autotune.storage_file import StudyFileLost
+from autotune.study import TIMED_OUT, SearchObserver, run_search
 from autotune.study_folder import table, write_study_folder
 from autotune.trial import TrialResult
 
@@ -46,7 +60,12 @@ class MeasuredConfig:
     result: TrialResult
     """Everything the trial measured: samples_per_s, peak_memory_gib, step_time_cv, ..."""
     speedup: float | None
-    """samples/s over the baseline's; None when the baseline has no figure."""
+    """samples/s over the baseline's (confirmed: the median of the round-by-round ratios);
+    None when the baseline has no figure."""
+    speedup_interval: tuple[float, float] | None
+    """The lowest and highest confirmation round's ratio; None when not confirmed."""
+    confirmed: bool
+    """Measured again after the search, interleaved with the baseline and the other picks."""
     noisy: bool
     """Its step times varied more than the study's noise_cv."""
     changes_training: list[MathChange]
@@ -109,7 +128,24 @@ class SearchResult:
 
     @property
     def recommended(self) -> MeasuredConfig | None:
-        """The fastest trial below the memory budget less its headroom; None when none is."""
+        """What to train with, below the memory budget less its headroom: the same-training
+        pick unless a trial that changes the training is `math_change_min_gain` faster, clear
+        of the noise (`why` says which); None when no trial fits."""
+        return self._measured(self.snapshot.picks.recommended)
+
+    @property
+    def why(self) -> str:
+        """Why the recommendation is that trial."""
+        return self.snapshot.picks.why
+
+    @property
+    def same_training(self) -> MeasuredConfig | None:
+        """The fastest trial that keeps the baseline's training (batch, precision, optimizer)."""
+        return self._measured(self.snapshot.picks.same_training)
+
+    @property
+    def fastest(self) -> MeasuredConfig | None:
+        """The fastest trial, which may change the training."""
         return self._measured(self.snapshot.picks.fastest)
 
     @property
@@ -141,6 +177,8 @@ class SearchResult:
             params=dict(record.params),
             result=record.result,
             speedup=picks.speedup(record),
+            speedup_interval=picks.speedup_interval(record),
+            confirmed=picks.is_confirmed(record),
             noisy=self.snapshot.is_noisy(record),
             changes_training=self.snapshot.math_changes(record),
             report_to=self.info.report_to,
@@ -156,14 +194,20 @@ def search(
     """Run a search and return its result; prints progress as `autotune search` does (unless
     `quiet=True`). Settings are `autotune search`'s keys (`seq_len=`, `n_trials=`, `out=`,
     `memory_budget="24GiB"`, ...); bad ones raise `ConfigError` naming every problem."""
+    from rich.markup import escape
+
     from autotune.view import TerminalView, print_outcome, print_paths
 
     quiet_optuna()
     config = make_config({"model": model, "quiet": quiet, **settings})
     view = TerminalView(quiet=config.quiet)
+    called = {"model": model, **settings} | ({"quiet": quiet} if quiet else {})
+    command = conditions.api_call("autotune.search", called)
     try:
-        result = run(config, observer=view, launcher=launcher)
+        result = run(config, observer=view, launcher=launcher, command=command)
     except SearchInterrupted as exc:
+        if exc.ended:
+            view.report.line(escape(exc.ended), always=True)
         print_paths(view.report, exc.paths)  # what finished is written: say where
         raise
     print_outcome(view.report, result.snapshot)
@@ -195,36 +239,119 @@ def run(
     *,
     observer: SearchObserver | None = None,
     launcher: Launcher | None = None,
+    command: str | None = None,
 ) -> SearchResult:
     """Probe the device, plan, run the study under its lock (with `workers=` worker processes),
     and write the study folder (also when interrupted: what finished is written before the
-    exception goes on)."""
+    exception goes on). `command` is what started it, for the study's provenance (the command
+    line, or the API call); None: this call."""
     observer = observer or SearchObserver()
     with observer.busy("probing the device"):
         device_info = software_cache.probe_device()
     plan = make_plan(config, device_info)
     prepare_inputs(plan, observer)
     with locked_study(plan) as (study, plan), stop_signals() as signals:
+        store_run_end(study, None)  # running: an earlier search's end no longer holds
         observer.planned(plan, done_before=trials_run(study))
+        this_run = _start_run(study, plan, "search", command, observer)
         try:
             stopped = _run_workers(plan, study, observer, launcher)
+            _confirm(plan, study, config.confirm_rounds, observer, launcher)
         except KeyboardInterrupt as exc:
             # Ctrl-C, SIGTERM or SIGHUP: the running trial was recorded as interrupted; what
             # finished is written, and the paths go with the exception to be said.
             interrupted = signals.interrupted(exc)
             with signals.deferred():
-                _, interrupted.paths = _write_outputs(study, plan)
+                # On the way out: a storage that fails this write must not stop the outputs.
+                with contextlib.suppress(Exception):
+                    end = _store_end(study, plan, Ending.INTERRUPTED, interrupted.signal_name)
+                    interrupted.ended = end.describe()
+                _, interrupted.paths = _write_outputs(study, plan, this_run)
             raise interrupted from None
+        except StudyFileLost as exc:
+            # This process still reads the deleted file (SQLite keeps it open): the outputs
+            # are written from it, the last record of the study there will be.
+            with signals.deferred():
+                _, exc.paths = _write_outputs(study, plan)
+            raise
         except BaseException:
             with signals.deferred():
-                _write_outputs(study, plan)
+                _write_outputs(study, plan, this_run)
             raise
         with signals.deferred():  # a signal now stops the search once the outputs are whole
-            snapshot, paths = _write_outputs(study, plan)
+            _store_end(study, plan, Ending.TIMEOUT if TIMED_OUT in stopped else Ending.COMPLETE,
+                       stopped=stopped)  # fmt: skip
+            snapshot, paths = _write_outputs(study, plan, this_run)
     return SearchResult(snapshot=snapshot, study_dir=plan.study_dir, paths=paths, stopped=stopped)
 
 
-def _write_outputs(study: optuna.Study, plan: SearchPlan) -> tuple[StudySnapshot, list[Path]]:
+def _store_end(
+    study: optuna.Study, plan: SearchPlan, how: Ending, signal: str | None = None,
+    stopped: str = "",
+) -> RunEnd:  # fmt: skip
+    """How this search ended, kept in the study for the outputs and `autotune report`."""
+    end = RunEnd(how=how, done=trials_run(study), planned=plan.config.n_trials, signal=signal,
+                 stopped=stopped)  # fmt: skip
+    store_run_end(study, end)
+    return end
+
+
+def _confirm(
+    plan: SearchPlan,
+    study: optuna.Study,
+    rounds: int,
+    observer: SearchObserver,
+    launcher: Launcher | None,
+) -> None:
+    """The picks measured again (`autotune.confirm`), on the cores the trials had; not under
+    other versions than the study's (`_start_run` said so)."""
+    if rounds < 1 or conditions.other_versions(plan.versions, plan.info.versions):
+        return
+    with plan.slots[0].applied():
+        confirm.confirm(plan, study, read_snapshot(study), rounds, observer=observer,
+                        launcher=launcher)  # fmt: skip
+
+
+def confirm_study(
+    study_dir: str | Path,
+    *,
+    rounds: int = 3,
+    storage: str | None = None,
+    study: str | None = None,
+    observer: SearchObserver | None = None,
+    launcher: Launcher | None = None,
+    command: str | None = None,
+) -> SearchResult:
+    """Measure a study's picks again (`autotune confirm`), under the settings it was searched
+    with and its lock, and write its outputs anew."""
+    observer = observer or SearchObserver()
+    study_dir = Path(study_dir)
+    stored = load_study_dir(study_dir, storage, study)
+    # The cores (or devices) each trial had: the measurement conditions of the study.
+    same = {k: v for k, v in stored.user_attrs.get(SETTINGS_ATTR, {}).items()
+            if k in ("workers", "devices")}  # fmt: skip
+    config = join_config(WorkerConfig(out=study_dir.parent, study=stored.study_name,
+                                      storage=storage, **same))  # fmt: skip
+    with observer.busy("probing the device"):
+        device_info = software_cache.probe_device()
+    plan = make_plan(config, device_info)
+    prepare_inputs(plan, observer)
+    with locked_study(plan) as (optuna_study, plan), stop_signals() as signals:
+        this_run = _start_run(optuna_study, plan, "confirm", command, observer)
+        try:
+            _confirm(plan, optuna_study, rounds, observer, launcher)
+        except KeyboardInterrupt as exc:
+            raise signals.interrupted(exc) from None
+        with signals.deferred():
+            snapshot, paths = _write_outputs(optuna_study, plan, this_run)
+    return SearchResult(snapshot=snapshot, study_dir=plan.study_dir, paths=paths)
+
+
+def _write_outputs(
+    study: optuna.Study, plan: SearchPlan, this_run: tuple[str, dict[str, Any]] | None = None
+) -> tuple[StudySnapshot, list[Path]]:
+    if this_run is not None:  # its end time goes into the outputs' provenance
+        end_run(study, *this_run)
     snapshot = read_snapshot(study)
     return snapshot, write_study_folder(snapshot, plan.study_dir)
 
@@ -234,6 +361,7 @@ def join(
     *,
     observer: SearchObserver | None = None,
     launcher: Launcher | None = None,
+    command: str | None = None,
 ) -> tuple[SearchPlan, str]:
     """Join a study another search made (`autotune worker`): its settings come from the study;
     run its loop here (with `workers=` processes) until it has its trials. Returns the plan and
@@ -246,11 +374,35 @@ def join(
     prepare_inputs(plan, observer)
     study, plan = open_study(plan, joining=True)
     observer.planned(plan, done_before=trials_run(study))
+    this_run = _start_run(study, plan, "worker", command, observer)
     with stop_signals() as signals:
         try:
             return plan, _run_workers(plan, study, observer, launcher)
         except KeyboardInterrupt as exc:
             raise signals.interrupted(exc) from None
+        finally:
+            end_run(study, *this_run)
+
+
+_CALLED_AS = {"search": "run", "worker": "join", "confirm": "confirm_study"}
+
+
+def _start_run(
+    study: optuna.Study, plan: SearchPlan, kind: str, command: str | None,
+    observer: SearchObserver,
+) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    """Store this run's provenance with the study; say once when its versions are not the
+    study's (its trials are then marked and kept out of the front)."""
+    if note := conditions.versions_note(plan.study_name, plan.info.versions, plan.versions):
+        observer.warned(note)
+    # Every string through safe_url: a storage= URL's password is never stored.
+    settings = {k: safe_url(v) if isinstance(v, str) else v
+                for k, v in plan.config.model_dump(mode="json").items()}  # fmt: skip
+    if command is None:  # called as a function of this module: `settings` hold its config
+        command = f"autotune.api.{_CALLED_AS[kind]}(...)"
+    record = conditions.run_record(kind=kind, command=command, settings=settings,
+                                   info=plan.info, versions=plan.versions)  # fmt: skip
+    return start_run(study, record), record
 
 
 def prepare_inputs(plan: SearchPlan, observer: SearchObserver) -> None:

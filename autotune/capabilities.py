@@ -6,14 +6,18 @@ are shown to the user and stored with the study.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.errors import SpaceError
 from autotune.hardware import DeviceInfo
 from autotune.knobs import KNOBS, precision_parts
 from autotune.space import SamplingRules, SearchSpace
+
+if TYPE_CHECKING:  # parallel imports optuna; a plan needs only the slots' cores
+    from autotune.parallel import Slot
 
 # TrainingArguments.optim values backed by bitsandbytes.
 BNB_OPTIMIZERS = frozenset({
@@ -79,10 +83,15 @@ DataSource = Literal["synthetic", "data", "trainer"]
 
 
 def fit_space(
-    space: SearchSpace, device: str, info: DeviceInfo, source: DataSource = "synthetic"
+    space: SearchSpace,
+    device: str,
+    info: DeviceInfo,
+    source: DataSource = "synthetic",
+    cores: int | None = None,
 ) -> SearchSpace:
-    """The space less what cannot run on `device` or cannot matter for the data trained on;
-    the reasons are in the result's notes."""
+    """The space less what cannot run on `device` with `cores` CPU cores a trial (`trial_cores`;
+    None: not fitted to them) or cannot matter for the data trained on; the reasons are in the
+    result's notes."""
     notes = []
     emptied = []
     for name, knob in space.knobs.items():
@@ -106,7 +115,43 @@ def fit_space(
             f"  - {e}" for e in emptied
         ))  # fmt: skip
     space, data_notes = _fit_to_data(space, source)
-    return replace(space, notes=space.notes + tuple(notes + data_notes))
+    # After the data: synthetic data fixes the loader at 0 workers, which needs no note here.
+    space, core_notes = _fit_to_cores(space, cores)
+    return replace(space, notes=space.notes + tuple(notes + data_notes + core_notes))
+
+
+def trial_cores(slots: Sequence[Slot]) -> int | None:
+    """The CPU cores each trial has: its worker's own set, or where workers are not pinned to
+    cores (one per GPU, or one worker) an even share of this process's. None: no slots."""
+    if not slots:
+        return None
+    unpinned = sum(s.cpus is None for s in slots)
+    shared = len(os.sched_getaffinity(0)) // max(unpinned, 1) or 1
+    return min(shared if s.cpus is None else len(s.cpus) for s in slots)
+
+
+def _fit_to_cores(space: SearchSpace, cores: int | None) -> tuple[SearchSpace, list[str]]:
+    """Loader workers are processes of their own, beside the trial's: more of them than the
+    trial has cores only take turns on those cores, and slow the step they should feed."""
+    knob = space.knobs.get("dataloader_num_workers")
+    if cores is None or knob is None:
+        return space, []
+    kept = tuple(v for v in knob.choices if v <= cores)
+    removed = [v for v in knob.choices if v > cores]
+    if not removed:
+        return space, []
+    shown = ", ".join(map(str, removed))  # one note for a range's many values
+    why = (
+        f"a trial has {cores} CPU core{'s' * (cores != 1)}, and each loader worker is a "
+        "process that would take turns on them"
+    )
+    if not kept:
+        raise SpaceError(
+            f"space {space.name} cannot run here:\n  - dataloader_num_workers: every value "
+            f"({shown}) is above the cores a trial has ({why}); give values up to {cores}"
+        )
+    space = space.with_choices("dataloader_num_workers", kept)
+    return space, [f"removed dataloader_num_workers above {cores} ({shown}): {why}"]
 
 
 def _fit_to_data(space: SearchSpace, source: DataSource) -> tuple[SearchSpace, list[str]]:

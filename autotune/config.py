@@ -197,6 +197,20 @@ class RunConfig(BaseModel):
     noise_cv: float = Field(
         0.1, gt=0, description="flag a trial as noisy when its step-time CV is above this"
     )
+    confirm_rounds: int = Field(
+        3,
+        ge=0,
+        description="after the search, measure the baseline and the picks again this many "
+        "times, interleaved, each in a fresh trial process; speedups are then the confirmed "
+        "ones; 0 = no confirmation",
+    )
+    math_change_min_gain: float = Field(
+        1.10,
+        ge=1,
+        description="recommend a trial that changes the training (batch, precision, "
+        "optimizer) over the fastest one that keeps it only when it is this much faster, "
+        "clear of the noise",
+    )
     peak_tflops: float | None = Field(
         None,
         gt=0,
@@ -450,6 +464,15 @@ class ReportConfig(BaseModel):
 
     storage: str | None = Field(None, description="Optuna storage URL; null = STUDY_DIR/study.db")
     study: str | None = Field(None, description="study name in the storage; null = its only one")
+
+
+class ConfirmConfig(ReportConfig):
+    """`autotune confirm STUDY_DIR key=value ...`"""
+
+    rounds: int = Field(
+        3, ge=1, description="times each pick runs again, interleaved with the others"
+    )
+    quiet: bool = Field(False, description="print only errors")
 
 
 def load_config(overrides: list[str], schema: type[BaseModel] = RunConfig) -> Any:

@@ -212,7 +212,7 @@ def estimate(
         temporary=temporary,
         context=context,
         total=weights + optimizer + live + temporary + context,
-        flops_per_sample=flops_per_sample(shape, seq_len),
+        flops_per_sample=flops_per_sample(shape, seq_len, task),
     )
 
 
@@ -249,10 +249,15 @@ def _head_activations(shape: Shape, task: str, b: int, s: int, *, mixed: bool) -
     return {"kept": kept, "gradient": logits * 4}
 
 
-def flops_per_sample(shape: Shape, seq_len: int) -> float:
+def flops_per_sample(shape: Shape, seq_len: int, task: str = "causal-lm") -> float:
     """Training FLOPs of one sample of seq_len tokens, as `measure.training_flops` counts them
-    (6 per matmul weight per token, plus 12 x width x length^2 per attention block)."""
-    matmul = sum(r * c for r, c in shape.matrices)
+    (6 per matmul weight per token, plus 12 x width x length^2 per attention block). The
+    vocabulary matrix is a matmul only where a language-model head multiplies by it; for
+    classification it is an embedding lookup."""
+    matrices = shape.matrices
+    if task == "sequence-classification":
+        matrices = tuple(m for m in matrices if m != (shape.vocab, shape.hidden))
+    matmul = sum(r * c for r, c in matrices)
     blocks = shape.layers + shape.cross_attention_layers
     return 6 * matmul * seq_len + 12 * blocks * shape.hidden * seq_len**2
 

@@ -47,22 +47,34 @@ def render(fmt: str, *, info: RunInfo, record: TrialRecord, report_to: str | Non
     if fmt == "yaml":
         return yaml.safe_dump(payload, sort_keys=False)
     if fmt == "cli":
-        return render_cli(record.result.training_args) + "\n"
+        return render_cli(record.result.training_args, record.result.model_kwargs) + "\n"
     return render_script(info, record, report_to=report_to)
 
 
-def render_cli(training_args: dict[str, Any]) -> str:
+def render_cli(training_args: dict[str, Any], model_kwargs: dict[str, Any] | None = None) -> str:
     """Flags for the HF example scripts (HfArgumentParser): `--bf16`, `--optim adamw_torch`.
 
     Shell-quoted, so a pasted command line passes each value as one argument and runs nothing.
+    The model kwargs the trial measured with (the attention kernel) are no TrainingArguments
+    field, and the examples (run_clm.py, run_glue.py, ...) have no flag for them: a comment
+    line above the flags says so, rather than leave them out unsaid.
     """
+    comment = ""
+    if model_kwargs:
+        # repr() writes a newline as `\n`: nothing in a value can end the comment line.
+        kwargs = ", ".join(f"{k}={v!r}" if k.isidentifier() else f"{k!r}: {v!r}"
+                           for k, v in model_kwargs.items())  # fmt: skip
+        comment = (
+            f"# not a flag of the HF example scripts: the trials built the model with {kwargs}; "
+            "pass it to from_pretrained/from_config (recommended.py does)\n"
+        )
     flags = []
     for key, value in training_args.items():
         if value is True:
             flags.append(shlex.quote(f"--{key}"))
         else:  # False is spelled out: it is not every field's default
             flags.append(f"{shlex.quote(f'--{key}')} {shlex.quote(str(value))}")
-    return " ".join(flags)
+    return comment + " ".join(flags)
 
 
 def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None = None) -> str:

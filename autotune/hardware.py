@@ -11,11 +11,13 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import DeviceError
+from autotune.knobs import precision_parts, sixteen_bit
 
 if TYPE_CHECKING:
     from autotune.parallel import Slot
@@ -66,6 +68,16 @@ class DeviceInfo:
     """Every visible CUDA device's name, in CUDA's order (device 0 is `name`)."""
     cuda_free_memory_bytes: tuple[int, ...] = ()
     """Free memory on each visible CUDA device."""
+    matmul_tflops: float | None = None
+    """On CPU, the fp32 matmul rate the probe measured (TFLOP/s); None on CUDA, whose peak is
+    in PEAK_TFLOPS."""
+
+    def compute_tflops(self, device: str, precision: str) -> float | None:
+        """The fastest a training step can compute here (TFLOP/s): the GPU's datasheet peak
+        for the precision, or the CPU's measured matmul rate; None when unknown."""
+        if device == "cuda":
+            return peak_tflops(self.name, precision)
+        return self.matmul_tflops
 
     @property
     def tensor_core_64(self) -> bool:
@@ -108,6 +120,41 @@ class DeviceInfo:
         facts = dict(facts)
         facts["task_model_types"] = {k: tuple(v) for k, v in facts["task_model_types"].items()}
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in facts.items()})
+
+
+# Dense peak TFLOP/s (no 2:4 sparsity) from NVIDIA datasheets and whitepapers, keyed by a
+# piece of the NVML name; the first match wins, so specific names come first. GeForce parts
+# accumulate 16-bit matmuls in fp32 at half rate: that rate is the one PyTorch gets.
+PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "16bit": 756.0}),
+    ("H100 NVL", {"fp32": 60.0, "tf32": 417.5, "16bit": 835.0}),
+    ("H100", {"fp32": 66.9, "tf32": 494.7, "16bit": 989.4}),
+    ("H200", {"fp32": 66.9, "tf32": 494.7, "16bit": 989.4}),
+    ("A100", {"fp32": 19.5, "tf32": 156.0, "16bit": 312.0}),
+    ("A10G", {"fp32": 31.2, "tf32": 62.5, "16bit": 125.0}),
+    ("L40S", {"fp32": 91.6, "tf32": 183.0, "16bit": 362.0}),
+    ("L4", {"fp32": 30.3, "tf32": 60.0, "16bit": 121.0}),
+    ("V100-PCIE", {"fp32": 14.0, "tf32": 14.0, "16bit": 112.0}),
+    ("V100", {"fp32": 15.7, "tf32": 15.7, "16bit": 125.0}),
+    ("T4", {"fp32": 8.1, "tf32": 8.1, "16bit": 65.0}),
+    ("RTX 3090", {"fp32": 35.6, "tf32": 35.6, "16bit": 71.0}),
+    ("RTX 4090", {"fp32": 82.6, "tf32": 82.6, "16bit": 165.2}),
+)
+
+
+def peak_tflops(device_name: str, precision: str) -> float | None:
+    """Dense peak for the precision in use, or None for a device not in the table."""
+    key = (
+        "16bit"
+        if sixteen_bit(precision)
+        else "tf32"
+        if "tf32" in precision_parts(precision)
+        else "fp32"
+    )
+    for piece, peaks in PEAK_TFLOPS:
+        if piece.lower() in device_name.lower():
+            return peaks[key]
+    return None
 
 
 def cpu_reserve_bytes(total_bytes: int, workers: int = 1) -> int:
@@ -263,8 +310,24 @@ def _probe_here(device_only: bool = False) -> dict:
             "free_memory_bytes": host.available,
             # The Trainer runs bf16 autocast on CPU (with use_cpu=True).
             "bf16_supported": True,
+            "matmul_tflops": _cpu_matmul_tflops(),
         }
     return facts
+
+
+def _cpu_matmul_tflops(n: int = 1024, repeats: int = 5) -> float:
+    """This CPU's fp32 matmul rate, the best of `repeats` n x n products after one untimed
+    (~0.1 s here): no training step computes faster, so time at this rate is a floor."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - started)
+    return 2 * n**3 / best / 1e12
 
 
 if __name__ == "__main__":

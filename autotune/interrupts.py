@@ -24,6 +24,13 @@ class SearchInterrupted(KeyboardInterrupt):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
         self.paths = paths or []
+        self.ended = ""
+        """`interrupted after 2 of 6 trials (SIGTERM)`, once the search has said so."""
+
+    @property
+    def signal_name(self) -> str:
+        """SIGINT, SIGTERM, SIGHUP."""
+        return signal.Signals(self.signum).name
 
     @property
     def exit_code(self) -> int:

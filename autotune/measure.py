@@ -17,8 +17,6 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from autotune.knobs import precision_parts, sixteen_bit
-
 
 @dataclass(frozen=True, slots=True)
 class Counts:
@@ -258,38 +256,3 @@ def training_flops(model: Any, counts: Counts) -> float:
 def flops_per_sample(model: Any, seq_len: int) -> float:
     """Training FLOPs for one sample of `seq_len` real tokens (see `training_flops`)."""
     return training_flops(model, Counts(1, seq_len, seq_len, seq_len**2))
-
-
-# Dense peak TFLOP/s (no 2:4 sparsity) from NVIDIA datasheets and whitepapers, keyed by a
-# piece of the NVML name; the first match wins, so specific names come first. GeForce parts
-# accumulate 16-bit matmuls in fp32 at half rate: that rate is the one PyTorch gets.
-PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "16bit": 756.0}),
-    ("H100 NVL", {"fp32": 60.0, "tf32": 417.5, "16bit": 835.0}),
-    ("H100", {"fp32": 66.9, "tf32": 494.7, "16bit": 989.4}),
-    ("H200", {"fp32": 66.9, "tf32": 494.7, "16bit": 989.4}),
-    ("A100", {"fp32": 19.5, "tf32": 156.0, "16bit": 312.0}),
-    ("A10G", {"fp32": 31.2, "tf32": 62.5, "16bit": 125.0}),
-    ("L40S", {"fp32": 91.6, "tf32": 183.0, "16bit": 362.0}),
-    ("L4", {"fp32": 30.3, "tf32": 60.0, "16bit": 121.0}),
-    ("V100-PCIE", {"fp32": 14.0, "tf32": 14.0, "16bit": 112.0}),
-    ("V100", {"fp32": 15.7, "tf32": 15.7, "16bit": 125.0}),
-    ("T4", {"fp32": 8.1, "tf32": 8.1, "16bit": 65.0}),
-    ("RTX 3090", {"fp32": 35.6, "tf32": 35.6, "16bit": 71.0}),
-    ("RTX 4090", {"fp32": 82.6, "tf32": 82.6, "16bit": 165.2}),
-)
-
-
-def peak_tflops(device_name: str, precision: str) -> float | None:
-    """Dense peak for the precision in use, or None for a device not in the table."""
-    key = (
-        "16bit"
-        if sixteen_bit(precision)
-        else "tf32"
-        if "tf32" in precision_parts(precision)
-        else "fp32"
-    )
-    for piece, peaks in PEAK_TFLOPS:
-        if piece.lower() in device_name.lower():
-            return peaks[key]
-    return None

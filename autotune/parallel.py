@@ -41,6 +41,7 @@ from autotune.records import (
     is_recorded,
     record_of,
 )
+from autotune.storage_file import FileWatch
 from autotune.trial import PROGRESS_FILE, Progress, read_progress, write_json_atomic
 
 WATCH_S = 0.5
@@ -190,10 +191,13 @@ def run_workers(plan: Any, study: optuna.Study, observer: Any, launcher: Any) ->
         "settings": plan.config.model_dump(mode="json", exclude={"storage"}),
         "device_info": dataclasses.asdict(plan.device_info),
         "slots": [dataclasses.asdict(s) for s in plan.slots],
+        # A measurement condition the search checked for the study: each worker's is it.
+        "cores_per_trial": plan.info.cores_per_trial,
         "trial_command": trial_command,
     }
     write_json_atomic(folder / "spec.json", spec)
     env = os.environ | {STORAGE_ENV: plan.storage_url}
+    study_file = FileWatch.of(plan.storage_url)  # each worker stops when it is gone
     workers = [_start(folder, k, env) for k in range(len(plan.slots))]
     watcher = _Watcher(plan, study, observer)
     try:
@@ -223,6 +227,8 @@ def run_workers(plan: Any, study: optuna.Study, observer: Any, launcher: Any) ->
             if worker.poll() is None:
                 worker.kill()
             worker.wait()
+    if study_file is not None and study_file.lost():  # the workers said so, and stopped
+        raise study_file.error(sum(is_recorded(t) for t in study.get_trials(deepcopy=False)))
     return _stopped(folder, workers)
 
 
@@ -365,6 +371,9 @@ def _worker_main(spec_path: Path, index: int) -> int:
     storage = os.environ.pop(STORAGE_ENV)
     settings = spec["settings"] | {"workers": 1, "devices": "auto", "storage": storage}
     plan = make_plan(make_config(settings), DeviceInfo.from_facts(spec["device_info"]))
+    # Planned as one worker, it would count every core: its trials have its slot's share.
+    cores = dataclasses.replace(plan.info, cores_per_trial=spec["cores_per_trial"])
+    plan = dataclasses.replace(plan, info=cores)
     command = spec["trial_command"]
     with slot.applied():  # before the fork server starts: it and every trial inherit it
         launcher = CommandLauncher(tuple(command)) if command else ForkserverLauncher()

@@ -5,8 +5,11 @@ Pure functions over decoded trials (`records.read_snapshot` reads the study and 
 
 from __future__ import annotations
 
+import functools
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotune.trial import Status, TrialResult
 from autotune.units import format_gib
@@ -15,7 +18,7 @@ if TYPE_CHECKING:  # records imports this module to build its snapshot
     from autotune.records import TrialRecord
 
 SAVER_WITHIN = 0.10
-"""The memory saver may be this much slower than the fastest pick."""
+"""The memory saver may be this much slower than the recommendation."""
 
 
 def is_noisy(result: TrialResult, noise_cv: float) -> bool:
@@ -36,21 +39,143 @@ def non_dominated(records: list[TrialRecord]) -> list[TrialRecord]:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Confirmed:
+    """The picks measured again after the search (`autotune.confirm`): `rounds` rounds, each
+    running every pick once in a fresh trial process (A B C D, D C B A, ...). Within a round
+    the picks ran minutes apart at most, so their ratios there cancel the machine's drift; a
+    figure is the median over rounds, its interval the lowest and highest round."""
+
+    rounds: int
+    samples_per_s: dict[int, tuple[float | None, ...]]
+    """Trial number -> its samples/s in each round (None: that run did not measure)."""
+    peak_memory_gib: dict[int, tuple[float | None, ...]]
+    wall_s: float
+    """What the confirmation took."""
+    records_seen: int
+    """How many trials the study had recorded: with more since, the picks may be others."""
+
+    def covers(self, record: TrialRecord | None) -> bool:
+        return record is not None and len(self._measured(record.number)) > 0
+
+    def median(self, number: int) -> float | None:
+        values = self._measured(number)
+        return statistics.median(values) if values else None
+
+    def interval(self, number: int) -> tuple[float, float] | None:
+        values = self._measured(number)
+        return (min(values), max(values)) if values else None
+
+    def median_peak_gib(self, number: int) -> float | None:
+        values = [v for v in self.peak_memory_gib.get(number, ()) if v is not None]
+        return statistics.median(values) if values else None
+
+    def ratios(self, a: int, b: int) -> list[float]:
+        """a's samples/s over b's, round by round (the rounds where both measured)."""
+        pairs = zip(self.samples_per_s.get(a, ()), self.samples_per_s.get(b, ()), strict=False)
+        return [x / y for x, y in pairs if x is not None and y]
+
+    def ratio(self, a: int, b: int) -> tuple[float, float, float] | None:
+        """(median, lowest, highest) of `ratios`; None when no round measured both."""
+        ratios = self.ratios(a, b)
+        return (statistics.median(ratios), min(ratios), max(ratios)) if ratios else None
+
+    def clearly_faster(self, a: int, b: int) -> bool:
+        """a was faster than b in every round, and there were at least two."""
+        ratios = self.ratios(a, b)
+        return len(ratios) >= 2 and min(ratios) > 1
+
+    def tied(self, a: int, b: int) -> bool:
+        """The rounds disagree on which of the two is faster: their figures cannot tell them
+        apart."""
+        return bool(self.ratios(a, b)) and not (
+            self.clearly_faster(a, b) or self.clearly_faster(b, a)
+        )
+
+    def _measured(self, number: int) -> list[float]:
+        return [v for v in self.samples_per_s.get(number, ()) if v is not None]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rounds": self.rounds,
+            "samples_per_s": {str(k): list(v) for k, v in self.samples_per_s.items()},
+            "peak_memory_gib": {str(k): list(v) for k, v in self.peak_memory_gib.items()},
+            "wall_s": self.wall_s,
+            "records_seen": self.records_seen,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Confirmed:
+        return cls(
+            rounds=data["rounds"],
+            samples_per_s={int(k): tuple(v) for k, v in data["samples_per_s"].items()},
+            peak_memory_gib={int(k): tuple(v) for k, v in data["peak_memory_gib"].items()},
+            wall_s=data["wall_s"],
+            records_seen=data["records_seen"],
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Picks:
+    recommended: TrialRecord | None
+    """What to train with: the same-training pick, unless a trial that changes the training
+    is faster by `min_gain` and clear of the noise (`choose`)."""
+    why: str
+    """Why the recommendation is that trial, in words ("" when there is none)."""
     fastest: TrialRecord | None
-    """The highest samples/s under the limit."""
+    """The highest samples/s under the limit (confirmed when there is a confirmation)."""
+    same_training: TrialRecord | None
+    """The fastest trial under the limit whose training is the baseline's (same effective
+    batch, precision family and optimizer family); None without a baseline to compare with."""
     saver: TrialRecord | None
-    """The least memory within SAVER_WITHIN of the fastest's samples/s."""
+    """The least memory within SAVER_WITHIN of the recommendation's samples/s (by the trials'
+    own figures: the confirmation measures it again)."""
     baseline: TrialRecord | None
     """The HF-defaults trial, when it ran."""
     noise_cv: float
     """A trial whose step-time CV is above this is flagged noisy."""
+    min_gain: float = 1.10
+    confirmed: Confirmed | None = None
+    """The picks measured again after the search; None when not (`confirm_rounds=0`)."""
+
+    def is_confirmed(self, record: TrialRecord) -> bool:
+        return self.confirmed is not None and self.confirmed.covers(record)
+
+    def samples_per_s(self, record: TrialRecord) -> float | None:
+        """The confirmed median when there is one, else the trial's own figure."""
+        if self.confirmed is not None and self.is_confirmed(record):
+            return self.confirmed.median(record.number)
+        return record.result.samples_per_s
 
     def speedup(self, record: TrialRecord) -> float | None:
-        """samples/s relative to the baseline; None when the baseline has no figure."""
+        """samples/s relative to the baseline, confirmed (the median of the round-by-round
+        ratios) when both were confirmed; None when the baseline has no figure."""
         if self.baseline is None or self.baseline.status is not Status.OK:
             return None
+        if (confirmed := self._confirmed_ratio(record, self.baseline)) is not None:
+            return confirmed[0]
         return record.result.samples_per_s / self.baseline.result.samples_per_s
+
+    def speedup_interval(self, record: TrialRecord) -> tuple[float, float] | None:
+        """The lowest and highest round's ratio to the baseline; None unconfirmed."""
+        if self.baseline is None or (found := self._confirmed_ratio(record, self.baseline)) is None:
+            return None
+        return found[1], found[2]
+
+    def ties(self, record: TrialRecord) -> list[TrialRecord]:
+        """The other confirmed picks the rounds cannot tell from this one."""
+        if self.confirmed is None or not self.is_confirmed(record):
+            return []
+        others = {r.number: r for r in (self.fastest, self.same_training, self.saver,
+                                         self.baseline) if r is not None}  # fmt: skip
+        return [r for n, r in sorted(others.items())
+                if n != record.number and self.confirmed.tied(record.number, n)]  # fmt: skip
+
+    def _confirmed_ratio(
+        self, record: TrialRecord, other: TrialRecord
+    ) -> tuple[float, float, float] | None:
+        if self.confirmed is None or record.number == other.number:
+            return (1.0, 1.0, 1.0) if self.is_confirmed(record) else None
+        return self.confirmed.ratio(record.number, other.number)
 
     def describe_baseline(self) -> str:
         if self.baseline is None:
@@ -58,22 +183,31 @@ class Picks:
         if self.baseline.result.samples_per_s is None:
             status = self.baseline.status.value
             return f"trial {self.baseline.number}: {status}: {self.baseline.result.reason}"
-        r = self.baseline.result
-        return (
-            f"trial {self.baseline.number}: {r.samples_per_s:.2f} samples/s at "
-            f"{format_gib(r.peak_memory_gib, 3)}"
-        )
+        return self.describe(self.baseline, speedup=False)
 
-    def describe(self, record: TrialRecord) -> str:
-        """`trial 7: 512.30 samples/s (1.42x the baseline) at 3.210 GiB`, with a caveat when
-        this trial or the baseline measured noisily."""
-        speedup = self.speedup(record)
-        notes = [f"{speedup:.2f}x the baseline"] if speedup is not None else []
-        notes += [caveat] if (caveat := self.noise_caveat(record)) else []
-        times = f" ({'; '.join(notes)})" if notes else ""
+    def describe(self, record: TrialRecord, speedup: bool = True) -> str:
+        """`trial 7: 512.30 samples/s (1.42x the baseline) at 3.210 GiB`, confirmed with its
+        interval (`median of 3 rounds 498.10-520.30, 1.42x [1.38-1.45] the baseline`) or with
+        a caveat when this trial or the baseline measured noisily."""
+        notes = []
+        speedup = speedup and not (self.baseline and record.number == self.baseline.number)
+        if self.confirmed is not None and self.is_confirmed(record):
+            low, high = self.confirmed.interval(record.number) or (0.0, 0.0)
+            notes.append(f"confirmed: median of {self.confirmed.rounds} rounds, "
+                         f"{low:.2f}-{high:.2f}")  # fmt: skip
+            interval = self.speedup_interval(record)
+            if speedup and (times := self.speedup(record)) is not None and interval is not None:
+                notes.append(f"{times:.2f}x [{interval[0]:.2f}-{interval[1]:.2f}] the baseline")
+            notes += [f"tied with trial {r.number}" for r in self.ties(record)]
+        else:
+            if speedup and (times := self.speedup(record)) is not None:
+                notes.append(f"{times:.2f}x the baseline")
+            notes += [caveat] if (caveat := self.noise_caveat(record)) else []
+        times_text = f" ({'; '.join(notes)})" if notes else ""
+        memory = record.result.peak_memory_gib
         return (
-            f"trial {record.number}: {record.result.samples_per_s:.2f} samples/s{times} at "
-            f"{format_gib(record.result.peak_memory_gib, 3)}"
+            f"trial {record.number}: {self.samples_per_s(record):.2f} samples/s{times_text} at "
+            f"{format_gib(memory, 3)}"
         )
 
     def noise_caveat(self, record: TrialRecord) -> str:
@@ -95,27 +229,119 @@ class Picks:
         )
 
     def describe_saver(self) -> str:
-        if self.saver is None or self.fastest is None:
+        if self.saver is None or self.recommended is None:
             return "none"
-        if self.saver.number == self.fastest.number:
+        if self.saver.number == self.recommended.number:
             return f"the same trial: nothing within {SAVER_WITHIN:.0%} uses less memory"
         return self.describe(self.saver)
 
+    def describe_same_training(self) -> str:
+        if self.same_training is None:
+            return "none (no baseline to compare with)" if self.baseline is None else "none"
+        if self.recommended is not None and self.same_training.number == self.recommended.number:
+            return "the recommended trial: it keeps the training"
+        return self.describe(self.same_training)
+
+
+def candidates(
+    feasible: list[TrialRecord],
+    limit_gib: float,
+    baseline: TrialRecord | None,
+    changes_training: Callable[[TrialRecord], bool],
+) -> list[TrialRecord]:
+    """The trials a confirmation measures again: the baseline, the fastest, the memory saver
+    and the same-training pick by their own figures, each once, in trial order."""
+    single = pick(feasible, limit_gib, baseline, noise_cv=float("inf"),
+                  changes_training=changes_training)  # fmt: skip
+    chosen = {r.number: r for r in (single.baseline, single.fastest, single.saver,
+                                     single.same_training) if r is not None}  # fmt: skip
+    return [chosen[n] for n in sorted(chosen) if chosen[n].status is Status.OK]
+
 
 def pick(
-    front: list[TrialRecord], limit_gib: float, baseline: TrialRecord | None, noise_cv: float
+    feasible: list[TrialRecord],
+    limit_gib: float,
+    baseline: TrialRecord | None,
+    noise_cv: float,
+    *,
+    changes_training: Callable[[TrialRecord], bool],
+    min_gain: float = 1.10,
+    confirmed: Confirmed | None = None,
 ) -> Picks:
-    fitting = [r for r in front if r.result.peak_memory_gib <= limit_gib]
-    fastest = max(fitting, key=lambda r: r.result.samples_per_s, default=None)
+    """The picks among the successful trials under the budget (`feasible`) that also stay
+    under `limit_gib` (the budget less headroom). With a confirmation that covers the trials
+    their own figures pick, the fastest and the same-training pick are ranked among those by
+    their confirmed figures instead; one made for other picks is not used."""
+    fitting = [r for r in feasible if r.result.peak_memory_gib <= limit_gib]
+
+    def fastest_of(
+        records: list[TrialRecord], speed: Callable[[TrialRecord], float]
+    ) -> tuple[TrialRecord | None, TrialRecord | None]:
+        keeping = [r for r in records if baseline is not None and not changes_training(r)]
+        return max(records, key=speed, default=None), max(keeping, key=speed, default=None)
+
+    def measured(record: TrialRecord) -> float:
+        return record.result.samples_per_s
+
+    fastest, same = fastest_of(fitting, measured)
+    recommended, why = _choose(fastest, same, measured, min_gain, None)
     saver = None
-    if fastest is not None:
-        close = [
-            r
-            for r in fitting
-            if r.result.samples_per_s >= (1 - SAVER_WITHIN) * fastest.result.samples_per_s
-        ]
+    if recommended is not None:  # by its own figures: the confirmation measures it too
+        close = [r for r in fitting if measured(r) >= (1 - SAVER_WITHIN) * measured(recommended)]
         saver = min(close, key=lambda r: r.result.peak_memory_gib)
-    return Picks(fastest=fastest, saver=saver, baseline=baseline, noise_cv=noise_cv)
+    speed = measured
+    if confirmed is not None:
+        picked = [r for r in (fastest, same, saver, baseline) if r and r.status is Status.OK]
+        if all(confirmed.covers(r) for r in picked):
+            speed = functools.partial(_confirmed_speed, confirmed)
+            fastest, same = fastest_of([r for r in fitting if confirmed.covers(r)], speed)
+            recommended, why = _choose(fastest, same, speed, min_gain, confirmed)
+        else:
+            confirmed = None  # made for other picks (trials were added since)
+    return Picks(recommended=recommended, why=why, fastest=fastest, same_training=same,
+                 saver=saver, baseline=baseline, noise_cv=noise_cv, min_gain=min_gain,
+                 confirmed=confirmed)  # fmt: skip
+
+
+def _confirmed_speed(confirmed: Confirmed, record: TrialRecord) -> float:
+    return confirmed.median(record.number) or 0.0
+
+
+def _choose(
+    fastest: TrialRecord | None,
+    same: TrialRecord | None,
+    speed: Callable[[TrialRecord], float],
+    min_gain: float,
+    confirmed: Confirmed | None,
+) -> tuple[TrialRecord | None, str]:
+    """The same-training pick, unless the fastest changes the training and is faster by at
+    least `min_gain` and clear of the noise: faster in every confirmed round or, unconfirmed,
+    its samples/s less one step-time CV above the other's plus one."""
+    if fastest is None:
+        return None, ""
+    if same is None:
+        return fastest, "the fastest: no trial keeps the baseline's training to compare with"
+    if same.number == fastest.number:
+        return same, "the fastest, and it keeps the training"
+    gain = speed(fastest) / speed(same)
+    if confirmed is not None and (ratio := confirmed.ratio(fastest.number, same.number)):
+        gain = ratio[0]  # the median of the round-by-round ratios: the drift cancelled
+    if confirmed is not None:
+        clear = confirmed.clearly_faster(fastest.number, same.number)
+        noise = "faster in every confirmed round" if clear else "not faster in every round"
+    else:
+        # One measurement each: clear when their spans of +-1 step-time CV do not overlap.
+        low = fastest.result.samples_per_s * (1 - (fastest.result.step_time_cv or 0))
+        high = same.result.samples_per_s * (1 + (same.result.step_time_cv or 0))
+        clear = low > high
+        noise = "clear of both step-time CVs" if clear else "within their step-time CVs"
+    versus = (
+        f"trial {fastest.number}, which changes the training, is {gain:.2f}x trial {same.number}"
+    )
+    if clear and gain >= min_gain:
+        return fastest, f"{versus} ({noise}), at least math_change_min_gain {min_gain:.2f}"
+    below = "" if gain >= min_gain else f" below math_change_min_gain {min_gain:.2f}"
+    return same, f"the fastest that keeps the training: {versus}{below} ({noise})"
 
 
 def hypervolume(points: list[tuple[float, float]], max_memory_gib: float) -> float:

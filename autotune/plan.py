@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune import factories, hardware, user_data
-from autotune.capabilities import apply_sampling_rules, fit_space
+from autotune import conditions, factories, hardware, user_data
+from autotune.capabilities import apply_sampling_rules, fit_space, trial_cores
 from autotune.config import STUDY_NAME_MAX_CHARS, RunConfig
 from autotune.errors import AutotuneError, ConfigError
-from autotune.estimate import KNOBS_READ, UnknownShape, estimate
+from autotune.estimate import KNOBS_READ, Estimate, UnknownShape, estimate
 from autotune.hardware import DeviceInfo
 from autotune.knobs import baseline_params
 from autotune.models import ModelSpec, catalogue_parameter_counts, resolve_model
@@ -60,13 +60,30 @@ class SearchPlan:
     def estimate_gib(self, params: dict[str, Any]) -> float | None:
         """The peak `autotune.estimate` gives these settings before they run; None for a
         config whose dimensions it cannot read (no skip by estimate then)."""
+        found = self._estimate(params)
+        return None if found is None else found.total / GIB
+
+    def compute_floor_s(self, params: dict[str, Any]) -> tuple[float, float] | None:
+        """(seconds, TFLOP/s): the least time a trial of these settings can take to compute
+        its warm-up and timed steps, at the fastest this device computes
+        (`DeviceInfo.compute_tflops`, or `peak_tflops=`); None when either is unknown."""
+        found = self._estimate(params)
+        rate = self.config.peak_tflops or self.device_info.compute_tflops(
+            self.device, str(params.get("precision", "fp32"))
+        )
+        if found is None or not rate:
+            return None
+        steps = self.config.warmup_steps + self.config.measure_steps
+        samples = steps * int(params.get("batch_size", 8)) * int(params.get("grad_accum", 1))
+        return samples * found.flops_per_sample / (rate * 1e12), rate
+
+    def _estimate(self, params: dict[str, Any]) -> Estimate | None:
         parameters = catalogue_parameter_counts().get(self.model.name)
         try:
-            found = estimate(self.model.config, task=self.info.task, seq_len=self.info.seq_len,
-                             params=params, device=self.device, parameters=parameters)  # fmt: skip
+            return estimate(self.model.config, task=self.info.task, seq_len=self.info.seq_len,
+                            params=params, device=self.device, parameters=parameters)  # fmt: skip
         except (UnknownShape, TypeError):  # a config of unexpected types: no estimate
             return None
-        return found.total / GIB
 
     @property
     def estimate_limit_gib(self) -> float | None:
@@ -102,6 +119,11 @@ class SearchPlan:
         return self.info.study
 
     @property
+    def versions(self) -> dict[str, str]:
+        """What this process's trials run under; `info.versions` is the study's."""
+        return conditions.installed_versions(self.device_info)
+
+    @property
     def device(self) -> str:
         """`cuda` or `cpu`."""
         return self.info.device
@@ -123,13 +145,16 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         effective_batch_size=config.effective_batch_size,
         tensor_core_64=device == "cuda" and device_info.tensor_core_64,
     )
+    slots, slot_problems = assign(config.workers, config.devices, device, device_info)
+    problems += slot_problems
     try:
         space = load_space(space_name, facts)
         if space.device not in ("any", device):
             raise ConfigError(
                 f"space={space.name} is for device={space.device}, but this search runs on {device}"
             )
-        space = apply_sampling_rules(fit_space(space, device, device_info, source), rules)
+        cores = trial_cores(slots)  # loader workers beyond them are taken out of the space
+        space = apply_sampling_rules(fit_space(space, device, device_info, source, cores), rules)
     except AutotuneError as exc:
         problems.append(str(exc))
         space = None
@@ -146,8 +171,6 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
             check_owner(study_dir)
         except AutotuneError as exc:
             problems.append(str(exc))
-    slots, slot_problems = assign(config.workers, config.devices, device, device_info)
-    problems += slot_problems
     search_dir = Path.cwd()
     data = data_info = trainer = None
     if config.data and model is not None:
@@ -178,9 +201,14 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         memory_budget_bytes=int(config.memory_budget or available_bytes),
         headroom=config.headroom,
         noise_cv=config.noise_cv,
+        math_change_min_gain=config.math_change_min_gain,
         report_to=config.report_to,
         data=data_info,
         trainer=trainer,
+        measure_steps=config.measure_steps,
+        warmup_steps=config.warmup_steps,
+        cores_per_trial=trial_cores(slots),
+        versions=conditions.installed_versions(device_info),
     )
     return SearchPlan(
         config=config,

@@ -8,16 +8,19 @@ the outputs, the report and the exports alike.
 
 from __future__ import annotations
 
+import enum
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune import conditions
 from autotune.errors import StudyError
 from autotune.knobs import MathChange, math_changes
-from autotune.pareto import Picks, is_noisy, non_dominated, pick
+from autotune.pareto import Confirmed, Picks, is_noisy, non_dominated, pick
 from autotune.trial import MEMORY_STATUSES, Status, TrialResult
 from autotune.units import GIB
 
@@ -48,6 +51,13 @@ OWNER_ATTR = "owner"
 """Trial: the search process running it: {host, pid, pid_started}."""
 RUN_ATTR = "run"
 """Study: the `RunInfo`."""
+VERSIONS_ATTR = "versions"
+"""Trial: the versions it was measured under (`conditions.installed_versions`)."""
+PROVENANCE_PREFIX = "provenance:"
+"""Study: one attr per run on it (`conditions.run_record`), keyed by this prefix and a run id,
+so that runs on several hosts never write the same attr."""
+CONFIRMATION_ATTR = "confirmation"
+"""Study: the picks measured again after the search (`pareto.Confirmed.to_json`)."""
 CONSTRAINT = "peak_over_budget_gib"
 """Trial constraint, feasible when <= 0: peak memory less the budget."""
 
@@ -71,6 +81,8 @@ class RunInfo:
     """Resolved once when the study was made; every trial is judged against it."""
     headroom: float
     noise_cv: float
+    math_change_min_gain: float = 1.10
+    """A pick that changes the training must beat the same-training pick by this much."""
     report_to: str = "none"
     """Trackers the exported script logs to (`TrainingArguments.report_to`); trials never log."""
     data: dict[str, Any] | None = None
@@ -79,6 +91,15 @@ class RunInfo:
     """The user's Trainer: `factory` (`module:function`, or a file made absolute), the
     `search_dir` a module was looked up in, and the `sha256` of the file it runs (None in
     studies made before it was stored); None: autotune builds the Trainer."""
+    # Measurement conditions (`autotune.conditions`): None in studies made before they were
+    # stored, and then not compared on resume.
+    measure_steps: int | None = None
+    warmup_steps: int | None = None
+    cores_per_trial: int | None = None
+    """The CPU cores each trial has (`capabilities.trial_cores`: `workers=` and affinity)."""
+    versions: dict[str, str] | None = None
+    """torch, transformers and autotune as the study was made with; trials measured under
+    others are kept out of its front (`conditions.other_versions`)."""
 
     @property
     def data_fingerprint(self) -> str | None:
@@ -127,6 +148,8 @@ class TrialRecord:
     result: TrialResult
     baseline: bool = False
     """The HF-defaults trial every speedup is measured against."""
+    versions: dict[str, str] | None = None
+    """What it was measured under (torch, transformers, autotune); None: not stored."""
 
     @property
     def status(self) -> Status:
@@ -135,6 +158,24 @@ class TrialRecord:
 
 def store_run_info(study: optuna.Study, info: RunInfo) -> None:
     study.set_user_attr(RUN_ATTR, asdict(info))
+
+
+def start_run(study: optuna.Study, run: dict[str, Any]) -> str:
+    """Store a run's provenance (`conditions.run_record`) as it starts; returns its key."""
+    key = f"{PROVENANCE_PREFIX}{run['started']}:{run['host']}:{run['pid']}"
+    study.set_user_attr(key, run)
+    return key
+
+
+def end_run(study: optuna.Study, key: str, run: dict[str, Any]) -> None:
+    """Record when the run stored as `key` ended."""
+    study.set_user_attr(key, run | {"ended": conditions.now()})
+
+
+def read_runs(study: optuna.Study) -> tuple[dict[str, Any], ...]:
+    """The provenance of each run on the study, oldest first."""
+    runs = [v for k, v in study.user_attrs.items() if k.startswith(PROVENANCE_PREFIX)]
+    return tuple(sorted(runs, key=lambda r: (r["started"], r["host"], r["pid"])))
 
 
 def is_recorded(trial: FrozenTrial) -> bool:
@@ -163,6 +204,7 @@ def record_of(trial: FrozenTrial) -> TrialRecord:
         params=dict(trial.user_attrs[PARAMS_ATTR]),
         result=TrialResult.from_dict(trial.user_attrs[RESULT_ATTR]),
         baseline=bool(trial.user_attrs.get(BASELINE_ATTR)),
+        versions=trial.user_attrs.get(VERSIONS_ATTR),
     )
 
 
@@ -243,6 +285,15 @@ class StudySnapshot:
     picks: Picks
     search_s: float | None
     """From the first trial's start to the last one's end."""
+    ended: RunEnd | None = None
+    """How the study's last search ended; None while one runs, or for older studies."""
+    runs: tuple[dict[str, Any], ...] = ()
+    """Each run's provenance (`conditions.run_record`), oldest first."""
+
+    def other_versions(self, record: TrialRecord) -> str | None:
+        """How the versions it was measured under differ from the study's; None: they do not.
+        Such a trial is kept out of the front and the picks."""
+        return conditions.other_versions(record.versions, self.info.versions)
 
     def record(self, number: int) -> TrialRecord | None:
         return next((r for r in self.records if r.number == number), None)
@@ -257,20 +308,33 @@ class StudySnapshot:
         return [] if baseline is None else math_changes(record.params, baseline.params)
 
 
+def changes_training_of(baseline: TrialRecord | None) -> Callable[[TrialRecord], bool]:
+    """Whether a trial's settings change the training compared with the baseline's."""
+    return lambda record: baseline is not None and bool(math_changes(record.params,
+                                                                    baseline.params))  # fmt: skip
+
+
 def read_snapshot(study: optuna.Study) -> StudySnapshot:
     """Read the study once and decode it."""
     info = RunInfo.of(study)
     trials = study.get_trials(deepcopy=False)
     records = [record_of(t) for t in trials if is_recorded(t)]
+    # Only trials measured under the study's versions are compared (`autotune.conditions`).
+    same = [r for r in records if conditions.other_versions(r.versions, info.versions) is None]
     # The front as Optuna's best_trials defines it (COMPLETE, feasible, non-dominated), from
     # the records already read: one read of the storage, and repeats are not records.
     feasible = [
         r
-        for r in records
+        for r in same
         if r.status is Status.OK and r.result.peak_memory_gib <= info.memory_budget_gib
     ]
     front = sorted(non_dominated(feasible), key=lambda r: r.result.samples_per_s, reverse=True)
-    baseline = next((r for r in records if r.baseline), None)
+    baseline = next((r for r in same if r.baseline), None)
+    confirmed = None
+    if (stored := study.user_attrs.get(CONFIRMATION_ATTR)) is not None:
+        confirmed = Confirmed.from_json(stored)
+        if confirmed.records_seen != len(records):
+            confirmed = None  # trials were recorded since: it measured other picks
     done = [t for t in trials if t.datetime_complete and t.datetime_start]
     search_s = None
     if done:
@@ -278,8 +342,100 @@ def read_snapshot(study: optuna.Study) -> StudySnapshot:
         search_s = (max(t.datetime_complete for t in done) - started).total_seconds()
     return StudySnapshot(
         info=info,
-        records=records,
+        # A row per trial: the interrupted ones too, with their status (never in the front).
+        records=sorted(records + interrupted_records(trials), key=lambda r: r.number),
         front=front,
-        picks=pick(front, info.memory_limit_gib, baseline, info.noise_cv),
+        picks=pick(
+            feasible,
+            info.memory_limit_gib,
+            baseline,
+            info.noise_cv,
+            changes_training=changes_training_of(baseline),
+            min_gain=info.math_change_min_gain,
+            confirmed=confirmed,
+        ),
         search_s=search_s,
+        ended=RunEnd.of(study),
+        runs=read_runs(study),
+    )
+
+
+# --- How a search ended, and the trials it left interrupted --------------------------------
+RUN_END_ATTR = "run_end"
+"""Study: the `RunEnd` of its last search; None while a search runs."""
+INTERRUPTED_BY_ATTR = "interrupted_by"
+"""Trial: the signal (`SIGTERM`) that stopped its search while it ran."""
+
+
+class Ending(enum.StrEnum):
+    COMPLETE = "complete"
+    """Every trial ran, the grid or the space ran out, or too many proposals repeated."""
+    TIMEOUT = "timeout"
+    """`timeout=` passed: no trial started after it (a normal end, exit code as complete)."""
+    INTERRUPTED = "interrupted"
+    """Ctrl-C, SIGTERM or SIGHUP (`interrupts.SearchInterrupted`)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunEnd:
+    """How a search ended, stored in the study when it stopped, so that `autotune report`
+    says the same words later and exits with the code the search had."""
+
+    how: Ending
+    done: int
+    """Trials that count toward n_trials when it stopped."""
+    planned: int
+    """Its n_trials."""
+    signal: str | None = None
+    """SIGINT, SIGTERM or SIGHUP when interrupted."""
+    stopped: str = ""
+    """The search's own words for a complete end (`every grid point has run: 4 trials ...`)."""
+
+    def describe(self) -> str:
+        """`interrupted after 2 of 6 trials (SIGTERM)`, `stopped by timeout after 2 of 6
+        trials`, or why a complete search stopped."""
+        if self.how is Ending.INTERRUPTED:
+            return f"interrupted after {self.done} of {self.planned} trials ({self.signal})"
+        if self.how is Ending.TIMEOUT:
+            return f"stopped by timeout after {self.done} of {self.planned} trials"
+        return self.stopped or f"{self.done} of {self.planned} trials finished"
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> RunEnd | None:
+        stored = study.user_attrs.get(RUN_END_ATTR)
+        return None if stored is None else cls(**stored | {"how": Ending(stored["how"])})
+
+
+def store_run_end(study: optuna.Study, end: RunEnd | None) -> None:
+    """None when a search starts: a report read meanwhile says nothing of an earlier end."""
+    study.set_user_attr(RUN_END_ATTR, None if end is None else asdict(end))
+
+
+def interrupted_records(trials: list[FrozenTrial]) -> list[TrialRecord]:
+    """A record (status `interrupted`, no figures) for each trial whose search stopped while
+    it ran. A retried one stays, pointing at its retry: the study holds it (Optuna's tools
+    show it FAIL), and the table says why its number has no measurement. A trial another live
+    search is running is RUNNING, not failed: not among them."""
+    retries = {
+        t.user_attrs[RETRY_OF_ATTR]: t.number
+        for t in trials
+        if RETRY_OF_ATTR in t.user_attrs and NOT_RUN_ATTR not in t.user_attrs
+    }
+    return [interrupted_record(t, retries.get(t.number)) for t in trials if is_interrupted(t)]
+
+
+def interrupted_record(trial: FrozenTrial, retry: int | None) -> TrialRecord:
+    signal = trial.user_attrs.get(INTERRUPTED_BY_ATTR)
+    reason = (
+        f"the search was interrupted ({signal}) while it ran"
+        if signal
+        else "its search process ended while it ran (killed, or lost its heartbeat)"
+    )
+    if retry is not None:
+        reason += f"; trial {retry} runs its settings again"
+    return TrialRecord(
+        number=trial.number,
+        params=dict(trial.user_attrs.get(PARAMS_ATTR, {})),
+        result=TrialResult(status=Status.INTERRUPTED, reason=reason),
+        baseline=bool(trial.user_attrs.get(BASELINE_ATTR)),
     )

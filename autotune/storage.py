@@ -33,6 +33,7 @@ import optuna
 import sqlalchemy.exc
 from optuna.storages import RDBStorage
 
+from autotune import conditions, storage_file
 from autotune.config import PER_PROCESS_SETTINGS, RunConfig, WorkerConfig, make_config
 from autotune.errors import ConfigError, StudyError
 from autotune.factory_trust import factory_to_run
@@ -46,7 +47,8 @@ from autotune.units import format_bytes
 DIRECTIONS = (optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE)
 OBJECTIVES = ("samples_per_s", "peak_memory_gib")
 # What makes a study what it is: a resumed study must have been made for the same.
-IDENTITY = ("model", "task", "seq_len", "device", "space", "effective_batch_size",
+# (seq_len, steps, cores or GPU model: `conditions.changed_conditions`, checked first.)
+IDENTITY = ("model", "task", "device", "space", "effective_batch_size",
             "data_fingerprint", "trainer_factory")  # fmt: skip
 
 
@@ -115,7 +117,7 @@ def open_storage(
     if stale_after_s is not None:
         options["heartbeat_interval"] = heartbeat_interval_s(stale_after_s)
         options["grace_period"] = math.ceil(stale_after_s)
-    sqlite_file = _writable_sqlite_file(url)
+    sqlite_file = storage_file.sqlite_file(url)
     try:
         if sqlite_file is not None:
             _use_wal(sqlite_file)
@@ -140,10 +142,14 @@ def open_storage(
             # writing to it) are atomic across processes, as row locks make them on PostgreSQL.
             # Not kept when a storage is pickled: each process opens its own.
             sqlalchemy.event.listen(storage.engine, "begin", _begin_immediate)
+        if url.startswith("sqlite"):
+            storage_file.refuse_damage(storage.engine, shown)
         return storage
     except sqlite3.Error as exc:
+        _refuse_damaged(exc, shown)
         raise StudyError(f"{shown}: cannot open it: {_first_line(exc)}") from exc
     except sqlalchemy.exc.OperationalError as exc:
+        _refuse_damaged(exc, shown)
         if "readonly database" in str(exc):
             # Opened read-only, Optuna found none of its tables and tried to create them.
             raise StudyError(
@@ -151,6 +157,7 @@ def open_storage(
             ) from exc
         raise StudyError(f"{shown}: cannot open it: {_first_line(exc.orig or exc)}") from exc
     except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
+        _refuse_damaged(exc, shown)
         cause = exc.__cause__ or exc  # Optuna wraps a missing driver's ModuleNotFoundError
         if isinstance(cause, ModuleNotFoundError) and cause.name == "psycopg":
             raise StudyError(
@@ -160,18 +167,9 @@ def open_storage(
         raise StudyError(f"{shown}: cannot open it: {_first_line(cause)}") from exc
 
 
-def _writable_sqlite_file(url: str) -> Path | None:
-    """The database file of a `sqlite:///path` URL opened for writing; None for other URLs,
-    in-memory databases and SQLite's URI form (the read-only one)."""
-    try:
-        parsed = sqlalchemy.engine.make_url(url)
-    except sqlalchemy.exc.ArgumentError:
-        return None  # RDBStorage names the problem
-    if parsed.get_backend_name() != "sqlite" or parsed.query:
-        return None
-    if not parsed.database or parsed.database == ":memory:":
-        return None
-    return Path(parsed.database)
+def _refuse_damaged(exc: BaseException, shown: str) -> None:
+    if (words := storage_file.damage(exc)) is not None:
+        raise storage_file.damaged(shown, words) from None
 
 
 def _use_wal(path: Path) -> None:
@@ -267,6 +265,10 @@ def open_study(plan: SearchPlan, *, joining: bool = False) -> tuple[optuna.Study
     )
     if RUN_ATTR in study.user_attrs:  # an existing study: it must have been made for this run
         stored = RunInfo.of(study)
+        # What the trials are measured under: a worker joining with other cores or another
+        # GPU model is refused as a resume is.
+        if changed := conditions.changed_conditions(stored, plan.info):
+            raise StudyError(conditions.refusal(plan.study_name, changed))
         # A joining worker's own trainer= stands in for the study's (`join_config` checked it).
         identity = [k for k in IDENTITY if not (joining and k == "trainer_factory")]
         changed = [
@@ -290,8 +292,11 @@ def open_study(plan: SearchPlan, *, joining: bool = False) -> tuple[optuna.Study
                 "stored one, or use another study= name for another budget"
             )
         budget = stored.memory_budget_bytes
+        # The study's versions stay its own: trials run under others are marked (conditions).
+        versions = stored.versions or plan.info.versions
         plan = dataclasses.replace(
-            plan, info=dataclasses.replace(plan.info, memory_budget_bytes=budget)
+            plan,
+            info=dataclasses.replace(plan.info, memory_budget_bytes=budget, versions=versions),
         )
     plan = fit_batches_to_budget(plan)  # the budget is settled: drop what cannot fit
     # Offset the seed by the trials already run, so a resumed study does not replay the same

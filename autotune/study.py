@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import functools
 import importlib.util
 import socket
 import threading
@@ -25,16 +24,19 @@ import psutil
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import checks, runner
+from autotune import checks, runner, storage_file
 from autotune.errors import ConfigError
+from autotune.interrupts import SearchInterrupted
 from autotune.knobs import is_compiled
 from autotune.plan import SearchPlan
 from autotune.records import (
     BASELINE_ATTR,
+    INTERRUPTED_BY_ATTR,
     NOT_RUN_ATTR,
     OWNER_ATTR,
     PARAMS_ATTR,
     RETRY_OF_ATTR,
+    VERSIONS_ATTR,
     TrialRecord,
     counts_toward_n_trials,
     is_interrupted,
@@ -52,6 +54,8 @@ UNOWNED_GRACE_S = 60.0
 """A RUNNING trial that names no owner this long after it started was left by an old search."""
 WAIT_FOR_OTHERS_S = 1.0
 """Pause between looks at the study while its last trials run in other processes."""
+TIMED_OUT = "timeout: "
+"""How `run_search` says that `timeout=` ended it (also in `parallel`'s joined words)."""
 INTERRUPTED_RESULT = "result.interrupted.json"
 """What a worker wrote for a trial whose search died before recording it: set aside, not used."""
 
@@ -142,9 +146,19 @@ class SearchObserver:
     def worker_failed(self, index: int, how: str, log_tail: str) -> None:
         """Worker `index` of several (`workers=N`) ended in an error; the others go on."""
 
+    def warned(self, message: str) -> None:
+        """Something the user must hear now, while a trial runs (the study file deleted)."""
+
     def lost(self, number: int) -> None:
         """Trial `number` ran here, but another process had failed it as stale meanwhile (this
         one sent no heartbeat for `stale_after`): its result was dropped; a retry runs it."""
+
+    def confirming(self, picks: int, rounds: int, expected_s: float) -> None:
+        """The search ended; `picks` trials run again `rounds` times, interleaved, in about
+        `expected_s` (what their trials took)."""
+
+    def confirmed_run(self, round_number: int, record: TrialRecord, result: TrialResult) -> None:
+        """One run of the confirmation ended."""
 
 
 def run_search(
@@ -166,8 +180,13 @@ def run_search(
     (`checks.PRE_TRIAL_CHECKS`): settings already run are told, not run again, and settings at
     least as memory-hungry as a known OOM, whichever process met it, or estimated over the
     budget by more than `estimate_margin`, are skipped.
+
+    A SQLite study file deleted or replaced meanwhile stops the loop after the running trial
+    (`StudyFileLost`): SQLite would go on writing to the deleted file, and a resume would find
+    nothing.
     """
     config = plan.config
+    watch = storage_file.FileWatch.of(plan.storage_url)  # None on a database server
     observer = observer or SearchObserver()
     launcher = launcher or runner.ForkserverLauncher()
     deadline = time.monotonic() + config.timeout if config.timeout else float("inf")
@@ -184,6 +203,8 @@ def run_search(
     enqueue_baseline(study, baseline)
     repeats = 0
     while True:
+        if watch is not None and watch.lost():
+            raise watch.error(sum(is_recorded(t) for t in study.get_trials(deepcopy=False)))
         for number in recover(study, plan.study_dir, baseline):
             observer.retried(number)
         trials = study.get_trials(deepcopy=False)  # afresh: other processes record trials too
@@ -192,7 +213,7 @@ def run_search(
         if done >= config.n_trials:
             return f"{done} of {config.n_trials} trials finished"
         if time.monotonic() > deadline:
-            return f"timeout: {done} of {config.n_trials} trials finished"
+            return f"{TIMED_OUT}{done} of {config.n_trials} trials finished"
         sampler = study.sampler
         if isinstance(sampler, AskTellGridSampler) and sampler.is_exhausted(study):
             return f"every grid point has run: {done} trials finished"
@@ -209,6 +230,7 @@ def run_search(
         try:
             with _heartbeat(trial):
                 trial.set_user_attr(OWNER_ATTR, _this_process())
+                trial.set_user_attr(VERSIONS_ATTR, plan.versions)  # measured under (conditions)
                 if trial.user_attrs.get(BASELINE_ATTR):  # queued by enqueue_baseline or a retry
                     for name, (distribution, _) in baseline.items():
                         suggest(trial, name, distribution)  # the queued values: Optuna sees them
@@ -259,16 +281,17 @@ def run_search(
                 else:
                     observer.trial_started(trial.number, params)
                     try:
-                        result = _launch(
+                        result = launch(
                             plan,
                             trial.number,
                             params,
                             launcher,
-                            on_progress=functools.partial(observer.progress, trial.number),
+                            on_progress=_watching(observer, trial.number, watch),
                         )
-                    except BaseException:
+                    except BaseException as exc:
                         # Ctrl-C or a bug in the parent: the trial ends FAIL without a result,
                         # which is how a later run of the study recognises it as interrupted.
+                        _note_interruption(trial, exc)
                         with contextlib.suppress(ValueError):  # failed as stale meanwhile
                             study.tell(trial, state=TrialState.FAIL)
                         _set_aside_result(trial_dir(plan.study_dir, trial.number))
@@ -377,13 +400,33 @@ def _heartbeat(trial: optuna.Trial) -> Iterator[None]:
         thread.join()
 
 
-def _launch(
+def _watching(
+    observer: SearchObserver, number: int, watch: storage_file.FileWatch | None
+) -> Callable[[Progress], None]:
+    """Passes the running trial's progress on, and warns once, while it runs, when the study
+    file is gone (the loop stops when the trial ends)."""
+    warned = False
+
+    def on_progress(progress: Progress) -> None:
+        nonlocal warned
+        observer.progress(number, progress)
+        if watch is not None and not warned and watch.lost():
+            warned = True
+            observer.warned(f"{watch.path} was deleted or replaced: this search stops when "
+                            f"trial {number} ends, and the study cannot be resumed")  # fmt: skip
+
+    return on_progress
+
+
+def launch(
     plan: SearchPlan,
     number: int,
     params: dict[str, Any],
     launcher: runner.Launcher,
     on_progress: Callable[[Progress], None],
+    folder: Path | None = None,
 ) -> TrialResult:
+    """Run one trial of the plan's study in `folder` (default: `trials/NNNN/`)."""
     config = plan.config
     spec = TrialSpec(
         trial_number=number,
@@ -405,7 +448,7 @@ def _launch(
     )
     return runner.launch_trial(
         spec,
-        trial_dir(plan.study_dir, number),
+        folder or trial_dir(plan.study_dir, number),
         # Compiling gets its own allowance on top of the training time.
         timeout_s=config.trial_timeout + (config.compile_timeout if is_compiled(params) else 0),
         launcher=launcher,
@@ -417,6 +460,16 @@ def _launch(
 
 def trial_dir(study_dir: Path, number: int) -> Path:
     return study_dir / "trials" / f"{number:04d}"
+
+
+def _note_interruption(trial: optuna.Trial, exc: BaseException) -> None:
+    """Which signal stopped the search while this trial ran, for its row in the outputs. On
+    the way out: one quick write, and a storage that fails it must not stop the exit (the
+    trial is recognised as interrupted without it)."""
+    if isinstance(exc, KeyboardInterrupt):
+        name = exc.signal_name if isinstance(exc, SearchInterrupted) else "SIGINT"
+        with contextlib.suppress(Exception):
+            trial.set_user_attr(INTERRUPTED_BY_ATTR, name)
 
 
 def _set_aside_result(trial_dir: Path) -> None:

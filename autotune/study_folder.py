@@ -17,9 +17,10 @@ import io
 from pathlib import Path
 from typing import Any
 
-from autotune import export
+from autotune import conditions, export
 from autotune.knobs import KNOBS
 from autotune.output_files import check_owner, write_atomic
+from autotune.pareto import Picks
 from autotune.records import StudySnapshot, TrialRecord
 from autotune.report.data import build_report_data
 from autotune.report.html import write_report
@@ -53,9 +54,10 @@ def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
         write_table(out / "pareto.csv", snapshot.front, snapshot),
     ]
     script = flags = ""
-    if picks.fastest is not None:
-        script = export.render_script(info, picks.fastest)
-        flags = export.render_cli(picks.fastest.result.training_args)
+    if picks.recommended is not None:
+        script = export.render_script(info, picks.recommended)
+        result = picks.recommended.result
+        flags = export.render_cli(result.training_args, result.model_kwargs)
         paths += export.write_recommendation(out, recommendation(snapshot), script)
     else:  # no trial to recommend now: a recommendation left from before would mislead
         for stale in (out / "recommended.json", out / "recommended.py"):
@@ -80,10 +82,11 @@ def table(
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """Columns, and a row per trial: settings, status, figures, `noisy`, and
     `changes_training` (settings that change the training itself compared with the baseline,
-    `;`-separated). trials.csv, pareto.csv and `SearchResult.to_dataframe()` hold these."""
+    `;`-separated), and `other_versions` (measured under other versions than the study's: kept
+    out of the front). trials.csv, pareto.csv and `SearchResult.to_dataframe()` hold these."""
     knobs = [k for k in KNOBS if any(k in r.params for r in records)]
     columns = ["number", "baseline", *knobs, "status", *METRIC_COLUMNS, "noisy",
-               "changes_training", "reason"]  # fmt: skip
+               "changes_training", "reason", "other_versions"]  # fmt: skip
     rows = [
         {
             "number": r.number,
@@ -94,6 +97,7 @@ def table(
             "noisy": None if r.result.step_time_cv is None else snapshot.is_noisy(r),
             "changes_training": ";".join(c.setting for c in snapshot.math_changes(r)),
             "reason": r.result.reason,
+            "other_versions": snapshot.other_versions(r),
         }
         for r in records
     ]
@@ -102,7 +106,7 @@ def table(
 
 def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
     info, picks = snapshot.info, snapshot.picks
-    fastest = picks.fastest
+    fastest = picks.recommended
     assert fastest is not None
     baseline = picks.baseline
     return {
@@ -122,13 +126,25 @@ def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
             "metrics": _metrics(baseline),
             "noisy": snapshot.is_noisy(baseline),
         },
+        "why": picks.why,
+        "same_training": None if picks.same_training is None else {
+            "trial": picks.same_training.number,
+            **_settings_and_metrics(picks.same_training, snapshot),
+        },
+        "fastest": None if picks.fastest is None else {
+            "trial": picks.fastest.number, **_settings_and_metrics(picks.fastest, snapshot),
+        },
         "memory_saver": None if picks.saver is None else {
             "trial": picks.saver.number, **_settings_and_metrics(picks.saver, snapshot),
         },
+        "confirmation": confirmation(picks),
+        "math_change_min_gain": info.math_change_min_gain,
         "memory_budget_gib": info.memory_budget_gib,
         "memory_limit_gib": info.memory_limit_gib,
         "batch_mode": info.batch_mode,
         "report_to": info.report_to,
+        # Where the study came from: its command line, settings, versions, device, host, times.
+        "provenance": conditions.provenance(list(snapshot.runs)),
     }  # fmt: skip
 
 
@@ -140,10 +156,49 @@ def _settings_and_metrics(record: TrialRecord, snapshot: StudySnapshot) -> dict[
         "metrics": _metrics(record),
         "noisy": snapshot.is_noisy(record),
         "speedup_vs_baseline": snapshot.picks.speedup(record),
-        "speedup_caveat": snapshot.picks.noise_caveat(record) or None,
+        # The lowest and highest round's ratio when confirmed; None: one measurement each.
+        "speedup_interval": snapshot.picks.speedup_interval(record),
+        "confirmed": snapshot.picks.is_confirmed(record),
+        "speedup_caveat": (
+            None
+            if snapshot.picks.is_confirmed(record)
+            else snapshot.picks.noise_caveat(record) or None
+        ),
         # Differences from the baseline that change the training, not only its speed.
         "changes_training": [dataclasses.asdict(c) for c in snapshot.math_changes(record)],
     }
+
+
+def confirmation(picks: Picks) -> dict[str, Any] | None:
+    """Each confirmed trial's figures round by round, their median and interval, and its
+    ratio to the baseline; None when the picks were not confirmed."""
+    confirmed = picks.confirmed
+    if confirmed is None:
+        return None
+    roles = {"baseline": picks.baseline, "recommended": picks.recommended,
+             "same_training": picks.same_training, "fastest": picks.fastest,
+             "memory_saver": picks.saver}  # fmt: skip
+    trials = {}
+    for number, rounds in sorted(confirmed.samples_per_s.items()):
+        speedup = None
+        if picks.baseline is not None and (ratio := confirmed.ratio(number, picks.baseline.number)):
+            speedup = {"median": ratio[0], "interval": [ratio[1], ratio[2]]}
+        trials[str(number)] = {
+            "roles": [role for role, r in roles.items() if r is not None and r.number == number],
+            "samples_per_s": list(rounds),
+            "median_samples_per_s": confirmed.median(number),
+            "interval_samples_per_s": list(confirmed.interval(number) or ()) or None,
+            "peak_memory_gib": list(confirmed.peak_memory_gib.get(number, ())),
+            "speedup_vs_baseline": speedup,
+            "tied_with": [r.number for r in picks.ties(r)] if (r := _record(picks, number)) else [],
+        }
+    return {"rounds": confirmed.rounds, "order": "A B C D, D C B A, ... (each a fresh trial "
+            "process)", "wall_s": confirmed.wall_s, "trials": trials}  # fmt: skip
+
+
+def _record(picks: Picks, number: int) -> TrialRecord | None:
+    chosen = (picks.baseline, picks.recommended, picks.same_training, picks.fastest, picks.saver)
+    return next((r for r in chosen if r is not None and r.number == number), None)
 
 
 RECOMMENDATION_METRICS = (

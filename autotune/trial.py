@@ -29,6 +29,7 @@ class Status(enum.StrEnum):
     ERROR = "error"  # an exception in the worker
     INVALID_CONFIG = "invalid_config"  # the settings were refused before training
     SKIPPED = "skipped"
+    INTERRUPTED = "interrupted"  # the search stopped while it ran: no result (parent side only)
 
 
 OUT_OF_MEMORY = frozenset({Status.OOM, Status.HOST_OOM})

@@ -23,9 +23,9 @@ from rich.text import Text
 from autotune import trial
 from autotune.knobs import describe_params
 from autotune.plan import SearchPlan
-from autotune.records import StudySnapshot, TrialRecord
+from autotune.records import Ending, StudySnapshot, TrialRecord
 from autotune.study import SearchObserver, trial_dir
-from autotune.trial import Status
+from autotune.trial import Status, TrialResult
 from autotune.units import format_bytes, format_gib
 
 # Piped output (logs, CI) gets long lines instead of rich's 80-column default, so names and
@@ -100,6 +100,7 @@ class TerminalView(SearchObserver):
         )
         self.task = None
         self.total = 0
+        self.confirm_rounds = 0
         self.best = 0.0
         self.running_params: dict[int, str] = {}
 
@@ -124,6 +125,9 @@ class TerminalView(SearchObserver):
             self.report.line(f"{len(plan.slots)} workers on this study: {owned}")
         if done_before:
             self.report.line(f"resuming: {done_before} finished trial(s) kept")
+        for line in expectations(plan):
+            self.report.line(line, always=line.startswith("[yellow]warning"))
+        self.confirm_rounds = plan.config.confirm_rounds
         self.total = plan.config.n_trials
         self.task = self.bar.add_task("trials", total=self.total, completed=done_before, best="")
 
@@ -145,6 +149,9 @@ class TerminalView(SearchObserver):
         if self.live and number in self.running_params:
             self.bar.running[number] = f"{self.running_params[number]}, {_step(progress)}"
             self.bar.refresh()
+
+    def warned(self, message: str) -> None:
+        self.report.line(f"[yellow]warning:[/] {escape(message)}", always=True)
 
     def lost(self, number: int) -> None:
         self._drop(number)
@@ -170,9 +177,82 @@ class TerminalView(SearchObserver):
             self.best = max(self.best, record.result.samples_per_s)
         self.bar.update(self.task, completed=done, best=f"best {self.best:.2f} samples/s")
         self.report.line(_trial_line(record, done, self.total))
+        if record.baseline and record.status is Status.OK and record.result.wall_s:
+            self.report.line(_pace(record.result.wall_s, self.total - done, self.confirm_rounds))
 
     def ended(self, stopped: str) -> None:
         self.report.line(f"search ended: {stopped}")
+
+    def confirming(self, picks: int, rounds: int, expected_s: float) -> None:
+        self.total, self.done = picks * rounds, 0
+        self.report.line(
+            f"confirming: the baseline and the picks ({picks} trials) run again, {rounds} "
+            f"rounds interleaved: {self.total} runs, about {expected_s:.0f} s "
+            "(confirm_rounds=0 skips this)"
+        )
+
+    def confirmed_run(self, round_number: int, record: TrialRecord, result: TrialResult) -> None:
+        self.done += 1
+        if result.status is Status.OK:
+            figure = (f"{result.samples_per_s:.2f} samples/s, "
+                      f"{format_gib(result.peak_memory_gib, 3)}")  # fmt: skip
+        else:
+            figure = f"[red]{result.status.value}[/]: {escape(result.reason)}"
+        self.report.line(f"{escape(f'[confirm {self.done}/{self.total}]')} round {round_number}, "
+                         f"trial {record.number}: {figure}")  # fmt: skip
+
+
+def expectations(plan: SearchPlan) -> list[str]:
+    """Before the first trial: the least time a trial and the search can take at the fastest
+    this device computes, and a warning when the baseline cannot fit or cannot finish."""
+    lines = []
+    baseline, config = plan.baseline, plan.config
+    floor = plan.compute_floor_s(baseline)
+    if floor is not None:
+        seconds, rate = floor
+        source = "this CPU's fp32 matmul rate, measured"
+        if config.peak_tflops or plan.device == "cuda":
+            source = "peak_tflops=" if config.peak_tflops else "the GPU's datasheet peak"
+        lines.append(
+            f"time: the baseline's {config.warmup_steps + config.measure_steps} steps need at "
+            f"least {_duration(seconds)} of compute at {rate:.3g} TFLOP/s ({source}; training "
+            f"reaches a fraction of it); {config.n_trials} trials, at least "
+            f"{_duration(seconds * config.n_trials)}; the baseline's own time will tell"
+        )
+        if seconds > config.trial_timeout:
+            lines.append(
+                f"[yellow]warning:[/] the baseline needs at least {_duration(seconds)} of "
+                f"compute, over trial_timeout={_duration(config.trial_timeout)}: it and every "
+                "larger trial will time out; raise trial_timeout, or lower measure_steps or "
+                "seq_len"
+            )
+    limit, estimate_gib = plan.estimate_limit_gib, plan.estimate_gib(baseline)
+    if limit is not None and estimate_gib is not None and estimate_gib > limit:
+        lines.append(
+            f"[yellow]warning:[/] the baseline (HF defaults) is estimated at "
+            f"{estimate_gib:.2f} GiB, over the {limit:.2f} GiB {plan.estimate_limit_source}: it "
+            "will be skipped, and no speedup can be measured against it; lower seq_len, or "
+            "search where it fits"
+        )
+    return lines
+
+
+def _pace(baseline_s: float, remaining: int, confirm_rounds: int) -> str:
+    confirming = (f", the confirmation about {_duration(baseline_s * confirm_rounds * 4)} at "
+                  "most") if confirm_rounds else ""  # fmt: skip
+    return (
+        f"the baseline took {baseline_s:.1f} s: at its pace the {remaining} remaining trials "
+        f"take about {_duration(baseline_s * remaining)}{confirming} (larger batches take "
+        "longer)"
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _step(progress: trial.Progress) -> str:
@@ -199,7 +279,7 @@ def _trial_line(record: TrialRecord, done: int, total: int) -> str:
 def _why_nothing_to_recommend(snapshot: StudySnapshot) -> str:
     """The budget, unless every trial that ran failed the same way for another reason (bad
     data, a broken factory): then that reason, which no other budget would change."""
-    ran = [r for r in snapshot.records if r.status is not Status.SKIPPED]
+    ran = [r for r in snapshot.records if r.status not in (Status.SKIPPED, Status.INTERRUPTED)]
     kinds = {(r.status, r.result.reason.split(":", 1)[0]) for r in ran}
     if len(kinds) == 1 and ran[0].status not in {Status.OK, *trial.OUT_OF_MEMORY}:
         first = ran[0]
@@ -223,14 +303,17 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
                          else "right")  # fmt: skip
     for record in snapshot.front:
         r = record.result
-        marks = ((picks.fastest, " *"), (picks.saver, " m"))
+        marks = ((picks.recommended, " *"), (picks.saver, " m"))
         mark = "".join(m for pick, m in marks if pick is not None and pick.number == record.number)
-        speedup = picks.speedup(record)
+        speedup, interval = picks.speedup(record), picks.speedup_interval(record)
+        times = "n/a" if speedup is None else f"{speedup:.2f}x"
+        if interval is not None and not record.baseline:
+            times += escape(f" [{interval[0]:.2f}-{interval[1]:.2f}]")
         table.add_row(
             f"{record.number}{mark}",
             escape(describe_params(record.params)),
             f"{r.samples_per_s:.2f}",
-            "n/a" if speedup is None else f"{speedup:.2f}x",
+            times,
             format_gib(r.peak_memory_gib, 3).removesuffix(" GiB"),
             "n/a" if r.mfu is None else f"{r.mfu:.1%}",
             f"{r.step_time_cv:.0%}" + (" noisy" if snapshot.is_noisy(record) else ""),
@@ -238,21 +321,57 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
         )
     if not report.quiet and snapshot.front:  # all out of memory: the lines below say so
         console.print(table)
+        if picks.confirmed is not None:
+            report.line("samples/s: each trial's own measurement; x baseline: confirmed "
+                        "trials show the median " + escape("[lowest-highest]") + " of their "
+                        "round-by-round ratios, the others their measurement over the "
+                        "baseline's")  # fmt: skip
+    if (confirmed := picks.confirmed) is not None:
+        report.line(
+            f"confirmed: the baseline and the picks ran again {confirmed.rounds} times, "
+            f"interleaved, in {confirmed.wall_s:.0f} s; their figures below are medians "
+            + escape("[lowest-highest round]")
+        )
+    elif snapshot.front:
+        report.line("[yellow]not confirmed: each figure is one short measurement[/] "
+                    "(autotune confirm STUDY_DIR measures the picks again)")  # fmt: skip
+    if (ended := snapshot.ended) is not None and ended.how is not Ending.COMPLETE:
+        resume = "; the same command resumes it" if ended.how is Ending.INTERRUPTED else ""
+        report.line(f"[yellow]the search was {escape(ended.describe())}{resume}[/]")
     report.line(f"baseline (HF defaults): {escape(picks.describe_baseline())}")
     if picks.baseline is not None and picks.baseline.result.samples_per_s is None:
         report.line("[yellow]the HF defaults did not run here, so there is no speedup figure[/]")
-    if picks.fastest is None:
+    if picks.recommended is None:
+        if ended is not None and ended.how is Ending.INTERRUPTED:  # its exit code is the signal's
+            report.line(f"[yellow]{escape(_why_nothing_to_recommend(snapshot))}: nothing to "
+                        "recommend yet[/]")  # fmt: skip
+            return
         report.line(f"[yellow]{escape(_why_nothing_to_recommend(snapshot))}: nothing to "
                     f"recommend (exit code {NOTHING_TO_RECOMMEND})[/]")  # fmt: skip
         return
-    for label, record in (("recommended (*)", picks.fastest), ("memory saver (m)", picks.saver)):
-        if label.startswith("memory") and record.number == picks.fastest.number:
-            report.line(f"{label}: {picks.describe_saver()}")
+    shown = [("recommended (*)", picks.recommended)]
+    if picks.same_training is not None:
+        shown.append(("same-training pick", picks.same_training))
+    if picks.fastest is not None:
+        shown.append(("fastest", picks.fastest))
+    shown.append(("memory saver (m)", picks.saver))
+    said: dict[int, str] = {}
+    for label, record in shown:
+        if record is None:
             continue
+        if record.number in said:
+            if label.startswith("memory") and record is picks.recommended:
+                report.line(f"{label}: {picks.describe_saver()}")
+            else:
+                report.line(f"{label}: the same trial as {said[record.number]}")
+            continue
+        said[record.number] = label.removesuffix(" (*)").removesuffix(" (m)")
         report.line(f"{label}: {picks.describe(record)}: {escape(describe_params(record.params))}")
+        if record is picks.recommended:
+            report.line(f"  why: {escape(picks.why)}")
         for change in snapshot.math_changes(record):
             report.line(f"  [yellow]changes the training:[/] {escape(change.describe())}")
-    changes = {c.setting for c in snapshot.math_changes(picks.fastest)}
+    changes = {c.setting for c in snapshot.math_changes(picks.recommended)}
     if "effective_batch_size" in changes:
         report.line(
             "for a real run, search with effective_batch_size=N (the batch your learning rate "

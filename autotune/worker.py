@@ -27,7 +27,7 @@ import torch
 import transformers
 import transformers.trainer
 
-from autotune import data, factories, knobs, measure, user_data
+from autotune import data, factories, hardware, knobs, measure, user_data
 from autotune.models import ModelSpec, build_model
 from autotune.processes import (
     children_die_with_this_process,
@@ -344,7 +344,7 @@ def _result(
     if knobs.is_compiled(spec.params):
         compile_s = measure.compile_s(timer.warmup_step_times_s(), stats.step_time_median_ms / 1e3)
     flops = measure.training_flops(model, counts) if counts.tokens else None
-    peak = spec.peak_tflops or measure.peak_tflops(
+    peak = spec.peak_tflops or hardware.peak_tflops(
         measured["device_name"], spec.params.get("precision", "fp32")
     )
     return TrialResult(

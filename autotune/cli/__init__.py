@@ -1,7 +1,8 @@
 """`autotune` command line: parse, build, run, print. The only place that prints errors and picks
 exit codes (2 for a problem the user can fix; 75 when the study's database server stayed away;
-130, 143, 129 for a search stopped by Ctrl-C, SIGTERM, SIGHUP). One module per subcommand
-group: `search`, `catalog` (models, spaces, validate) and `results` (report, export)."""
+74 when the study's SQLite file was deleted under the search; 130, 143, 129 for a search
+stopped by Ctrl-C, SIGTERM, SIGHUP). One module per subcommand group: `search`, `catalog`
+(models, spaces, validate) and `results` (report, export)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from rich.markup import escape
 
 from autotune import __version__
 from autotune.cli import catalog, estimate, results, search
-from autotune.config import ExportConfig, ReportConfig, RunConfig, WorkerConfig
+from autotune.config import ConfirmConfig, ExportConfig, ReportConfig, RunConfig, WorkerConfig
 from autotune.errors import AutotuneError, ConfigError
 from autotune.interrupts import SearchInterrupted
 from autotune.runner import Launcher
+from autotune.storage_file import STUDY_FILE_LOST_EXIT_CODE, StudyFileLost
 from autotune.storage_outage import OUTAGE_EXIT_CODE, StorageUnavailable
 from autotune.view import errors
 
@@ -26,6 +28,7 @@ _SETTINGS = {
     "worker": WorkerConfig,
     "report": ReportConfig,
     "export": ExportConfig,
+    "confirm": ConfirmConfig,
 }
 """The key=value settings of each command, for the hint on a `--KEY value` typed instead."""
 
@@ -36,6 +39,7 @@ def main(argv: list[str] | None = None, *, launcher: Launcher | None = None) -> 
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
     args.launcher = launcher
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # the study's provenance keeps it
     if args.command is None:
         parser.print_help()
         return 2
@@ -44,6 +48,12 @@ def main(argv: list[str] | None = None, *, launcher: Launcher | None = None) -> 
             _refuse_dashed_settings(sys.argv[1:] if argv is None else argv, args.command)
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         return args.handler(args)
+    except StudyFileLost as exc:
+        # The study is gone: not a mistake to fix, nor a server to wait for; say what is left.
+        written = f"; wrote {', '.join(map(str, exc.paths))}" if exc.paths else ""
+        errors.print(f"[bold red]error:[/] {escape(str(exc) + written)}", markup=True,
+                     soft_wrap=True)  # fmt: skip
+        return STUDY_FILE_LOST_EXIT_CODE
     except StorageUnavailable as exc:
         # Not a mistake to fix but a server to bring back: the same command then resumes.
         errors.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, soft_wrap=True)
@@ -56,8 +66,8 @@ def main(argv: list[str] | None = None, *, launcher: Launcher | None = None) -> 
         # What finished is written; the exit code is a shell's for that signal (143 for
         # SIGTERM, 129 for SIGHUP, 130 for Ctrl-C), so a scheduler sees why it ended.
         written = f"; wrote {', '.join(map(str, exc.paths))}" if exc.paths else ""
-        errors.print(f"interrupted by {signal.Signals(exc.signum).name}{written}", markup=False,
-                     soft_wrap=True)  # fmt: skip
+        said = exc.ended or f"interrupted by {exc.signal_name}"  # `interrupted after 2 of 6 ...`
+        errors.print(said + written, markup=False, soft_wrap=True)
         return exc.exit_code
     except KeyboardInterrupt:
         errors.print("interrupted")

@@ -3,25 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
-from autotune import export
-from autotune.config import ExportConfig, ReportConfig, help_rows, load_config
+from autotune import api, conditions, export
+from autotune.config import ConfirmConfig, ExportConfig, ReportConfig, help_rows, load_config
 from autotune.errors import StudyError
-from autotune.records import read_snapshot
+from autotune.interrupts import SearchInterrupted
+from autotune.records import Ending, StudySnapshot, read_snapshot
 from autotune.storage import load_study_dir
 from autotune.study_folder import write_study_folder
 from autotune.trial import Status
 from autotune.units import format_bytes, format_gib
-from autotune.view import Reporter, console, print_outcome, print_paths
+from autotune.view import (
+    NOTHING_TO_RECOMMEND,
+    Reporter,
+    TerminalView,
+    console,
+    print_outcome,
+    print_paths,
+)
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     for name, schema, handler, summary in (
         ("report", ReportConfig, _report, "rebuild every output of a study from its storage"),
         ("export", ExportConfig, _export, "print a trial's settings as json, yaml, py or cli"),
-    ):
+        ("confirm", ConfirmConfig, _confirm,
+         "measure a study's baseline and picks again, interleaved, and rebuild its outputs"),
+    ):  # fmt: skip
         parser = commands.add_parser(
             name,
             help=summary,
@@ -46,7 +57,28 @@ def _report(args: argparse.Namespace) -> int:
     report = Reporter()
     print_outcome(report, snapshot)
     print_paths(report, paths)
-    return 0
+    return _exit_code(snapshot)
+
+
+def _exit_code(snapshot: StudySnapshot) -> int:
+    """The code its search exited with: the signal's (130, 143, 129) when it was interrupted,
+    else 3 when there is nothing to recommend (also after a timeout), else 0."""
+    ended = snapshot.ended
+    if ended is not None and ended.how is Ending.INTERRUPTED and ended.signal:
+        return SearchInterrupted(signal.Signals[ended.signal]).exit_code
+    return 0 if snapshot.picks.recommended is not None else NOTHING_TO_RECOMMEND
+
+
+def _confirm(args: argparse.Namespace) -> int:
+    config = load_config(args.overrides, ConfirmConfig)
+    view = TerminalView(quiet=config.quiet)
+    result = api.confirm_study(
+        args.study_dir, rounds=config.rounds, storage=config.storage, study=config.study,
+        observer=view, launcher=args.launcher, command=conditions.cli_command(args.argv),
+    )  # fmt: skip
+    print_outcome(view.report, result.snapshot)
+    print_paths(view.report, result.paths)
+    return 0 if result.recommended is not None else NOTHING_TO_RECOMMEND
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -54,7 +86,7 @@ def _export(args: argparse.Namespace) -> int:
     snapshot = read_snapshot(load_study_dir(args.study_dir, config.storage, config.study))
     info = snapshot.info
     if config.trial is None:
-        record = snapshot.picks.fastest
+        record = snapshot.picks.recommended
         if record is None:
             raise StudyError("no trial to recommend in this study; pick one with trial=N")
     elif (record := snapshot.record(config.trial)) is None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from autotune import api
+from autotune import api, conditions
 from autotune.config import RunConfig, WorkerConfig, help_rows, load_config
 from autotune.factory_trust import describe
 from autotune.storage import MASK, join_config, safe_url
@@ -76,7 +76,8 @@ def _settings_help(
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.overrides)
     view = TerminalView(quiet=config.quiet)
-    result = api.run(config, observer=view, launcher=args.launcher)
+    result = api.run(config, observer=view, launcher=args.launcher,
+                     command=conditions.cli_command(args.argv))  # fmt: skip
     print_outcome(view.report, result.snapshot)
     print_paths(view.report, result.paths)
     return 0 if result.recommended is not None else NOTHING_TO_RECOMMEND
@@ -92,7 +93,8 @@ def run_worker(args: argparse.Namespace) -> int:
     if trainer and not worker.quiet:
         console.print(f"trainer={trainer}: runs {describe(trainer, Path.cwd())}", markup=False,
                       soft_wrap=True)  # fmt: skip
-    plan, _ = api.join(worker, observer=view, launcher=args.launcher)
+    plan, _ = api.join(worker, observer=view, launcher=args.launcher,
+                       command=conditions.cli_command(args.argv))  # fmt: skip
     shown = safe_url(plan.storage_url)
     storage, study = f"storage={shown}", f"study={plan.study_name}"
     report = shlex.join(["autotune", "report", str(plan.study_dir), storage, study])

@@ -17,10 +17,10 @@ from typing import Any
 
 import optuna
 
-from autotune.knobs import describe_params
+from autotune.knobs import KNOBS, describe_params
 from autotune.pareto import hypervolume
 from autotune.records import TrialRecord
-from autotune.trial import Status
+from autotune.trial import Status, TrialResult
 from autotune.units import format_gib
 
 MAX_TICKS = 12
@@ -39,17 +39,41 @@ class Series:
     lines: bool = True
     """Joined by a line; False: points that do not belong on one line."""
     hover: list[str] = field(default_factory=list)
+    spread: list[float | None] = field(default_factory=list)
+    """Error bars: +- this much around each y (`speed_spread`); empty: none drawn."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Axis:
     """One axis of the parallel coordinates."""
 
+    name: str
+    """The knob or measurement (`batch_size`, `samples_per_s`)."""
     label: str
+    """What the axis is titled: the knob's short name (`bs`), as in the settings lines, so
+    that a dozen axes fit side by side."""
     values: list[float]
     """One per successful trial: the measurement, or for a knob the index of its value."""
     ticktext: list[str]
     """A knob's distinct values, placed at 0, 1, ...; empty for a continuous axis."""
+
+
+def speed_spread(result: TrialResult) -> float | None:
+    """The step-to-step spread of a trial's samples/s, drawn as its error bar: samples/s x
+    the step time's CV (one standard deviation of the timed steps over their mean). A sample
+    per step is fixed, so samples/s varies as the inverse of the step time: to first order by
+    the same share. None where the trial timed too few steps for a CV."""
+    if result.samples_per_s is None or result.step_time_cv is None:
+        return None
+    return result.samples_per_s * result.step_time_cv
+
+
+def spread_text(result: TrialResult) -> str:
+    """` (bar ±4.80: 1 step-time CV, 2.0%)`: the error bar, and what it is; or nothing."""
+    spread = speed_spread(result)
+    if spread is None:
+        return ""
+    return f" (bar ±{spread:.2f}: 1 step-time CV, {result.step_time_cv:.1%})"
 
 
 def feasible(ok: list[TrialRecord], budget_gib: float) -> list[TrialRecord]:
@@ -59,7 +83,8 @@ def feasible(ok: list[TrialRecord], budget_gib: float) -> list[TrialRecord]:
 
 
 def parallel_axes(ok: list[TrialRecord]) -> list[Axis]:
-    """A categorical axis per knob that varied, then peak memory and samples/s.
+    """A categorical axis per knob that varied (a fixed one would be a flat line through
+    every trial), then peak memory and samples/s; titled with short names (`bs`, `gc`).
 
     Optuna's `plot_parallel_coordinate` shows one objective (its `target`); both are axes
     here. And it reads the study's own params, which hold only what the sampler chose: a
@@ -69,8 +94,9 @@ def parallel_axes(ok: list[TrialRecord]) -> list[Axis]:
     """
     knobs = [k for k in dict.fromkeys(k for r in ok for k in r.params) if _varies(ok, k)]
     axes = [_knob_axis(k, [r.params.get(k) for r in ok]) for k in knobs]
-    for metric in ("peak_memory_gib", "samples_per_s"):
-        axes.append(Axis(label=metric, values=[getattr(r.result, metric) for r in ok], ticktext=[]))
+    for metric, label in (("peak_memory_gib", "peak GiB"), ("samples_per_s", "samples/s")):
+        values = [getattr(r.result, metric) for r in ok]
+        axes.append(Axis(name=metric, label=label, values=values, ticktext=[]))
     return axes
 
 
@@ -79,11 +105,13 @@ def _knob_axis(name: str, values: list[Any]) -> Axis:
     tick grad_accum at 1.2, 1.4, ...); a knob absent from some trials shows `n/a` there."""
     distinct = sorted({repr(v): v for v in values}.values(), key=_value_order)
     numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    label = KNOBS[name].short or name
     if numeric and len(distinct) > MAX_TICKS:
-        return Axis(label=name, values=[float(v) for v in values], ticktext=[])
+        return Axis(name=name, label=label, values=[float(v) for v in values], ticktext=[])
     position = {repr(v): i for i, v in enumerate(distinct)}
     return Axis(
-        label=name,
+        name=name,
+        label=label,
         values=[float(position[repr(v)]) for v in values],
         ticktext=[_tick(v) for v in distinct],
     )
@@ -172,9 +200,10 @@ def histories(records: list[TrialRecord], budget_gib: float) -> tuple[Series, Se
     """Best samples/s so far and the front's hypervolume, at each trial's own number.
 
     Optuna's `plot_optimization_history` and `plot_hypervolume_history` need a live Study: the
-    search's own also holds repeats (told an earlier trial's values) and interrupted trials,
-    which are not records, and a copy would renumber the trials. The hypervolume is
-    `pareto.hypervolume`, from zero samples/s and the budget (Optuna's reference point).
+    search's own also holds repeats (told an earlier trial's values), which are not records,
+    and a copy would renumber the trials; an interrupted trial is a point that adds nothing.
+    The hypervolume is `pareto.hypervolume`, from zero samples/s and the budget (Optuna's
+    reference point).
     """
     best, points, x, y_best, y_volume = 0.0, [], [], [], []
     for r in records:
@@ -232,13 +261,17 @@ def _batch_series(
     lines: bool = True,
 ) -> Series:
     values = [getattr(r.result, metric) for r in group]
+    # Peak memory is one reading, not a spread of steps: its series have no error bars.
+    speed = metric == "samples_per_s"
     return Series(
         label=label,
         x=[r.params["batch_size"] for r in group],
         y=values,
         lines=lines,
         hover=[
-            f"trial {r.number}: {show(v)}<br>{describe_params(r.params)}"
+            f"trial {r.number}: {show(v)}{spread_text(r.result) if speed else ''}"
+            f"<br>{describe_params(r.params)}"
             for r, v in zip(group, values, strict=True)
         ],
+        spread=[speed_spread(r.result) for r in group] if speed else [],
     )

@@ -7,11 +7,15 @@ The report is built from a `StudySnapshot` (decoded records), never from a live 
 
 from __future__ import annotations
 
+import html
+import textwrap
 from collections import Counter
 from dataclasses import dataclass
 
+from autotune import conditions
 from autotune.knobs import MathChange, describe_params
-from autotune.records import StudySnapshot, TrialRecord
+from autotune.pareto import Picks
+from autotune.records import Ending, StudySnapshot, TrialRecord
 from autotune.report.charts import (
     Axis,
     Series,
@@ -21,6 +25,8 @@ from autotune.report.charts import (
     importance_note,
     importances,
     parallel_axes,
+    speed_spread,
+    spread_text,
 )
 from autotune.trial import MEMORY_STATUSES, Status
 from autotune.units import format_gib
@@ -31,6 +37,8 @@ CHARTS = (
     "memory-by-batch",
 )  # fmt: skip
 """Every chart, in page order: each is drawn, or says in `ReportData.empty` why not."""
+HOVER_WIDTH = 80
+"""Characters in a line of a hover's reason (about 560 px): longer ones are wrapped."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,6 +54,8 @@ class Point:
     saver: bool
     noisy: bool
     """Its step time varied more than the study's noise_cv: its samples/s is less certain."""
+    samples_per_s_spread: float | None
+    """Its error bar: +- this much samples/s (`charts.speed_spread`); None: none drawn."""
     hover: str
 
 
@@ -106,7 +116,7 @@ def build_report_data(
     ranked = importances(within)
     return ReportData(
         title=f"autotune: {info.model} on {info.device_name}",
-        summary=_summary(snapshot),
+        summary=_summary(snapshot) | _provenance(snapshot),
         notes=list(info.space_notes),
         points=_points(snapshot),
         memory_budget_gib=budget_gib,
@@ -168,22 +178,58 @@ def _summary(snapshot: StudySnapshot) -> dict[str, str]:
         "trials": ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "none",
         "search time": "n/a" if search_s is None else f"{search_s / 60:.1f} min",
     }
+    if (ended := snapshot.ended) is not None:
+        summary["search ended"] = ended.describe()
     summary["baseline (HF defaults)"] = picks.describe_baseline()
     if picks.baseline is not None and (caveat := picks.noise_caveat(picks.baseline)):
         summary["baseline (HF defaults)"] += f"; {caveat}"
-    if picks.fastest is None or picks.saver is None:
-        summary["recommended"] = (
-            f"nothing to recommend: no successful trial peaks below "
-            f"{format_gib(info.memory_limit_gib)} (the search exits with code 3)"
-        )
+    if picks.recommended is None or picks.saver is None:
+        below = f"no successful trial peaks below {format_gib(info.memory_limit_gib)}"
+        if ended is not None and ended.how is Ending.INTERRUPTED:  # its exit code: the signal's
+            summary["recommended"] = (
+                f"nothing to recommend yet: {below}; the search was {ended.describe()}: "
+                "the same command resumes it"
+            )
+        else:
+            summary["recommended"] = f"nothing to recommend: {below} (the search exits with code 3)"
         return summary
-    # describe() carries the noise caveat when this trial or the baseline measured noisily.
-    summary["recommended"] = picks.describe(picks.fastest)
-    summary["recommended: changes the training"] = _changes_text(snapshot, picks.fastest)
+    # describe() carries the confirmed interval, or the noise caveat when this trial or the
+    # baseline measured noisily and there was no confirmation.
+    summary["recommended"] = picks.describe(picks.recommended)
+    summary["recommended: why"] = picks.why
+    summary["recommended: changes the training"] = _changes_text(snapshot, picks.recommended)
+    summary["same-training pick"] = picks.describe_same_training()
+    if picks.fastest is not None and picks.fastest.number != picks.recommended.number:
+        summary["fastest (not recommended)"] = picks.describe(picks.fastest)
+        summary["fastest: changes the training"] = _changes_text(snapshot, picks.fastest)
+    summary["confirmation"] = _confirmation_text(picks)
     summary["memory saver"] = picks.describe_saver()
-    if picks.saver.number != picks.fastest.number:
+    if picks.saver.number != picks.recommended.number:
         summary["memory saver: changes the training"] = _changes_text(snapshot, picks.saver)
     return summary
+
+
+def _provenance(snapshot: StudySnapshot) -> dict[str, str]:
+    """Where the study came from (`conditions.summary_lines`), and the trials kept out of its
+    front for other versions."""
+    entries = conditions.summary_lines(list(snapshot.runs))
+    if others := [r for r in snapshot.records if snapshot.other_versions(r)]:
+        entries["provenance: other versions"] = (
+            f"trial(s) {', '.join(str(r.number) for r in others)} measured under "
+            f"{snapshot.other_versions(others[0])}: kept out of the front and the picks"
+        )
+    return entries
+
+
+def _confirmation_text(picks: Picks) -> str:
+    if picks.confirmed is None:
+        return ("none: each figure is one short measurement (confirm_rounds=0, or trials were "
+                "added since: `autotune confirm` measures the picks again)")  # fmt: skip
+    confirmed = picks.confirmed
+    return (
+        f"{confirmed.rounds} rounds, interleaved, each pick in a fresh trial process "
+        f"({confirmed.wall_s:.0f} s); figures are round medians, [lowest-highest] round"
+    )
 
 
 def _changes_text(snapshot: StudySnapshot, record: TrialRecord) -> str:
@@ -201,7 +247,7 @@ def _hover(record: TrialRecord, snapshot: StudySnapshot) -> str:
     if r.samples_per_s is not None:
         tokens = "" if r.tokens_per_s is None else f", {r.tokens_per_s:.0f} tokens/s"
         padding = f" ({r.padding_share:.0%} padding)" if r.padding_share else ""
-        lines.append(f"{r.samples_per_s:.2f} samples/s{tokens}{padding}")
+        lines.append(f"{r.samples_per_s:.2f} samples/s{spread_text(r)}{tokens}{padding}")
     if r.peak_memory_gib is not None:
         placed = " when stopped (drawn at the budget)" if r.status in MEMORY_STATUSES else ""
         lines.append(f"peak {format_gib(r.peak_memory_gib, 3)}{placed}")
@@ -211,18 +257,29 @@ def _hover(record: TrialRecord, snapshot: StudySnapshot) -> str:
         lines.append(
             f"noisy: step CV {r.step_time_cv:.0%} (above noise_cv {snapshot.info.noise_cv:.0%})"
         )
-    if r.reason:
-        lines.append(r.reason)
+    # Escaped: plotly reads tags in hover text, and a reason may quote `<class ...>`.
+    lines += [html.escape(line, quote=False) for line in _wrapped(r.reason)]
     lines += [f"{k} = {v}" for k, v in record.params.items()]
-    lines += [f"changes the training: {c.describe()}" for c in snapshot.math_changes(record)]
+    for change in snapshot.math_changes(record):
+        lines += _wrapped(f"changes the training: {change.describe()}")
     return "<br>".join(lines)
+
+
+def _wrapped(text: str) -> list[str]:
+    """`text` in hover lines of at most `HOVER_WIDTH` characters: plotly never wraps a hover,
+    so a 300-character reason would run off the chart."""
+    return [
+        line
+        for paragraph in text.splitlines()
+        for line in textwrap.wrap(paragraph, HOVER_WIDTH, break_on_hyphens=False)
+    ]
 
 
 def _points(snapshot: StudySnapshot) -> list[Point]:
     budget_gib, picks = snapshot.info.memory_budget_gib, snapshot.picks
     front_numbers = {r.number for r in snapshot.front}
     numbers = {
-        "recommended": picks.fastest.number if picks.fastest else None,
+        "recommended": picks.recommended.number if picks.recommended else None,
         "saver": picks.saver.number if picks.saver else None,
     }
     points = []
@@ -249,6 +306,7 @@ def _points(snapshot: StudySnapshot) -> list[Point]:
                 recommended=r.number == numbers["recommended"],
                 saver=r.number == numbers["saver"],
                 noisy=snapshot.is_noisy(r),
+                samples_per_s_spread=speed_spread(r.result) if r.status is Status.OK else None,
                 hover=_hover(r, snapshot),
             )
         )

@@ -50,6 +50,19 @@ MARKS = (
     ("recommended", "recommended", {"symbol": "star", "size": 18, "color": "#e8710a"}),
 )  # fmt: skip
 LAYOUT = {"template": "plotly_white", "height": 460, "margin": {"t": 50, "b": 50}}
+TILT_AXES = 9
+"""From this many parallel-coordinate axes, their titles are tilted (`parallel_figure`)."""
+TILT_DEGREES = -25
+
+
+def error_bars(spread: list[float | None], color: str | None = None) -> dict[str, object]:
+    """Scatter kwargs for +- `spread` bars around each point (the step-to-step spread of its
+    samples/s, `charts.speed_spread`); none where no point has one. plotly reads a missing
+    value as 0 (a flat cap): among successful trials, only one without a step-time CV."""
+    if all(v is None for v in spread):
+        return {}
+    bars = {"type": "data", "array": [v or 0.0 for v in spread], "thickness": 1.2, "width": 3}
+    return {"error_y": bars | ({"color": color} if color else {})}
 
 
 def _points_trace(name: str, points: list[Point], **style: object) -> go.Scatter:
@@ -78,6 +91,8 @@ def pareto_figure(data: ReportData) -> go.Figure:
                     mode="lines+markers" if kind == "front" else "markers",
                     line={"shape": "hv", "color": STYLE[kind]["color"]},
                     marker=STYLE[kind],
+                    # On the points of each kind only: the marks drawn over them add none.
+                    **error_bars([p.samples_per_s_spread for p in points], STYLE[kind]["color"]),
                 )
             )
     for label, flag, marker in MARKS:
@@ -119,18 +134,32 @@ def parallel_figure(data: ReportData) -> go.Figure:
             dimension["ticktext"] = axis.ticktext
             dimension["range"] = [0, len(axis.ticktext) - 1]
         dimensions.append(dimension)
-    speed = next(a.values for a in data.parallel if a.label == "samples_per_s")
+    speed = next(a.values for a in data.parallel if a.name == "samples_per_s")
+    # Side by side, titles wider than the gap between axes run into each other: at 1200 px a
+    # dozen axes leave about 80 px each. From TILT_AXES on they are tilted, which needs only
+    # a line's height between neighbours, and the margin above makes room for them.
+    tilted = len(dimensions) >= TILT_AXES
     fig = go.Figure(
         go.Parcoords(
             dimensions=dimensions,
             line={"color": speed, "colorscale": "Viridis", "showscale": True},
+            labelangle=TILT_DEGREES if tilted else 0,
+            labelfont={"size": 13},
+            tickfont={"size": 10},
         )
     )
     fig.update_layout(
         title=HEADINGS["parallel"],
-        **{**LAYOUT, "margin": {"t": 110, "b": 40, "l": 60, "r": 60}},
+        **{**LAYOUT, "margin": {"t": 150 if tilted else 110, "b": 40, "l": 60, "r": 60}},
     )
     return fig
+
+
+def parallel_caption(data: ReportData) -> str:
+    """Which knob each short axis title names (`bs: batch_size`)."""
+    # The knobs: the two measurements last are titled in words.
+    named = [f"{a.label}: {a.name}" for a in data.parallel[:-2] if a.label != a.name]
+    return "Axes: " + ", ".join(named) + "." if named else ""
 
 
 def importance_figure(data: ReportData) -> go.Figure:
@@ -153,6 +182,7 @@ def lines_figure(series: list[Series], title: str, x_title: str, y_title: str) -
                 y=s.y,
                 mode="lines+markers" if s.lines else "markers",
                 marker={"size": 9} if s.lines else {"size": 10, "symbol": "circle-open"},
+                **error_bars(s.spread),
                 **({"text": s.hover, "hovertemplate": "%{text}<extra></extra>"} if s.hover else {}),
             )
         )
@@ -234,6 +264,7 @@ th { background: #f1f3f4; }
 #summary td { white-space: pre-line; }
 table.sortable th { cursor: pointer; }
 td.noisy, td.changes { color: #b06000; }
+td.reason { max-width: 32rem; overflow-wrap: anywhere; white-space: pre-line; }
 pre { background: #f8f9fa; padding: 1rem; overflow-x: auto; }
 pre.wrap { white-space: pre-wrap; overflow-wrap: anywhere; }
 p.empty { color: #5f6368; font-style: italic; }
@@ -257,6 +288,8 @@ def _sections(data: ReportData, drawn: dict[str, go.Figure]) -> str:
             )
             if chart == "importance":
                 body += f'<p class="caveat">{e(data.importance_note)}</p>'
+            if chart == "parallel" and (caption := parallel_caption(data)):
+                body += f'<p class="caveat">{e(caption)}</p>'
         sections.append(f'<section id="{chart}">{body}</section>')
     return "\n".join(sections)
 
@@ -273,7 +306,7 @@ def _rows(data: ReportData) -> str:
                                              _num(r.peak_memory_gib, 3), _pct(r.mfu))]  # fmt: skip
         cells.append(f'<td class="noisy">{e(cv)}</td>' if r.noisy else f"<td>{e(cv)}</td>")
         cells.append(f'<td class="changes" title="{e(full)}">{e(changed)}</td>')
-        cells.append(f"<td>{e(r.reason)}</td>")
+        cells.append(f'<td class="reason">{e(r.reason)}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return "".join(rows)
 

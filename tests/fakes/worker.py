@@ -3,6 +3,10 @@
 MODE `sequence:DIR:m1,m2,...` takes the next mode from the list on each call (a counter file in
 DIR), so one search can meet every fault in turn.
 
+MODE `drift:DIR:STEP` measures every setting at the same true speed, 100 samples/s, on a
+machine that speeds up by STEP (a share) with each run: call k (a counter file in DIR) reports
+100 x (1 + STEP x k) samples/s. Whichever settings run later look faster.
+
 MODE `sleep:SECONDS` takes that long, then writes MODE `ok`'s result. Results give as
 `cpu_threads` the number of cores the fake worker could use.
 
@@ -29,6 +33,13 @@ if mode.startswith("sequence:"):
     calls = int(counter.read_text()) if counter.exists() else 0
     counter.write_text(str(calls + 1))
     mode = modes.split(",")[calls % len(modes.split(","))]
+drift = None
+if mode.startswith("drift:"):
+    _, state_dir, step = mode.split(":")
+    counter = Path(state_dir) / "calls"
+    calls = int(counter.read_text()) if counter.exists() else 0
+    counter.write_text(str(calls + 1))
+    mode, drift = "ok", 100.0 * (1 + float(step) * calls)
 spec = json.loads(spec_path.read_text())
 print(f"fake worker: {mode}", file=sys.stderr, flush=True)
 progress = spec_path.parent / "progress.json"
@@ -43,7 +54,7 @@ def write_ok_result():
     batch = spec["params"]["batch_size"]
     write_result(
         status="ok",
-        samples_per_s=100.0 + batch,
+        samples_per_s=100.0 + batch if drift is None else drift,
         tokens_per_s=6400.0,
         peak_memory_gib=batch / 64,
         step_time_cv=0.01,

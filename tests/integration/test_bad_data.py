@@ -28,7 +28,7 @@ def refusal(tmp_path: Path, capsys, data: Path, tokenizer: Path) -> str:
     out = tmp_path / "reports"
     code = cli.main(
         ["search", f"model={TINY_MODEL}", "seq_len=16", "n_trials=1", "study=s", f"out={out}",
-         f"data={data}", f"tokenizer={tokenizer}"],
+         "confirm_rounds=0", f"data={data}", f"tokenizer={tokenizer}"],
         launcher=fake_launcher("ok"),
     )  # fmt: skip
     err = capsys.readouterr().err
@@ -118,7 +118,15 @@ def test_when_every_trial_fails_the_same_way_the_exit_3_message_says_why_not_the
     tmp_path, capsys
 ):
     code = cli.main(
-        ["search", f"model={TINY_MODEL}", "seq_len=16", "n_trials=2", "study=s", f"out={tmp_path}"],
+        [
+            "search",
+            f"model={TINY_MODEL}",
+            "seq_len=16",
+            "n_trials=2",
+            "study=s",
+            f"out={tmp_path}",
+            "confirm_rounds=0",
+        ],
         launcher=fake_launcher("error"),
     )
     out = " ".join(capsys.readouterr().out.split())

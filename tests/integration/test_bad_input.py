@@ -14,7 +14,7 @@ pytestmark = pytest.mark.usefixtures("probe_once")
 def search(*overrides: str) -> int:
     """A search whose trials the stand-in worker runs."""
     return cli.main(
-        ["search", f"model={TINY_MODEL}", "seq_len=32", "study=s", *overrides],
+        ["search", f"model={TINY_MODEL}", "seq_len=32", "study=s", "confirm_rounds=0", *overrides],
         launcher=fake_launcher("ok"),
     )
 

@@ -32,6 +32,7 @@ def test_each_fault_is_named_and_the_search_continues(launcher, tmp_path, capsys
     code = cli.main([
         "search", f"model={TINY_MODEL}", f"n_trials={len(EXPECTED)}", "seq_len=32",
         "trial_timeout=3s", "memory_budget=256MiB", f"out={out}", "study=faults",
+        "confirm_rounds=0",
     ], launcher=launcher)  # fmt: skip
     terminal = capsys.readouterr().out
     assert code == 0
@@ -48,7 +49,14 @@ def test_each_fault_is_named_and_the_search_continues(launcher, tmp_path, capsys
 
 def test_a_failed_trial_is_not_exported(launcher, tmp_path, capsys):
     out = tmp_path / "reports"
-    args = [f"model={TINY_MODEL}", "n_trials=2", "seq_len=32", f"out={out}", "study=f"]
+    args = [
+        f"model={TINY_MODEL}",
+        "n_trials=2",
+        "seq_len=32",
+        f"out={out}",
+        "study=f",
+        "confirm_rounds=0",
+    ]
     assert cli.main(["search", *args], launcher=launcher) == 0
     capsys.readouterr()
     assert cli.main(["export", str(out / "f"), "trial=1"]) == 2  # the second fake raised

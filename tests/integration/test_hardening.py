@@ -37,7 +37,7 @@ def search_command(out: Path, *extra: str) -> list[str]:
     steps = [] if LONG in extra else ["measure_steps=2"]
     return [
         sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
-        "warmup_steps=1", *steps, f"out={out}", "study=s", *extra,
+        "warmup_steps=1", *steps, f"out={out}", "study=s", "confirm_rounds=0", *extra,
     ]  # fmt: skip
 
 

@@ -12,7 +12,14 @@ from tests.conftest import TINY_MODEL, fake_launcher
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     out = tmp_path_factory.mktemp("reports")
-    args = [f"model={TINY_MODEL}", "n_trials=5", "seq_len=32", f"out={out}", "study=n"]
+    args = [
+        f"model={TINY_MODEL}",
+        "n_trials=5",
+        "seq_len=32",
+        f"out={out}",
+        "study=n",
+        "confirm_rounds=0",
+    ]
     assert cli.main(["search", *args], launcher=fake_launcher("ok")) == 0
     return optuna.load_study(study_name="n", storage=f"sqlite:///{out / 'n' / 'study.db'}")
 

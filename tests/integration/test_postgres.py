@@ -24,6 +24,7 @@ def searched(tmp_path_factory, postgres_server_url):
     out = tmp_path_factory.mktemp("reports")
     with postgres_database(postgres_server_url) as url:
         args = [f"model={TINY_MODEL}", "n_trials=4", "seq_len=32", f"out={out}", "study=pg",
+                "confirm_rounds=0",
                 f"storage={url}"]  # fmt: skip
         assert cli.main(["search", *args], launcher=fake_launcher("ok")) == 0
         yield url, out / "pg"

@@ -39,7 +39,8 @@ knobs:
 def search_command(out: Path, space: Path, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=128",
-        f"space={space}", "warmup_steps=1", "measure_steps=2", f"out={out}", "study=s", *extra,
+        f"space={space}", "warmup_steps=1", "measure_steps=2", f"out={out}", "study=s",
+        "confirm_rounds=0", *extra,
     ]  # fmt: skip
 
 
@@ -189,7 +190,7 @@ def test_ctrl_c_stops_the_trial_writes_outputs_and_exits_130(tmp_path, space):
     assert code == 130
     assert not wait_gone(processes), "a worker outlived the interrupted search"
     finished = rows(tmp_path / "s" / "trials.csv")
-    assert [r["number"] for r in finished] == ["0"]
+    assert [(r["number"], r["status"]) for r in finished] == [("0", "ok"), ("1", "interrupted")]
     assert (tmp_path / "s" / "report.html").is_file()
 
 

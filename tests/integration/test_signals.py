@@ -28,7 +28,7 @@ def command(out: Path, space: Path, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
         f"space={space}", "warmup_steps=1", "measure_steps=150", f"out={out}", "study=s",
-        "n_trials=2", *extra,
+        "n_trials=2", "confirm_rounds=0", *extra,
     ]  # fmt: skip
 
 
@@ -66,10 +66,12 @@ def test_sigterm_mid_trial_records_it_interrupted_writes_the_outputs_and_exits_1
     search, stderr = stop_mid_trial_1(command(tmp_path, space), study_dir, signal.SIGTERM)
     assert search.returncode == 143, stderr
     assert "Traceback" not in stderr
-    assert "interrupted by SIGTERM; wrote" in stderr
+    assert "interrupted after 1 of 2 trials (SIGTERM); wrote" in stderr
     assert "trials.csv" in stderr and "report.html" in stderr
     assert (study_dir / "report.html").is_file()
-    assert [r["number"] for r in rows(study_dir / "trials.csv")] == ["0"]
+    assert [(r["number"], r["status"]) for r in rows(study_dir / "trials.csv")] == [
+        ("0", "ok"), ("1", "interrupted"),
+    ]  # fmt: skip
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}")
     assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL"]
     assert is_interrupted(study.trials[1])
@@ -90,6 +92,55 @@ def test_sighup_mid_trial_writes_the_outputs_and_exits_129(tmp_path, space):
     study_dir = tmp_path / "s"
     search, stderr = stop_mid_trial_1(command(tmp_path, space), study_dir, signal.SIGHUP)
     assert search.returncode == 129, stderr
-    assert "interrupted by SIGHUP; wrote" in stderr
+    assert "interrupted after 1 of 2 trials (SIGHUP); wrote" in stderr
     assert (study_dir / "report.html").is_file()
-    assert [r["number"] for r in rows(study_dir / "trials.csv")] == ["0"]
+    assert [(r["number"], r["status"]) for r in rows(study_dir / "trials.csv")] == [
+        ("0", "ok"), ("1", "interrupted"),
+    ]  # fmt: skip
+
+
+FAKE_SEARCH = (
+    "import sys; from autotune.cli import main; from tests.conftest import fake_launcher; "
+    "sys.exit(main(sys.argv[2:], launcher=fake_launcher(sys.argv[1])))"
+)
+"""`autotune` with fake trials: `python -c FAKE_SEARCH MODE search ...`."""
+
+
+def test_an_interrupted_search_says_so_in_every_output_and_report_exits_as_it_did(tmp_path, space):
+    # The baseline measures at once; trial 1 sleeps until SIGTERM stops the search.
+    mode = f"sequence:{tmp_path}:ok,sleep"
+    argv = [sys.executable, "-c", FAKE_SEARCH, mode, *command(tmp_path, space)[3:]]
+    argv[argv.index("n_trials=2")] = "n_trials=4"
+    study_dir = tmp_path / "s"
+    search = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).parents[2])  # fmt: skip
+    log = study_dir / "trials" / "0001" / "worker.log"
+    deadline = time.monotonic() + SAFETY_NET_S
+    try:
+        while not (log.exists() and "fake worker: sleep" in log.read_text()):
+            assert time.monotonic() < deadline and search.poll() is None, search.communicate()
+            time.sleep(0.05)
+        search.send_signal(signal.SIGTERM)
+        _, stderr = search.communicate(timeout=SAFETY_NET_S)
+    finally:
+        if search.poll() is None:
+            search.kill()
+            search.wait()
+    assert search.returncode == 143, stderr
+    assert "interrupted after 1 of 4 trials (SIGTERM); wrote" in stderr
+    assert "exit code 3" not in stderr
+    table = rows(study_dir / "trials.csv")
+    assert [(r["number"], r["status"]) for r in table] == [("0", "ok"), ("1", "interrupted")]
+    assert table[1]["reason"] == "the search was interrupted (SIGTERM) while it ran"
+    page = (study_dir / "report.html").read_text()
+    assert "interrupted after 1 of 4 trials (SIGTERM)" in page and "exits with code 3" not in page
+
+    report = subprocess.run(
+        [sys.executable, "-m", "autotune", "report", str(study_dir)],
+        capture_output=True, text=True, timeout=SAFETY_NET_S,
+    )  # fmt: skip
+    assert report.returncode == 143, report.stderr  # what the search exited with
+    assert "the search was interrupted after 1 of 4 trials (SIGTERM)" in report.stdout
+    assert "exit code 3" not in report.stdout
+    assert "wrote" in report.stdout and "trials.csv" in report.stdout
+    assert "report.html" in report.stdout

@@ -210,7 +210,8 @@ def test_processes_a_factory_starts_end_when_the_search_is_killed(tmp_path, sign
     factory = write_factory(tmp_path, STARTS_CHILDREN)
     search = subprocess.Popen(
         [sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=16",
-         "n_trials=2", f"trainer={factory}:with_children_then_hangs", f"out={tmp_path}"],
+         "n_trials=2", f"trainer={factory}:with_children_then_hangs", f"out={tmp_path}",
+         "confirm_rounds=0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

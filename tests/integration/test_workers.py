@@ -1,6 +1,7 @@
 """Several workers on one study, with real processes: worker processes started by `workers=N`
 and workers joining with `autotune worker`, on the embedded SQLite storage and on a real
-PostgreSQL server; heartbeats; kill -9 of a worker mid-trial; real trials on one core each.
+PostgreSQL server; heartbeats; kill -9 of a worker mid-trial. (Real trials on one core each:
+the README's CPU command, run by test_readme_examples.py.)
 
 Fake trials (tests/fakes/worker.py, `sleep:S`) take a fixed time and give known results, so
 what these tests check is the coordination: each trial counted once, the baseline run once, no
@@ -11,6 +12,7 @@ import contextlib
 import re
 import shlex
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -48,7 +50,7 @@ README = Path(__file__).parents[2] / "README.md"
 TRIAL_S = 4.0
 N_TRIALS = 12
 OUTPUTS = ("trials.csv", "pareto.csv", "recommended.json", "recommended.py", "report.html")
-FAST = ["seq_len=32", "warmup_steps=1", "measure_steps=2"]
+FAST = ["seq_len=32", "warmup_steps=1", "measure_steps=2", "confirm_rounds=0"]
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -65,8 +67,8 @@ def storage(request):
 @pytest.fixture
 def any_cores(monkeypatch):
     """N workers without core sets of their own. On CPU each worker owns some cores, and the
-    2-core CI machine has fewer than 3; a fake trial uses none. (The real-trial test below
-    runs on one core each.)"""
+    2-core CI machine has fewer than 3; a fake trial uses none. (The README's CPU command,
+    run by test_readme_examples.py, runs real trials on one core each.)"""
     monkeypatch.setattr("autotune.plan.assign", lambda workers, *_: ([Slot()] * workers, []))
 
 
@@ -318,26 +320,6 @@ def test_the_readme_shows_the_commands_these_tests_run():
     assert commands == ["autotune search"] * 4 + ["autotune worker", dashboard]
 
 
-def test_two_workers_on_one_core_each_run_real_trials(tmp_path):
-    """The README's CPU command, as it is (6 real trials of the tiny BERT), in a study folder
-    of the test's."""
-    command = next(c for c in scaling_out_commands() if "workers=2" in c)
-    proc = subprocess.run(
-        [sys.executable, "-m", "autotune", *command[1:], f"out={tmp_path}", "study=cpu2"],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "2 workers on this study: cores 0, cores 1" in proc.stdout
-    storage = f"sqlite:///{tmp_path / 'cpu2' / 'study.db'}"
-    study = optuna.load_study(study_name="cpu2", storage=storage)
-    records = assert_counted_once(study, 6)
-    ok = [r for r in records if r.status is Status.OK]
-    assert len(ok) >= 4, [(r.status, r.result.reason) for r in records]
-    assert {r.result.cpu_threads for r in ok} == {1}, "each trial trained on its worker's core"
-    owners = {t.user_attrs[OWNER_ATTR]["pid"] for t in study.trials if is_recorded(t)}
-    assert len(owners) == 2, "both workers ran trials"
-
-
 def test_the_readme_commands_for_several_hosts(tmp_path, postgres_server_url, monkeypatch):
     """The search and a worker joining it on PostgreSQL (fake trials), then the dashboard's
     URL read by Optuna; and the GPU commands on this CPU-only machine."""
@@ -455,3 +437,87 @@ def test_one_view_shows_every_worker_s_running_trial(tmp_path, any_cores):
     assert live.most_at_once == 2
     assert sorted(live.started) == [0, 1, 2, 3]
     assert live.view.bar.running == {}
+
+
+def sqlite_write_lock_is_free(db: Path) -> bool:
+    """Whether a write transaction can begin on `db` within 5 s (another worker's last a few
+    milliseconds; a stopped process's never ends)."""
+    with contextlib.closing(sqlite3.connect(db, timeout=5, isolation_level=None)) as conn:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:  # database is locked
+            return False
+        conn.execute("ROLLBACK")
+        return True
+
+
+def test_a_sigstopped_worker_is_ended_once_its_trial_ran_elsewhere(tmp_path, any_cores):
+    """Two workers on the default SQLite study; worker 1 is SIGSTOPped while its trial trains
+    (its progress file written: the loop is waiting for the trial, not in the storage). Its
+    heartbeats stop: worker 0 fails the trial as stale after stale_after, runs its settings
+    again and the rest of the study; the search then ends the stopped worker with a message
+    instead of waiting for it forever. (Before, without the test: waited forever.)
+
+    SQLite, not PostgreSQL, as it is the default and the harder case: a process stopped inside
+    a transaction keeps the file's write lock, and the other workers then fail with "database
+    is locked" (a file lock has no owner to time out). The stopped worker's heartbeat thread
+    writes for a few milliseconds every second, so a stop can land in one: the test makes sure
+    it did not (a write transaction can begin), and otherwise lets the worker end it and stops
+    it again. A stop outside a transaction is what the search handles; PostgreSQL runs the
+    same code, with row locks no other worker waits for."""
+    n_trials, stale_after = 3, 3
+    study_dir = tmp_path / "z"
+    outcome: dict = {}
+
+    def search() -> None:
+        try:
+            outcome["result"], outcome["watch"] = run_search(
+                tmp_path, "z", 2, None, "progress", n_trials=n_trials,
+                stale_after=stale_after, warmup_steps=2, measure_steps=10,
+            )  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=search)
+    thread.start()
+    url = f"sqlite:///{study_dir / 'study.db'}"
+    try:
+        deadline = time.monotonic() + 300  # a safety net, not a bound
+        while not (study_dir / "workers").exists():  # made once the study is open
+            assert thread.is_alive() and time.monotonic() < deadline, outcome
+            time.sleep(0.05)
+        study = optuna.load_study(study_name="z", storage=url)
+        found = None
+        while found is None:  # worker 1, training: its trial's progress file is written
+            assert thread.is_alive() and time.monotonic() < deadline, outcome
+            time.sleep(0.05)
+            found = in_a_trial(study, index=1)
+            progress = found and study_dir / "trials" / f"{found[2].number:04d}" / "progress.json"
+            if found and not progress.exists():
+                found = None
+        victim, _, stopped = found
+        victim.suspend()
+        while not sqlite_write_lock_is_free(study_dir / "study.db"):
+            victim.resume()  # stopped inside a heartbeat's transaction: let it end it
+            time.sleep(0.05)
+            victim.suspend()
+        stopped_at = time.monotonic()
+        thread.join(timeout=300)
+        ended_after_s = time.monotonic() - stopped_at
+        assert not thread.is_alive(), "the search still waits for the stopped worker"
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if found:
+                found[0].resume()  # never leave a stopped process behind a failed test
+        thread.join()
+    assert "error" not in outcome, outcome.get("error")
+    result, watch = outcome["result"], outcome["watch"]
+    print(f"\nthe search ended {ended_after_s:.1f} s after SIGSTOP (stale_after={stale_after}s)")
+    study = optuna.load_study(study_name="z", storage=url)
+    assert_counted_once(study, n_trials)
+    assert is_interrupted(study.trials[stopped.number])
+    retries = [t for t in study.trials if t.user_attrs.get(RETRY_OF_ATTR) == stopped.number]
+    assert [is_recorded(t) for t in retries].count(True) == 1, "its settings ran once more"
+    assert watch.failed == [(1, "stopped (SIGSTOP) while the study got all its trials: ended it")]
+    assert result.stopped.startswith(f"{n_trials} of {n_trials} trials finished; failed: worker 1")
+    assert not victim.is_running(), "the stopped worker was ended"

@@ -1,5 +1,6 @@
 import dataclasses
 import itertools
+import os
 import warnings
 
 import optuna
@@ -10,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.training_args import OptimizerNames
 
-from autotune.capabilities import apply_sampling_rules, fit_space
+from autotune.capabilities import apply_sampling_rules, fit_space, trial_cores
 from autotune.errors import SpaceError
 from autotune.hardware import DeviceInfo
 from autotune.knobs import training_args
+from autotune.parallel import Slot
 from autotune.space import SMALL_BATCHES, SamplingRules, multiple_for
 from autotune.space_file import SoftwareFacts, load_space, shipped_names
 
@@ -109,6 +111,35 @@ def test_synthetic_data_fixes_the_loader_and_padding_knobs():
     data = fit_space(load_space("data"), *PROFILES["cpu"], "data")
     assert data.knobs["dataloader_num_workers"].choices == (0, 1, 2, 4)
     assert data.knobs["pad_to_multiple_of"].choices == (1, 8, 64)
+
+
+def test_the_data_space_proposes_no_more_loader_workers_than_a_trial_has_cores():
+    space = fit_space(load_space("data"), *PROFILES["cpu"], "data", cores=2)
+    assert space.knobs["dataloader_num_workers"].choices == (0, 1, 2)
+    assert "removed dataloader_num_workers above 2 (4): a trial has 2 CPU cores" in "\n".join(
+        space.notes
+    )
+    one = fit_space(load_space("data"), *PROFILES["cpu"], "trainer", cores=1)
+    assert one.knobs["dataloader_num_workers"].choices == (0, 1)
+    # Synthetic data fixes the loader at 0 workers anyway: nothing more to say.
+    synthetic = fit_space(load_space("data"), *PROFILES["cpu"], cores=1)
+    assert not [n for n in synthetic.notes if "core" in n]
+
+
+def test_a_space_whose_every_loader_worker_count_exceeds_the_cores_is_refused(tmp_path):
+    path = tmp_path / "loaders.yaml"
+    path.write_text("knobs:\n  dataloader_num_workers: {choices: [4, 8]}\n")
+    with pytest.raises(SpaceError, match=r"every value \(4, 8\) is above the cores a trial"):
+        fit_space(load_space(str(path)), *PROFILES["cpu"], "data", cores=2)
+
+
+def test_a_trial_has_its_workers_cores_or_a_share_of_the_hosts():
+    host = len(os.sched_getaffinity(0))
+    assert trial_cores([Slot(cpus=(0, 1, 2)), Slot(cpus=(3, 4))]) == 2  # the smaller set
+    assert trial_cores([Slot()]) == host  # one worker: every core
+    gpus = [Slot(cuda_device=str(i), cuda_index=i) for i in range(host + 1)]
+    assert trial_cores(gpus) == 1  # GPU workers share the host's cores, one at least
+    assert trial_cores([]) is None
 
 
 def test_a_users_trainer_pads_with_its_own_collator():

@@ -7,7 +7,7 @@ import pytest
 import transformers
 
 from autotune.errors import StudyError
-from autotune.export import render_cli, render_script
+from autotune.export import render, render_cli, render_script
 from autotune.knobs import training_args
 from autotune.records import RunInfo, TrialRecord
 from autotune.trial import Status, TrialResult
@@ -113,6 +113,7 @@ def run_info(text: str) -> RunInfo:
         "memory_budget_bytes": 2**30,
         "headroom": 0.1,
         "noise_cv": 0.05,
+        "math_change_min_gain": 1.1,
         "report_to": text,
         "data": {
             "data": text,
@@ -125,6 +126,10 @@ def run_info(text: str) -> RunInfo:
             "files": [text],
         },
         "trainer": {"factory": text, "search_dir": text},
+        "measure_steps": 10,
+        "warmup_steps": 3,
+        "cores_per_trial": 2,
+        "versions": {"torch": text, "transformers": text, "autotune": text},
     }
     return RunInfo(**{f.name: values[f.name] for f in dataclasses.fields(RunInfo)})
 
@@ -193,3 +198,17 @@ def test_cli_flags_are_shell_quoted():
         "--optim", "$(touch PWNED)",
         "--output_dir", "it's `here`",
     ]  # fmt: skip
+
+
+def test_cli_export_says_which_model_kwargs_the_example_scripts_cannot_set():
+    record = trial_record("x")
+    text = render("cli", info=run_info("x"), record=record)  # what `autotune export` prints
+    comment, flags = text.splitlines()
+    # The attention kernel is no TrainingArguments field: said above the flags, not dropped.
+    assert comment.startswith("# not a flag of the HF example scripts")
+    assert "attn_implementation='x'" in comment and "from_pretrained" in comment
+    assert flags == render_cli(record.result.training_args)
+    # Pasted into a shell, the comment line runs nothing, even with a newline in a value.
+    hostile = render_cli({"bf16": True}, {"attn_implementation": "eager\ntouch PWNED"})
+    assert shlex.split(hostile, comments=True) == ["--bf16"]
+    assert render_cli({"bf16": True}, {}) == "--bf16"  # nothing set on the model: no comment

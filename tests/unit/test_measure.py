@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from autotune import measure
+from autotune import hardware, measure
 from autotune.data import PaddingCollator
 
 
@@ -135,7 +135,7 @@ def test_flops_count_both_sides_of_an_encoder_decoder():
     ],
 )
 def test_peak_table_is_keyed_by_nvml_name_and_precision(name, precision, tflops):
-    assert measure.peak_tflops(name, precision) == tflops
+    assert hardware.peak_tflops(name, precision) == tflops
 
 
 def test_eta_waits_for_a_step_after_the_first():

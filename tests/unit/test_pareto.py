@@ -18,6 +18,10 @@ from autotune.units import GIB
 BUDGET_GIB = 10.0
 
 
+def SAME(record):
+    return False
+
+
 def study_with(outcomes):
     """outcomes: (samples_per_s, peak_gib) for ok trials, or a Status for the others.
     The first trial is the baseline."""
@@ -71,17 +75,19 @@ def test_picks_fastest_under_the_limit_and_a_memory_saver_within_ten_percent():
     study = study_with([(50, 1.0), (100, 6.0), (95, 3.0), (80, 2.0), (120, 9.5)])
     front = pareto_front(study)
     baseline = record_of(study.trials[0])
-    picks = pick(front, limit_gib=9.0, baseline=baseline, noise_cv=0.1)
-    assert picks.fastest.number == 1  # 120 samples/s needs 9.5 GiB: over the limit
+    picks = pick(front, limit_gib=9.0, baseline=baseline, noise_cv=0.1, changes_training=SAME)
+    assert picks.fastest.number == picks.recommended.number == 1  # 120/s needs 9.5 GiB: over
     assert picks.saver.number == 2  # 95 >= 0.9 x 100, and 3 GiB instead of 6
     assert picks.speedup(picks.fastest) == pytest.approx(2.0)
-    assert pick(front, limit_gib=0.5, baseline=baseline, noise_cv=0.1).fastest is None
+    nothing = pick(front, limit_gib=0.5, baseline=baseline, noise_cv=0.1, changes_training=SAME)
+    assert nothing.fastest is nothing.recommended is None
 
 
 def test_no_speedup_when_the_baseline_ran_out_of_memory():
     study = study_with([Status.OOM, (100, 2.0)])
     baseline = record_of(study.trials[0])
-    picks = pick(pareto_front(study), limit_gib=9.0, baseline=baseline, noise_cv=0.1)
+    picks = pick(pareto_front(study), limit_gib=9.0, baseline=baseline, noise_cv=0.1,
+                 changes_training=SAME)  # fmt: skip
     assert picks.fastest.number == 1
     assert picks.speedup(picks.fastest) is None
 

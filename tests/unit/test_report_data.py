@@ -1,6 +1,7 @@
 import base64
 import dataclasses
 import gzip
+import html
 import re
 
 import optuna
@@ -27,9 +28,9 @@ INFO = RunInfo(
     memory_budget_bytes=10 * GIB, headroom=0.1, noise_cv=0.1,
 )  # fmt: skip
 INTERRUPTED = "interrupted"
-"""An outcome: the trial stopped with its search and left no record (its number is skipped)."""
-# (batch, precision, optim, outcome): outcome is (samples/s, GiB), (samples/s, GiB, step CV)
-# or a Status
+"""An outcome: the trial stopped with its search and left no result."""
+# (batch, precision, optim, outcome): outcome is (samples/s, GiB), (samples/s, GiB, step CV),
+# a Status or a TrialResult
 TRIALS = [
     (8, "fp32", "adamw_torch", (100.0, 4.0)),  # baseline
     (16, "bf16", "adamw_torch", (180.0, 3.0)),
@@ -51,7 +52,9 @@ def build(trials, info=INFO):
         if outcome == INTERRUPTED:
             study.tell(trial, state=TrialState.FAIL)
             continue
-        if isinstance(outcome, Status):
+        if isinstance(outcome, TrialResult):
+            result = outcome
+        elif isinstance(outcome, Status):
             peak = 12.5 if outcome is Status.OOM else None
             result = TrialResult(status=outcome, reason=f"{outcome.value} reason",
                                  peak_memory_gib=peak)  # fmt: skip
@@ -192,10 +195,13 @@ def test_histories_are_at_the_trial_numbers_the_table_uses(data):
     assert data.best_so_far.x == data.hypervolume.x == numbers == [float(n) for n in range(9)]
     assert data.best_so_far.y == [100.0, 180.0, 250.0, 250.0, 250.0, 250.0, 250.0, 250.0, 250.0]
     assert data.hypervolume.y == sorted(data.hypervolume.y)  # never shrinks
-    # An interrupted trial leaves no record and no point: numbers are not shifted.
+    # An interrupted trial is a row (its status says so) and adds nothing to the histories.
     gap = build([({"batch_size": 8}, (100.0, 4.0)), ({}, INTERRUPTED),
                  ({"batch_size": 16}, (150.0, 5.0))])  # fmt: skip
-    assert gap.best_so_far.x == [0.0, 2.0] and [r.number for r in gap.rows] == [0, 2]
+    assert [(r.number, r.status) for r in gap.rows] == [(0, "ok (baseline)"), (1, "interrupted"),
+                                                        (2, "ok")]  # fmt: skip
+    assert gap.best_so_far.x == [0.0, 1.0, 2.0] and gap.best_so_far.y == [100.0, 100.0, 150.0]
+    assert [p.number for p in gap.points] == [0, 2]
 
 
 def lines_of(series):
@@ -210,7 +216,9 @@ def test_batch_lines_join_only_trials_that_differ_in_batch_size_alone(data):
     }
     (alone,) = [s for s in data.speed_by_batch if not s.lines]
     assert (alone.x, alone.y) == ([16], [240.0])  # the only successful sgd trial
-    assert alone.hover == ["trial 7: 240.00 samples/s<br>bs=16 bf16 sgd"]
+    assert alone.hover == [
+        "trial 7: 240.00 samples/s (bar ±4.80: 1 step-time CV, 2.0%)<br>bs=16 bf16 sgd"
+    ]
     # Checkpointing on at batch 32 only: no line from batch 16 (off) to 32 (on).
     trials = [
         ({"batch_size": 8, "gradient_checkpointing": False}, (100.0, 4.0)),
@@ -241,7 +249,7 @@ def test_parallel_coordinates_put_each_knob_value_on_a_tick_of_its_own():
         ({"batch_size": 64, "grad_accum": 4, "gradient_checkpointing": False}, (170.0, 7.0)),
         ({"batch_size": 16, "grad_accum": 1, "gradient_checkpointing": True}, (160.0, 3.0)),
     ]
-    axes = {a.label: a for a in build(trials).parallel}
+    axes = {a.name: a for a in build(trials).parallel}
     assert list(axes) == ["batch_size", "grad_accum", "gradient_checkpointing",
                           "peak_memory_gib", "samples_per_s"]  # fmt: skip
     assert axes["batch_size"].ticktext == ["8", "16", "64"]  # in value order, not as text
@@ -288,3 +296,66 @@ def test_every_plot_is_drawn_into_one_page_with_plotly_js_once_and_packed(data):
 def test_the_packed_library_carries_no_timestamp_so_a_rebuilt_page_is_identical():
     packed = base64.b64decode(packed_plotly_js())
     assert packed[:2] == b"\x1f\x8b" and packed[4:8] == b"\0\0\0\0"  # gzip, mtime 0
+
+
+def test_each_trial_carries_its_step_time_spread_as_error_bars_on_the_throughput_charts(data):
+    points = {p.number: p for p in data.points}
+    # Trial 2: 250 samples/s with a step-time CV of 25%: +- 62.5 samples/s.
+    assert points[2].samples_per_s_spread == pytest.approx(62.5)
+    assert points[1].samples_per_s_spread == pytest.approx(180.0 * 0.02)
+    assert points[5].samples_per_s_spread is None  # out of memory: no steps were timed
+    assert "250.00 samples/s (bar ±62.50: 1 step-time CV, 25.0%)" in points[2].hover
+    speed = {s.label: dict(zip(s.x, s.spread, strict=True)) for s in data.speed_by_batch}
+    assert speed["bf16 adamw_torch"][32] == pytest.approx(62.5)
+    assert all(s.spread == [] for s in data.memory_by_batch)  # one peak reading: no spread
+    drawn = dict(figures(data))
+    front = next(t for t in drawn["pareto"].data if t.name == "front")
+    by_number = dict(zip(front.x, front.error_y.array, strict=True))
+    assert by_number[5.0] == pytest.approx(62.5)  # trial 2 peaked at 5 GiB
+    assert all(t.error_y.array is None for t in drawn["pareto"].data if t.name == "oom")
+    assert all(t.error_y.array for t in drawn["speed-by-batch"].data)
+    assert not any(t.error_y.array for t in drawn["memory-by-batch"].data)
+
+
+def test_parallel_coordinates_stay_readable_at_a_dozen_knobs():
+    varied = [
+        {"batch_size": 8, "grad_accum": 1, "gradient_checkpointing": False, "precision": "fp32",
+         "optim": "adamw_torch", "attn_implementation": "sdpa", "torch_empty_cache_steps": 0,
+         "dataloader_num_workers": 0, "dataloader_pin_memory": False, "group_by_length": False,
+         "pad_to_multiple_of": 1},
+        {"batch_size": 16, "grad_accum": 2, "gradient_checkpointing": True, "precision": "bf16",
+         "optim": "adafactor", "attn_implementation": "eager", "torch_empty_cache_steps": 10,
+         "dataloader_num_workers": 2, "dataloader_pin_memory": True, "group_by_length": True,
+         "pad_to_multiple_of": 8},
+    ]  # fmt: skip
+    fixed = {"torch_compile": "off", "compile_mode": "default"}
+    trials = [(params | fixed, (100.0 + 50 * i, 4.0 + i)) for i, params in enumerate(varied)]
+    data = build(trials)
+    # Only the knobs that varied get an axis: a fixed one is a flat line through every trial.
+    assert [a.name for a in data.parallel] == [*varied[0], "peak_memory_gib", "samples_per_s"]
+    labels = [a.label for a in data.parallel]
+    assert labels[:3] == ["bs", "ga", "gc"]  # as the settings lines name them
+    assert max(map(len, labels)) <= 11  # the long names would run into each other
+    parcoords = dict(figures(data))["parallel"].data[0]
+    assert parcoords.labelangle != 0  # 13 axes: titles tilted, not overlapping
+    assert "Axes: bs: batch_size, ga: grad_accum, gc: gradient_checkpointing," in render_html(data)
+
+
+def test_long_reasons_wrap_in_the_hover_and_the_table():
+    path = "/home/someone/" + "a-very-long-folder-name/" * 8 + "model.safetensors"
+    reason = f"OSError: <class 'OSError'> could not read {path} while loading the weights " * 2
+    trials = [
+        ({"batch_size": 8}, (100.0, 4.0)),
+        ({"batch_size": 16}, TrialResult(status=Status.OOM, reason=reason, peak_memory_gib=9.0)),
+    ]
+    data = build(trials)
+    hover = next(p for p in data.points if p.number == 1).hover.split("<br>")
+    assert max(len(html.unescape(line)) for line in hover) <= 80  # as plotly shows them
+    assert hover[1].startswith("peak 9.000 GiB")
+    settings = hover.index("batch_size = 16")
+    wrapped = hover[2:settings]  # the reason, between the peak and the settings
+    shown = [html.unescape(line) for line in wrapped]
+    assert len(shown) > 3
+    assert "&lt;class 'OSError'&gt;" in wrapped[0]  # plotly would read <class ...> as a tag
+    assert "".join(shown).replace(" ", "") == reason.replace(" ", "")  # nothing lost
+    assert '<td class="reason">OSError: &lt;class' in render_html(data)  # wraps by its CSS

@@ -1,0 +1,87 @@
+"""Confirmation against a machine that drifts: fake workers measure every setting at the same
+true speed on a machine 10% faster with each run, so whatever the search ran last looks
+fastest. Measured again, interleaved in alternating order, the picks are tied with the
+baseline; the drift winner, which changes the training, is not recommended."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import autotune
+from autotune import cli
+from tests.conftest import TINY_MODEL, fake_launcher
+
+SPACE = """
+description: batch sizes only
+device: any
+knobs:
+  batch_size: {choices: [16, 32, 64]}
+  precision: fp32
+  gradient_checkpointing: false
+"""
+
+
+@pytest.fixture(scope="module")
+def drifted(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("drift")
+    (folder / "space.yaml").write_text(SPACE)
+    result = autotune.search(
+        model=TINY_MODEL, seq_len=32, n_trials=4, sampler="grid", out=folder / "reports",
+        study="drift", space=str(folder / "space.yaml"), quiet=True,
+        launcher=fake_launcher(f"drift:{folder}:0.1"),
+    )  # fmt: skip
+    return result, folder
+
+
+def test_the_drift_winner_is_tied_with_the_baseline_and_not_recommended(drifted):
+    result, _ = drifted
+    picks = result.snapshot.picks
+    # By their own figures: 100, 110, 120, 130 samples/s in the order they ran.
+    by_search = {r.number: r.result.samples_per_s for r in result.snapshot.records}
+    assert sorted(by_search.values()) == pytest.approx([100, 110, 120, 130])
+    confirmed = picks.confirmed
+    assert confirmed is not None and confirmed.rounds == 3
+    winner = max(result.snapshot.records, key=lambda r: r.result.samples_per_s)
+    assert winner.result.samples_per_s == pytest.approx(130)  # 1.3x the baseline, by drift
+    assert confirmed.covers(winner) and confirmed.tied(winner.number, picks.baseline.number)
+    # The true speedup, 1.0, lies within the confirmed interval; the search's 1.3 does not.
+    low, high = confirmed.ratio(winner.number, picks.baseline.number)[1:]
+    assert low < 1.0 < high < 1.3
+    # Unconfirmed, the drift winner (another batch: it changes the training) would be it.
+    assert picks.recommended.number == picks.baseline.number == picks.same_training.number
+    assert result.recommended.number == picks.baseline.number
+
+
+def test_the_confirmation_is_stored_shown_and_exported(drifted):
+    result, _folder = drifted
+    recommended = json.loads((result.study_dir / "recommended.json").read_text())
+    confirmation = recommended["confirmation"]
+    assert confirmation["rounds"] == 3 and confirmation["wall_s"] > 0
+    trials = confirmation["trials"]
+    records = result.snapshot.records
+    winner = max(records, key=lambda r: r.result.samples_per_s).number
+    saver = result.snapshot.picks.saver.number
+    assert set(trials) == {"0", str(winner), str(saver)}  # the baseline and the picks
+    assert all(len(t["samples_per_s"]) == 3 for t in trials.values())
+    assert "keeps the training" in recommended["why"]
+    assert recommended["same_training"]["trial"] == 0
+    assert recommended["speedup_interval"] == [1.0, 1.0]  # the baseline against itself
+    log = (result.study_dir / "search.log").read_text()
+    assert "confirming: the baseline and the picks" in log and "[confirm 1/" in log
+    # Read back from the storage alone, as `autotune report` does, the figures are the same.
+    again = autotune.load(result.study_dir)
+    assert again.snapshot.picks.confirmed == result.snapshot.picks.confirmed
+
+
+def test_autotune_confirm_measures_a_study_again(drifted, capsys):
+    result, folder = drifted
+    before = result.snapshot.picks.confirmed
+    code = cli.main(["confirm", str(result.study_dir), "rounds=2"],
+                    launcher=fake_launcher(f"drift:{folder}:0.1"))  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "[confirm 1/" in out and "confirmed: the baseline and the picks ran again 2 times" in out
+    after = autotune.load(result.study_dir).snapshot.picks.confirmed
+    assert after.rounds == 2 and after != before

@@ -1,0 +1,76 @@
+"""Before the first trial: the least time the work takes at the fastest this device computes,
+and a warning when the baseline cannot fit or cannot finish in time."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.config import load_config
+from autotune.estimate import flops_per_sample, shape_of
+from autotune.hardware import DeviceInfo
+from autotune.models import resolve_model
+from autotune.plan import make_plan
+from autotune.view import expectations
+
+GIB = 2**30
+
+
+def cpu(tflops: float | None) -> DeviceInfo:
+    return DeviceInfo(
+        cuda_available=False, name="cpu", total_memory_bytes=64 * GIB,
+        free_memory_bytes=60 * GIB, cpu_name="cpu", host_available_memory_bytes=60 * GIB,
+        host_total_memory_bytes=64 * GIB, matmul_tflops=tflops,
+    )  # fmt: skip
+
+
+def plan_for(device, *settings, tmp_path):
+    config = load_config(["model=bert-large-uncased", "seq_len=512", f"out={tmp_path}", *settings])
+    return make_plan(config, device)
+
+
+def test_the_floor_is_the_baselines_flops_at_the_devices_rate(tmp_path):
+    plan = plan_for(cpu(1.0), tmp_path=tmp_path)
+    seconds, rate = plan.compute_floor_s(plan.baseline)
+    # bert-large at 512 tokens, classification: 1.01 TFLOP per sample; 13 steps of batch 8.
+    assert rate == 1.0 and seconds == pytest.approx(13 * 8 * 1.01e12 / 1e12, rel=0.01)
+    (line,) = expectations(plan)  # it fits, and within trial_timeout: no warning
+    assert line.startswith("time: the baseline's 13 steps need at least 104.5 s of compute at ")
+    assert "1 TFLOP/s (this CPU's fp32 matmul rate, measured;" in line
+    assert plan_for(cpu(None), tmp_path=tmp_path).compute_floor_s(plan.baseline) is None
+    assert (
+        plan_for(cpu(None), "peak_tflops=2", tmp_path=tmp_path).compute_floor_s(plan.baseline)[1]
+        == 2
+    )
+
+
+def test_a_baseline_that_cannot_finish_or_fit_is_said_before_it_runs(tmp_path):
+    plan = plan_for(cpu(0.1), "trial_timeout=10m", "memory_budget=8GiB", tmp_path=tmp_path)
+    _, slow, big = expectations(plan)
+    assert slow == (
+        "[yellow]warning:[/] the baseline needs at least 17.4 min of compute, over "
+        "trial_timeout=10.0 min: it and every larger trial will time out; raise trial_timeout, "
+        "or lower measure_steps or seq_len"
+    )
+    assert big.startswith(
+        "[yellow]warning:[/] the baseline (HF defaults) is estimated at 17.35 GiB, over the "
+        "10.00 GiB memory_budget and estimate_margin allow"
+    )
+    assert big.endswith("lower seq_len, or search where it fits")
+
+
+def test_a_gpu_uses_its_datasheet_peak_for_the_precision():
+    h100 = DeviceInfo(cuda_available=True, name="NVIDIA H100 80GB HBM3",
+                      total_memory_bytes=80 * GIB, free_memory_bytes=80 * GIB)  # fmt: skip
+    assert h100.compute_tflops("cuda", "fp32") == 66.9
+    assert h100.compute_tflops("cuda", "bf16") == 989.4
+
+
+def test_a_classifier_does_no_matmul_with_its_vocabulary():
+    shape = shape_of(resolve_model("google/bert_uncased_L-2_H-128_A-2").config)
+    classify = flops_per_sample(shape, 64, "sequence-classification")
+    assert classify == pytest.approx(
+        6 * 64 * (8 * 128 * 128 + 4 * 128 * 512) + 12 * 2 * 128 * 64**2
+    )
+    assert flops_per_sample(shape, 64, "masked-lm") == pytest.approx(
+        classify + 6 * 64 * 30522 * 128
+    )

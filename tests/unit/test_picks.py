@@ -1,0 +1,116 @@
+"""The picks: a same-training pick beside the fastest, the rule between them, and what a
+confirmation (the picks measured again, interleaved) changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.confirm import order
+from autotune.pareto import Confirmed, pick
+from autotune.records import TrialRecord, changes_training_of
+from autotune.trial import Status, TrialResult
+
+BASELINE = {"batch_size": 8, "precision": "fp32", "optim": "adamw_torch"}
+
+
+def trial(number, speed, *, cv=0.02, memory=1.0, **params):
+    result = TrialResult(status=Status.OK, samples_per_s=speed, peak_memory_gib=memory,
+                         step_time_cv=cv)  # fmt: skip
+    return TrialRecord(number=number, params=BASELINE | params, result=result,
+                       baseline=number == 0)  # fmt: skip
+
+
+THREE = [trial(0, 100), trial(1, 110, attn_implementation="eager"),
+         trial(2, 143, precision="bf16")]  # fmt: skip
+
+
+def picks_of(records, confirmed=None, min_gain=1.10):
+    baseline = records[0]
+    return pick(records, 9.0, baseline, 0.1, changes_training=changes_training_of(baseline),
+                min_gain=min_gain, confirmed=confirmed)  # fmt: skip
+
+
+def test_a_training_change_worth_3_percent_is_not_recommended_over_the_same_training():
+    records = [trial(0, 100), trial(1, 150, attn_implementation="eager", memory=2.0),
+               trial(2, 154.5, precision="bf16")]  # fmt: skip
+    picks = picks_of(records)
+    assert picks.fastest.number == 2 and picks.same_training.number == 1
+    assert picks.recommended.number == 1
+    assert picks.why == (
+        "the fastest that keeps the training: trial 2, which changes the training, is 1.03x "
+        "trial 1 below math_change_min_gain 1.10 (within their step-time CVs)"
+    )
+
+
+def test_a_training_change_worth_50_percent_clear_of_the_noise_is_recommended():
+    records = [
+        trial(0, 100),
+        trial(1, 150, attn_implementation="eager"),
+        trial(2, 225, precision="bf16"),
+    ]
+    picks = picks_of(records)
+    assert picks.recommended.number == 2 and picks.same_training.number == 1
+    assert "is 1.50x trial 1 (clear of both step-time CVs)" in picks.why
+    changes = changes_training_of(records[0])
+    assert changes(picks.recommended) and not changes(picks.same_training)
+    # The same gain inside a step-time CV of 40%: not clear of the noise.
+    noisy = [records[0], records[1], trial(2, 225, cv=0.4, precision="bf16")]
+    assert picks_of(noisy).recommended.number == 1
+
+
+def confirmation(rounds: dict[int, tuple[float, ...]], records_seen: int = 3) -> Confirmed:
+    n = len(next(iter(rounds.values())))
+    return Confirmed(rounds=n, samples_per_s=rounds,
+                     peak_memory_gib={k: (1.0,) * n for k in rounds}, wall_s=12.0,
+                     records_seen=records_seen)  # fmt: skip
+
+
+def test_confirmed_figures_are_medians_with_the_range_of_the_rounds():
+    c = confirmation({0: (100, 110, 90), 2: (150, 180, 120)})
+    assert c.median(2) == 150 and c.interval(2) == (120, 180)
+    assert c.ratio(2, 0) == pytest.approx((1.5, 1.33333, 1.63636), rel=1e-4)
+    assert c.clearly_faster(2, 0) and not c.tied(2, 0)
+    mixed = confirmation({0: (100, 110, 90), 2: (105, 100, 95)})
+    assert mixed.tied(2, 0) and mixed.tied(0, 2)
+    single = confirmation({0: (100,), 2: (200,)})
+    assert not single.clearly_faster(2, 0)  # one round proves nothing about the noise
+
+
+def test_a_pick_that_won_by_drift_is_not_recommended_once_confirmed_and_ties_are_said():
+    # By its own figure trial 2 (bf16) is 1.3x the same-training trial 1; measured again,
+    # interleaved, the rounds disagree on which is faster.
+    records = THREE
+    assert picks_of(records).recommended.number == 2
+    confirmed = confirmation({0: (100, 98, 101), 1: (120, 119, 122), 2: (125, 117, 121)})
+    picks = picks_of(records, confirmed)
+    assert picks.recommended.number == 1 and picks.fastest.number == 2
+    assert "not faster in every round" in picks.why
+    assert [r.number for r in picks.ties(picks.fastest)] == [1]
+    line = picks.describe(picks.fastest)
+    assert "confirmed: median of 3 rounds, 117.00-125.00" in line
+    assert "1.20x [1.19-1.25] the baseline" in line and "tied with trial 1" in line
+    assert picks.speedup(picks.recommended) == pytest.approx(122 / 101)  # median of 3 ratios
+    assert picks.speedup_interval(picks.recommended) == pytest.approx((1.2, 1.214), rel=1e-3)
+
+
+def test_a_confirmed_gain_beyond_every_round_and_the_minimum_is_recommended():
+    records = THREE
+    confirmed = confirmation({0: (100, 98, 101), 1: (110, 108, 111), 2: (140, 150, 139)})
+    picks = picks_of(records, confirmed)
+    assert picks.recommended.number == 2
+    assert "1.27x trial 1 (faster in every confirmed round)" in picks.why
+    assert picks_of(records, confirmed, min_gain=1.5).recommended.number == 1
+
+
+def test_a_confirmation_of_other_picks_is_not_used():
+    records = THREE
+    stale = confirmation({0: (100, 98, 101), 1: (110, 108, 111)})  # trial 2 not measured
+    picks = picks_of(records, stale)
+    assert picks.confirmed is None and picks.recommended.number == 2
+
+
+def test_rounds_alternate_their_order_so_a_drift_favours_each_pick_in_turn():
+    a, b, c = (trial(n, 100) for n in range(3))
+    assert [[r.number for r in order([a, b, c], k)] for k in (1, 2, 3)] == [
+        [0, 1, 2], [2, 1, 0], [0, 1, 2]
+    ]  # fmt: skip

@@ -1,0 +1,137 @@
+"""An interrupted search in the outputs: its trials as rows, how it ended in words, and the
+exit code `autotune report` gives back. Studies are in memory; nothing runs."""
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.cli.results import _exit_code
+from autotune.records import (
+    BASELINE_ATTR,
+    INTERRUPTED_BY_ATTR,
+    PARAMS_ATTR,
+    RETRY_OF_ATTR,
+    Ending,
+    RunEnd,
+    read_snapshot,
+    store_run_end,
+    store_run_info,
+    tell_result,
+)
+from autotune.report.data import build_report_data
+from autotune.study_folder import table
+from autotune.trial import Status, TrialResult
+from autotune.view import Reporter, print_outcome
+from tests.unit.test_report_data import INFO
+
+OK = TrialResult(status=Status.OK, samples_per_s=100.0, peak_memory_gib=4.0, step_time_cv=0.01)
+OOM = TrialResult(status=Status.OOM, reason="out of memory")
+
+
+def make_study(*outcomes, end: RunEnd | None = None) -> optuna.Study:
+    """Trial k has batch size 8 * (k + 1) and the k-th outcome: a TrialResult, `interrupted`
+    (failed while its search stopped on SIGTERM), `running` (another live search's), or
+    `("retry", n)`: interrupted trial n's settings run again, measured ok."""
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    store_run_info(study, INFO)
+    for k, outcome in enumerate(outcomes):
+        trial = study.ask()
+        trial.set_user_attr(PARAMS_ATTR, {"batch_size": 8 * (k + 1)})
+        trial.set_user_attr(BASELINE_ATTR, k == 0)
+        if outcome == "running":
+            continue
+        if outcome == "interrupted":
+            trial.set_user_attr(INTERRUPTED_BY_ATTR, "SIGTERM")
+            study.tell(trial, state=TrialState.FAIL)
+            continue
+        if isinstance(outcome, tuple):
+            trial.set_user_attr(RETRY_OF_ATTR, outcome[1])
+            outcome = OK
+        tell_result(study, trial, outcome, budget_gib=INFO.memory_budget_gib, noise_cv=0.1)
+    if end is not None:
+        store_run_end(study, end)
+    return study
+
+
+def interrupted(done: int, planned: int) -> RunEnd:
+    return RunEnd(how=Ending.INTERRUPTED, done=done, planned=planned, signal="SIGTERM")
+
+
+def test_an_interrupted_trial_is_a_row_with_its_status_and_never_on_the_front():
+    snapshot = read_snapshot(make_study(OK, "interrupted", "running"))
+    # The running trial is another live search's: not interrupted, and no row yet.
+    assert [(r.number, r.status) for r in snapshot.records] == [
+        (0, Status.OK),
+        (1, Status.INTERRUPTED),
+    ]
+    assert snapshot.records[1].result.reason == "the search was interrupted (SIGTERM) while it ran"
+    assert [r.number for r in snapshot.front] == [0]
+    assert snapshot.picks.recommended.number == 0
+    _, rows = table(snapshot.records, snapshot)  # trials.csv
+    assert [(row["number"], row["status"], row["batch_size"]) for row in rows] == [
+        (0, "ok", 8),
+        (1, "interrupted", 16),
+    ]
+    assert rows[1]["samples_per_s"] is None
+
+
+def test_an_interrupted_trial_run_again_appears_once_pointing_at_its_retry():
+    snapshot = read_snapshot(make_study(OK, "interrupted", ("retry", 1)))
+    assert [(r.number, r.status) for r in snapshot.records] == [
+        (0, Status.OK),
+        (1, Status.INTERRUPTED),
+        (2, Status.OK),
+    ]
+    assert snapshot.records[1].result.reason.endswith("; trial 2 runs its settings again")
+
+
+def test_how_a_search_ended_in_words_and_stored_with_the_study():
+    assert interrupted(1, 4).describe() == "interrupted after 1 of 4 trials (SIGTERM)"
+    timeout = RunEnd(how=Ending.TIMEOUT, done=2, planned=6, stopped="timeout: 2 of 6 ...")
+    assert timeout.describe() == "stopped by timeout after 2 of 6 trials"
+    complete = RunEnd(how=Ending.COMPLETE, done=6, planned=6, stopped="6 of 6 trials finished")
+    assert complete.describe() == "6 of 6 trials finished"
+    study = make_study(OK, end=timeout)
+    assert read_snapshot(study).ended == timeout
+    store_run_end(study, None)  # a search started again: the earlier end no longer holds
+    assert read_snapshot(study).ended is None
+
+
+def test_an_interrupted_search_with_nothing_to_recommend_never_says_exit_code_3(tmp_path):
+    snapshot = read_snapshot(make_study(OOM, "interrupted", end=interrupted(1, 4)))
+    summary = build_report_data(snapshot).summary
+    assert summary["search ended"] == "interrupted after 1 of 4 trials (SIGTERM)"
+    assert summary["trials"] == "1 interrupted, 1 oom"
+    assert summary["recommended"].startswith("nothing to recommend yet")
+    assert "interrupted after 1 of 4 trials" in summary["recommended"]
+    assert not any("code 3" in text for text in summary.values())
+    log = tmp_path / "out.log"
+    print_outcome(Reporter(quiet=True, log_path=log), snapshot)
+    said = log.read_text()
+    assert "the search was interrupted after 1 of 4 trials (SIGTERM)" in said
+    assert "exit code 3" not in said
+    assert _exit_code(snapshot) == 143  # what the search exited with, for SIGTERM
+
+
+def test_a_timeout_says_so_and_keeps_the_exit_code_of_a_complete_search(tmp_path):
+    timeout = RunEnd(how=Ending.TIMEOUT, done=1, planned=6)
+    snapshot = read_snapshot(make_study(OOM, end=timeout))
+    summary = build_report_data(snapshot).summary
+    assert summary["search ended"] == "stopped by timeout after 1 of 6 trials"
+    assert "exits with code 3" in summary["recommended"]
+    log = tmp_path / "out.log"
+    print_outcome(Reporter(quiet=True, log_path=log), snapshot)
+    assert "the search was stopped by timeout after 1 of 6 trials" in log.read_text()
+    assert _exit_code(snapshot) == 3
+    measured = read_snapshot(make_study(OK, end=timeout))
+    assert _exit_code(measured) == 0
+
+
+def test_a_complete_search_is_not_called_interrupted_nor_timed_out(tmp_path):
+    complete = RunEnd(how=Ending.COMPLETE, done=1, planned=1, stopped="1 of 1 trials finished")
+    snapshot = read_snapshot(make_study(OK, end=complete))
+    assert build_report_data(snapshot).summary["search ended"] == "1 of 1 trials finished"
+    log = tmp_path / "out.log"
+    print_outcome(Reporter(quiet=True, log_path=log), snapshot)
+    assert "the search was" not in log.read_text()
+    assert _exit_code(snapshot) == 0
+    assert _exit_code(read_snapshot(make_study(OOM, end=complete))) == 3
