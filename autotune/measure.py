@@ -48,6 +48,9 @@ class BatchCounter:
 
     def __init__(self) -> None:
         self.counts = Counts()
+        self.longest = 0
+        """The longest row of `input_ids` seen (padding included): the sequence length the
+        Trainer really trains at, whatever `seq_len=` says (a user's own Trainer)."""
 
     def count(self, batch: Any) -> None:
         import torch
@@ -58,6 +61,7 @@ class BatchCounter:
             rows = len(first) if first is not None and first.dim() else 0
             self.counts = Counts(self.counts.samples + rows, *self.counts.astuple()[1:])
             return
+        self.longest = max(self.longest, int(ids.shape[-1]))
         mask = batch.get("attention_mask")
         lengths = (
             mask.sum(dim=-1) if isinstance(mask, torch.Tensor) else torch.full(

@@ -60,6 +60,10 @@ class SearchPlan:
     def estimate_gib(self, params: dict[str, Any]) -> float | None:
         """The peak `autotune.estimate` gives these settings before they run; None for a
         config whose dimensions it cannot read (no skip by estimate then)."""
+        if self.info.trainer is not None:
+            # The user's factory decides the model and the data: an estimate of `model=` at
+            # `seq_len=` could be of something else, so none is made (the watchdog still acts).
+            return None
         found = self._estimate(params)
         return None if found is None else found.total / GIB
 

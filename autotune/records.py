@@ -301,11 +301,35 @@ class StudySnapshot:
     def is_noisy(self, record: TrialRecord) -> bool:
         return is_noisy(record.result, self.info.noise_cv)
 
+    def trained_note(self) -> str | None:
+        """For a study of the user's own Trainer (`trainer=`): what its factory really trains,
+        from the first successful trial, when it is not what `model=` and `seq_len=` say (they
+        then only name the study); None otherwise."""
+        if self.info.trainer is None:
+            return None
+        return trained_note(self.info, self.records)
+
     def math_changes(self, record: TrialRecord) -> list[MathChange]:
         """What in its settings changes the training itself compared with the baseline trial
         (another optimizer, effective batch or precision); none when no baseline ran."""
         baseline = self.picks.baseline
         return [] if baseline is None else math_changes(record.params, baseline.params)
+
+
+def trained_note(info: RunInfo, records: list[TrialRecord]) -> str | None:
+    """What a `trainer=` factory trained, when it differs from `model=`/`seq_len=`."""
+    first = next((r for r in records if r.status is Status.OK and r.result.trained_seq_len), None)
+    if first is None:
+        return None
+    model, seq_len = first.result.trained_model, first.result.trained_seq_len
+    named_model = model in (info.model, info.model_config.get("model_type"))
+    if named_model and seq_len == info.seq_len:
+        return None
+    return (
+        f"the factory trains {model} on batches of up to {seq_len} tokens, not model="
+        f"{info.model} at seq_len={info.seq_len}: those name the study only, and no memory "
+        "estimate is made for a factory's model"
+    )
 
 
 def changes_training_of(baseline: TrialRecord | None) -> Callable[[TrialRecord], bool]:

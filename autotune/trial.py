@@ -117,6 +117,10 @@ class TrialResult:
     device_name: str = ""
     cpu_threads: int | None = None
     """CPU: the threads torch trained with (the cores the trial's worker was given)."""
+    trained_model: str | None = None
+    """What the Trainer trained: its model's `name_or_path`, else its `model_type`."""
+    trained_seq_len: int | None = None
+    """The longest batch row the Trainer trained on (padding included)."""
     training_args: dict[str, Any] = field(default_factory=dict)
     """The tuned `TrainingArguments` kwargs the worker trained with (no run-only fields)."""
     model_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -23,7 +23,7 @@ from rich.text import Text
 from autotune import trial
 from autotune.knobs import describe_params
 from autotune.plan import SearchPlan
-from autotune.records import Ending, StudySnapshot, TrialRecord
+from autotune.records import Ending, RunInfo, StudySnapshot, TrialRecord, trained_note
 from autotune.study import SearchObserver, trial_dir
 from autotune.trial import Status, TrialResult
 from autotune.units import format_bytes, format_gib
@@ -101,6 +101,7 @@ class TerminalView(SearchObserver):
         self.task = None
         self.total = 0
         self.confirm_rounds = 0
+        self.trainer_info: RunInfo | None = None
         self.best = 0.0
         self.running_params: dict[int, str] = {}
 
@@ -128,6 +129,7 @@ class TerminalView(SearchObserver):
         for line in expectations(plan):
             self.report.line(line, always=line.startswith("[yellow]warning"))
         self.confirm_rounds = plan.config.confirm_rounds
+        self.trainer_info = plan.info if plan.info.trainer is not None else None
         self.total = plan.config.n_trials
         self.task = self.bar.add_task("trials", total=self.total, completed=done_before, best="")
 
@@ -177,6 +179,11 @@ class TerminalView(SearchObserver):
             self.best = max(self.best, record.result.samples_per_s)
         self.bar.update(self.task, completed=done, best=f"best {self.best:.2f} samples/s")
         self.report.line(_trial_line(record, done, self.total))
+        if self.trainer_info is not None and record.status is Status.OK:
+            note = trained_note(self.trainer_info, [record])
+            self.trainer_info = None  # said once, from the first successful trial
+            if note:
+                self.report.line(f"[yellow]note:[/] {escape(note)}")
         if record.baseline and record.status is Status.OK and record.result.wall_s:
             self.report.line(_pace(record.result.wall_s, self.total - done, self.confirm_rounds))
 

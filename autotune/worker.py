@@ -103,6 +103,9 @@ def train_trial(spec: TrialSpec, progress_path: Path) -> TrialResult:
             "training_args": tuned_args,
             "model_kwargs": model_kwargs,
             "step_times_ms": [t * 1e3 for t in step_times_s],
+            # What a user's factory really trains, which `model=` and `seq_len=` only name.
+            "trained_model": getattr(model.config, "name_or_path", "") or model.config.model_type,
+            "trained_seq_len": timer.counter.longest or None,
         }
         return _result(spec, timer, model, output.training_loss, measured)
 

@@ -168,7 +168,8 @@ def _summary(snapshot: StudySnapshot) -> dict[str, str]:
     summary = {
         "model": info.model + (f" ({n_params / 1e6:,.1f}M parameters)" if n_params else ""),
         "task": info.task,
-        "seq_len": str(info.seq_len),
+        "seq_len": str(info.seq_len)
+        + ("" if (note := snapshot.trained_note()) is None else f" (named; {note})"),
         "device": f"{info.device} ({info.device_name})",
         "memory budget": (
             f"{format_gib(info.memory_budget_gib)} "

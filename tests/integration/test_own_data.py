@@ -144,6 +144,10 @@ def test_the_users_trainer_is_what_each_trial_times(tmp_path):
         assert "classifier_trainer: building the example's own Trainer" in log
         assert r.result.padding_share > 0, "the factory's collator pads per batch"
     assert all("pad_to_multiple_of" not in r.params for r in records)
+    # What the factory trains (a 2-layer BERT of its own on short reviews), not seq_len=128.
+    assert all(r.result.trained_model == "bert" for r in records)
+    assert all(0 < r.result.trained_seq_len < 128 for r in records)
+    assert "note: the factory trains bert on batches of up to" in proc.stdout
 
     script = (tmp_path / "mine" / "recommended.py").read_text()
     assert f"'factory': '{EXAMPLE}:make_trainer'" in script
