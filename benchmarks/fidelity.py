@@ -41,7 +41,8 @@ def main() -> None:
 
     snapshot = read_snapshot(load_study_dir(args.study_dir, None, None))
     info = snapshot.info
-    picked = snapshot.picks.fastest
+    picks = snapshot.picks
+    picked = picks.recommended
     if picked is None:
         raise SystemExit("the study has no recommended trial")
     searched = picked.result
@@ -90,7 +91,15 @@ def main() -> None:
         "long_run": {"samples_per_s": long_run.samples_per_s, "peak_memory_gib": peak_gib,
                      "step_time_cv": long_run.step_time_cv,
                      "step_time_p90_ms": statistics.quantiles(times, n=10)[-1] * 1e3},
+        # The figure the search printed: confirmed (median of the rounds) when it was.
+        "confirmed": None if not picks.is_confirmed(picked) else {
+            "samples_per_s": picks.samples_per_s(picked),
+            "interval": picks.confirmed.interval(picked.number),
+            "rounds": picks.confirmed.rounds,
+        },
         "samples_per_s_ratio": long_run.samples_per_s / searched.samples_per_s,
+        "confirmed_ratio": (long_run.samples_per_s / picks.samples_per_s(picked)
+                            if picks.is_confirmed(picked) else None),
         "peak_memory_ratio": peak_gib / searched.peak_memory_gib,
     }  # fmt: skip
     text = json.dumps(report, indent=2)

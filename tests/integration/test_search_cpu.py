@@ -264,3 +264,5 @@ def test_fidelity_script_reruns_the_recommendation_in_a_plain_trainer(search, tm
     # Same process shape, same data: the long run lands near the search's figures on CPU too.
     assert 0.5 < report["samples_per_s_ratio"] < 2.0
     assert 0.5 < report["peak_memory_ratio"] < 2.0
+    assert report["confirmed"]["rounds"] == 3  # the search's own confirmation
+    assert 0.5 < report["confirmed_ratio"] < 2.0
