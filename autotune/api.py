@@ -21,6 +21,7 @@ import optuna
 
 from autotune import conditions, confirm, factories, parallel, software_cache, user_data
 from autotune.config import RunConfig, WorkerConfig, make_config
+from autotune.errors import AutotuneError
 from autotune.interrupts import SearchInterrupted, stop_signals
 from autotune.knobs import MathChange, describe_params
 from autotune.plan import SearchPlan, make_plan
@@ -351,7 +352,9 @@ def _write_outputs(
     study: optuna.Study, plan: SearchPlan, this_run: tuple[str, dict[str, Any]] | None = None
 ) -> tuple[StudySnapshot, list[Path]]:
     if this_run is not None:  # its end time goes into the outputs' provenance
-        end_run(study, *this_run)
+        # On the way out of a storage outage the write fails: the outputs still come first.
+        with contextlib.suppress(AutotuneError, optuna.exceptions.StorageInternalError):
+            end_run(study, *this_run)
     snapshot = read_snapshot(study)
     return snapshot, write_study_folder(snapshot, plan.study_dir)
 

@@ -224,7 +224,7 @@ class Picks:
         if not noisy:
             return ""
         return (
-            f"noisy: step CV {' and '.join(noisy)} (above noise_cv {self.noise_cv:.0%}); more "
+            f"noisy: step CV {' and '.join(noisy)} (above noise_cv {self.noise_cv * 100:g}%); more "
             "measure_steps or an idle machine would firm the figure up"
         )
 

@@ -24,7 +24,7 @@ from typing import Any
 import optuna
 import yaml
 
-from autotune import software_cache
+from autotune import hardware, software_cache
 from autotune.checks import settings_key
 from autotune.config import make_config
 from autotune.hardware import DeviceInfo
@@ -195,9 +195,12 @@ def plan_for(landscape: Landscape, work_dir: Path, **settings: Any) -> SearchPla
 def device_info(landscape: Landscape) -> DeviceInfo:
     """This machine's software facts (optimizers, model types) with the landscape's device."""
     memory = int(landscape.memory_budget_gib * GIB) * 4
+    # A host with room for 4x the budget once the search's own share is kept: the landscape was
+    # recorded with its budget, and the live machine's RAM has no part in a replay.
+    host = memory + hardware.cpu_reserve_bytes(memory)
     device = {"cuda_available": landscape.device == "cuda", "name": landscape.device_name,
               "total_memory_bytes": memory, "free_memory_bytes": memory,
-              "host_available_memory_bytes": memory}  # fmt: skip
+              "host_available_memory_bytes": host, "host_total_memory_bytes": memory}  # fmt: skip
     return dataclasses.replace(_here(), **device, **landscape.device_facts)
 
 

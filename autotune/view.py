@@ -378,7 +378,8 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
             report.line(f"  why: {escape(picks.why)}")
         for change in snapshot.math_changes(record):
             report.line(f"  [yellow]changes the training:[/] {escape(change.describe())}")
-    changes = {c.setting for c in snapshot.math_changes(picks.recommended)}
+    shown_picks = (picks.recommended, picks.fastest)
+    changes = {c.setting for r in shown_picks if r for c in snapshot.math_changes(r)}
     if "effective_batch_size" in changes:
         report.line(
             "for a real run, search with effective_batch_size=N (the batch your learning rate "

@@ -256,7 +256,8 @@ def _hover(record: TrialRecord, snapshot: StudySnapshot) -> str:
         lines.append(f"MFU {r.mfu:.1%}")
     if snapshot.is_noisy(record):
         lines.append(
-            f"noisy: step CV {r.step_time_cv:.0%} (above noise_cv {snapshot.info.noise_cv:.0%})"
+            f"noisy: step CV {r.step_time_cv:.0%} "
+            f"(above noise_cv {snapshot.info.noise_cv * 100:g}%)"
         )
     # Escaped: plotly reads tags in hover text, and a reason may quote `<class ...>`.
     lines += [html.escape(line, quote=False) for line in _wrapped(r.reason)]

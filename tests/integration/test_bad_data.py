@@ -152,9 +152,9 @@ def test_the_data_changed_refusal_says_which_setting_changed_not_two_dicts(
     assert search("seq_len=16") == 0
     before = json.loads((tmp_path / "s" / "recommended.json").read_text())
     capsys.readouterr()
-    write_corpus(data, seed=1)
-    assert search("seq_len=32") == 2
+    write_corpus(data, seed=1)  # the same file, other text
+    assert search("seq_len=16") == 2
     says = " ".join(capsys.readouterr().err.split())
     assert re.search(r"data_fingerprint [0-9a-f]{16} -> [0-9a-f]{16}", says), says
-    assert "seq_len 16 -> 32" in says and "{" not in says
+    assert "{" not in says
     assert json.loads((tmp_path / "s" / "recommended.json").read_text()) == before

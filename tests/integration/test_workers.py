@@ -104,7 +104,8 @@ class Watch(SearchObserver):
 def run_search(out: Path, study: str, workers: int, storage: str | None, mode: str, **extra):
     watch = Watch()
     settings = {"model": TINY_MODEL, "seq_len": 32, "n_trials": N_TRIALS, "out": out,
-                "study": study, "workers": workers, "storage": storage, **extra}  # fmt: skip
+                "study": study, "workers": workers, "storage": storage, "confirm_rounds": 0,
+                **extra}  # fmt: skip
     config = load_config([f"{k}={v}" for k, v in settings.items() if v is not None])
     result = api.run(config, observer=watch, launcher=fake_launcher(mode))
     return result, watch
