@@ -18,7 +18,9 @@ def _script() -> str:
     code = readme_example()
     code = re.sub(r"n_trials=\d+", f"n_trials={N_TRIALS}", code)
     code = re.sub(r"seq_len=\d+", "seq_len=32", code)
+    code = code.replace('study="api"', 'study="api", confirm_rounds=0')  # not its subject
     assert f"n_trials={N_TRIALS}" in code and "seq_len=32" in code, code
+    assert "confirm_rounds=0" in code, code
     return code
 
 

@@ -215,8 +215,14 @@ def run_python_block(example: Example, code: str, cwd: Path, env: dict) -> None:
                           text=True, timeout=600, check=False)  # fmt: skip
     expect_success(example, f"python {script.name}", proc)
     if "autotune.search(" in code:
-        study_dir = study_folder(cwd, ["out=reports"], proc.stdout)
+        study_dir = study_folder(cwd, ["out=reports", "study=api"], proc.stdout)
         assert (study_dir / "recommended.json").is_file(), failure(example, script.name, proc)
+        # It prints a real TrainingArguments built from the recommended trial's kwargs, and
+        # the search's own lines, as on the terminal.
+        recommended = json.loads((study_dir / "recommended.json").read_text())
+        batch = recommended["training_args"]["per_device_train_batch_size"]
+        assert f"per_device_train_batch_size={batch}," in proc.stdout, failure(example, "", proc)
+        assert "trial 0 started:" in proc.stdout, failure(example, script.name, proc)
 
 
 def run_dashboard(example: Example, command: str, cwd: Path, env: dict) -> None:
