@@ -62,7 +62,8 @@ def test_a_search_on_the_users_data_measures_padding_and_reuses_its_tokens(corpu
     command = [f"{key}{sep}{swap.get(key, value)}"
                for key, sep, value in (a.partition("=") for a in command[1:])
                if key != "n_trials"]  # fmt: skip
-    fast = ["n_trials=6", "warmup_steps=1", "measure_steps=4", f"out={tmp_path}", "study=own"]
+    fast = ["n_trials=6", "warmup_steps=1", "measure_steps=4", f"out={tmp_path}", "study=own",
+            "confirm_rounds=0"]  # fmt: skip
     proc = autotune(*command, *fast)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = load_records(study_of(tmp_path / "own"))
@@ -133,7 +134,8 @@ def test_a_tokenizer_that_cannot_be_had_offline_is_exit_2_with_nothing_run(corpu
 def test_the_users_trainer_is_what_each_trial_times(tmp_path):
     command = [c for c in readme_command("Your own Trainer") if not c.startswith("n_trials=")]
     assert command[:2] == ["autotune", "search"]
-    fast = ["n_trials=4", "seq_len=128", "warmup_steps=1", "measure_steps=3", f"out={tmp_path}",
+    fast = ["n_trials=4", "seq_len=128", "warmup_steps=1", "measure_steps=3", "confirm_rounds=0",
+            f"out={tmp_path}",
             "study=mine"]  # fmt: skip
     proc = autotune(*command[1:], *fast, cwd=ROOT)  # the path in the README is the repo's
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -172,7 +174,7 @@ def test_a_factory_with_a_wrong_signature_stops_the_search_and_one_that_raises_f
     assert proc.returncode == 2 and "importing no_such_module failed" in proc.stderr
 
     proc = autotune(*base, f"trainer={factory}:raises", "study=raises", "n_trials=2",
-                    "seq_len=32")  # fmt: skip
+                    "seq_len=32", "confirm_rounds=0")  # fmt: skip
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     records = load_records(study_of(tmp_path / "raises"))
     assert [r.status for r in records] == [Status.ERROR, Status.ERROR]
@@ -228,7 +230,7 @@ def test_loader_workers_pay_off_when_the_data_costs_cpu_time(corpus, tmp_path):
     (tmp_path / "workers.yaml").write_text(WORKERS_SPACE)
     base = ["search", "model=google/bert_uncased_L-2_H-128_A-2", "seq_len=64", "sampler=grid",
             "n_trials=3", f"space={tmp_path / 'workers.yaml'}", "warmup_steps=2",
-            "measure_steps=5", f"out={tmp_path}"]  # fmt: skip
+            "measure_steps=5", f"out={tmp_path}", "confirm_rounds=0"]  # fmt: skip
     data, tokenizer = corpus
     speeds = {}
     for name, source in (("heavy", [f"trainer={tmp_path / 'heavy.py'}:make_trainer"]),

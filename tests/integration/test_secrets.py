@@ -35,7 +35,8 @@ def test_two_workers_write_no_storage_password_into_the_study_folder(
     monkeypatch.setattr("autotune.plan.assign", lambda workers, *_: ([Slot()] * workers, []))
     with postgres_database(postgres_server_url) as url:
         settings = [f"model={TINY_MODEL}", "seq_len=32", "n_trials=4", f"out={tmp_path}",
-                    "study=pw", "workers=2", f"storage={with_password(url)}"]  # fmt: skip
+                    "study=pw", "workers=2", f"storage={with_password(url)}",
+                    "confirm_rounds=0"]  # fmt: skip
         result = api.run(load_config(settings), launcher=fake_launcher("ok"))
         assert result.stopped == "4 of 4 trials finished"  # the workers reached the server
         assert list((tmp_path / "pw" / "workers").glob("*/spec.json")), "the workers ran"

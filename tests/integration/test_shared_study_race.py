@@ -86,7 +86,7 @@ def test_processes_sharing_a_study_on_postgresql_never_measure_the_same_settings
             config = load_config([
                 f"model={TINY_MODEL}", "seq_len=32", f"space={space}", "sampler=random",
                 f"seed={round_}", "n_trials=4", "estimate_margin=null", f"storage={url}",
-                f"out={tmp_path}", f"study=r{round_}",
+                f"out={tmp_path}", f"study=r{round_}", "confirm_rounds=0",
             ])  # fmt: skip
             plan = make_plan(config, device_info)
             plan.study_dir.mkdir()

@@ -49,6 +49,7 @@ def search(tmp_path, url: str) -> list[str]:
     return [
         sys.executable, "-c", code, "search", f"model={TINY_MODEL}", "seq_len=32",
         f"n_trials={N_TRIALS}", f"out={tmp_path}", "study=o", f"storage={url}",
+        "confirm_rounds=0",
     ]  # fmt: skip
 
 
