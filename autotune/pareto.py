@@ -250,11 +250,19 @@ def candidates(
     changes_training: Callable[[TrialRecord], bool],
 ) -> list[TrialRecord]:
     """The trials a confirmation measures again: the baseline, the fastest, the memory saver
-    and the same-training pick by their own figures, each once, in trial order."""
+    and the same-training pick by their own figures, each once, in trial order. When all of
+    them are the baseline (its one measurement, taken first, beat every other trial's), the
+    runner-up under the limit runs too: the baseline may have won by drift alone."""
     single = pick(feasible, limit_gib, baseline, noise_cv=float("inf"),
                   changes_training=changes_training)  # fmt: skip
     chosen = {r.number: r for r in (single.baseline, single.fastest, single.saver,
                                      single.same_training) if r is not None}  # fmt: skip
+    if baseline is not None and set(chosen) == {baseline.number}:
+        others = [r for r in feasible if r.number != baseline.number
+                  and r.status is Status.OK and r.result.peak_memory_gib <= limit_gib]  # fmt: skip
+        runner_up = max(others, key=lambda r: r.result.samples_per_s, default=None)
+        if runner_up is not None:
+            chosen[runner_up.number] = runner_up
     return [chosen[n] for n in sorted(chosen) if chosen[n].status is Status.OK]
 
 
@@ -285,22 +293,34 @@ def pick(
 
     fastest, same = fastest_of(fitting, measured)
     recommended, why = _choose(fastest, same, measured, min_gain, None)
-    saver = None
-    if recommended is not None:  # by its own figures: the confirmation measures it too
-        close = [r for r in fitting if measured(r) >= (1 - SAVER_WITHIN) * measured(recommended)]
-        saver = min(close, key=lambda r: r.result.peak_memory_gib)
-    speed = measured
+    # By its own figures: the confirmation measures it too.
+    saver = _saver(fitting, recommended, measured)
     if confirmed is not None:
         picked = [r for r in (fastest, same, saver, baseline) if r and r.status is Status.OK]
         if all(confirmed.covers(r) for r in picked):
             speed = functools.partial(_confirmed_speed, confirmed)
-            fastest, same = fastest_of([r for r in fitting if confirmed.covers(r)], speed)
+            covered = [r for r in fitting if confirmed.covers(r)]
+            fastest, same = fastest_of(covered, speed)
             recommended, why = _choose(fastest, same, speed, min_gain, confirmed)
+            # Within 10% of the recommendation as confirmed, which may be another trial now.
+            saver = _saver(covered, recommended, speed)
         else:
             confirmed = None  # made for other picks (trials were added since)
     return Picks(recommended=recommended, why=why, fastest=fastest, same_training=same,
                  saver=saver, baseline=baseline, noise_cv=noise_cv, min_gain=min_gain,
                  confirmed=confirmed)  # fmt: skip
+
+
+def _saver(
+    records: list[TrialRecord],
+    recommended: TrialRecord | None,
+    speed: Callable[[TrialRecord], float],
+) -> TrialRecord | None:
+    """The least memory among `records` within `SAVER_WITHIN` of the recommendation's speed."""
+    if recommended is None:
+        return None
+    close = [r for r in records if speed(r) >= (1 - SAVER_WITHIN) * speed(recommended)]
+    return min(close, key=lambda r: r.result.peak_memory_gib)
 
 
 def _confirmed_speed(confirmed: Confirmed, record: TrialRecord) -> float:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,10 +21,12 @@ from typing import Any
 import optuna
 import sqlalchemy.exc
 
-from autotune.errors import StudyError
+from autotune.errors import ConfigError, StudyError
 
 OUTAGE_RETRY_S = 60.0
-"""How long a search waits in all for a database server that does not answer."""
+"""How long a search waits in all for a database server that does not answer, unless
+`$AUTOTUNE_STORAGE_RETRY_S` says otherwise (`outage_retry_s`)."""
+RETRY_ENV = "AUTOTUNE_STORAGE_RETRY_S"
 FIRST_PAUSE_S = 0.5
 """The first pause between two tries; each pause doubles, up to MAX_PAUSE_S."""
 MAX_PAUSE_S = 8.0
@@ -46,7 +50,22 @@ _OTHERS = ("create_new_study", "set_study_user_attr", "set_study_system_attr",
 
 
 class StorageUnavailable(StudyError):
-    """The study's database server did not answer for OUTAGE_RETRY_S."""
+    """The study's database server did not answer for `outage_retry_s()`."""
+
+
+def outage_retry_s() -> float:
+    """How long to wait out an outage: `$AUTOTUNE_STORAGE_RETRY_S` seconds (a cluster whose
+    database fails over in longer than a minute sets it higher), else OUTAGE_RETRY_S."""
+    given = os.environ.get(RETRY_ENV)
+    if given is None:
+        return OUTAGE_RETRY_S
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ConfigError(f"{RETRY_ENV}={given!r}: expected a number of seconds, 0 or more")
+    return seconds
 
 
 def is_disconnect(exc: BaseException) -> bool:
@@ -74,7 +93,7 @@ class RetryingRDBStorage(optuna.storages.RDBStorage):
     def _call(self, name: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         key = (name, repr((args, {k: v for k, v in kwargs.items() if k != "deepcopy"})))
         last = self.__dict__.setdefault("_last", {})
-        started, pause_s = time.monotonic(), FIRST_PAUSE_S
+        started, pause_s, retry_s = time.monotonic(), FIRST_PAUSE_S, outage_retry_s()
         if self._gone is not None:  # given up before: what was read stands for the study
             if name == _TRIALS:
                 return []
@@ -86,7 +105,7 @@ class RetryingRDBStorage(optuna.storages.RDBStorage):
             except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError) as exc:
                 if not is_disconnect(exc):
                     raise
-                if time.monotonic() - started + pause_s > OUTAGE_RETRY_S:
+                if time.monotonic() - started + pause_s > retry_s:
                     self._gone = exc
                     break
                 time.sleep(pause_s)
@@ -102,7 +121,7 @@ class RetryingRDBStorage(optuna.storages.RDBStorage):
                     read[attr] = value
             return answer
         raise StorageUnavailable(
-            f"{self.shown}: the database server did not answer for {OUTAGE_RETRY_S:.0f} s "
+            f"{self.shown}: the database server did not answer for {retry_s:.0f} s "
             f"({_first_line(self._gone)}). The study keeps every trial finished so far; start "
             "the server again (or check the network) and run the same command to resume it"
         ) from None

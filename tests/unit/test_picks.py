@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.confirm import order
-from autotune.pareto import Confirmed, pick
+from autotune.pareto import Confirmed, candidates, pick
 from autotune.records import TrialRecord, changes_training_of
 from autotune.trial import Status, TrialResult
 
@@ -114,3 +114,34 @@ def test_rounds_alternate_their_order_so_a_drift_favours_each_pick_in_turn():
     assert [[r.number for r in order([a, b, c], k)] for k in (1, 2, 3)] == [
         [0, 1, 2], [2, 1, 0], [0, 1, 2]
     ]  # fmt: skip
+
+
+def test_a_baseline_that_beat_every_trial_is_confirmed_against_the_runner_up():
+    # Measured once, first, the baseline beat everything: by drift, perhaps. The confirmation
+    # measures it against the fastest other trial, and the rounds decide.
+    records = [
+        trial(0, 120),
+        trial(1, 100, batch_size=16),
+        trial(2, 90, attn_implementation="eager"),
+    ]
+    baseline = records[0]
+    chosen = candidates(records, 9.0, baseline, changes_training_of(baseline))
+    assert [r.number for r in chosen] == [0, 1]
+    assert picks_of(records).recommended.number == 0
+    confirmed = confirmation({0: (100, 98, 101), 1: (130, 125, 128)})
+    picks = picks_of(records, confirmed)
+    assert picks.confirmed is confirmed
+    assert picks.recommended.number == 1 and "faster in every confirmed round" in picks.why
+    assert picks.saver.number == 1, "the baseline is not within 10% of the confirmed pick"
+    # Confirmed slower: the baseline stays, and its figure is the confirmed one.
+    slower = confirmation({0: (100, 98, 101), 1: (90, 95, 92)})
+    picks = picks_of(records, slower)
+    assert picks.recommended.number == 0 and picks.samples_per_s(picks.recommended) == 100
+
+
+def test_a_baseline_alone_under_the_limit_has_nothing_to_be_confirmed_against():
+    records = [trial(0, 120), trial(1, 200, memory=10.0, batch_size=64)]  # over the 9 GiB limit
+    baseline = records[0]
+    assert [
+        r.number for r in candidates(records, 9.0, baseline, changes_training_of(baseline))
+    ] == [0]
