@@ -31,8 +31,7 @@ FOLDER = "confirm"
 def picks_to_confirm(snapshot: StudySnapshot) -> list[TrialRecord]:
     """The baseline and the picks, each once; none when there is nothing to compare (a
     single successful trial)."""
-    feasible = [r for r in snapshot.records if r.status is Status.OK
-                and r.result.peak_memory_gib <= snapshot.info.memory_budget_gib]  # fmt: skip
+    feasible = [r for r in snapshot.records if r.result.feasible(snapshot.info.memory_budget_gib)]
     baseline = snapshot.picks.baseline
     chosen = candidates(feasible, snapshot.info.memory_limit_gib, baseline,
                         changes_training_of(baseline))  # fmt: skip

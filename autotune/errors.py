@@ -27,3 +27,9 @@ class DeviceError(AutotuneError):
 
 class StudyError(AutotuneError):
     """The study folder or storage cannot be used (missing, unreadable, incompatible)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """`TypeName: the first line of its message`: an exception in one line of a message."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

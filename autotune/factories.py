@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, first_line
 
 PARAMETERS = ("args", "model_kwargs")
 CHECK_TIMEOUT_S = 120
@@ -67,7 +67,7 @@ def load(ref: str, search_dir: str | None = None) -> Callable[..., Any]:
     except FactoryError:
         raise
     except Exception as exc:  # the user's module may raise anything while it imports
-        raise FactoryError(f"trainer={ref}: importing {where} failed: {_first_line(exc)}") from exc
+        raise FactoryError(f"trainer={ref}: importing {where} failed: {first_line(exc)}") from exc
     factory = getattr(module, function, None)
     if not callable(factory):
         raise FactoryError(f"trainer={ref}: {where} has no function {function}")
@@ -155,11 +155,6 @@ def _find_spec(name: str, path: list[str]) -> importlib.machinery.ModuleSpec | N
 
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def main(argv: list[str]) -> int:

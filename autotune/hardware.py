@@ -58,8 +58,9 @@ class DeviceInfo:
     """`torch.compile` backends this torch offers (`torch._dynamo.list_backends`)."""
     optimizer_names: tuple[str, ...] = ()
     """Values `TrainingArguments.optim` accepts in the installed transformers."""
-    default_optim: str = "adamw_torch"
-    """`TrainingArguments().optim` in the installed transformers: the baseline's optimizer."""
+    default_optim: str = "adamw_torch_fused"
+    """`TrainingArguments().optim` in the installed transformers: the baseline's optimizer
+    (the probe reads it; this default, transformers 5's, stands only where it did not)."""
     model_types: tuple[str, ...] = ()
     """`model_type` values the installed transformers can build."""
     task_model_types: dict[str, tuple[str, ...]] = field(default_factory=dict)

@@ -347,11 +347,7 @@ def read_snapshot(study: optuna.Study) -> StudySnapshot:
     same = [r for r in records if conditions.other_versions(r.versions, info.versions) is None]
     # The front as Optuna's best_trials defines it (COMPLETE, feasible, non-dominated), from
     # the records already read: one read of the storage, and repeats are not records.
-    feasible = [
-        r
-        for r in same
-        if r.status is Status.OK and r.result.peak_memory_gib <= info.memory_budget_gib
-    ]
+    feasible = [r for r in same if r.result.feasible(info.memory_budget_gib)]
     front = sorted(non_dominated(feasible), key=lambda r: r.result.samples_per_s, reverse=True)
     baseline = next((r for r in same if r.baseline), None)
     confirmed = None

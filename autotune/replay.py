@@ -33,7 +33,7 @@ from autotune.records import TrialRecord, load_records
 from autotune.runner import Worker
 from autotune.storage import DIRECTIONS
 from autotune.study import make_sampler, run_search
-from autotune.trial import Status, TrialResult, write_json_atomic
+from autotune.trial import Status, TrialResult, feasible, write_json_atomic
 from autotune.units import GIB
 
 FIGURES = ("samples_per_s", "tokens_per_s", "peak_memory_gib", "step_time_cv",
@@ -91,9 +91,7 @@ class Landscape:
     def feasible(self, point: dict[str, Any]) -> bool:
         """Measured and within the budget: a point the search may recommend (a trial can end
         ok a little past the budget, between two looks of the memory watchdog)."""
-        return point["status"] == Status.OK.value and (
-            point["peak_memory_gib"] <= self.memory_budget_gib
-        )
+        return feasible(Status(point["status"]), point["peak_memory_gib"], self.memory_budget_gib)
 
     def optimum(self) -> float:
         """The best samples/s of a feasible point: what a full grid finds."""

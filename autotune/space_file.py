@@ -64,6 +64,8 @@ class SoftwareFacts:
     """Task -> the model types with that head in the installed transformers."""
     transformers_version: str = ""
     """Named in the messages about model types."""
+    default_optim: str | None = None
+    """`TrainingArguments().optim` in the installed transformers: the baseline's optimizer."""
 
     @classmethod
     def from_probe(cls, software: Mapping[str, Any]) -> SoftwareFacts:
@@ -77,6 +79,7 @@ class SoftwareFacts:
             model_types=tuple(software.get("model_types") or ()) or None,
             task_model_types={task: tuple(types) for task, types in tasks.items()} or None,
             transformers_version=software.get("transformers_version") or "",
+            default_optim=software.get("default_optim") or None,
         )
 
 

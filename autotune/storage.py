@@ -35,7 +35,7 @@ from optuna.storages import RDBStorage
 
 from autotune import conditions, storage_file
 from autotune.config import PER_PROCESS_SETTINGS, RunConfig, WorkerConfig, make_config
-from autotune.errors import ConfigError, StudyError
+from autotune.errors import ConfigError, StudyError, first_line
 from autotune.factory_trust import factory_to_run
 from autotune.plan import SearchPlan, fit_batches_to_budget
 from autotune.records import RUN_ATTR, SETTINGS_ATTR, RunInfo, is_recorded, store_run_info
@@ -147,7 +147,7 @@ def open_storage(
         return storage
     except sqlite3.Error as exc:
         _refuse_damaged(exc, shown)
-        raise StudyError(f"{shown}: cannot open it: {_first_line(exc)}") from exc
+        raise StudyError(f"{shown}: cannot open it: {first_line(exc)}") from exc
     except sqlalchemy.exc.OperationalError as exc:
         _refuse_damaged(exc, shown)
         if "readonly database" in str(exc):
@@ -155,7 +155,7 @@ def open_storage(
             raise StudyError(
                 f"{shown}: not an Optuna study storage (it has no study tables)"
             ) from exc
-        raise StudyError(f"{shown}: cannot open it: {_first_line(exc.orig or exc)}") from exc
+        raise StudyError(f"{shown}: cannot open it: {first_line(exc.orig or exc)}") from exc
     except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
         _refuse_damaged(exc, shown)
         cause = exc.__cause__ or exc  # Optuna wraps a missing driver's ModuleNotFoundError
@@ -164,7 +164,7 @@ def open_storage(
                 f"{shown}: cannot open it: the PostgreSQL driver psycopg is not installed; "
                 'pip install "autotune[postgres]"'
             ) from exc
-        raise StudyError(f"{shown}: cannot open it: {_first_line(cause)}") from exc
+        raise StudyError(f"{shown}: cannot open it: {first_line(cause)}") from exc
 
 
 def _refuse_damaged(exc: BaseException, shown: str) -> None:
@@ -190,11 +190,6 @@ def _with_driver(url: str) -> str:
     3, so the URL a PostgreSQL user already has works as it is. A named driver is kept."""
     scheme, sep, rest = url.partition("://")
     return f"postgresql+psycopg://{rest}" if sep and scheme == "postgresql" else url
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 MASK = "***"

@@ -21,7 +21,7 @@ from typing import Any
 import optuna
 import sqlalchemy.exc
 
-from autotune.errors import ConfigError, StudyError
+from autotune.errors import ConfigError, StudyError, first_line
 
 OUTAGE_RETRY_S = 60.0
 """How long a search waits in all for a database server that does not answer, unless
@@ -122,7 +122,7 @@ class RetryingRDBStorage(optuna.storages.RDBStorage):
             return answer
         raise StorageUnavailable(
             f"{self.shown}: the database server did not answer for {retry_s:.0f} s "
-            f"({_first_line(self._gone)}). The study keeps every trial finished so far; start "
+            f"({_driver_error(self._gone)}). The study keeps every trial finished so far; start "
             "the server again (or check the network) and run the same command to resume it"
         ) from None
 
@@ -147,8 +147,8 @@ for _name in (*_READS, _TRIALS, *_OTHERS):
     setattr(RetryingRDBStorage, _name, _retrying(_name))
 
 
-def _first_line(exc: BaseException) -> str:
-    while exc.__cause__ is not None:  # the driver's words, not Optuna's wrapper's
+def _driver_error(exc: BaseException) -> str:
+    """The driver's words, not Optuna's wrapper's, in one line."""
+    while exc.__cause__ is not None:
         exc = exc.__cause__
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+    return first_line(exc)

@@ -69,6 +69,13 @@ class TrialSpec:
     schema_version: int = SCHEMA_VERSION
 
 
+def feasible(status: Status, peak_memory_gib: float | None, budget_gib: float) -> bool:
+    """A trial the search may recommend and the front holds: measured, with its peak within
+    the memory budget (a trial can end ok a little past it, between two looks of the CPU
+    watchdog). Optuna's constraint says the same: peak less budget <= 0."""
+    return status is Status.OK and peak_memory_gib is not None and peak_memory_gib <= budget_gib
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrialResult:
     """What one trial measured, or why it measured nothing."""
@@ -126,6 +133,10 @@ class TrialResult:
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     stderr_tail: str = ""
     schema_version: int = SCHEMA_VERSION
+
+    def feasible(self, budget_gib: float) -> bool:
+        """Measured, and within the memory budget (`feasible`)."""
+        return feasible(self.status, self.peak_memory_gib, budget_gib)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

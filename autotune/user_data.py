@@ -30,6 +30,7 @@ from typing import Any
 
 from autotune import data_checks
 from autotune.data_checks import DataError
+from autotune.errors import first_line
 from autotune.models import hub_offline
 
 BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet",
@@ -173,7 +174,7 @@ def load(spec: DataSpec) -> Any:
         # Its message names no line ("An error occurred while generating the dataset").
         where = data_checks.first_bad_json_line(files) if kind == "json" else None
         raise DataError(
-            f"data={spec.data}: {where or f'cannot load it: {_first_line(exc)}'}"
+            f"data={spec.data}: {where or f'cannot load it: {first_line(exc)}'}"
         ) from exc
     if isinstance(loaded, datasets.DatasetDict):
         if spec.split not in loaded:
@@ -281,14 +282,9 @@ def load_tokenizer(name: str) -> Any:
     except Exception as exc:  # missing files, no network, a bad config alike
         where = "that folder" if Path(name).is_dir() else "the hub (offline here?)"
         raise DataError(
-            f"tokenizer={name}: cannot load it from {where}: {_first_line(exc)}; give a folder "
+            f"tokenizer={name}: cannot load it from {where}: {first_line(exc)}; give a folder "
             "saved with save_pretrained"
         ) from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def prepare_in_subprocess(

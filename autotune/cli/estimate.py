@@ -28,8 +28,6 @@ from autotune.view import console
 
 FREE_KNOBS = {"precision": ("fp32", "bf16"), "gradient_checkpointing": (False, True)}
 """Knobs the table varies when not given: those that move memory the most at a given batch."""
-DEFAULT_OPTIM = "adamw_torch_fused"
-"""TrainingArguments' default optimizer in the transformers this release is tested with."""
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -57,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
         device, device_name, free_bytes = hardware.memory_without_torch(config.device)
     budget = int(config.memory_budget or free_bytes)
     parameters = catalogue_parameter_counts().get(model.name)
-    fixed = baseline_params(DEFAULT_OPTIM, None) | {"attn_implementation": "sdpa"} | knobs
+    default_optim = facts.default_optim or hardware.DeviceInfo.default_optim
+    fixed = baseline_params(default_optim, None) | {"attn_implementation": "sdpa"} | knobs
     free = {k: v for k, v in FREE_KNOBS.items() if k not in knobs}
 
     def at(params: dict[str, Any]) -> Estimate:

@@ -96,7 +96,7 @@ def _export(args: argparse.Namespace) -> int:
             f"trial={record.number} is {record.status.value} ({record.result.reason}): "
             "it has no measured settings to export"
         )
-    elif record.result.peak_memory_gib > info.memory_budget_gib:
+    elif not record.result.feasible(info.memory_budget_gib):
         raise StudyError(
             f"trial={record.number} is infeasible: its peak "
             f"{format_gib(record.result.peak_memory_gib)} exceeds the memory budget "

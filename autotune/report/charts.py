@@ -20,7 +20,7 @@ import optuna
 from autotune.knobs import KNOBS, describe_params
 from autotune.pareto import hypervolume
 from autotune.records import TrialRecord
-from autotune.trial import Status, TrialResult
+from autotune.trial import TrialResult
 from autotune.units import format_gib
 
 MAX_TICKS = 12
@@ -79,7 +79,7 @@ def spread_text(result: TrialResult) -> str:
 def feasible(ok: list[TrialRecord], budget_gib: float) -> list[TrialRecord]:
     """Successful trials that peaked within the budget (what Optuna's constraint calls
     feasible)."""
-    return [r for r in ok if r.result.peak_memory_gib <= budget_gib]
+    return [r for r in ok if r.result.feasible(budget_gib)]
 
 
 def parallel_axes(ok: list[TrialRecord]) -> list[Axis]:
@@ -207,7 +207,7 @@ def histories(records: list[TrialRecord], budget_gib: float) -> tuple[Series, Se
     """
     best, points, x, y_best, y_volume = 0.0, [], [], [], []
     for r in records:
-        if r.status is Status.OK and r.result.peak_memory_gib <= budget_gib:
+        if r.result.feasible(budget_gib):
             points.append((r.result.samples_per_s, r.result.peak_memory_gib))
             best = max(best, r.result.samples_per_s)
         x.append(float(r.number))

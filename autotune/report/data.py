@@ -287,7 +287,7 @@ def _points(snapshot: StudySnapshot) -> list[Point]:
     points = []
     for r in snapshot.records:
         if r.status is Status.OK:
-            over = r.result.peak_memory_gib > budget_gib
+            over = not r.result.feasible(budget_gib)
             kind = "over budget" if over else "front" if r.number in front_numbers else "dominated"
             x, y = r.result.peak_memory_gib, r.result.samples_per_s
         elif r.status in MEMORY_STATUSES:
