@@ -63,8 +63,3 @@ class PaddingCollator:
         else:
             labels = input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-
-
-def real_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """Tokens of the samples themselves, padding not counted."""
-    return int(batch["attention_mask"].sum())

@@ -126,10 +126,6 @@ class Estimate:
     """The peak: not the plain sum, as gradients fill in while activations are freed."""
     flops_per_sample: float
 
-    @property
-    def total_gib(self) -> float:
-        return self.total / GIB
-
 
 def optimizer_bytes_per_parameter(optim: str) -> float | None:
     """States per parameter; None for Adafactor (factored: see `estimate`)."""
@@ -249,17 +245,27 @@ def _head_activations(shape: Shape, task: str, b: int, s: int, *, mixed: bool) -
     return {"kept": kept, "gradient": logits * 4}
 
 
+def training_flops(
+    matmul_weights: int, attention_blocks: int, width: int, tokens: int, squared_lengths: int
+) -> float:
+    """Training FLOPs (forward + backward), after PaLM's appendix B: 6 per matmul weight per
+    token (2 forward, 4 backward), plus the attention scores and the weighted sum, 12 x width
+    x length^2 per sample per attention block (`squared_lengths` sums length^2 over the
+    samples). Activation checkpointing recomputes the forward but does not change the model's
+    FLOPs, so MFU does not reward it. The one formula of the estimate and the worker's MFU."""
+    return 6 * matmul_weights * tokens + 12 * attention_blocks * width * squared_lengths
+
+
 def flops_per_sample(shape: Shape, seq_len: int, task: str = "causal-lm") -> float:
-    """Training FLOPs of one sample of seq_len tokens, as `measure.training_flops` counts them
-    (6 per matmul weight per token, plus 12 x width x length^2 per attention block). The
-    vocabulary matrix is a matmul only where a language-model head multiplies by it; for
-    classification it is an embedding lookup."""
+    """Training FLOPs of one sample of seq_len tokens (`training_flops`). The vocabulary
+    matrix is a matmul only where a language-model head multiplies by it; for classification
+    it is an embedding lookup."""
     matrices = shape.matrices
     if task == "sequence-classification":
         matrices = tuple(m for m in matrices if m != (shape.vocab, shape.hidden))
     matmul = sum(r * c for r, c in matrices)
     blocks = shape.layers + shape.cross_attention_layers
-    return 6 * matmul * seq_len + 12 * blocks * shape.hidden * seq_len**2
+    return training_flops(matmul, blocks, shape.hidden, seq_len, seq_len**2)
 
 
 # ---- calibration: the estimate against what a study's own trials measured ----

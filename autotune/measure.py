@@ -17,6 +17,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from autotune import estimate
+
 
 @dataclass(frozen=True, slots=True)
 class Counts:
@@ -243,20 +245,10 @@ def attention_layers(config: Any) -> tuple[int, int]:
 
 
 def training_flops(model: Any, counts: Counts) -> float:
-    """Training FLOPs (forward + backward) for what `counts` holds, after PaLM's appendix B.
-
-    6 FLOPs per matmul weight per real token (2 forward, 4 backward), plus the attention
-    scores and the weighted sum, 12 x length x width per token per attention block: 12 x width
-    x length^2 per sample. Padding is not counted: it is work that trains nothing.
-    Encoder-decoder models see each sample on both sides. Activation checkpointing recomputes
-    the forward but does not change the model's FLOPs, so MFU does not reward it.
-    """
+    """Training FLOPs for what `counts` holds (`estimate.training_flops`), counting the real
+    tokens: padding is work that trains nothing. Encoder-decoder models see each sample on
+    both sides."""
     blocks, width = attention_layers(model.config)
-    return 6 * matmul_parameters(model) * counts.tokens + 12 * blocks * width * (
-        counts.squared_lengths
+    return estimate.training_flops(
+        matmul_parameters(model), blocks, width, counts.tokens, counts.squared_lengths
     )
-
-
-def flops_per_sample(model: Any, seq_len: int) -> float:
-    """Training FLOPs for one sample of `seq_len` real tokens (see `training_flops`)."""
-    return training_flops(model, Counts(1, seq_len, seq_len, seq_len**2))

@@ -105,7 +105,8 @@ def test_bert_large_flops_match_a_hand_count():
     matmul_weights = layers * (4 * d * d + 2 * d * ffn) + d * d + d * 2
     attention = 12 * layers * d * seq  # per token: scores and weighted sum, x3 for training
     hand_per_token = 6 * matmul_weights + attention
-    ours_per_token = measure.flops_per_sample(model, seq) / seq
+    one_sample = measure.Counts(1, seq, seq, seq**2)
+    ours_per_token = measure.training_flops(model, one_sample) / seq
     assert ours_per_token == pytest.approx(hand_per_token, rel=0.02)
     assert ours_per_token == pytest.approx(1.969e9, rel=0.01)
 
