@@ -21,7 +21,7 @@ from autotune.models import TASK_CLASSES
 from autotune.output_files import write_atomic
 from autotune.trial import write_json_atomic
 
-if TYPE_CHECKING:  # the worker imports this module and must not import optuna via records
+if TYPE_CHECKING:  # types only: rendering an export reads no storage (records imports optuna)
     from autotune.records import RunInfo, TrialRecord
 
 

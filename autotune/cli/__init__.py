@@ -1,8 +1,9 @@
 """`autotune` command line: parse, build, run, print. The only place that prints errors and picks
 exit codes (2 for a problem the user can fix; 75 when the study's database server stayed away;
 74 when the study's SQLite file was deleted under the search; 130, 143, 129 for a search
-stopped by Ctrl-C, SIGTERM, SIGHUP). One module per subcommand group: `search`, `catalog`
-(models, spaces, validate) and `results` (report, export)."""
+stopped by Ctrl-C, SIGTERM, SIGHUP). One module per subcommand group: `search` (search,
+worker), `catalog` (models, spaces, validate), `estimate`, and `results` (report, confirm,
+export)."""
 
 from __future__ import annotations
 
