@@ -43,6 +43,7 @@ from autotune.storage import open_storage, open_study
 from autotune.study import SearchObserver
 from autotune.trial import Status, TrialResult
 from autotune.view import TerminalView
+from tests.benchmarking import up_to_three_attempts
 from tests.conftest import TINY_MODEL, fake_launcher, postgres_database
 
 pytestmark = pytest.mark.slow
@@ -129,6 +130,8 @@ def assert_counted_once(study: optuna.Study, n_trials: int) -> None:
     return records
 
 
+@pytest.mark.benchmark
+@up_to_three_attempts
 def test_three_workers_finish_a_study_in_less_than_half_the_time_of_one(tmp_path, any_cores):
     """12 trials of 4 s: one worker, then three (`workers=3`), each on a study of its own.
     Random proposals: what is timed is the workers, not the sampler's time to propose. On
