@@ -262,7 +262,7 @@ def candidates(
                   changes_training=changes_training)  # fmt: skip
     chosen = {r.number: r for r in (single.baseline, single.fastest, single.saver,
                                      single.same_training) if r is not None}  # fmt: skip
-    if baseline is not None and set(chosen) == {baseline.number}:
+    if baseline is not None and baseline.status is Status.OK and set(chosen) == {baseline.number}:
         others = [r for r in feasible if r.number != baseline.number
                   and r.status is Status.OK and r.result.peak_memory_gib <= limit_gib]  # fmt: skip
         runner_up = max(others, key=lambda r: r.result.samples_per_s, default=None)

@@ -152,3 +152,11 @@ def test_a_baseline_far_ahead_of_every_fitting_trial_is_not_confirmed_against_on
     assert [
         r.number for r in candidates(records, 9.0, baseline, changes_training_of(baseline))
     ] == [0]
+
+
+def test_a_baseline_that_ran_out_of_memory_is_not_confirmed_nor_compared():
+    oom = TrialRecord(number=0, params=BASELINE, baseline=True,
+                      result=TrialResult(status=Status.OOM, reason="out of memory"))  # fmt: skip
+    feasible = [trial(1, 100, batch_size=4)]  # what `picks_to_confirm` passes: ok, in budget
+    assert [r.number for r in candidates(feasible, 9.0, oom, changes_training_of(oom))] == [1]
+    assert candidates([], 9.0, oom, changes_training_of(oom)) == []
