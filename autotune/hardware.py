@@ -36,6 +36,11 @@ between two looks of the watchdog: past the budget the watchdog ends the trial, 
 machine's RAM the kernel's OOM killer does, sometimes to the search itself."""
 
 
+TRANSFORMERS_DEFAULT_OPTIM = "adamw_torch_fused"
+"""transformers 5's `TrainingArguments().optim`: stands only where the probe did not read the
+installed one (a `DeviceInfo` made by hand, a software cache without it)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DeviceInfo:
     cuda_available: bool
@@ -58,9 +63,9 @@ class DeviceInfo:
     """`torch.compile` backends this torch offers (`torch._dynamo.list_backends`)."""
     optimizer_names: tuple[str, ...] = ()
     """Values `TrainingArguments.optim` accepts in the installed transformers."""
-    default_optim: str = "adamw_torch_fused"
+    default_optim: str = TRANSFORMERS_DEFAULT_OPTIM
     """`TrainingArguments().optim` in the installed transformers: the baseline's optimizer
-    (the probe reads it; this default, transformers 5's, stands only where it did not)."""
+    (the probe reads it)."""
     model_types: tuple[str, ...] = ()
     """`model_type` values the installed transformers can build."""
     task_model_types: dict[str, tuple[str, ...]] = field(default_factory=dict)

@@ -263,8 +263,8 @@ def candidates(
     chosen = {r.number: r for r in (single.baseline, single.fastest, single.saver,
                                      single.same_training) if r is not None}  # fmt: skip
     if baseline is not None and baseline.status is Status.OK and set(chosen) == {baseline.number}:
-        others = [r for r in feasible if r.number != baseline.number
-                  and r.status is Status.OK and r.result.peak_memory_gib <= limit_gib]  # fmt: skip
+        fits = [r for r in feasible if r.result.peak_memory_gib <= limit_gib]
+        others = [r for r in fits if r.number != baseline.number]
         runner_up = max(others, key=lambda r: r.result.samples_per_s, default=None)
         close = (1 - DRIFT_WITHIN) * baseline.result.samples_per_s
         if runner_up is not None and runner_up.result.samples_per_s >= close:

@@ -39,7 +39,7 @@ from autotune.errors import ConfigError, StudyError, first_line
 from autotune.factory_trust import factory_to_run
 from autotune.plan import SearchPlan, fit_batches_to_budget
 from autotune.records import RUN_ATTR, SETTINGS_ATTR, RunInfo, is_recorded, store_run_info
-from autotune.storage_outage import RetryingRDBStorage
+from autotune.storage_outage import RetryingRDBStorage, outage_retry_s
 from autotune.study import enqueue_baseline, make_sampler
 from autotune.study_lock import StudyLock
 from autotune.units import format_bytes
@@ -130,12 +130,15 @@ def open_storage(
                 "pool_pre_ping": True,
                 "connect_args": {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S},
             }
+        # A server's outages are waited out (storage_outage); a SQLite file has none.
+        retry_s = None if url.startswith("sqlite") else outage_retry_s()
         with warnings.catch_warnings():  # heartbeats: "experimental" since Optuna 2.9
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            # A server's outages are waited out (storage_outage); a SQLite file has none.
-            kind = RDBStorage if url.startswith("sqlite") else RetryingRDBStorage
+            kind = RDBStorage if retry_s is None else RetryingRDBStorage
             storage = kind(url, **options)
             storage.shown = shown
+            if retry_s is not None:
+                storage.retry_s = retry_s
         if sqlite_file is not None:
             # Every transaction takes the write lock when it begins, so Optuna's
             # read-then-write steps (hand out a queued trial, check a trial still runs before

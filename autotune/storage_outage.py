@@ -87,13 +87,15 @@ class RetryingRDBStorage(optuna.storages.RDBStorage):
     masked)."""
 
     shown: str = "storage"
+    retry_s: float = OUTAGE_RETRY_S
+    """How long to wait out an outage: `open_storage` sets it once (`outage_retry_s`)."""
     _gone: BaseException | None = None
     _last: dict[tuple[str, str], Any]
 
     def _call(self, name: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         key = (name, repr((args, {k: v for k, v in kwargs.items() if k != "deepcopy"})))
         last = self.__dict__.setdefault("_last", {})
-        started, pause_s, retry_s = time.monotonic(), FIRST_PAUSE_S, outage_retry_s()
+        started, pause_s = time.monotonic(), FIRST_PAUSE_S
         if self._gone is not None:  # given up before: what was read stands for the study
             if name == _TRIALS:
                 return []
@@ -105,7 +107,7 @@ class RetryingRDBStorage(optuna.storages.RDBStorage):
             except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError) as exc:
                 if not is_disconnect(exc):
                     raise
-                if time.monotonic() - started + pause_s > retry_s:
+                if time.monotonic() - started + pause_s > self.retry_s:
                     self._gone = exc
                     break
                 time.sleep(pause_s)
@@ -121,7 +123,7 @@ class RetryingRDBStorage(optuna.storages.RDBStorage):
                     read[attr] = value
             return answer
         raise StorageUnavailable(
-            f"{self.shown}: the database server did not answer for {retry_s:.0f} s "
+            f"{self.shown}: the database server did not answer for {self.retry_s:.0f} s "
             f"({_driver_error(self._gone)}). The study keeps every trial finished so far; start "
             "the server again (or check the network) and run the same command to resume it"
         ) from None

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         device, device_name, free_bytes = hardware.memory_without_torch(config.device)
     budget = int(config.memory_budget or free_bytes)
     parameters = catalogue_parameter_counts().get(model.name)
-    default_optim = facts.default_optim or hardware.DeviceInfo.default_optim
+    default_optim = facts.default_optim or hardware.TRANSFORMERS_DEFAULT_OPTIM
     fixed = baseline_params(default_optim, None) | {"attn_implementation": "sdpa"} | knobs
     free = {k: v for k, v in FREE_KNOBS.items() if k not in knobs}
 

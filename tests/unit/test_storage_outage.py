@@ -16,3 +16,12 @@ def test_a_wait_that_is_not_a_number_of_seconds_is_refused_naming_it(monkeypatch
     monkeypatch.setenv(RETRY_ENV, given)
     with pytest.raises(ConfigError, match=f"{RETRY_ENV}='{given}': expected a number of seconds"):
         outage_retry_s()
+
+
+def test_a_bad_wait_is_refused_when_the_storage_opens_before_any_connection(monkeypatch):
+    from autotune.storage import open_storage
+
+    monkeypatch.setenv(RETRY_ENV, "soon")
+    # Port 9 (discard) on this host: a connection would fail another way, after its timeout.
+    with pytest.raises(ConfigError, match=RETRY_ENV):
+        open_storage("postgresql://nobody@127.0.0.1:9/none")
