@@ -7,7 +7,7 @@ does and returns a `SearchResult`; `autotune.load(study_dir)` reads a finished o
     result.to_dataframe()                           # a row per trial, as trials.csv
 
 The command line is a thin layer over `run` (parse, run, print); settings are the same keys
-with the same defaults and checks (`autotune.config.RunConfig`).
+with the same defaults and checks (`autotune.plan.config.RunConfig`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from autotune import conditions, confirm, factories, parallel, software_cache, user_data
-from autotune.config import RunConfig, WorkerConfig, make_config
-from autotune.errors import AutotuneError
-from autotune.interrupts import SearchInterrupted, stop_signals
-from autotune.knobs import MathChange, describe_params
-from autotune.plan import SearchPlan, make_plan
-from autotune.records import (
+from autotune import workers as parallel
+from autotune.common.errors import AutotuneError
+from autotune.common.knobs import MathChange, describe_params
+from autotune.common.trial import TrialResult
+from autotune.outputs import confirm
+from autotune.outputs.study_folder import table, write_study_folder
+from autotune.plan import conditions, factories, software_cache, user_data
+from autotune.plan.config import RunConfig, WorkerConfig, make_config
+from autotune.plan.plan import SearchPlan, make_plan
+from autotune.search.interrupts import SearchInterrupted, stop_signals
+from autotune.search.runner import Launcher
+from autotune.search.study import TIMED_OUT, SearchObserver, run_search
+from autotune.store.records import (
     SETTINGS_ATTR,
     Ending,
     RunEnd,
@@ -38,12 +44,8 @@ from autotune.records import (
     store_run_end,
     trials_run,
 )
-from autotune.runner import Launcher
-from autotune.storage import join_config, load_study_dir, locked_study, open_study, safe_url
-from autotune.storage_file import StudyFileLost
-from autotune.study import TIMED_OUT, SearchObserver, run_search
-from autotune.study_folder import table, write_study_folder
-from autotune.trial import TrialResult
+from autotune.store.storage import join_config, load_study_dir, locked_study, open_study, safe_url
+from autotune.store.storage_file import StudyFileLost
 
 if TYPE_CHECKING:
     import pandas
@@ -197,7 +199,7 @@ def search(
     `memory_budget="24GiB"`, ...); bad ones raise `ConfigError` naming every problem."""
     from rich.markup import escape
 
-    from autotune.view import TerminalView, print_outcome, print_paths
+    from autotune.outputs.view import TerminalView, print_outcome, print_paths
 
     quiet_optuna()
     config = make_config({"model": model, "quiet": quiet, **settings})
@@ -304,7 +306,7 @@ def _confirm(
     observer: SearchObserver,
     launcher: Launcher | None,
 ) -> None:
-    """The picks measured again (`autotune.confirm`), on the cores the trials had; not under
+    """The picks measured again (`autotune.outputs.confirm`), on the cores the trials had; not under
     other versions than the study's (`_start_run` said so)."""
     if rounds < 1 or conditions.other_versions(plan.versions, plan.info.versions):
         return

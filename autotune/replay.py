@@ -24,17 +24,17 @@ from typing import Any
 import optuna
 import yaml
 
-from autotune import hardware, software_cache
-from autotune.checks import settings_key
-from autotune.config import make_config
-from autotune.hardware import DeviceInfo
-from autotune.plan import SearchPlan, fit_batches_to_budget, make_plan
-from autotune.records import TrialRecord, load_records
-from autotune.runner import Worker
-from autotune.storage import DIRECTIONS
-from autotune.study import make_sampler, run_search
-from autotune.trial import Status, TrialResult, feasible, write_json_atomic
-from autotune.units import GIB
+from autotune.common.trial import Status, TrialResult, feasible, write_json_atomic
+from autotune.common.units import GIB
+from autotune.plan import hardware, software_cache
+from autotune.plan.config import make_config
+from autotune.plan.hardware import DeviceInfo
+from autotune.plan.plan import SearchPlan, fit_batches_to_budget, make_plan
+from autotune.search.checks import settings_key
+from autotune.search.runner import Worker
+from autotune.search.study import make_sampler, run_search
+from autotune.store.records import TrialRecord, load_records
+from autotune.store.storage import DIRECTIONS
 
 FIGURES = ("samples_per_s", "tokens_per_s", "peak_memory_gib", "step_time_cv",
            "step_time_median_ms", "estimate_gib", "wall_s")  # fmt: skip

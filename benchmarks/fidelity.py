@@ -23,12 +23,12 @@ import torch
 import transformers
 import transformers.trainer  # imported before the memory baseline, as a trial's fork server has
 
-from autotune import measure
-from autotune.data import SyntheticDataset
-from autotune.models import ModelSpec, build_model
-from autotune.records import read_snapshot
-from autotune.storage import load_study_dir
-from autotune.units import GIB
+from autotune.child import measure
+from autotune.child.data import SyntheticDataset
+from autotune.common.units import GIB
+from autotune.plan.models import ModelSpec, build_model
+from autotune.store.records import read_snapshot
+from autotune.store.storage import load_study_dir
 
 
 def main() -> None:

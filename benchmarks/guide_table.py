@@ -17,10 +17,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from autotune.hardware import probe
-from autotune.models import resolve_model
-from autotune.runner import ForkserverLauncher, launch_trial
-from autotune.trial import Status, TrialSpec
+from autotune.common.trial import Status, TrialSpec
+from autotune.plan.hardware import probe
+from autotune.plan.models import resolve_model
+from autotune.search.runner import ForkserverLauncher, launch_trial
 
 # (label, knobs, guide samples/s, guide GB) from the guide's V100 table.
 GUIDE = [

@@ -8,7 +8,7 @@ import pytest
 
 # Tests never reach the model hub: names outside the catalogue fail fast instead of retrying.
 os.environ["HF_HUB_OFFLINE"] = "1"
-# Tests never read or write the user's cache of software facts (autotune.software_cache).
+# Tests never read or write the user's cache of software facts (autotune.plan.software_cache).
 os.environ["AUTOTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotune-test-cache-")
 
 TINY_MODEL = "google/bert_uncased_L-2_H-128_A-2"
@@ -17,7 +17,7 @@ FAKE_WORKER = str(Path(__file__).parent / "fakes" / "worker.py")
 
 
 def fake_launcher(mode: str):
-    from autotune.runner import CommandLauncher
+    from autotune.search.runner import CommandLauncher
 
     return CommandLauncher((sys.executable, FAKE_WORKER, mode))
 
@@ -85,7 +85,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def device_info():
     """The real device probe, run once per test module."""
-    from autotune import hardware
+    from autotune.plan import hardware
 
     return hardware.probe()
 
@@ -93,6 +93,6 @@ def device_info():
 @pytest.fixture
 def probe_once(monkeypatch, device_info):
     """Searches in the test reuse the module's probe (`pytestmark = usefixtures(...)`)."""
-    from autotune import hardware
+    from autotune.plan import hardware
 
     monkeypatch.setattr(hardware, "probe", lambda **known: device_info)

@@ -16,13 +16,13 @@ from rich.markup import escape
 
 from autotune import __version__
 from autotune.cli import catalog, estimate, results, search
-from autotune.config import ConfirmConfig, ExportConfig, ReportConfig, RunConfig, WorkerConfig
-from autotune.errors import AutotuneError, ConfigError
-from autotune.interrupts import SearchInterrupted
-from autotune.runner import Launcher
-from autotune.storage_file import STUDY_FILE_LOST_EXIT_CODE, StudyFileLost
-from autotune.storage_outage import OUTAGE_EXIT_CODE, StorageUnavailable
-from autotune.view import errors
+from autotune.common.errors import AutotuneError, ConfigError
+from autotune.outputs.view import errors
+from autotune.plan.config import ConfirmConfig, ExportConfig, ReportConfig, RunConfig, WorkerConfig
+from autotune.search.interrupts import SearchInterrupted
+from autotune.search.runner import Launcher
+from autotune.store.storage_file import STUDY_FILE_LOST_EXIT_CODE, StudyFileLost
+from autotune.store.storage_outage import OUTAGE_EXIT_CODE, StorageUnavailable
 
 _SETTINGS = {
     "search": RunConfig,

@@ -6,11 +6,11 @@ import argparse
 
 from rich.table import Table
 
-from autotune import software_cache
-from autotune.errors import AutotuneError, SpaceError
-from autotune.models import catalogue_names, catalogue_parameter_counts, resolve_model
-from autotune.space_file import load_space, shipped_names
-from autotune.view import console
+from autotune.common.errors import AutotuneError, SpaceError
+from autotune.outputs.view import console
+from autotune.plan import software_cache
+from autotune.plan.models import catalogue_names, catalogue_parameter_counts, resolve_model
+from autotune.plan.space_file import load_space, shipped_names
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:

@@ -15,16 +15,16 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from autotune import hardware, software_cache
-from autotune.config import EstimateConfig, help_rows, make_config, parse_overrides
-from autotune.errors import AutotuneError, ConfigError
-from autotune.estimate import PARTS, Estimate, estimate
-from autotune.knobs import KNOBS, baseline_params, describe_params
-from autotune.models import ModelSpec, catalogue_parameter_counts, resolve_model
-from autotune.plan import input_problems
-from autotune.space_file import SoftwareFacts, known_name_problem, normalise_value
-from autotune.units import GIB, format_bytes
-from autotune.view import console
+from autotune.common.errors import AutotuneError, ConfigError
+from autotune.common.knobs import KNOBS, baseline_params, describe_params
+from autotune.common.units import GIB, format_bytes
+from autotune.outputs.view import console
+from autotune.plan import hardware, software_cache
+from autotune.plan.config import EstimateConfig, help_rows, make_config, parse_overrides
+from autotune.plan.estimate import PARTS, Estimate, estimate
+from autotune.plan.models import ModelSpec, catalogue_parameter_counts, resolve_model
+from autotune.plan.plan import input_problems
+from autotune.plan.space_file import SoftwareFacts, known_name_problem, normalise_value
 
 FREE_KNOBS = {"precision": ("fp32", "bf16"), "gradient_checkpointing": (False, True)}
 """Knobs the table varies when not given: those that move memory the most at a given batch."""

@@ -7,16 +7,13 @@ import signal
 import sys
 from pathlib import Path
 
-from autotune import api, conditions, export
-from autotune.config import ConfirmConfig, ExportConfig, ReportConfig, help_rows, load_config
-from autotune.errors import StudyError
-from autotune.interrupts import SearchInterrupted
-from autotune.records import Ending, StudySnapshot, read_snapshot
-from autotune.storage import load_study_dir
-from autotune.study_folder import write_study_folder
-from autotune.trial import Status
-from autotune.units import format_bytes, format_gib
-from autotune.view import (
+from autotune import api
+from autotune.common.errors import StudyError
+from autotune.common.trial import Status
+from autotune.common.units import format_bytes, format_gib
+from autotune.outputs import export
+from autotune.outputs.study_folder import write_study_folder
+from autotune.outputs.view import (
     NOTHING_TO_RECOMMEND,
     Reporter,
     TerminalView,
@@ -24,6 +21,11 @@ from autotune.view import (
     print_outcome,
     print_paths,
 )
+from autotune.plan import conditions
+from autotune.plan.config import ConfirmConfig, ExportConfig, ReportConfig, help_rows, load_config
+from autotune.search.interrupts import SearchInterrupted
+from autotune.store.records import Ending, StudySnapshot, read_snapshot
+from autotune.store.storage import load_study_dir
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:

@@ -13,17 +13,18 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from autotune import api, conditions
-from autotune.config import RunConfig, WorkerConfig, help_rows, load_config
-from autotune.factory_trust import describe
-from autotune.storage import MASK, join_config, safe_url
-from autotune.view import (
+from autotune import api
+from autotune.outputs.view import (
     NOTHING_TO_RECOMMEND,
     TerminalView,
     console,
     print_outcome,
     print_paths,
 )
+from autotune.plan import conditions
+from autotune.plan.config import RunConfig, WorkerConfig, help_rows, load_config
+from autotune.plan.factory_trust import describe
+from autotune.store.storage import MASK, join_config, safe_url
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

@@ -20,9 +20,9 @@ from pathlib import Path
 import optuna
 import yaml
 
-from autotune.checks import settings_key
+from autotune.common.trial import Status
 from autotune.replay import Landscape, plan_for
-from autotune.trial import Status
+from autotune.search.checks import settings_key
 
 SPACE = Path(__file__).parents[2] / "search_spaces" / "default.yaml"
 PARAMS = 335e6

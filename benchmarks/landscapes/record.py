@@ -23,8 +23,8 @@ import torch
 import transformers
 
 import autotune
-from autotune import checks
 from autotune.replay import FIGURES
+from autotune.search import checks
 
 HERE = Path(__file__).parent
 SETTINGS = {

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from autotune.trial import Progress, Stage, write_progress
+from autotune.common.trial import Progress, Stage, write_progress
 
 mode, spec_path, result_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 if mode.startswith("sequence:"):

@@ -12,7 +12,7 @@ import sqlite3
 import pytest
 
 from autotune import __version__, cli
-from autotune.records import RUN_ATTR, VERSIONS_ATTR
+from autotune.store.records import RUN_ATTR, VERSIONS_ATTR
 from tests.conftest import TINY_MODEL, fake_launcher
 
 

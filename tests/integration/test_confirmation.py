@@ -11,7 +11,7 @@ import pytest
 
 import autotune
 from autotune import cli
-from autotune.confirm import picks_to_confirm
+from autotune.outputs.confirm import picks_to_confirm
 from tests.conftest import TINY_MODEL, fake_launcher
 
 SPACE = """

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune import software_cache
+from autotune.plan import software_cache
 
 README = Path(__file__).parents[2] / "README.md"
 

@@ -13,10 +13,10 @@ import optuna
 import psutil
 import pytest
 
-from autotune.oom_killer import OomWitness
-from autotune.runner import CommandLauncher, launch_trial
-from autotune.study_lock import StudyLock
-from autotune.trial import Status, TrialSpec
+from autotune.common.trial import Status, TrialSpec
+from autotune.search.oom_killer import OomWitness
+from autotune.search.runner import CommandLauncher, launch_trial
+from autotune.store.study_lock import StudyLock
 from tests.conftest import FAKE_WORKER as FAKE
 from tests.conftest import TINY_MODEL
 

@@ -5,7 +5,7 @@ import optuna
 import pytest
 
 from autotune import cli
-from autotune.knobs import KNOBS
+from autotune.common.knobs import KNOBS
 from tests.conftest import TINY_MODEL, fake_launcher
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.records import load_records
-from autotune.trial import Status
-from autotune.user_data import CACHE_FOLDER, READY
+from autotune.common.trial import Status
+from autotune.plan.user_data import CACHE_FOLDER, READY
+from autotune.store.records import load_records
 from tests.benchmarking import up_to_three_attempts
 from tests.text_data import write_corpus
 

@@ -4,7 +4,7 @@ import sys
 
 def test_the_parent_never_imports_torch_or_transformers():
     code = (
-        "import sys; import autotune.cli, autotune.study, autotune.study_folder, autotune.runner; "
+        "import sys; import autotune.cli, autotune.search.study, autotune.outputs.study_folder, autotune.search.runner; "
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -12,7 +12,7 @@ def test_the_parent_never_imports_torch_or_transformers():
 
 
 def test_the_worker_never_imports_optuna():
-    code = "import sys, autotune.worker; print('optuna' in sys.modules)"
+    code = "import sys, autotune.child.worker; print('optuna' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -27,7 +27,7 @@ def test_the_fork_server_preload_never_initialises_cuda_even_where_cuda_is_prese
         "torch.cuda._lazy_init = lambda: calls.append(traceback.format_stack())\n"
         "torch.cuda.is_available = lambda: True\n"
         "torch.cuda.device_count = lambda: 1\n"
-        "from autotune.runner import PRELOAD\n"
+        "from autotune.search.runner import PRELOAD\n"
         "for name in PRELOAD: __import__(name)\n"
         "print(len(calls)); print(''.join(calls[0]) if calls else '')\n"
     )

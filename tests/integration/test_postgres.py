@@ -11,8 +11,8 @@ import sqlalchemy
 
 import autotune
 from autotune import cli
-from autotune.errors import StudyError
-from autotune.storage import open_storage
+from autotune.common.errors import StudyError
+from autotune.store.storage import open_storage
 from tests.conftest import TINY_MODEL, fake_launcher, postgres_database
 
 OUTPUTS = ("trials.csv", "pareto.csv", "recommended.json", "recommended.py", "report.html")

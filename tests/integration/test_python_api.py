@@ -11,7 +11,7 @@ import pytest
 
 import autotune
 from autotune import cli
-from autotune.errors import ConfigError
+from autotune.common.errors import ConfigError
 from tests.conftest import TINY_MODEL, fake_launcher
 
 README = Path(__file__).parents[2] / "README.md"

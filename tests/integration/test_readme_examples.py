@@ -28,8 +28,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.records import OWNER_ATTR, is_recorded
-from autotune.trial import Status
+from autotune.common.trial import Status
+from autotune.store.records import OWNER_ATTR, is_recorded
 from tests.conftest import postgres_database
 from tests.integration.test_workers import assert_counted_once
 

@@ -13,9 +13,9 @@ import optuna
 import pytest
 import yaml
 
-from autotune.estimate import Measured, calibrated_gib
+from autotune.common.trial import Status
+from autotune.plan.estimate import Measured, calibrated_gib
 from autotune.replay import Landscape, replay
-from autotune.trial import Status
 
 ROOT = Path(__file__).parents[2]
 LANDSCAPES = sorted((ROOT / "benchmarks" / "landscapes").glob("*.json"))

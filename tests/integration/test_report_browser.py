@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.report.data import CHARTS
+from autotune.outputs.report.data import CHARTS
 from tests.conftest import TINY_MODEL
 
 pytestmark = pytest.mark.slow

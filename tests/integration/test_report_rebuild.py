@@ -9,8 +9,8 @@ from pathlib import Path
 
 import optuna
 
-from autotune.records import BASELINE_ATTR, PARAMS_ATTR, RunInfo, store_run_info, tell_result
-from autotune.trial import Status, TrialResult
+from autotune.common.trial import Status, TrialResult
+from autotune.store.records import BASELINE_ATTR, PARAMS_ATTR, RunInfo, store_run_info, tell_result
 
 INFO = RunInfo(
     study="s", model="tiny", model_config={"model_type": "bert"}, task="sequence-classification",
@@ -21,9 +21,9 @@ INFO = RunInfo(
 
 IMPORTANCES_IN_A_FRESH_PROCESS = """
 import json
-from autotune.records import TrialRecord
-from autotune.report.charts import importances
-from autotune.trial import Status, TrialResult
+from autotune.store.records import TrialRecord
+from autotune.outputs.report.charts import importances
+from autotune.common.trial import Status, TrialResult
 # 'zeta' and 'alpha' always move together: their importances tie (but for the last bits).
 outcomes = [(8, 100.0, 4.0), (16, 180.0, 3.0), (32, 250.0, 5.0), (16, 150.0, 8.0),
             (8, 120.0, 2.0), (32, 260.0, 6.0)]

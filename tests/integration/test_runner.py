@@ -8,9 +8,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.oom_killer import OomWitness, read_oom_kills
-from autotune.runner import CommandLauncher, launch_trial, supervise
-from autotune.trial import Progress, Stage, Status, TrialSpec
+from autotune.common.trial import Progress, Stage, Status, TrialSpec
+from autotune.search.oom_killer import OomWitness, read_oom_kills
+from autotune.search.runner import CommandLauncher, launch_trial, supervise
 from tests.conftest import FAKE_WORKER as FAKE
 
 

@@ -15,11 +15,11 @@ import optuna
 import psutil
 import pytest
 
-from autotune.models import resolve_model
-from autotune.records import PARAMS_ATTR, RESULT_ATTR
-from autotune.runner import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
-from autotune.study import RETRY_OF_ATTR
-from autotune.trial import Progress, Stage, Status, TrialSpec
+from autotune.common.trial import Progress, Stage, Status, TrialSpec
+from autotune.plan.models import resolve_model
+from autotune.search.runner import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
+from autotune.search.study import RETRY_OF_ATTR
+from autotune.store.records import PARAMS_ATTR, RESULT_ATTR
 from tests.benchmarking import up_to_three_attempts
 from tests.conftest import TINY_MODEL
 

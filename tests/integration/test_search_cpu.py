@@ -15,7 +15,7 @@ import pytest
 import transformers
 import yaml
 
-from autotune.records import RunInfo
+from autotune.store.records import RunInfo
 from tests.benchmarking import up_to_three_attempts
 from tests.conftest import TINY_MODEL
 

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy
 
 from autotune import api, cli
-from autotune.config import load_config
+from autotune.plan.config import load_config
 from tests.conftest import TINY_MODEL, fake_launcher, postgres_database
 
 pytestmark = pytest.mark.slow
@@ -30,9 +30,9 @@ def test_two_workers_write_no_storage_password_into_the_study_folder(
     tmp_path, postgres_server_url, monkeypatch
 ):
     # Two workers without cores of their own (fake trials use none; the machine may have 2).
-    from autotune.parallel import Slot
+    from autotune.workers import Slot
 
-    monkeypatch.setattr("autotune.plan.assign", lambda workers, *_: ([Slot()] * workers, []))
+    monkeypatch.setattr("autotune.plan.plan.assign", lambda workers, *_: ([Slot()] * workers, []))
     with postgres_database(postgres_server_url) as url:
         settings = [f"model={TINY_MODEL}", "seq_len=32", "n_trials=4", f"out={tmp_path}",
                     "study=pw", "workers=2", f"storage={with_password(url)}",

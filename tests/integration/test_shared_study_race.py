@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from autotune import checks, hardware
-from autotune.config import load_config
-from autotune.plan import make_plan
-from autotune.storage import open_study
-from autotune.study import run_search
+from autotune.plan import hardware
+from autotune.plan.config import load_config
+from autotune.plan.plan import make_plan
+from autotune.search import checks
+from autotune.search.study import run_search
+from autotune.store.storage import open_study
 from tests.conftest import TINY_MODEL, postgres_database
 from tests.integration.test_sandbox_cpu import SPACE
 
@@ -77,7 +78,7 @@ def test_processes_sharing_a_study_on_postgresql_never_measure_the_same_settings
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
     # Not the estimate: the checks under test are "measured already" and "running elsewhere".
-    monkeypatch.setattr("autotune.estimate.estimate_gib", lambda *a, **k: None, raising=False)
+    monkeypatch.setattr("autotune.plan.estimate.estimate_gib", lambda *a, **k: None, raising=False)
     device_info = hardware.probe()
     fork = multiprocessing.get_context("fork")
     duplicates = []

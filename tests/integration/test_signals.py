@@ -14,8 +14,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.records import RETRY_OF_ATTR, is_interrupted
-from autotune.study import INTERRUPTED_RESULT
+from autotune.search.study import INTERRUPTED_RESULT
+from autotune.store.records import RETRY_OF_ATTR, is_interrupted
 from tests.conftest import TINY_MODEL
 from tests.integration.test_sandbox_cpu import SPACE, descendants, rows, wait_gone
 

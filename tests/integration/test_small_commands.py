@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune import cli, software_cache
+from autotune import cli
+from autotune.plan import software_cache
 
 CPU_SPACE = str(Path(__file__).parents[2] / "search_spaces" / "cpu.yaml")
 HEAVY = ("torch", "transformers")

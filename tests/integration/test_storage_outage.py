@@ -11,8 +11,8 @@ import time
 import optuna
 import pytest
 
-from autotune.records import is_recorded
-from autotune.storage_outage import OUTAGE_EXIT_CODE, RETRY_ENV
+from autotune.store.records import is_recorded
+from autotune.store.storage_outage import OUTAGE_EXIT_CODE, RETRY_ENV
 from tests import postgres_server
 from tests.conftest import TINY_MODEL
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from autotune import cli
-from autotune.storage_file import STUDY_FILE_LOST_EXIT_CODE
+from autotune.store.storage_file import STUDY_FILE_LOST_EXIT_CODE
 from tests.conftest import TINY_MODEL, fake_launcher
 
 pytestmark = pytest.mark.usefixtures("probe_once")

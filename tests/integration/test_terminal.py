@@ -2,8 +2,8 @@
 (terminal), noise and math changes marked, and `autotune report` printing the outcome too."""
 
 from autotune import api, cli
-from autotune.config import make_config
-from autotune.view import TerminalView
+from autotune.outputs.view import TerminalView
+from autotune.plan.config import make_config
 from tests.conftest import TINY_MODEL, fake_launcher
 
 ARGS = [f"model={TINY_MODEL}", "n_trials=3", "seq_len=32", "warmup_steps=2", "measure_steps=3"]

@@ -13,16 +13,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune import factories
-from autotune.models import resolve_model
-from autotune.runner import ForkserverLauncher, launch_trial
-from autotune.trial import Status, TrialSpec
-from autotune.worker_log import LOG_CAP_BYTES
+from autotune.common.trial import Status, TrialSpec
+from autotune.plan import factories
+from autotune.plan.models import resolve_model
+from autotune.search.runner import ForkserverLauncher, launch_trial
+from autotune.search.worker_log import LOG_CAP_BYTES
 from tests.conftest import TINY_MODEL
 
 FACTORY_HEAD = """
 import transformers
-from autotune.data import SyntheticDataset
+from autotune.child.data import SyntheticDataset
 
 
 def tiny_trainer(args, model_kwargs):

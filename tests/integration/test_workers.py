@@ -24,11 +24,15 @@ import psutil
 import pytest
 import sqlalchemy
 
-from autotune import api, checks, cli, hardware
-from autotune.config import load_config
-from autotune.parallel import Slot
-from autotune.plan import make_plan
-from autotune.records import (
+from autotune import api, cli
+from autotune.common.trial import Status, TrialResult
+from autotune.outputs.view import TerminalView
+from autotune.plan import hardware
+from autotune.plan.config import load_config
+from autotune.plan.plan import make_plan
+from autotune.search import checks
+from autotune.search.study import SearchObserver
+from autotune.store.records import (
     BASELINE_ATTR,
     NOT_RUN_ATTR,
     OWNER_ATTR,
@@ -39,10 +43,8 @@ from autotune.records import (
     load_records,
     tell_result,
 )
-from autotune.storage import open_storage, open_study
-from autotune.study import SearchObserver
-from autotune.trial import Status, TrialResult
-from autotune.view import TerminalView
+from autotune.store.storage import open_storage, open_study
+from autotune.workers import Slot
 from tests.benchmarking import up_to_three_attempts
 from tests.conftest import TINY_MODEL, fake_launcher, postgres_database
 
@@ -70,7 +72,7 @@ def any_cores(monkeypatch):
     """N workers without core sets of their own. On CPU each worker owns some cores, and the
     2-core CI machine has fewer than 3; a fake trial uses none. (The README's CPU command,
     run by test_readme_examples.py, runs real trials on one core each.)"""
-    monkeypatch.setattr("autotune.plan.assign", lambda workers, *_: ([Slot()] * workers, []))
+    monkeypatch.setattr("autotune.plan.plan.assign", lambda workers, *_: ([Slot()] * workers, []))
 
 
 class Watch(SearchObserver):
@@ -168,7 +170,7 @@ def children_running(module: str) -> list[psutil.Process]:
 
 def in_a_trial(study: optuna.Study, index: int):
     """(worker `index`'s process, its trial's process, the trial) while it runs a trial."""
-    for worker in children_running("autotune.parallel"):
+    for worker in children_running("autotune.workers"):
         with contextlib.suppress(psutil.NoSuchProcess):
             if worker.cmdline()[-1] != str(index):
                 continue

@@ -7,10 +7,16 @@ import os
 import optuna
 import pytest
 
-from autotune.errors import AutotuneError
-from autotune.records import BASELINE_ATTR, PARAMS_ATTR, read_snapshot, store_run_info, tell_result
-from autotune.study_folder import write_study_folder
-from autotune.trial import Status, TrialResult, write_json_atomic
+from autotune.common.errors import AutotuneError
+from autotune.common.trial import Status, TrialResult, write_json_atomic
+from autotune.outputs.study_folder import write_study_folder
+from autotune.store.records import (
+    BASELINE_ATTR,
+    PARAMS_ATTR,
+    read_snapshot,
+    store_run_info,
+    tell_result,
+)
 from tests.unit.test_hardening import plan_for
 from tests.unit.test_report_data import INFO
 from tests.unit.test_software_cache import probes  # noqa: F401 (a fixture)
@@ -156,7 +162,7 @@ def test_a_software_cache_that_cannot_be_written_is_passed_over(
     tmp_path,
     monkeypatch,
 ):
-    from autotune import software_cache
+    from autotune.plan import software_cache
 
     (tmp_path / "file").write_text("")
     monkeypatch.setenv(software_cache.CACHE_DIR_ENV, str(tmp_path / "file" / "cache"))
@@ -166,7 +172,7 @@ def test_a_software_cache_that_cannot_be_written_is_passed_over(
 
 
 def test_a_search_log_that_is_a_symlink_is_not_appended_through(tmp_path, capsys):
-    from autotune.view import Reporter
+    from autotune.outputs.view import Reporter
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.write_text("someone else's file\n")
@@ -179,7 +185,7 @@ def test_a_search_log_that_is_a_symlink_is_not_appended_through(tmp_path, capsys
 
 
 def test_a_search_lock_that_is_a_symlink_is_refused_and_its_target_left_alone(tmp_path):
-    from autotune.study_lock import LOCK_FILE, StudyLock
+    from autotune.store.study_lock import LOCK_FILE, StudyLock
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.write_text("someone else's file\n")

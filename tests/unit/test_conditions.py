@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune import conditions
-from autotune.records import RunInfo
+from autotune.plan import conditions
+from autotune.store.records import RunInfo
 
 VERSIONS = {"torch": "2.13.0", "transformers": "4.57.0", "autotune": "0.1.0"}
 

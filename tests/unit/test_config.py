@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import RunConfig, help_rows, load_config
-from autotune.errors import ConfigError
+from autotune.common.errors import ConfigError
+from autotune.plan.config import RunConfig, help_rows, load_config
 
 
 def test_overrides_are_typed_and_defaults_fill_the_rest():

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.checks import over_budget_by_estimate
-from autotune.config import load_config
-from autotune.errors import ConfigError
-from autotune.hardware import DeviceInfo
-from autotune.parallel import Slot
-from autotune.plan import make_plan
+from autotune.common.errors import ConfigError
+from autotune.plan.config import load_config
+from autotune.plan.hardware import DeviceInfo
+from autotune.plan.plan import make_plan
+from autotune.search.checks import over_budget_by_estimate
+from autotune.workers import Slot
 
 GIB = 2**30
 

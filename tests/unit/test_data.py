@@ -3,7 +3,7 @@ real (non-pad) tokens counted."""
 
 import torch
 
-from autotune.data import IGNORE_INDEX, PaddingCollator
+from autotune.child.data import IGNORE_INDEX, PaddingCollator
 
 SAMPLES = [{"input_ids": [5, 6, 7], "label": 1}, {"input_ids": [8], "label": 0}]
 

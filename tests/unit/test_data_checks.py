@@ -5,7 +5,7 @@ import re
 import pyarrow as pa
 import pytest
 
-from autotune.data_checks import (
+from autotune.child.data_checks import (
     DataError,
     check_files,
     check_labels,

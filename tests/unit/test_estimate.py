@@ -2,10 +2,10 @@
 
 import pytest
 
-from autotune.checks import over_budget_by_estimate
 from autotune.cli.estimate import parse
-from autotune.errors import ConfigError
-from autotune.estimate import (
+from autotune.common.errors import ConfigError
+from autotune.common.trial import Status, TrialResult
+from autotune.plan.estimate import (
     CPU_RUNTIME_BYTES,
     CUDA_CONTEXT_BYTES,
     Measured,
@@ -14,9 +14,9 @@ from autotune.estimate import (
     optimizer_bytes_per_parameter,
     shape_of,
 )
-from autotune.models import catalogue_parameter_counts, resolve_model
-from autotune.records import TrialRecord
-from autotune.trial import Status, TrialResult
+from autotune.plan.models import catalogue_parameter_counts, resolve_model
+from autotune.search.checks import over_budget_by_estimate
+from autotune.store.records import TrialRecord
 
 BERT_LARGE = resolve_model("bert-large-uncased")
 PARAMETERS = catalogue_parameter_counts()["bert-large-uncased"]
@@ -134,8 +134,8 @@ def test_the_estimate_check_skips_what_cannot_fit_and_says_why():
 
 
 def test_batch_sizes_that_cannot_fit_leave_the_space_and_the_smallest_stays(tmp_path):
-    from autotune.config import load_config
-    from autotune.plan import fit_batches_to_budget, make_plan
+    from autotune.plan.config import load_config
+    from autotune.plan.plan import fit_batches_to_budget, make_plan
     from tests.unit.test_hardening import CPU
 
     def plan_for(tmp_path, *settings):

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from autotune import hardware, software_cache
 from autotune.cli import estimate as estimate_cli
-from autotune.config import load_config
-from autotune.errors import ConfigError, DeviceError, SpaceError
-from autotune.hardware import DeviceInfo
-from autotune.knobs import KNOBS
-from autotune.plan import make_plan
-from autotune.space_file import SoftwareFacts, parse_space
+from autotune.common.errors import ConfigError, DeviceError, SpaceError
+from autotune.common.knobs import KNOBS
+from autotune.plan import hardware, software_cache
+from autotune.plan.config import load_config
+from autotune.plan.hardware import DeviceInfo
+from autotune.plan.plan import make_plan
+from autotune.plan.space_file import SoftwareFacts, parse_space
 
 
 def test_estimate_device_cuda_without_a_gpu_suggests_memory_budget(

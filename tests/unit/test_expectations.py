@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.config import load_config
-from autotune.estimate import flops_per_sample, shape_of
-from autotune.hardware import DeviceInfo
-from autotune.models import resolve_model
-from autotune.plan import make_plan
-from autotune.view import expectations
+from autotune.outputs.view import expectations
+from autotune.plan.config import load_config
+from autotune.plan.estimate import flops_per_sample, shape_of
+from autotune.plan.hardware import DeviceInfo
+from autotune.plan.models import resolve_model
+from autotune.plan.plan import make_plan
 
 GIB = 2**30
 

@@ -6,11 +6,11 @@ import shlex
 import pytest
 import transformers
 
-from autotune.errors import StudyError
-from autotune.export import render, render_cli, render_script
-from autotune.knobs import training_args
-from autotune.records import RunInfo, TrialRecord
-from autotune.trial import Status, TrialResult
+from autotune.common.errors import StudyError
+from autotune.common.knobs import training_args
+from autotune.common.trial import Status, TrialResult
+from autotune.outputs.export import render, render_cli, render_script
+from autotune.store.records import RunInfo, TrialRecord
 
 INSTALLED = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
 PARAMS = {
@@ -48,7 +48,7 @@ def test_cpu_runs_say_so_and_build_without_deprecation_warnings(recwarn):
 
 
 def test_compile_pin_memory_and_attention_map_to_their_fields():
-    from autotune.knobs import model_kwargs
+    from autotune.common.knobs import model_kwargs
 
     params = {
         "torch_compile": "inductor",

@@ -9,15 +9,15 @@ import optuna
 import psutil
 import pytest
 
-from autotune.config import load_config
-from autotune.errors import ConfigError, StudyError
-from autotune.hardware import DeviceInfo
-from autotune.plan import default_study_name, make_plan
-from autotune.records import OWNER_ATTR, RUN_ATTR, RunInfo
-from autotune.storage import locked_study
-from autotune.study import INTERRUPTED_RESULT, recover
-from autotune.study_lock import StudyLock
-from autotune.units import format_bytes, format_gib
+from autotune.common.errors import ConfigError, StudyError
+from autotune.common.units import format_bytes, format_gib
+from autotune.plan.config import load_config
+from autotune.plan.hardware import DeviceInfo
+from autotune.plan.plan import default_study_name, make_plan
+from autotune.search.study import INTERRUPTED_RESULT, recover
+from autotune.store.records import OWNER_ATTR, RUN_ATTR, RunInfo
+from autotune.store.storage import locked_study
+from autotune.store.study_lock import StudyLock
 from tests.conftest import TINY_MODEL
 
 CPU = DeviceInfo(
@@ -141,7 +141,7 @@ def test_only_trials_of_searches_that_are_gone_count_as_interrupted(tmp_path, mo
     assert states[alive] is running and states[elsewhere] is running
     assert states[legacy] is running
     assert queued == [dead_pid, reused]
-    monkeypatch.setattr("autotune.study.UNOWNED_GRACE_S", 0.0)  # long after: an old search's
+    monkeypatch.setattr("autotune.search.study.UNOWNED_GRACE_S", 0.0)  # long after: an old search's
     assert recover(study, tmp_path, baseline={}) == [legacy]
     dead_dir = tmp_path / "trials" / f"{dead_pid:04d}"
     assert not (dead_dir / "result.json").exists(), "an unrecorded result passes for a real one"

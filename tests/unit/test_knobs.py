@@ -6,8 +6,8 @@ import optuna
 import pytest
 import transformers
 
-from autotune.errors import SpaceError
-from autotune.knobs import (
+from autotune.common.errors import SpaceError
+from autotune.common.knobs import (
     active,
     at_least_as_hungry,
     baseline_params,
@@ -18,8 +18,8 @@ from autotune.knobs import (
     sixteen_bit,
     training_args,
 )
-from autotune.space import SamplingRules
-from autotune.space_file import load_space, parse_space, shipped_names
+from autotune.plan.space import SamplingRules
+from autotune.plan.space_file import load_space, parse_space, shipped_names
 
 FIELDS = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
 OLD_FIELDS = FIELDS - {"activation_checkpointing", "activation_checkpointing_kwargs"}

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from autotune.cli.estimate import parse as parse_estimate
-from autotune.config import (
+from autotune.common.errors import ConfigError
+from autotune.plan.config import (
     EstimateConfig,
     ExportConfig,
     ReportConfig,
@@ -16,7 +17,6 @@ from autotune.config import (
     load_config,
     make_config,
 )
-from autotune.errors import ConfigError
 
 
 def test_a_data_file_named_with_a_hash_is_that_file_not_a_yaml_comment() -> None:

@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from autotune import hardware, measure
-from autotune.data import PaddingCollator
+from autotune.child import measure
+from autotune.child.data import PaddingCollator
+from autotune.plan import hardware
 
 
 def test_warmup_steps_are_outside_the_timed_window(monkeypatch):
@@ -96,7 +97,7 @@ def test_compile_time_is_the_warmup_beyond_ordinary_steps(monkeypatch):
 def test_bert_large_flops_match_a_hand_count():
     import torch
 
-    from autotune.models import build_model, resolve_model
+    from autotune.plan.models import build_model, resolve_model
 
     with torch.device("meta"):
         model = build_model(resolve_model("bert-large-uncased"), "sequence-classification")
@@ -114,7 +115,7 @@ def test_bert_large_flops_match_a_hand_count():
 def test_flops_count_both_sides_of_an_encoder_decoder():
     import torch
 
-    from autotune.models import build_model, resolve_model
+    from autotune.plan.models import build_model, resolve_model
 
     with torch.device("meta"):
         model = build_model(resolve_model("t5-small"), "seq2seq")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.units import GIB, MIB, format_bytes_apart
+from autotune.common.units import GIB, MIB, format_bytes_apart
 
 
 def test_an_oom_reason_shows_enough_digits_that_peak_and_budget_differ() -> None:

@@ -7,12 +7,12 @@ import sqlite3
 import optuna
 import pytest
 
-from autotune.config import WorkerConfig, load_config
-from autotune.errors import ConfigError, StudyError
-from autotune.parallel import Slot, _ranges, _split, assign
-from autotune.plan import make_plan
-from autotune.records import SETTINGS_ATTR
-from autotune.storage import heartbeat_interval_s, join_config, open_storage, open_study
+from autotune.common.errors import ConfigError, StudyError
+from autotune.plan.config import WorkerConfig, load_config
+from autotune.plan.plan import make_plan
+from autotune.store.records import SETTINGS_ATTR
+from autotune.store.storage import heartbeat_interval_s, join_config, open_storage, open_study
+from autotune.workers import Slot, _ranges, _split, assign
 from tests.conftest import TINY_MODEL
 from tests.unit.test_hardening import CPU
 

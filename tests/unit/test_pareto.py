@@ -1,8 +1,10 @@
 import optuna
 import pytest
 
-from autotune.pareto import pick
-from autotune.records import (
+from autotune.common.trial import Status, TrialResult
+from autotune.common.units import GIB
+from autotune.outputs.pareto import pick
+from autotune.store.records import (
     BASELINE_ATTR,
     PARAMS_ATTR,
     RESULT_ATTR,
@@ -12,8 +14,6 @@ from autotune.records import (
     store_run_info,
     tell_result,
 )
-from autotune.trial import Status, TrialResult
-from autotune.units import GIB
 
 BUDGET_GIB = 10.0
 

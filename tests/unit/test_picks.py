@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.confirm import order
-from autotune.pareto import Confirmed, candidates, pick
-from autotune.records import TrialRecord, changes_training_of
-from autotune.trial import Status, TrialResult
+from autotune.common.trial import Status, TrialResult
+from autotune.outputs.confirm import order
+from autotune.outputs.pareto import Confirmed, candidates, pick
+from autotune.store.records import TrialRecord, changes_training_of
 
 BASELINE = {"batch_size": 8, "precision": "fp32", "optim": "adamw_torch"}
 

@@ -5,7 +5,11 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.cli.results import _exit_code
-from autotune.records import (
+from autotune.common.trial import Status, TrialResult
+from autotune.outputs.report.data import build_report_data
+from autotune.outputs.study_folder import table
+from autotune.outputs.view import Reporter, print_outcome
+from autotune.store.records import (
     BASELINE_ATTR,
     INTERRUPTED_BY_ATTR,
     PARAMS_ATTR,
@@ -17,10 +21,6 @@ from autotune.records import (
     store_run_info,
     tell_result,
 )
-from autotune.report.data import build_report_data
-from autotune.study_folder import table
-from autotune.trial import Status, TrialResult
-from autotune.view import Reporter, print_outcome
 from tests.unit.test_report_data import INFO
 
 OK = TrialResult(status=Status.OK, samples_per_s=100.0, peak_memory_gib=4.0, step_time_cv=0.01)

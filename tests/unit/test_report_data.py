@@ -8,7 +8,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.records import (
+from autotune.common.trial import Status, TrialResult
+from autotune.outputs.report.data import CHARTS, build_report_data
+from autotune.outputs.report.html import figures, packed_plotly_js, render_html
+from autotune.store.records import (
     BASELINE_ATTR,
     PARAMS_ATTR,
     RunInfo,
@@ -16,9 +19,6 @@ from autotune.records import (
     store_run_info,
     tell_result,
 )
-from autotune.report.data import CHARTS, build_report_data
-from autotune.report.html import figures, packed_plotly_js, render_html
-from autotune.trial import Status, TrialResult
 
 GIB = 1024**3
 INFO = RunInfo(

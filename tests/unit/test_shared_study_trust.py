@@ -6,12 +6,12 @@ import hashlib
 import pytest
 
 from autotune import cli
-from autotune.config import WorkerConfig, load_config
-from autotune.factories import FactoryError, source_file
-from autotune.hardware import DeviceInfo
-from autotune.plan import make_plan
-from autotune.records import RunInfo
-from autotune.storage import join_config, open_study
+from autotune.plan.config import WorkerConfig, load_config
+from autotune.plan.factories import FactoryError, source_file
+from autotune.plan.hardware import DeviceInfo
+from autotune.plan.plan import make_plan
+from autotune.store.records import RunInfo
+from autotune.store.storage import join_config, open_study
 from tests.conftest import TINY_MODEL
 
 CPU = DeviceInfo(

@@ -2,10 +2,10 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 
-from autotune.errors import SpaceError
-from autotune.knobs import baseline_params
-from autotune.space import SamplingRules
-from autotune.space_file import SoftwareFacts, load_space, parse_space, shipped_names
+from autotune.common.errors import SpaceError
+from autotune.common.knobs import baseline_params
+from autotune.plan.space import SamplingRules
+from autotune.plan.space_file import SoftwareFacts, load_space, parse_space, shipped_names
 
 FACTS = SoftwareFacts(
     optimizer_names=("adamw_torch", "adamw_torch_fused", "adafactor", "sgd"),

@@ -3,7 +3,7 @@ import sqlite3
 
 import pytest
 
-from autotune.storage_file import FileWatch, damage
+from autotune.store.storage_file import FileWatch, damage
 
 
 def error_reading(db) -> sqlite3.Error:

@@ -1,7 +1,7 @@
 import pytest
 
-from autotune.errors import ConfigError
-from autotune.storage_outage import OUTAGE_RETRY_S, RETRY_ENV, outage_retry_s
+from autotune.common.errors import ConfigError
+from autotune.store.storage_outage import OUTAGE_RETRY_S, RETRY_ENV, outage_retry_s
 
 
 def test_a_search_waits_a_minute_for_its_database_unless_told_otherwise(monkeypatch):
@@ -19,7 +19,7 @@ def test_a_wait_that_is_not_a_number_of_seconds_is_refused_naming_it(monkeypatch
 
 
 def test_a_bad_wait_is_refused_when_the_storage_opens_before_any_connection(monkeypatch):
-    from autotune.storage import open_storage
+    from autotune.store.storage import open_storage
 
     monkeypatch.setenv(RETRY_ENV, "soon")
     # Port 9 (discard) on this host: a connection would fail another way, after its timeout.

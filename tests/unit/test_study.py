@@ -1,15 +1,15 @@
 import optuna
 import pytest
 
-from autotune.checks import as_hungry_as_an_oom
-from autotune.config import load_config
-from autotune.errors import ConfigError
-from autotune.hardware import DeviceInfo
-from autotune.knobs import at_least_as_hungry, baseline_params
-from autotune.plan import make_plan
-from autotune.records import TrialRecord
-from autotune.study import make_sampler
-from autotune.trial import Status, TrialResult
+from autotune.common.errors import ConfigError
+from autotune.common.knobs import at_least_as_hungry, baseline_params
+from autotune.common.trial import Status, TrialResult
+from autotune.plan.config import load_config
+from autotune.plan.hardware import DeviceInfo
+from autotune.plan.plan import make_plan
+from autotune.search.checks import as_hungry_as_an_oom
+from autotune.search.study import make_sampler
+from autotune.store.records import TrialRecord
 from tests.conftest import TINY_MODEL
 
 OOM = {"batch_size": 32, "gradient_checkpointing": False, "precision": "bf16", "optim": "sgd"}
@@ -108,8 +108,8 @@ def test_tpe_is_told_what_other_processes_are_running(tmp_path):
 
 
 def test_settings_another_process_is_running_are_not_run_again():
-    from autotune.records import NOT_RUN_ATTR, PARAMS_ATTR, is_interrupted
-    from autotune.study import _not_to_run
+    from autotune.search.study import _not_to_run
+    from autotune.store.records import NOT_RUN_ATTR, PARAMS_ATTR, is_interrupted
 
     study = optuna.create_study(directions=["maximize", "minimize"])
     theirs = study.ask()
@@ -126,8 +126,8 @@ def test_settings_another_process_is_running_are_not_run_again():
 
 
 def test_of_two_retries_queued_at_once_the_earlier_runs_whichever_is_asked_first():
-    from autotune.records import PARAMS_ATTR
-    from autotune.study import RETRY_OF_ATTR, _not_to_run
+    from autotune.search.study import RETRY_OF_ATTR, _not_to_run
+    from autotune.store.records import PARAMS_ATTR
 
     study = optuna.create_study(directions=["maximize", "minimize"])
     settings = {"batch_size": 16}
@@ -143,7 +143,7 @@ def test_of_two_retries_queued_at_once_the_earlier_runs_whichever_is_asked_first
 
 
 def test_trials_asked_for_earlier_go_first_up_to_n_trials():
-    from autotune.study import _not_to_run
+    from autotune.search.study import _not_to_run
 
     study = optuna.create_study(directions=["maximize", "minimize"])
     first, second, third = study.ask(), study.ask(), study.ask()
@@ -158,8 +158,8 @@ def test_trials_asked_for_earlier_go_first_up_to_n_trials():
 
 
 def test_of_two_retries_queued_for_one_trial_only_the_first_runs():
-    from autotune.records import RETRY_OF_ATTR
-    from autotune.study import _not_to_run
+    from autotune.search.study import _not_to_run
+    from autotune.store.records import RETRY_OF_ATTR
 
     study = optuna.create_study(directions=["maximize", "minimize"])
     study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # trial 0, interrupted
@@ -173,8 +173,8 @@ def test_of_two_retries_queued_for_one_trial_only_the_first_runs():
 
 
 def test_of_two_baselines_queued_at_once_only_the_first_runs():
-    from autotune.records import BASELINE_ATTR
-    from autotune.study import _not_to_run, enqueue_baseline
+    from autotune.search.study import _not_to_run, enqueue_baseline
+    from autotune.store.records import BASELINE_ATTR
 
     study = optuna.create_study(directions=["maximize", "minimize"])
     for _ in range(2):  # two workers starting on a new study at the same moment

@@ -3,11 +3,11 @@ makes no memory estimate of a model it may not train."""
 
 from __future__ import annotations
 
-from autotune.config import load_config
-from autotune.hardware import DeviceInfo
-from autotune.plan import make_plan
-from autotune.records import TrialRecord, trained_note
-from autotune.trial import Status, TrialResult
+from autotune.common.trial import Status, TrialResult
+from autotune.plan.config import load_config
+from autotune.plan.hardware import DeviceInfo
+from autotune.plan.plan import make_plan
+from autotune.store.records import TrialRecord, trained_note
 from tests.conftest import TINY_MODEL
 
 CPU = DeviceInfo(

@@ -1,6 +1,6 @@
 import pytest
 
-from autotune.trial import Status, TrialResult, feasible
+from autotune.common.trial import Status, TrialResult, feasible
 
 
 @pytest.mark.parametrize(

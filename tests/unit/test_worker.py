@@ -3,8 +3,9 @@ import math
 
 import pytest
 
-from autotune import measure, worker
-from autotune.trial import (
+from autotune.child import measure, worker
+from autotune.child.worker import ProgressReporter, verdict
+from autotune.common.trial import (
     PROGRESS_FILE,
     Progress,
     Stage,
@@ -13,7 +14,6 @@ from autotune.trial import (
     read_progress,
     write_progress,
 )
-from autotune.worker import ProgressReporter, verdict
 
 
 def test_a_full_run_with_a_finite_loss_is_ok():

@@ -1,0 +1,445 @@
+"""One trial in a process of its own: `python -m autotune.child.worker SPEC.json RESULT.json`.
+
+Builds the model from its config, the data (random token ids, as the HF guide does, or the
+user's prepared data) and the real HF `Trainer` with the tuned `TrainingArguments`, or calls
+the user's own Trainer factory with those arguments; trains warm-up plus measured steps, counts
+what the loop trained on, and writes a `TrialResult` atomically. The only code that touches the
+device; it never imports optuna. Exit code 0 means the result file says what happened.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+import transformers
+import transformers.trainer
+
+from autotune.child import data, measure
+from autotune.common import knobs
+from autotune.common.processes import (
+    children_die_with_this_process,
+    end_own_descendants,
+    keep_orphans_in_this_tree,
+)
+from autotune.common.trial import (
+    PROGRESS_FILE,
+    Progress,
+    Stage,
+    Status,
+    TrialResult,
+    TrialSpec,
+    spec_from_dict,
+    write_json_atomic,
+    write_progress,
+)
+from autotune.common.units import GIB
+from autotune.plan import factories, hardware, user_data
+from autotune.plan.models import ModelSpec, build_model
+
+
+class InvalidConfig(Exception):
+    """The settings were refused before training started."""
+
+
+def train_trial(spec: TrialSpec, progress_path: Path) -> TrialResult:
+    """The trial in stages: memory baseline, arguments, model, data, timed training, result."""
+    trial_started_s = time.perf_counter()
+    # The Trainer wants an output folder; with saving and logging off it stays empty.
+    with tempfile.TemporaryDirectory(prefix="autotune-trainer-") as workdir:
+        baseline_rss = _prepare(spec)
+        on_cuda = spec.device == "cuda"
+        timer = measure.StepTimer(
+            spec.warmup_steps, torch.cuda.synchronize if on_cuda else _no_sync
+        )
+        reporter = ProgressReporter(
+            progress_path,
+            timer,
+            spec=spec,
+            baseline_rss_bytes=baseline_rss,
+            started_s=trial_started_s,
+        )
+        reporter.report_building()  # with this record the parent's CPU watchdog has its zero
+        started = time.perf_counter()
+        tuned_args = knobs.training_args(spec.params, device=spec.device, fields=_ARG_FIELDS)
+        model_kwargs = knobs.model_kwargs(spec.params)
+        if spec.trainer:
+            trainer = _users_trainer(spec, tuned_args, model_kwargs, workdir)
+        else:
+            trainer = _our_trainer(spec, tuned_args, model_kwargs, workdir)
+        timer.counter = measure.count_batches(trainer)
+        # Callbacks run in list order, after the Trainer's and the user's own: the reporter
+        # after the timer has read the clock.
+        trainer.add_callback(timer)
+        trainer.add_callback(reporter)
+        build_s = time.perf_counter() - started
+
+        started = time.perf_counter()
+        output = trainer.train()
+        train_s = time.perf_counter() - started
+
+        model = trainer.model
+        memory = _cuda_memory() if on_cuda else _cpu_memory(baseline_rss)
+        device_name = torch.cuda.get_device_name() if on_cuda else "cpu"
+        step_times_s = timer.measured_step_times_s()
+        measured: dict[str, Any] = {
+            **memory,
+            "final_loss": output.training_loss,
+            "build_s": build_s,
+            "train_s": train_s,
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "device_name": device_name,
+            "cpu_threads": None if on_cuda else torch.get_num_threads(),
+            "training_args": tuned_args,
+            "model_kwargs": model_kwargs,
+            "step_times_ms": [t * 1e3 for t in step_times_s],
+            # What a user's factory really trains, which `model=` and `seq_len=` only name.
+            "trained_model": getattr(model.config, "name_or_path", "") or model.config.model_type,
+            "trained_seq_len": timer.counter.longest or None,
+        }
+        return _result(spec, timer, model, output.training_loss, measured)
+
+
+def _our_trainer(
+    spec: TrialSpec, tuned_args: dict[str, Any], model_kwargs: dict[str, Any], workdir: str
+) -> transformers.Trainer:
+    """The HF Trainer on the model built from its config, with random tokens or the user's
+    prepared data (`data=`), memory-mapped here, after the fork: the fork server never loads
+    data, so no arrow thread or mapping crosses a fork."""
+    run_only = {"remove_unused_columns": False} if spec.data_dir else {}
+    # The collator reads only the columns it needs; kept, the `length` column spares
+    # group_by_length a pass over every sample to measure it.
+    args = _training_arguments(spec, tuned_args | run_only, workdir)
+    model = build_model(
+        ModelSpec(name=spec.model_name, source="spec", config=spec.model_config),
+        spec.task,
+        **model_kwargs,
+    )
+    if spec.data_dir:
+        import datasets
+
+        dataset = datasets.load_from_disk(spec.data_dir)
+        collator = data.PaddingCollator(
+            task=spec.task,
+            pad_token_id=user_data.read_ready(Path(spec.data_dir))["pad_token_id"],
+            pad_to_multiple_of=spec.params.get("pad_to_multiple_of", 1),
+        )
+    else:
+        samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        dataset = data.SyntheticDataset(
+            task=spec.task,
+            vocab_size=model.config.vocab_size,
+            seq_len=spec.seq_len,
+            n_samples=samples_per_step * args.max_steps,
+            seed=spec.seed,
+        )
+        collator = None  # the Trainer's default: the samples are of one length
+    return transformers.Trainer(
+        model=model, args=args, train_dataset=dataset, data_collator=collator
+    )
+
+
+def _users_trainer(
+    spec: TrialSpec, tuned_args: dict[str, Any], model_kwargs: dict[str, Any], workdir: str
+) -> transformers.Trainer:
+    """The Trainer the user's factory (`trainer=`) makes with the tuned arguments."""
+    args = _training_arguments(spec, tuned_args, workdir)
+    factory = factories.load(spec.trainer, spec.trainer_dir)
+    # A copy taken before the call: the factory may change the very object it is given.
+    expected = _set_by_autotune(args, spec, tuned_args)
+    print(f"calling {spec.trainer}(args, model_kwargs={model_kwargs!r})", flush=True)
+    trainer = factory(args, dict(model_kwargs))
+    if not isinstance(trainer, transformers.Trainer):
+        raise factories.FactoryError(
+            f"{spec.trainer} returned {type(trainer).__name__}, not a transformers.Trainer"
+        )
+    check_trained_args(spec.trainer, expected, trainer.args)
+    return trainer
+
+
+def _set_by_autotune(
+    args: transformers.TrainingArguments, spec: TrialSpec, tuned_args: dict[str, Any]
+) -> dict[str, Any]:
+    """The values of every argument autotune set (the tuned ones and the fixed run length),
+    as TrainingArguments holds them after its own checks."""
+    names = [*tuned_args, *_run_args(spec)]
+    return {name: copy.deepcopy(getattr(args, name)) for name in names}
+
+
+def check_trained_args(ref: str, expected: dict[str, Any], trained: Any) -> None:
+    """Refuse a Trainer whose arguments differ from those autotune set: its trial would be
+    recorded under settings that never ran."""
+    changed = [
+        f"{name}={getattr(trained, name, None)!r} (tuned: {value!r})"
+        for name, value in expected.items()
+        if getattr(trained, name, None) != value
+    ]
+    if changed:
+        raise factories.FactoryError(
+            f"{ref}: the Trainer trains with other arguments than the trial's: "
+            f"{', '.join(changed)}. Pass `args` to the Trainer unchanged (Trainer(args=args, "
+            "...)); settings of your own belong in the search space"
+        )
+
+
+_ARG_FIELDS = frozenset(f.name for f in dataclasses.fields(transformers.TrainingArguments))
+"""The installed transformers' TrainingArguments fields (names change between releases)."""
+
+
+def _prepare(spec: TrialSpec) -> int:
+    """Seeds, caches and memory accounting; returns the process's resident size before the
+    trial builds anything (the CPU memory baseline)."""
+    # torch and transformers leave millions of objects on the heap; a full garbage collection
+    # walking them in the middle of the timed window costs a step 50-100 ms. Freezing them out
+    # of the collector's view removes those pauses (and copy-on-write churn after a fork).
+    gc.freeze()
+    transformers.set_seed(spec.seed)
+    if spec.compile_cache_dir:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = spec.compile_cache_dir
+    # Every module a trial needs is imported by now (transformers.trainer at the top of this
+    # file, as the fork server preloads it), so growth past this point is the trial's own.
+    baseline_rss = psutil.Process().memory_info().rss
+    if spec.device == "cuda":
+        _cap_cuda_memory(spec.memory_budget_bytes)
+        torch.cuda.reset_peak_memory_stats()
+    elif hasattr(os, "sched_getaffinity"):  # Linux
+        # A worker given a share of the cores (`workers=N` on CPU) trains with that many
+        # threads: more would only contend for them.
+        cores = len(os.sched_getaffinity(0))
+        if torch.get_num_threads() > cores:
+            torch.set_num_threads(cores)
+    return baseline_rss
+
+
+PROGRESS_INTERVAL_S = 0.5
+"""Least time between two progress records during training (the records before the first
+step and the last step's are always written). A record costs 0.3-0.7 ms on ext4 (1000 atomic
+writes without fsync) and falls into the next step's timed interval: written every step it
+would add up to ~1% to a 50-100 ms CPU step and ~10% to a 5 ms GPU step; twice a second it is
+at most 0.15% of the training time."""
+
+
+class ProgressReporter(transformers.TrainerCallback):
+    """Tells the parent (`progress.json`) and the log (one line a step) how far the trial is.
+
+    It reads no clock of its own: times come from the `StepTimer` placed before it among the
+    callbacks, so its work starts after step k's end was read and is charged to step k+1. A
+    log line costs ~3 us, so every step gets one; records are spaced by PROGRESS_INTERVAL_S.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        timer: measure.StepTimer,
+        *,
+        spec: TrialSpec,
+        baseline_rss_bytes: int,
+        started_s: float,
+    ) -> None:
+        self.path = path
+        self.timer = timer
+        self.warmup_steps = spec.warmup_steps
+        self.total_steps = spec.warmup_steps + spec.measure_steps
+        self.baseline_rss_bytes = baseline_rss_bytes
+        self.started_s = started_s
+        self.written_s = -math.inf
+
+    def report_building(self) -> None:
+        self._report(Stage.BUILDING, 0, time.perf_counter(), write=True)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        assert self.timer.train_begin_s is not None, "the StepTimer must come first"
+        self._report(Stage.WARMUP, 0, self.timer.train_begin_s, write=True)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step = len(self.timer.step_end_s)
+        now_s = self.timer.step_end_s[-1]
+        stage = Stage.WARMUP if step < self.warmup_steps else Stage.MEASURING
+        last = step == self.total_steps
+        self._report(
+            stage, step, now_s, write=last or now_s - self.written_s >= PROGRESS_INTERVAL_S
+        )
+
+    def _report(self, stage: Stage, step: int, now_s: float, *, write: bool) -> None:
+        progress = Progress(
+            baseline_rss_bytes=self.baseline_rss_bytes,
+            stage=stage,
+            step=step,
+            total_steps=self.total_steps,
+            elapsed_s=now_s - self.started_s,
+            eta_s=measure.eta_s(self.timer.step_end_s, self.total_steps),
+        )
+        print(progress.summary(), flush=True)
+        if write:
+            write_progress(self.path, progress)
+            self.written_s = now_s
+
+
+def _cap_cuda_memory(budget_bytes: int | None) -> None:
+    """Cap PyTorch's allocator at the budget, so an 80 GB card can tune for a 24 GB one.
+
+    Must run before the model reaches the GPU; past the cap, allocations raise
+    torch.OutOfMemoryError as a smaller card would.
+    """
+    total = torch.cuda.get_device_properties(0).total_memory
+    if budget_bytes is not None and budget_bytes < total:
+        torch.cuda.set_per_process_memory_fraction(budget_bytes / total)
+
+
+def _training_arguments(
+    spec: TrialSpec, tuned_args: dict[str, Any], workdir: str
+) -> transformers.TrainingArguments:
+    """The tuned arguments plus what every trial runs with: a fixed number of steps, no saving,
+    logging, progress bars or trackers."""
+    try:
+        return transformers.TrainingArguments(output_dir=workdir, **_run_args(spec), **tuned_args)
+    except (ValueError, ImportError) as exc:  # TrainingArguments validates combinations here
+        raise InvalidConfig(f"TrainingArguments refused the settings: {exc}") from exc
+
+
+def _run_args(spec: TrialSpec) -> dict[str, Any]:
+    """What every trial runs with, beside the tuned arguments."""
+    return {
+        "max_steps": spec.warmup_steps + spec.measure_steps,
+        "save_strategy": "no",
+        "logging_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+        "seed": spec.seed,
+    }
+
+
+def _result(
+    spec: TrialSpec,
+    timer: measure.StepTimer,
+    model: Any,
+    loss: float,
+    measured: dict[str, Any],
+) -> TrialResult:
+    """The verdict, and for an `ok` trial throughput, compile time and MFU."""
+    step_times_s = timer.measured_step_times_s()
+    status, reason = verdict(len(step_times_s), spec.measure_steps, loss)
+    if status is not Status.OK:
+        return TrialResult(
+            status=status, reason=reason, measured_steps=len(step_times_s), **measured
+        )
+    counts = timer.measured_counts()
+    if counts.samples == 0:
+        return TrialResult(
+            status=Status.ERROR,
+            reason="no batch was seen: the Trainer's loader did not come from "
+            "get_train_dataloader, so samples/s cannot be measured",
+            measured_steps=len(step_times_s),
+            **measured,
+        )
+    stats = measure.throughput(step_times_s, counts)
+    compile_s = None
+    if knobs.is_compiled(spec.params):
+        compile_s = measure.compile_s(timer.warmup_step_times_s(), stats.step_time_median_ms / 1e3)
+    flops = measure.training_flops(model, counts) if counts.tokens else None
+    peak = spec.peak_tflops or hardware.peak_tflops(
+        measured["device_name"], spec.params.get("precision", "fp32")
+    )
+    return TrialResult(
+        status=Status.OK,
+        **measured,
+        **dataclasses.asdict(stats),
+        compile_s=compile_s,
+        flops_per_sample=flops / counts.samples if flops else None,
+        mfu=flops / sum(step_times_s) / (peak * 1e12) if flops and peak else None,
+    )
+
+
+def _cpu_memory(baseline_rss: int) -> dict[str, Any]:
+    return {"peak_memory_gib": (measure.peak_rss_bytes() - baseline_rss) / GIB}
+
+
+def _cuda_memory() -> dict[str, Any]:
+    stats = torch.cuda.memory_stats()
+    nvml_bytes = _nvml_used_bytes()
+    return {
+        "peak_memory_gib": torch.cuda.max_memory_reserved() / GIB,
+        "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
+        "alloc_retries": stats.get("num_alloc_retries", 0),
+        "nvml_used_gib": nvml_bytes / GIB if nvml_bytes is not None else None,
+    }
+
+
+def _nvml_used_bytes() -> int | None:
+    """This process's GPU memory per NVML (context included); None where NVML cannot say."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+        props = torch.cuda.get_device_properties(0)
+        bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if process.pid == os.getpid():
+                return process.usedGpuMemory
+    except (pynvml.NVMLError, AttributeError):
+        return None  # no NVML library, or a torch without PCI ids: report n/a, not a guess
+    return None  # our pid is not visible (e.g. another PID namespace)
+
+
+def verdict(measured_steps: int, planned_steps: int, loss: float) -> tuple[Status, str]:
+    """A finished training run is `ok` only with every planned step timed and a finite loss."""
+    if measured_steps < planned_steps:
+        return Status.ERROR, f"only {measured_steps} of {planned_steps} measured steps ran"
+    if not math.isfinite(loss):
+        return Status.NAN_LOSS, f"training loss is {loss}"
+    return Status.OK, ""
+
+
+def _no_sync() -> None:
+    """CPU work is synchronous: nothing to wait for before reading the clock."""
+
+
+def _failure(status: Status, exc: BaseException) -> TrialResult:
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return TrialResult(
+        status=status,
+        reason=f"{type(exc).__name__}: {first_line}"[:300],
+        stderr_tail="".join(traceback.format_exception(exc))[-4000:],
+    )
+
+
+def main(argv: list[str]) -> int:
+    # DataLoader workers and other forked helpers must not outlive this process; what the
+    # user's code starts otherwise (other sessions, double forks) stays in its tree and is
+    # ended with the trial.
+    children_die_with_this_process()
+    keep_orphans_in_this_tree()
+    spec_path, result_path = Path(argv[0]), Path(argv[1])
+    spec = spec_from_dict(json.loads(spec_path.read_text()))
+    try:
+        result = train_trial(spec, result_path.parent / PROGRESS_FILE)
+    except torch.OutOfMemoryError as exc:
+        result = _failure(Status.OOM, exc)
+    except InvalidConfig as exc:
+        result = _failure(Status.INVALID_CONFIG, exc.__cause__ or exc)
+    except Exception as exc:  # noqa: BLE001 - any failure is this trial's result, named and kept
+        # Some libraries (bitsandbytes, compiled kernels) raise out-of-memory as RuntimeError.
+        status = Status.OOM if "out of memory" in str(exc).lower() else Status.ERROR
+        result = _failure(status, exc)
+    result = dataclasses.replace(result, worker_pid=os.getpid())
+    write_json_atomic(result_path, result.to_dict())
+    # Exited, this process would leave its descendants to PID 1, out of the search's sight.
+    end_own_descendants()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

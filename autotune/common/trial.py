@@ -1,0 +1,242 @@
+"""The parent <-> worker contract: `TrialSpec` in, `TrialResult` out, both JSON with a version;
+`Progress` records while the worker runs.
+
+The parent writes a spec file, starts `python -m autotune.child.worker SPEC RESULT`, and decides the
+trial's fate from the worker's exit code and the result file alone (never from its stderr).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.common.output_files import write_atomic
+
+SCHEMA_VERSION = 1
+
+
+class Status(enum.StrEnum):
+    OK = "ok"
+    OOM = "oom"  # accelerator out of memory, or the memory budget exceeded
+    HOST_OOM = "host_oom"  # host RAM exhausted or the worker killed by the kernel
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"  # killed by a signal, non-zero exit, missing or unreadable result
+    NAN_LOSS = "nan_loss"
+    ERROR = "error"  # an exception in the worker
+    INVALID_CONFIG = "invalid_config"  # the settings were refused before training
+    SKIPPED = "skipped"
+    INTERRUPTED = "interrupted"  # the search stopped while it ran: no result (parent side only)
+
+
+OUT_OF_MEMORY = frozenset({Status.OOM, Status.HOST_OOM})
+MEMORY_STATUSES = OUT_OF_MEMORY | {Status.SKIPPED}
+"""No throughput, and too big for the budget: told to the sampler as infeasible."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialSpec:
+    """What one trial runs: the model, the data shape and the tuned settings."""
+
+    trial_number: int
+    model_name: str
+    model_config: dict[str, Any]
+    """The transformers config as a dict (`config.json`); the worker builds the model from it."""
+    task: str
+    seq_len: int
+    device: str
+    """`cuda` or `cpu`, already resolved by the parent."""
+    params: dict[str, Any]
+    """Knob name -> value, as named in the search space."""
+    warmup_steps: int
+    measure_steps: int
+    seed: int
+    memory_budget_bytes: int | None = None
+    """Enforced inside the worker on CUDA (allocator cap); on CPU the parent's watchdog does."""
+    compile_cache_dir: str | None = None
+    """Inductor cache shared by the trials of a study, so a compile is paid once."""
+    peak_tflops: float | None = None
+    """The device's dense peak for MFU when it is not in the built-in table."""
+    data_dir: str | None = None
+    """The user's prepared data (`user_data.prepare`); None: synthetic tokens."""
+    trainer: str | None = None
+    """The user's Trainer factory (`module:function` or `/abs/file.py:function`)."""
+    trainer_dir: str | None = None
+    """Where a factory module is looked up besides sys.path (the search's working directory)."""
+    schema_version: int = SCHEMA_VERSION
+
+
+def feasible(status: Status, peak_memory_gib: float | None, budget_gib: float) -> bool:
+    """A trial the search may recommend and the front holds: measured, with its peak within
+    the memory budget (a trial can end ok a little past it, between two looks of the CPU
+    watchdog). Optuna's constraint says the same: peak less budget <= 0."""
+    return status is Status.OK and peak_memory_gib is not None and peak_memory_gib <= budget_gib
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialResult:
+    """What one trial measured, or why it measured nothing."""
+
+    status: Status
+    reason: str = ""
+    """One line for the user: why a trial is not ok."""
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    """Real tokens: padding is not counted."""
+    padding_share: float | None = None
+    """Padding among the token positions the timed steps computed on (0 for synthetic data)."""
+    step_time_median_ms: float | None = None
+    step_time_cv: float | None = None
+    """Coefficient of variation (stdev / mean) of the timed optimizer steps."""
+    compile_s: float | None = None
+    """Warm-up time beyond ordinary steps in a compiled trial: the cost of compiling."""
+    mfu: float | None = None
+    """Model FLOPs utilisation: achieved model FLOP/s over the device's dense peak."""
+    flops_per_sample: float | None = None
+    measured_steps: int = 0
+    step_times_ms: list[float] = field(default_factory=list)
+    """Each timed optimizer step, in order: the raw data behind the median and the CV."""
+    peak_memory_gib: float | None = None
+    """CUDA: peak reserved by PyTorch's allocator. CPU: peak RSS above the worker's baseline."""
+    estimate_gib: float | None = None
+    """The peak `autotune.plan.estimate` gave before the trial ran (set by the parent)."""
+    peak_allocated_gib: float | None = None
+    """CUDA: peak held by tensors (reserved minus the allocator's cache)."""
+    alloc_retries: int | None = None
+    """CUDA: times the allocator freed its cache to retry an allocation (memory pressure)."""
+    nvml_used_gib: float | None = None
+    """CUDA: the process's memory as NVML sees it, CUDA context included."""
+    final_loss: float | None = None
+    build_s: float | None = None
+    """Seconds spent building the model and the Trainer."""
+    train_s: float | None = None
+    """Seconds spent in `Trainer.train`, warm-up included."""
+    wall_s: float | None = None
+    """Seconds from starting the worker process to reading its result (set by the parent)."""
+    overhead_s: float | None = None
+    """wall_s less build_s and train_s: process start, imports, teardown (set by the parent)."""
+    n_params: int | None = None
+    worker_pid: int | None = None
+    """The process that ran the trial: each trial has one of its own."""
+    device_name: str = ""
+    cpu_threads: int | None = None
+    """CPU: the threads torch trained with (the cores the trial's worker was given)."""
+    trained_model: str | None = None
+    """What the Trainer trained: its model's `name_or_path`, else its `model_type`."""
+    trained_seq_len: int | None = None
+    """The longest batch row the Trainer trained on (padding included)."""
+    training_args: dict[str, Any] = field(default_factory=dict)
+    """The tuned `TrainingArguments` kwargs the worker trained with (no run-only fields)."""
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    stderr_tail: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def feasible(self, budget_gib: float) -> bool:
+        """Measured, and within the memory budget (`feasible`)."""
+        return feasible(self.status, self.peak_memory_gib, budget_gib)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["status"] = self.status.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialResult:
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"result schema {data.get('schema_version')} != {SCHEMA_VERSION}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown result fields: {sorted(unknown)}")
+        return cls(**{**data, "status": Status(data["status"])})
+
+
+PROGRESS_FILE = "progress.json"
+PROGRESS_SCHEMA_VERSION = 2
+"""The progress record's own version: it is read only while its trial runs, whereas results
+stored in old studies are read with `SCHEMA_VERSION`, which its changes must leave alone."""
+
+
+class Stage(enum.StrEnum):
+    """Where a running worker is; a record's stage is the one the worker has just entered."""
+
+    BUILDING = "building"  # the model, the data and the Trainer
+    WARMUP = "warm-up"  # untimed optimizer steps
+    MEASURING = "measuring"  # timed optimizer steps (warm-up done)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Progress:
+    """What the worker tells the parent while it runs (the trial's `progress.json`)."""
+
+    baseline_rss_bytes: int
+    """The worker's resident size before the trial built anything: the CPU watchdog's zero."""
+    stage: Stage
+    """`measuring` from the end of the last warm-up step on: the next step is timed."""
+    step: int
+    """Optimizer steps done."""
+    total_steps: int
+    """Warm-up plus measured steps: training ends when `step` reaches it."""
+    elapsed_s: float
+    """Seconds since the worker began the trial (before building the model), to this record."""
+    eta_s: float | None = None
+    """Seconds of training left, estimated from the steps so far; None until two steps ended."""
+    schema_version: int = PROGRESS_SCHEMA_VERSION
+
+    def summary(self) -> str:
+        """One short line for a log: `step 3/13 (warm-up) 1.2 s elapsed, ETA 8 s`."""
+        line = f"step {self.step}/{self.total_steps} ({self.stage}) {self.elapsed_s:.1f} s elapsed"
+        return line if self.eta_s is None else f"{line}, ETA {self.eta_s:.0f} s"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["stage"] = self.stage.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Progress:
+        if data.get("schema_version") != PROGRESS_SCHEMA_VERSION:
+            raise ValueError(
+                f"progress schema {data.get('schema_version')} != {PROGRESS_SCHEMA_VERSION}"
+            )
+        return cls(**{**data, "stage": Stage(data["stage"])})
+
+
+def write_progress(path: Path, progress: Progress) -> None:
+    # No fsync: the record is only read while the worker runs, and a rename alone already
+    # shows a reader the old record or the new one. Measured on ext4 (1000 writes): ~0.3-0.7 ms
+    # a write without fsync, 0.6-2.5 ms with it.
+    write_json_atomic(path, progress.to_dict(), fsync=False)
+
+
+def read_progress(path: Path) -> Progress | None:
+    """The latest progress record; None before the worker has written one.
+
+    Written atomically, so a record is never half there; an unparsable file still reads as
+    None, so that supervision never trips over it."""
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return Progress.from_dict(data)
+
+
+def spec_to_dict(spec: TrialSpec) -> dict[str, Any]:
+    return dataclasses.asdict(spec)
+
+
+def spec_from_dict(data: dict[str, Any]) -> TrialSpec:
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"spec schema {data.get('schema_version')} != {SCHEMA_VERSION}")
+    return TrialSpec(**data)
+
+
+def write_json_atomic(path: Path, data: dict[str, Any], *, fsync: bool = True) -> None:
+    """Write JSON so that a reader sees the old file, the new file, or none: never half of one
+    (`output_files.write_atomic`, which raises a StudyError when it cannot).
+
+    `fsync` also makes it survive a machine crash: results need that, a passing record not."""
+    write_atomic(path, json.dumps(data, indent=2, allow_nan=True), fsync=fsync)

@@ -1,0 +1,107 @@
+"""Confirmation: the picks measured again, interleaved, before a speedup is printed.
+
+Each trial of a search is one short measurement on a machine whose load drifts: a pick can win
+by drift alone, and the baseline was measured once, at the start. After the search, the
+baseline, the fastest, the memory saver and the same-training pick (`pareto.candidates`) run
+again in `rounds` rounds, A B C D, D C B A, A B C D, ..., each run a fresh trial process with
+the trial's own warm-up, as a search trial runs. Within a round the picks ran back to back, so
+their round-by-round ratios cancel the drift; the figures are the medians over the rounds and
+the intervals their lowest and highest (`pareto.Confirmed`). Stored with the study, so
+`autotune report` shows the same, and `autotune confirm` runs it again on any study.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import optuna
+
+from autotune.common.trial import Status, TrialResult
+from autotune.outputs.pareto import Confirmed, candidates
+from autotune.plan.plan import SearchPlan
+from autotune.search import runner
+from autotune.search.study import SearchObserver, launch
+from autotune.store.records import (
+    CONFIRMATION_ATTR,
+    StudySnapshot,
+    TrialRecord,
+    changes_training_of,
+)
+
+FOLDER = "confirm"
+"""Under the study folder: `confirm/rR-tNNNN/`, one folder per run."""
+
+
+def picks_to_confirm(snapshot: StudySnapshot) -> list[TrialRecord]:
+    """The baseline and the picks, each once; none when there is nothing to compare (a
+    single successful trial)."""
+    feasible = [r for r in snapshot.records if r.result.feasible(snapshot.info.memory_budget_gib)]
+    baseline = snapshot.picks.baseline
+    chosen = candidates(feasible, snapshot.info.memory_limit_gib, baseline,
+                        changes_training_of(baseline))  # fmt: skip
+    return chosen if len(chosen) > 1 else []
+
+
+def confirm(
+    plan: SearchPlan,
+    study: optuna.Study,
+    snapshot: StudySnapshot,
+    rounds: int,
+    *,
+    observer: SearchObserver | None = None,
+    launcher: runner.Launcher | None = None,
+) -> Confirmed | None:
+    """Run the picks `rounds` times, interleaved, store the figures with the study and return
+    them; None when there is nothing to confirm. Run under the slot the trials had (its cores:
+    the same measurement conditions)."""
+    picks = picks_to_confirm(snapshot)
+    if rounds < 1 or not picks:
+        return None
+    observer = observer or SearchObserver()
+    launcher = launcher or runner.ForkserverLauncher()
+    expected_s = rounds * sum(r.result.wall_s or 0.0 for r in picks)
+    observer.confirming(len(picks), rounds, expected_s)
+    started = time.perf_counter()
+    results: dict[int, list[TrialResult]] = {r.number: [] for r in picks}
+    for round_number in range(1, rounds + 1):
+        for record in order(picks, round_number):
+            run = run_once(plan, record, round_number, launcher, observer)
+            results[record.number].append(run)
+            observer.confirmed_run(round_number, record, run)
+    confirmed = Confirmed(
+        rounds=rounds,
+        samples_per_s={
+            n: tuple(_figure(r, "samples_per_s") for r in runs) for n, runs in results.items()
+        },
+        peak_memory_gib={
+            n: tuple(_figure(r, "peak_memory_gib") for r in runs) for n, runs in results.items()
+        },
+        wall_s=time.perf_counter() - started,
+        # Measured records, as `read_snapshot` counts them: an interrupted trial is no new pick.
+        records_seen=sum(r.status is not Status.INTERRUPTED for r in snapshot.records),
+    )
+    study.set_user_attr(CONFIRMATION_ATTR, confirmed.to_json())
+    return confirmed
+
+
+def order(picks: list[TrialRecord], round_number: int) -> list[TrialRecord]:
+    """A B C D in odd rounds, D C B A in even ones: a drift that favours whoever runs later
+    favours each pick in turn, so the round-by-round ratios straddle the true one."""
+    return picks if round_number % 2 else picks[::-1]
+
+
+def run_once(
+    plan: SearchPlan,
+    record: TrialRecord,
+    round_number: int,
+    launcher: runner.Launcher,
+    observer: SearchObserver,
+) -> TrialResult:
+    folder = plan.study_dir / FOLDER / f"r{round_number}-t{record.number:04d}"
+    on_progress = functools.partial(observer.progress, record.number)
+    return launch(plan, record.number, record.params, launcher, on_progress, folder=folder)
+
+
+def _figure(result: TrialResult, name: str) -> float | None:
+    return getattr(result, name) if result.status is Status.OK else None

@@ -1,0 +1,302 @@
+"""A trial's settings as the files a user takes away: json, yaml, a runnable script, CLI flags.
+
+The worker trains with `knobs.training_args(...)` and records the kwargs it used in its result;
+these renderers write those recorded kwargs. So what is recommended is exactly what was measured.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import pprint
+import shlex
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from autotune.common.errors import StudyError
+from autotune.common.knobs import KNOBS
+from autotune.common.output_files import write_atomic
+from autotune.common.trial import write_json_atomic
+from autotune.plan.models import TASK_CLASSES
+
+if TYPE_CHECKING:  # types only: rendering an export reads no storage (records imports optuna)
+    from autotune.store.records import RunInfo, TrialRecord
+
+
+def write_recommendation(
+    study_dir: Path, recommendation: dict[str, Any], script: str
+) -> list[Path]:
+    """recommended.json and recommended.py; returns the paths written."""
+    json_path = study_dir / "recommended.json"
+    py_path = study_dir / "recommended.py"
+    write_json_atomic(json_path, recommendation)
+    write_atomic(py_path, script)  # UTF-8: the encoding Python reads source in
+    return [json_path, py_path]
+
+
+def render(fmt: str, *, info: RunInfo, record: TrialRecord, report_to: str | None = None) -> str:
+    """One trial's settings as json, yaml, a runnable script (py) or example-script flags."""
+    payload = {
+        "training_args": record.result.training_args,
+        "model_kwargs": record.result.model_kwargs,
+    }
+    if fmt == "json":
+        return json.dumps(payload, indent=2) + "\n"
+    if fmt == "yaml":
+        return yaml.safe_dump(payload, sort_keys=False)
+    if fmt == "cli":
+        return render_cli(record.result.training_args, record.result.model_kwargs) + "\n"
+    return render_script(info, record, report_to=report_to)
+
+
+def render_cli(training_args: dict[str, Any], model_kwargs: dict[str, Any] | None = None) -> str:
+    """Flags for the HF example scripts (HfArgumentParser): `--bf16`, `--optim adamw_torch`.
+
+    Shell-quoted, so a pasted command line passes each value as one argument and runs nothing.
+    The model kwargs the trial measured with (the attention kernel) are no TrainingArguments
+    field, and the examples (run_clm.py, run_glue.py, ...) have no flag for them: a comment
+    line above the flags says so, rather than leave them out unsaid.
+    """
+    comment = ""
+    if model_kwargs:
+        # repr() writes a newline as `\n`: nothing in a value can end the comment line.
+        kwargs = ", ".join(f"{k}={v!r}" if k.isidentifier() else f"{k!r}: {v!r}"
+                           for k, v in model_kwargs.items())  # fmt: skip
+        comment = (
+            f"# not a flag of the HF example scripts: the trials built the model with {kwargs}; "
+            "pass it to from_pretrained/from_config (recommended.py does)\n"
+        )
+    flags = []
+    for key, value in training_args.items():
+        if value is True:
+            flags.append(shlex.quote(f"--{key}"))
+        else:  # False is spelled out: it is not every field's default
+            flags.append(f"{shlex.quote(f'--{key}')} {shlex.quote(str(value))}")
+    return comment + " ".join(flags)
+
+
+def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None = None) -> str:
+    """A runnable script: the model from its config, random tokens or the study's data, a
+    Trainer with the args; or the study's Trainer factory called with them.
+
+    The script's code is fixed text. Everything that comes from the study (model name or path,
+    study and device names, the config, the kwargs) goes into constants written as Python
+    literals, never into code or the docstring: a model folder may be named like code that
+    closes a docstring and calls `os.system`. `report_to` (default: the study's) names the
+    experiment trackers the script's run logs to.
+    """
+    metrics = record.result
+    if info.task not in TASK_CLASSES:  # a study.db from elsewhere may hold anything
+        raise StudyError(f"task {info.task!r}: not a task autotune trains; cannot write a script")
+    data = None
+    data_format, data_files = "", []
+    if info.data:
+        data = {k: info.data[k] for k in ("data", "split", "text_column", "tokenizer")}
+        data_format, data_files = info.data["format"], info.data["files"]
+    collator = {k: v for k, v in record.params.items() if KNOBS[k].collator}
+    facts = {
+        "MODEL": info.model,
+        "STUDY": info.study,
+        "TRIAL": record.number,
+        "DEVICE_NAME": info.device_name,
+        "SAMPLES_PER_S": metrics.samples_per_s,
+        "PEAK_MEMORY_GIB": metrics.peak_memory_gib,
+        "TASK": info.task,
+        "AUTO_CLASS_NAME": TASK_CLASSES[info.task][0],
+        "SEQ_LEN": info.seq_len,
+        "MODEL_CONFIG": info.model_config,
+        "TRAINING_ARGS": metrics.training_args,
+        "MODEL_KWARGS": metrics.model_kwargs,
+        "REPORT_TO": (report_to or info.report_to).split(","),
+        "DATA": data,
+        "DATA_FORMAT": data_format,
+        "DATA_FILES": data_files,
+        "COLLATOR_KWARGS": collator,
+        "TRAINER": info.trainer,
+    }
+    constants = "".join(f"{name} = {_literal(name, value)}\n" for name, value in facts.items())
+    return _SCRIPT_HEAD + constants + _SCRIPT_BODY.replace(_COLLATOR_SLOT, _collator_source())
+
+
+_COLLATOR_SLOT = "# (autotune's PaddingCollator)\n"
+
+
+def _collator_source() -> str:
+    """The source of `data.PaddingCollator`, the collator the trials measured, read from its
+    file: this module is imported where torch is not."""
+    path = Path(str(resources.files("autotune.child") / "data.py"))
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    pieces = []
+    for node in tree.body:
+        names = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+        if (isinstance(node, ast.ClassDef) and node.name == "PaddingCollator") or (
+            "IGNORE_INDEX" in names
+        ):
+            pieces.append(ast.get_source_segment(source, node))
+    return "\n\n".join(pieces) + "\n"
+
+
+def _literal(name: str, value: Any) -> str:
+    """`value` as a Python literal, checked to evaluate back to `value` itself."""
+    source = pprint.pformat(value, indent=4, sort_dicts=False)
+    try:
+        same = ast.literal_eval(source) == value
+    except (ValueError, SyntaxError):  # e.g. `nan`, `inf`: names, not literals
+        same = False
+    if not same:
+        raise StudyError(
+            f"{name} = {value!r}: the script cannot hold this as a Python literal (NaN and "
+            "Infinity have none); fix the value at its source (for MODEL_CONFIG the model's "
+            "config.json), or export format=json instead"
+        )
+    return source
+
+
+_SCRIPT_HEAD = '''"""Train a model with the TrainingArguments autotune measured for it.
+
+    python recommended.py [--max-steps N] [--output-dir DIR] [--report-to NAME ...]
+
+The constants below say which model, trial and device; --help says it in words. As the search
+did, the script builds the model from its config with random weights and trains on random
+tokens, or on your data (DATA: tokenized, truncated at SEQ_LEN and padded per batch by the
+collator the trials used), or calls your Trainer factory (TRAINER) with the arguments. For your
+own run with autotune's Trainer, load pretrained weights with AUTO_CLASS.from_pretrained(MODEL,
+**MODEL_KWARGS).
+"""
+
+import argparse
+import importlib
+import importlib.util
+import math
+import pathlib
+import sys
+from typing import Any
+
+import torch
+import transformers
+
+'''
+
+_SCRIPT_BODY = """AUTO_CLASS = getattr(transformers, AUTO_CLASS_NAME)
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    def __init__(self, vocab_size, n_samples):
+        self.input_ids = torch.randint(vocab_size, (n_samples, SEQ_LEN))
+        if TASK == "sequence-classification":
+            self.labels = torch.randint(2, (n_samples,))
+        elif TASK == "seq2seq":
+            self.labels = torch.randint(vocab_size, (n_samples, SEQ_LEN))
+        else:
+            self.labels = self.input_ids
+
+    def __len__(self):
+        return len(self.input_ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.input_ids[i], "labels": self.labels[i]}
+
+
+def description():
+    # argparse %-formats the description, so a % in a name is doubled. The lines are ours
+    # (raw formatter): wrapping would break a model path at its hyphens.
+    model, study, device, task = (s.replace("%", "%%") for s in (MODEL, STUDY, DEVICE_NAME, TASK))
+    return (
+        f"%(prog)s trains {model}\\n"
+        f"({task}, seq_len {SEQ_LEN}) with the TrainingArguments of trial {TRIAL} of study "
+        f"{study}\\non {device}: {SAMPLES_PER_S:.2f} samples/s, {PEAK_MEMORY_GIB:.2f} GiB peak."
+    )
+
+
+# (autotune's PaddingCollator)
+
+
+def your_data():
+    # DATA tokenized as the trials had it, and the collator they padded batches with.
+    import datasets
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(DATA["tokenizer"])
+    if DATA_FORMAT == "save_to_disk":
+        dataset = datasets.load_from_disk(DATA["data"])
+    elif DATA_FORMAT == "hub":
+        dataset = datasets.load_dataset(DATA["data"])
+    else:
+        dataset = datasets.load_dataset(DATA_FORMAT, data_files=DATA_FILES)
+    if isinstance(dataset, datasets.DatasetDict):
+        dataset = dataset[DATA["split"]]
+    if "input_ids" in dataset.column_names:
+        kept = [c for c in dataset.column_names if c in ("input_ids", "label", "labels")]
+        dataset = dataset.select_columns(kept).map(
+            lambda row: {"input_ids": row["input_ids"][:SEQ_LEN]}
+        )
+    else:
+        dropped = [c for c in dataset.column_names if c not in ("label", "labels")]
+        dataset = dataset.map(
+            lambda batch: tokenizer(batch[DATA["text_column"]], truncation=True,
+                                    max_length=SEQ_LEN),
+            batched=True, remove_columns=dropped,
+        )
+    # group_by_length reads the lengths from this column instead of measuring every sample.
+    dataset = dataset.map(lambda row: {"length": len(row["input_ids"])})
+    pad_token_id = next(
+        (t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0
+    )
+    return dataset, PaddingCollator(task=TASK, pad_token_id=pad_token_id, **COLLATOR_KWARGS)
+
+
+def your_trainer():
+    # The factory TRAINER names, imported as the search imported it.
+    where, _, function = TRAINER["factory"].rpartition(":")
+    if where.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(pathlib.Path(where).stem, where)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    else:
+        sys.path.insert(0, TRAINER["search_dir"])
+        module = importlib.import_module(where)
+    return getattr(module, function)
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description=description(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--max-steps", type=int, default=10)
+    parser.add_argument("--output-dir", default="output")
+    parser.add_argument(
+        "--report-to", nargs="+", default=REPORT_TO, metavar="NAME",
+        help="experiment trackers to log to (TrainingArguments.report_to) [%(default)s]",
+    )
+    cli = parser.parse_args()
+    # autotune's collator reads the columns it needs; the others (length) stay for the sampler.
+    data_args = {"remove_unused_columns": False} if DATA else {}
+    args = transformers.TrainingArguments(
+        output_dir=cli.output_dir, max_steps=cli.max_steps, report_to=cli.report_to,
+        **TRAINING_ARGS, **data_args,
+    )
+    if TRAINER:
+        trainer = your_trainer()(args, dict(MODEL_KWARGS))
+        trainer.train()
+        return
+    config = transformers.AutoConfig.for_model(**MODEL_CONFIG)
+    if TASK == "sequence-classification" and config.pad_token_id is None:
+        config.pad_token_id = config.eos_token_id
+    model = AUTO_CLASS.from_config(config, **MODEL_KWARGS)
+    if DATA:
+        dataset, collator = your_data()
+    else:
+        samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        dataset, collator = RandomTokens(config.vocab_size, samples * cli.max_steps), None
+    transformers.Trainer(
+        model=model, args=args, train_dataset=dataset, data_collator=collator
+    ).train()
+
+
+if __name__ == "__main__":
+    main()
+"""

@@ -1,0 +1,381 @@
+"""The trade-off between speed and memory: the non-dominated trials, and the ones to recommend.
+
+Pure functions over decoded trials (`records.read_snapshot` reads the study and calls them).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autotune.common.trial import Status, TrialResult
+from autotune.common.units import format_gib
+
+if TYPE_CHECKING:  # records imports this module to build its snapshot
+    from autotune.store.records import TrialRecord
+
+SAVER_WITHIN = 0.10
+"""The memory saver may be this much slower than the recommendation."""
+DRIFT_WITHIN = 0.25
+"""A trial this much slower than the baseline, one short measurement each, may yet be the
+faster. Measured on a shared 2-core machine: the quick start's baseline ran at 225 samples/s
+in its trial and 199-264 in its three confirmation rounds (-12% to +17%); 25% leaves room."""
+
+
+def is_noisy(result: TrialResult, noise_cv: float) -> bool:
+    """Its timed steps varied more than `noise_cv` (stdev / mean): its figure is less certain."""
+    return result.step_time_cv is not None and result.step_time_cv > noise_cv
+
+
+def non_dominated(records: list[TrialRecord]) -> list[TrialRecord]:
+    """Trials no other trial beats on both samples/s (higher) and peak memory (lower)."""
+
+    def beats(a: TrialRecord, b: TrialRecord) -> bool:
+        faster, smaller = a.result.samples_per_s, a.result.peak_memory_gib
+        other_speed, other_memory = b.result.samples_per_s, b.result.peak_memory_gib
+        at_least = faster >= other_speed and smaller <= other_memory
+        return at_least and (faster > other_speed or smaller < other_memory)
+
+    return [r for r in records if not any(beats(other, r) for other in records)]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Confirmed:
+    """The picks measured again after the search (`autotune.outputs.confirm`): `rounds` rounds, each
+    running every pick once in a fresh trial process (A B C D, D C B A, ...). Within a round
+    the picks ran minutes apart at most, so their ratios there cancel the machine's drift; a
+    figure is the median over rounds, its interval the lowest and highest round."""
+
+    rounds: int
+    samples_per_s: dict[int, tuple[float | None, ...]]
+    """Trial number -> its samples/s in each round (None: that run did not measure)."""
+    peak_memory_gib: dict[int, tuple[float | None, ...]]
+    wall_s: float
+    """What the confirmation took."""
+    records_seen: int
+    """How many trials the study had recorded: with more since, the picks may be others."""
+
+    def covers(self, record: TrialRecord | None) -> bool:
+        return record is not None and len(self._measured(record.number)) > 0
+
+    def median(self, number: int) -> float | None:
+        values = self._measured(number)
+        return statistics.median(values) if values else None
+
+    def interval(self, number: int) -> tuple[float, float] | None:
+        values = self._measured(number)
+        return (min(values), max(values)) if values else None
+
+    def median_peak_gib(self, number: int) -> float | None:
+        values = [v for v in self.peak_memory_gib.get(number, ()) if v is not None]
+        return statistics.median(values) if values else None
+
+    def ratios(self, a: int, b: int) -> list[float]:
+        """a's samples/s over b's, round by round (the rounds where both measured)."""
+        pairs = zip(self.samples_per_s.get(a, ()), self.samples_per_s.get(b, ()), strict=False)
+        return [x / y for x, y in pairs if x is not None and y]
+
+    def ratio(self, a: int, b: int) -> tuple[float, float, float] | None:
+        """(median, lowest, highest) of `ratios`; None when no round measured both."""
+        ratios = self.ratios(a, b)
+        return (statistics.median(ratios), min(ratios), max(ratios)) if ratios else None
+
+    def clearly_faster(self, a: int, b: int) -> bool:
+        """a was faster than b in every round, and there were at least two."""
+        ratios = self.ratios(a, b)
+        return len(ratios) >= 2 and min(ratios) > 1
+
+    def tied(self, a: int, b: int) -> bool:
+        """The rounds disagree on which of the two is faster: their figures cannot tell them
+        apart."""
+        return bool(self.ratios(a, b)) and not (
+            self.clearly_faster(a, b) or self.clearly_faster(b, a)
+        )
+
+    def _measured(self, number: int) -> list[float]:
+        return [v for v in self.samples_per_s.get(number, ()) if v is not None]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rounds": self.rounds,
+            "samples_per_s": {str(k): list(v) for k, v in self.samples_per_s.items()},
+            "peak_memory_gib": {str(k): list(v) for k, v in self.peak_memory_gib.items()},
+            "wall_s": self.wall_s,
+            "records_seen": self.records_seen,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Confirmed:
+        return cls(
+            rounds=data["rounds"],
+            samples_per_s={int(k): tuple(v) for k, v in data["samples_per_s"].items()},
+            peak_memory_gib={int(k): tuple(v) for k, v in data["peak_memory_gib"].items()},
+            wall_s=data["wall_s"],
+            records_seen=data["records_seen"],
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Picks:
+    recommended: TrialRecord | None
+    """What to train with: the same-training pick, unless a trial that changes the training
+    is faster by `min_gain` and clear of the noise (`choose`)."""
+    why: str
+    """Why the recommendation is that trial, in words ("" when there is none)."""
+    fastest: TrialRecord | None
+    """The highest samples/s under the limit (confirmed when there is a confirmation)."""
+    same_training: TrialRecord | None
+    """The fastest trial under the limit whose training is the baseline's (same effective
+    batch, precision family and optimizer family); None without a baseline to compare with."""
+    saver: TrialRecord | None
+    """The least memory within SAVER_WITHIN of the recommendation's samples/s (by the trials'
+    own figures: the confirmation measures it again)."""
+    baseline: TrialRecord | None
+    """The HF-defaults trial, when it ran."""
+    noise_cv: float
+    """A trial whose step-time CV is above this is flagged noisy."""
+    min_gain: float = 1.10
+    confirmed: Confirmed | None = None
+    """The picks measured again after the search; None when not (`confirm_rounds=0`)."""
+
+    def is_confirmed(self, record: TrialRecord) -> bool:
+        return self.confirmed is not None and self.confirmed.covers(record)
+
+    def samples_per_s(self, record: TrialRecord) -> float | None:
+        """The confirmed median when there is one, else the trial's own figure."""
+        if self.confirmed is not None and self.is_confirmed(record):
+            return self.confirmed.median(record.number)
+        return record.result.samples_per_s
+
+    def speedup(self, record: TrialRecord) -> float | None:
+        """samples/s relative to the baseline, confirmed (the median of the round-by-round
+        ratios) when both were confirmed; None when the baseline has no figure."""
+        if self.baseline is None or self.baseline.status is not Status.OK:
+            return None
+        if (confirmed := self._confirmed_ratio(record, self.baseline)) is not None:
+            return confirmed[0]
+        return record.result.samples_per_s / self.baseline.result.samples_per_s
+
+    def speedup_interval(self, record: TrialRecord) -> tuple[float, float] | None:
+        """The lowest and highest round's ratio to the baseline; None unconfirmed."""
+        if self.baseline is None or (found := self._confirmed_ratio(record, self.baseline)) is None:
+            return None
+        return found[1], found[2]
+
+    def ties(self, record: TrialRecord) -> list[TrialRecord]:
+        """The other confirmed picks the rounds cannot tell from this one."""
+        if self.confirmed is None or not self.is_confirmed(record):
+            return []
+        others = {r.number: r for r in (self.fastest, self.same_training, self.saver,
+                                         self.baseline) if r is not None}  # fmt: skip
+        return [r for n, r in sorted(others.items())
+                if n != record.number and self.confirmed.tied(record.number, n)]  # fmt: skip
+
+    def _confirmed_ratio(
+        self, record: TrialRecord, other: TrialRecord
+    ) -> tuple[float, float, float] | None:
+        if self.confirmed is None or record.number == other.number:
+            return (1.0, 1.0, 1.0) if self.is_confirmed(record) else None
+        return self.confirmed.ratio(record.number, other.number)
+
+    def describe_baseline(self) -> str:
+        if self.baseline is None:
+            return "not run"
+        if self.baseline.result.samples_per_s is None:
+            status = self.baseline.status.value
+            return f"trial {self.baseline.number}: {status}: {self.baseline.result.reason}"
+        return self.describe(self.baseline, speedup=False)
+
+    def describe(self, record: TrialRecord, speedup: bool = True) -> str:
+        """`trial 7: 512.30 samples/s (1.42x the baseline) at 3.210 GiB`, confirmed with its
+        interval (`median of 3 rounds 498.10-520.30, 1.42x [1.38-1.45] the baseline`) or with
+        a caveat when this trial or the baseline measured noisily."""
+        notes = []
+        speedup = speedup and not (self.baseline and record.number == self.baseline.number)
+        if self.confirmed is not None and self.is_confirmed(record):
+            low, high = self.confirmed.interval(record.number) or (0.0, 0.0)
+            notes.append(f"confirmed: median of {self.confirmed.rounds} rounds, "
+                         f"{low:.2f}-{high:.2f}")  # fmt: skip
+            interval = self.speedup_interval(record)
+            if speedup and (times := self.speedup(record)) is not None and interval is not None:
+                notes.append(f"{times:.2f}x [{interval[0]:.2f}-{interval[1]:.2f}] the baseline")
+            notes += [f"tied with trial {r.number}" for r in self.ties(record)]
+        else:
+            if speedup and (times := self.speedup(record)) is not None:
+                notes.append(f"{times:.2f}x the baseline")
+            notes += [caveat] if (caveat := self.noise_caveat(record)) else []
+        times_text = f" ({'; '.join(notes)})" if notes else ""
+        memory = record.result.peak_memory_gib
+        return (
+            f"trial {record.number}: {self.samples_per_s(record):.2f} samples/s{times_text} at "
+            f"{format_gib(memory, 3)}"
+        )
+
+    def noise_caveat(self, record: TrialRecord) -> str:
+        """`noisy: step CV 35% on this trial, 22% on the baseline (above 10%): ...`; "" when
+        neither figure behind the speedup is noisy."""
+        measured = [(record, "it")]
+        if self.baseline is not None and self.baseline.number != record.number:
+            measured.append((self.baseline, "the baseline"))
+        noisy = [
+            f"{r.result.step_time_cv:.0%} on {which}"
+            for r, which in measured
+            if is_noisy(r.result, self.noise_cv)
+        ]
+        if not noisy:
+            return ""
+        return (
+            f"noisy: step CV {' and '.join(noisy)} (above noise_cv {self.noise_cv * 100:g}%); more "
+            "measure_steps or an idle machine would firm the figure up"
+        )
+
+    def describe_saver(self) -> str:
+        if self.saver is None or self.recommended is None:
+            return "none"
+        if self.saver.number == self.recommended.number:
+            return f"the same trial: nothing within {SAVER_WITHIN:.0%} uses less memory"
+        return self.describe(self.saver)
+
+    def describe_same_training(self) -> str:
+        if self.same_training is None:
+            return "none (no baseline to compare with)" if self.baseline is None else "none"
+        if self.recommended is not None and self.same_training.number == self.recommended.number:
+            return "the recommended trial: it keeps the training"
+        return self.describe(self.same_training)
+
+
+def candidates(
+    feasible: list[TrialRecord],
+    limit_gib: float,
+    baseline: TrialRecord | None,
+    changes_training: Callable[[TrialRecord], bool],
+) -> list[TrialRecord]:
+    """The trials a confirmation measures again: the baseline, the fastest, the memory saver
+    and the same-training pick by their own figures, each once, in trial order. When all of
+    them are the baseline (its one measurement, taken first, beat every other trial's), the
+    runner-up under the limit runs too when it is within `DRIFT_WITHIN` of the baseline: the
+    baseline may have won by drift alone."""
+    single = pick(feasible, limit_gib, baseline, noise_cv=float("inf"),
+                  changes_training=changes_training)  # fmt: skip
+    chosen = {r.number: r for r in (single.baseline, single.fastest, single.saver,
+                                     single.same_training) if r is not None}  # fmt: skip
+    if baseline is not None and baseline.status is Status.OK and set(chosen) == {baseline.number}:
+        fits = [r for r in feasible if r.result.peak_memory_gib <= limit_gib]
+        others = [r for r in fits if r.number != baseline.number]
+        runner_up = max(others, key=lambda r: r.result.samples_per_s, default=None)
+        close = (1 - DRIFT_WITHIN) * baseline.result.samples_per_s
+        if runner_up is not None and runner_up.result.samples_per_s >= close:
+            chosen[runner_up.number] = runner_up
+    return [chosen[n] for n in sorted(chosen) if chosen[n].status is Status.OK]
+
+
+def pick(
+    feasible: list[TrialRecord],
+    limit_gib: float,
+    baseline: TrialRecord | None,
+    noise_cv: float,
+    *,
+    changes_training: Callable[[TrialRecord], bool],
+    min_gain: float = 1.10,
+    confirmed: Confirmed | None = None,
+) -> Picks:
+    """The picks among the successful trials under the budget (`feasible`) that also stay
+    under `limit_gib` (the budget less headroom). With a confirmation that covers the trials
+    their own figures pick, the fastest and the same-training pick are ranked among those by
+    their confirmed figures instead; one made for other picks is not used."""
+    fitting = [r for r in feasible if r.result.peak_memory_gib <= limit_gib]
+
+    def fastest_of(
+        records: list[TrialRecord], speed: Callable[[TrialRecord], float]
+    ) -> tuple[TrialRecord | None, TrialRecord | None]:
+        keeping = [r for r in records if baseline is not None and not changes_training(r)]
+        return max(records, key=speed, default=None), max(keeping, key=speed, default=None)
+
+    def measured(record: TrialRecord) -> float:
+        return record.result.samples_per_s
+
+    fastest, same = fastest_of(fitting, measured)
+    recommended, why = _choose(fastest, same, measured, min_gain, None)
+    # By its own figures: the confirmation measures it too.
+    saver = _saver(fitting, recommended, measured)
+    if confirmed is not None:
+        picked = [r for r in (fastest, same, saver, baseline) if r and r.status is Status.OK]
+        if all(confirmed.covers(r) for r in picked):
+            speed = functools.partial(_confirmed_speed, confirmed)
+            covered = [r for r in fitting if confirmed.covers(r)]
+            fastest, same = fastest_of(covered, speed)
+            recommended, why = _choose(fastest, same, speed, min_gain, confirmed)
+            # Within 10% of the recommendation as confirmed, which may be another trial now.
+            saver = _saver(covered, recommended, speed)
+        else:
+            confirmed = None  # made for other picks (trials were added since)
+    return Picks(recommended=recommended, why=why, fastest=fastest, same_training=same,
+                 saver=saver, baseline=baseline, noise_cv=noise_cv, min_gain=min_gain,
+                 confirmed=confirmed)  # fmt: skip
+
+
+def _saver(
+    records: list[TrialRecord],
+    recommended: TrialRecord | None,
+    speed: Callable[[TrialRecord], float],
+) -> TrialRecord | None:
+    """The least memory among `records` within `SAVER_WITHIN` of the recommendation's speed."""
+    if recommended is None:
+        return None
+    close = [r for r in records if speed(r) >= (1 - SAVER_WITHIN) * speed(recommended)]
+    return min(close, key=lambda r: r.result.peak_memory_gib)
+
+
+def _confirmed_speed(confirmed: Confirmed, record: TrialRecord) -> float:
+    return confirmed.median(record.number) or 0.0
+
+
+def _choose(
+    fastest: TrialRecord | None,
+    same: TrialRecord | None,
+    speed: Callable[[TrialRecord], float],
+    min_gain: float,
+    confirmed: Confirmed | None,
+) -> tuple[TrialRecord | None, str]:
+    """The same-training pick, unless the fastest changes the training and is faster by at
+    least `min_gain` and clear of the noise: faster in every confirmed round or, unconfirmed,
+    its samples/s less one step-time CV above the other's plus one."""
+    if fastest is None:
+        return None, ""
+    if same is None:
+        return fastest, "the fastest: no trial keeps the baseline's training to compare with"
+    if same.number == fastest.number:
+        return same, "the fastest, and it keeps the training"
+    gain = speed(fastest) / speed(same)
+    if confirmed is not None and (ratio := confirmed.ratio(fastest.number, same.number)):
+        gain = ratio[0]  # the median of the round-by-round ratios: the drift cancelled
+    if confirmed is not None:
+        clear = confirmed.clearly_faster(fastest.number, same.number)
+        noise = "faster in every confirmed round" if clear else "not faster in every round"
+    else:
+        # One measurement each: clear when their spans of +-1 step-time CV do not overlap.
+        low = fastest.result.samples_per_s * (1 - (fastest.result.step_time_cv or 0))
+        high = same.result.samples_per_s * (1 + (same.result.step_time_cv or 0))
+        clear = low > high
+        noise = "clear of both step-time CVs" if clear else "within their step-time CVs"
+    versus = (
+        f"trial {fastest.number}, which changes the training, is {gain:.2f}x trial {same.number}"
+    )
+    if clear and gain >= min_gain:
+        return fastest, f"{versus} ({noise}), at least math_change_min_gain {min_gain:.2f}"
+    below = "" if gain >= min_gain else f" below math_change_min_gain {min_gain:.2f}"
+    return same, f"the fastest that keeps the training: {versus}{below} ({noise})"
+
+
+def hypervolume(points: list[tuple[float, float]], max_memory_gib: float) -> float:
+    """Area (samples/s x GiB) dominated by (samples/s up, memory down) points, measured from
+    zero throughput and the memory budget: the larger, the better the front."""
+    area, best = 0.0, 0.0
+    for speed, memory in sorted(points, key=lambda p: p[1]):
+        if speed > best and memory < max_memory_gib:
+            area += (speed - best) * (max_memory_gib - memory)
+            best = speed
+    return area

@@ -1,0 +1,218 @@
+"""Everything a finished (or interrupted) search leaves in its study folder.
+
+trials.csv        one row per trial
+pareto.csv        the non-dominated feasible trials
+recommended.json  TrainingArguments kwargs + model kwargs + measured metrics + baseline
+recommended.py    a runnable snippet building those TrainingArguments
+report.html       the interactive report
+
+Each is written whole or not at all, never through a link (`autotune.common.output_files`).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+from pathlib import Path
+from typing import Any
+
+from autotune.common.knobs import KNOBS
+from autotune.common.output_files import check_owner, write_atomic
+from autotune.outputs import export
+from autotune.outputs.pareto import Picks
+from autotune.outputs.report.data import build_report_data
+from autotune.outputs.report.html import write_report
+from autotune.plan import conditions
+from autotune.store.records import StudySnapshot, TrialRecord
+
+METRIC_COLUMNS = (
+    "samples_per_s",
+    "tokens_per_s",
+    "padding_share",
+    "peak_memory_gib",
+    "estimate_gib",
+    "peak_allocated_gib",
+    "nvml_used_gib",
+    "alloc_retries",
+    "mfu",
+    "step_time_median_ms",
+    "step_time_cv",
+    "compile_s",
+    "wall_s",
+    "overhead_s",
+    "cpu_threads",
+)
+
+
+def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
+    """Every output file, from a snapshot of the study storage (also for `autotune report`);
+    returns the paths written."""
+    info, picks = snapshot.info, snapshot.picks
+    check_owner(out)
+    paths = [
+        write_table(out / "trials.csv", snapshot.records, snapshot),
+        write_table(out / "pareto.csv", snapshot.front, snapshot),
+    ]
+    script = flags = ""
+    if picks.recommended is not None:
+        script = export.render_script(info, picks.recommended)
+        result = picks.recommended.result
+        flags = export.render_cli(result.training_args, result.model_kwargs)
+        paths += export.write_recommendation(out, recommendation(snapshot), script)
+    else:  # no trial to recommend now: a recommendation left from before would mislead
+        for stale in (out / "recommended.json", out / "recommended.py"):
+            stale.unlink(missing_ok=True)
+    data = build_report_data(snapshot, code=script, cli_flags=flags)
+    paths.append(write_report(data, out / "report.html"))
+    return paths
+
+
+def write_table(path: Path, records: list[TrialRecord], snapshot: StudySnapshot) -> Path:
+    columns, rows = table(records, snapshot)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, columns)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _cell(v) for k, v in row.items()})
+    return write_atomic(path, text.getvalue())
+
+
+def table(
+    records: list[TrialRecord], snapshot: StudySnapshot
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """Columns, and a row per trial: settings, status, figures, `noisy`, and
+    `changes_training` (settings that change the training itself compared with the baseline,
+    `;`-separated), and `other_versions` (measured under other versions than the study's: kept
+    out of the front). trials.csv, pareto.csv and `SearchResult.to_dataframe()` hold these."""
+    knobs = [k for k in KNOBS if any(k in r.params for r in records)]
+    columns = ["number", "baseline", *knobs, "status", *METRIC_COLUMNS, "noisy",
+               "changes_training", "reason", "other_versions"]  # fmt: skip
+    rows = [
+        {
+            "number": r.number,
+            "baseline": r.baseline,
+            **{k: r.params.get(k) for k in knobs},
+            "status": r.status.value,
+            **{m: getattr(r.result, m) for m in METRIC_COLUMNS},
+            "noisy": None if r.result.step_time_cv is None else snapshot.is_noisy(r),
+            "changes_training": ";".join(c.setting for c in snapshot.math_changes(r)),
+            "reason": r.result.reason,
+            "other_versions": snapshot.other_versions(r),
+        }
+        for r in records
+    ]
+    return columns, rows
+
+
+def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
+    info, picks = snapshot.info, snapshot.picks
+    fastest = picks.recommended
+    assert fastest is not None
+    baseline = picks.baseline
+    return {
+        "study": info.study,
+        "trial": fastest.number,
+        "model": info.model,
+        "task": info.task,
+        "seq_len": info.seq_len,
+        "device": info.device,
+        "device_name": fastest.result.device_name,
+        **_settings_and_metrics(fastest, snapshot),
+        "baseline": None if baseline is None else {
+            "trial": baseline.number,
+            "status": baseline.status.value,
+            "reason": baseline.result.reason,
+            "params": baseline.params,
+            "metrics": _metrics(baseline),
+            "noisy": snapshot.is_noisy(baseline),
+        },
+        "why": picks.why,
+        "same_training": None if picks.same_training is None else {
+            "trial": picks.same_training.number,
+            **_settings_and_metrics(picks.same_training, snapshot),
+        },
+        "fastest": None if picks.fastest is None else {
+            "trial": picks.fastest.number, **_settings_and_metrics(picks.fastest, snapshot),
+        },
+        "memory_saver": None if picks.saver is None else {
+            "trial": picks.saver.number, **_settings_and_metrics(picks.saver, snapshot),
+        },
+        "confirmation": confirmation(picks),
+        "math_change_min_gain": info.math_change_min_gain,
+        "memory_budget_gib": info.memory_budget_gib,
+        "memory_limit_gib": info.memory_limit_gib,
+        "batch_mode": info.batch_mode,
+        "report_to": info.report_to,
+        # Where the study came from: its command line, settings, versions, device, host, times.
+        "provenance": conditions.provenance(list(snapshot.runs)),
+    }  # fmt: skip
+
+
+def _settings_and_metrics(record: TrialRecord, snapshot: StudySnapshot) -> dict[str, Any]:
+    return {
+        "params": record.params,
+        "training_args": record.result.training_args,
+        "model_kwargs": record.result.model_kwargs,
+        "metrics": _metrics(record),
+        "noisy": snapshot.is_noisy(record),
+        "speedup_vs_baseline": snapshot.picks.speedup(record),
+        # The lowest and highest round's ratio when confirmed; None: one measurement each.
+        "speedup_interval": snapshot.picks.speedup_interval(record),
+        "confirmed": snapshot.picks.is_confirmed(record),
+        "speedup_caveat": (
+            None
+            if snapshot.picks.is_confirmed(record)
+            else snapshot.picks.noise_caveat(record) or None
+        ),
+        # Differences from the baseline that change the training, not only its speed.
+        "changes_training": [dataclasses.asdict(c) for c in snapshot.math_changes(record)],
+    }
+
+
+def confirmation(picks: Picks) -> dict[str, Any] | None:
+    """Each confirmed trial's figures round by round, their median and interval, and its
+    ratio to the baseline; None when the picks were not confirmed."""
+    confirmed = picks.confirmed
+    if confirmed is None:
+        return None
+    roles = {"baseline": picks.baseline, "recommended": picks.recommended,
+             "same_training": picks.same_training, "fastest": picks.fastest,
+             "memory_saver": picks.saver}  # fmt: skip
+    trials = {}
+    for number, rounds in sorted(confirmed.samples_per_s.items()):
+        speedup = None
+        if picks.baseline is not None and (ratio := confirmed.ratio(number, picks.baseline.number)):
+            speedup = {"median": ratio[0], "interval": [ratio[1], ratio[2]]}
+        trials[str(number)] = {
+            "roles": [role for role, r in roles.items() if r is not None and r.number == number],
+            "samples_per_s": list(rounds),
+            "median_samples_per_s": confirmed.median(number),
+            "interval_samples_per_s": list(confirmed.interval(number) or ()) or None,
+            "peak_memory_gib": list(confirmed.peak_memory_gib.get(number, ())),
+            "speedup_vs_baseline": speedup,
+            "tied_with": [r.number for r in picks.ties(r)] if (r := _record(picks, number)) else [],
+        }
+    return {"rounds": confirmed.rounds, "order": "A B C D, D C B A, ... (each a fresh trial "
+            "process)", "wall_s": confirmed.wall_s, "trials": trials}  # fmt: skip
+
+
+def _record(picks: Picks, number: int) -> TrialRecord | None:
+    chosen = (picks.baseline, picks.recommended, picks.same_training, picks.fastest, picks.saver)
+    return next((r for r in chosen if r is not None and r.number == number), None)
+
+
+RECOMMENDATION_METRICS = (
+    "samples_per_s", "tokens_per_s", "padding_share", "peak_memory_gib", "step_time_median_ms",
+    "step_time_cv", "mfu",
+)  # fmt: skip
+
+
+def _metrics(record: TrialRecord) -> dict[str, Any]:
+    return {m: getattr(record.result, m) for m in RECOMMENDATION_METRICS}
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else value

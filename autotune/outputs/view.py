@@ -1,0 +1,397 @@
+"""What a person watching a search sees: the plan, a line per trial, the running trial's step
+and ETA, and at the end the front and the picks. Shared by the command line and the Python API
+(`autotune.search` prints the same lines in a notebook); `autotune report` prints the outcome.
+
+On a terminal a progress bar stands over a live line for the running trial; piped output (and
+search.log, always) gets plain lines only, one when a trial starts and one when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from autotune.common import trial
+from autotune.common.knobs import describe_params
+from autotune.common.trial import Status, TrialResult
+from autotune.common.units import format_bytes, format_gib
+from autotune.plan.plan import SearchPlan
+from autotune.search.study import SearchObserver, trial_dir
+from autotune.store.records import Ending, RunInfo, StudySnapshot, TrialRecord, trained_note
+
+# Piped output (logs, CI) gets long lines instead of rich's 80-column default, so names and
+# settings are never cut or folded.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+errors = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
+
+NOTHING_TO_RECOMMEND = 3
+"""Exit code of a search that finished but has no trial to recommend."""
+
+
+class Reporter:
+    """Prints to the terminal (unless quiet) and appends the same lines, plain, to a log."""
+
+    def __init__(self, *, quiet: bool = False, log_path: Path | None = None) -> None:
+        self.quiet = quiet
+        self.log_path = log_path
+
+    def open_log(self, path: Path) -> None:
+        self.log_path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def line(self, markup: str, *, always: bool = False, log_only: bool = False) -> None:
+        if (always or not self.quiet) and not log_only:
+            console.print(markup, soft_wrap=True)
+        if self.log_path is not None:
+            self._append(self.log_path, Text.from_markup(markup).plain + "\n")
+
+    def _append(self, path: Path, text: str) -> None:
+        # O_NOFOLLOW: a link planted at the log's name is refused, not appended through.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        try:
+            with open(os.open(path, flags, 0o644), "a") as log:
+                log.write(text)
+        except OSError as exc:  # a full disk: the search goes on, its lines on the terminal
+            errors.print(f"[yellow]warning:[/] cannot append to {escape(str(path))}: "
+                         f"{exc.strerror}; the search goes on without it")  # fmt: skip
+            self.log_path = None
+
+
+class _BarAndTrial(Progress):
+    """The trials bar with a line per running trial under it (rich's documented extension
+    point for extra renderables)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.running: dict[int, str] = {}  # first: rich renders while it initialises
+        super().__init__(*args, **kwargs)
+
+    def get_renderables(self) -> Any:
+        yield self.make_tasks_table(self.tasks)
+        for line in self.running.values():
+            yield Text(line, overflow="ellipsis", no_wrap=True)
+
+
+class TerminalView(SearchObserver):
+    """Shows one search as `autotune.api.run` tells it (its trials, whichever worker runs
+    them). `log_name`: the plain log in the study folder (None: none)."""
+
+    def __init__(self, *, quiet: bool, log_name: str | None = "search.log") -> None:
+        self.report = Reporter(quiet=quiet)
+        self.log_name = log_name
+        self.live = not quiet and console.is_terminal  # a bar only for a person watching
+        self.bar = _BarAndTrial(
+            TextColumn("trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[best]}"),
+            console=console,
+            transient=True,
+            disable=not self.live,
+        )
+        self.task = None
+        self.total = 0
+        self.confirm_rounds = 0
+        self.trainer_info: RunInfo | None = None
+        self.best = 0.0
+        self.running_params: dict[int, str] = {}
+
+    def busy(self, what: str) -> contextlib.AbstractContextManager[Any]:
+        return console.status(what) if self.live else contextlib.nullcontext()
+
+    def planned(self, plan: SearchPlan, done_before: int) -> None:
+        if self.log_name is not None:
+            self.report.open_log(plan.study_dir / self.log_name)
+        self.report.line(
+            f"study [bold]{escape(plan.study_name)}[/]: {escape(plan.model.name)} "
+            f"({plan.info.task}), seq_len {plan.config.seq_len}, {plan.device} "
+            f"({escape(plan.info.device_name)}), space {escape(plan.space.name)}, budget "
+            f"{format_bytes(plan.info.memory_budget_bytes)}, {plan.config.n_trials} trials "
+            f"-> {escape(_shown(plan.study_dir))}"
+        )
+        self.report.line(f"batch: {plan.info.batch_mode}")
+        for note in plan.space.notes:
+            self.report.line(f"[yellow]note:[/] {escape(note)}")
+        if len(plan.slots) > 1:
+            owned = ", ".join(slot.describe() for slot in plan.slots)
+            self.report.line(f"{len(plan.slots)} workers on this study: {owned}")
+        if done_before:
+            self.report.line(f"resuming: {done_before} finished trial(s) kept")
+        for line in expectations(plan):
+            self.report.line(line, always=line.startswith("[yellow]warning"))
+        self.confirm_rounds = plan.config.confirm_rounds
+        self.trainer_info = plan.info if plan.info.trainer is not None else None
+        self.total = plan.config.n_trials
+        self.task = self.bar.add_task("trials", total=self.total, completed=done_before, best="")
+
+    def watching(self) -> contextlib.AbstractContextManager[Any]:
+        return self.bar
+
+    def retried(self, number: int) -> None:
+        self.report.line(f"trial {number} was interrupted: its settings run again first")
+
+    def trial_started(self, number: int, params: dict[str, Any]) -> None:
+        self.running_params[number] = f"trial {number}: {describe_params(params)}"
+        if self.live:
+            self.bar.running[number] = self.running_params[number] + ", starting"
+            self.report.line(f"trial {number} started: {describe_params(params)}", log_only=True)
+        else:
+            self.report.line(f"trial {number} started: {describe_params(params)}")
+
+    def progress(self, number: int, progress: trial.Progress) -> None:
+        if self.live and number in self.running_params:
+            self.bar.running[number] = f"{self.running_params[number]}, {_step(progress)}"
+            self.bar.refresh()
+
+    def warned(self, message: str) -> None:
+        self.report.line(f"[yellow]warning:[/] {escape(message)}", always=True)
+
+    def lost(self, number: int) -> None:
+        self._drop(number)
+        self.report.line(
+            f"[yellow]trial {number} was failed as stale by another worker while it ran here "
+            "(no heartbeat for stale_after): its result is dropped, a retry runs its settings[/]"
+        )
+
+    def worker_failed(self, index: int, how: str, log_tail: str) -> None:
+        self.report.line(f"[red]worker {index} ended: {how}[/]; the others go on")
+        for line in log_tail.splitlines():
+            self.report.line(f"  {escape(line)}")
+
+    def _drop(self, number: int) -> None:
+        self.running_params.pop(number, None)
+        self.bar.running.pop(number, None)
+
+    def trial_ended(self, record: TrialRecord) -> None:
+        self._drop(record.number)
+        # A skip runs nothing and uses up no trial.
+        done = int(self.bar.tasks[0].completed) + (record.status is not Status.SKIPPED)
+        if record.status is Status.OK:
+            self.best = max(self.best, record.result.samples_per_s)
+        self.bar.update(self.task, completed=done, best=f"best {self.best:.2f} samples/s")
+        self.report.line(_trial_line(record, done, self.total))
+        if self.trainer_info is not None and record.status is Status.OK:
+            note = trained_note(self.trainer_info, [record])
+            self.trainer_info = None  # said once, from the first successful trial
+            if note:
+                self.report.line(f"[yellow]note:[/] {escape(note)}")
+        if record.baseline and record.status is Status.OK and record.result.wall_s:
+            self.report.line(_pace(record.result.wall_s, self.total - done, self.confirm_rounds))
+
+    def ended(self, stopped: str) -> None:
+        self.report.line(f"search ended: {stopped}")
+
+    def confirming(self, picks: int, rounds: int, expected_s: float) -> None:
+        self.total, self.done = picks * rounds, 0
+        self.report.line(
+            f"confirming: the baseline and the picks ({picks} trials) run again, {rounds} "
+            f"rounds interleaved: {self.total} runs, about {expected_s:.0f} s "
+            "(confirm_rounds=0 skips this)"
+        )
+
+    def confirmed_run(self, round_number: int, record: TrialRecord, result: TrialResult) -> None:
+        self.done += 1
+        if result.status is Status.OK:
+            figure = (f"{result.samples_per_s:.2f} samples/s, "
+                      f"{format_gib(result.peak_memory_gib, 3)}")  # fmt: skip
+        else:
+            figure = f"[red]{result.status.value}[/]: {escape(result.reason)}"
+        self.report.line(f"{escape(f'[confirm {self.done}/{self.total}]')} round {round_number}, "
+                         f"trial {record.number}: {figure}")  # fmt: skip
+
+
+def expectations(plan: SearchPlan) -> list[str]:
+    """Before the first trial: the least time a trial and the search can take at the fastest
+    this device computes, and a warning when the baseline cannot fit or cannot finish."""
+    lines = []
+    baseline, config = plan.baseline, plan.config
+    floor = plan.compute_floor_s(baseline)
+    if floor is not None:
+        seconds, rate = floor
+        source = "this CPU's fp32 matmul rate, measured"
+        if config.peak_tflops or plan.device == "cuda":
+            source = "peak_tflops=" if config.peak_tflops else "the GPU's datasheet peak"
+        lines.append(
+            f"time: the baseline's {config.warmup_steps + config.measure_steps} steps need at "
+            f"least {_duration(seconds)} of compute at {rate:.3g} TFLOP/s ({source}; training "
+            f"reaches a fraction of it); {config.n_trials} trials, at least "
+            f"{_duration(seconds * config.n_trials)}; the baseline's own time will tell"
+        )
+        if seconds > config.trial_timeout:
+            lines.append(
+                f"[yellow]warning:[/] the baseline needs at least {_duration(seconds)} of "
+                f"compute, over trial_timeout={_duration(config.trial_timeout)}: it and every "
+                "larger trial will time out; raise trial_timeout, or lower measure_steps or "
+                "seq_len"
+            )
+    limit, estimate_gib = plan.estimate_limit_gib, plan.estimate_gib(baseline)
+    if limit is not None and estimate_gib is not None and estimate_gib > limit:
+        lines.append(
+            f"[yellow]warning:[/] the baseline (HF defaults) is estimated at "
+            f"{estimate_gib:.2f} GiB, over the {limit:.2f} GiB {plan.estimate_limit_source}: it "
+            "will be skipped, and no speedup can be measured against it; lower seq_len, or "
+            "search where it fits"
+        )
+    return lines
+
+
+def _pace(baseline_s: float, remaining: int, confirm_rounds: int) -> str:
+    confirming = (f", the confirmation about {_duration(baseline_s * confirm_rounds * 4)} at "
+                  "most") if confirm_rounds else ""  # fmt: skip
+    return (
+        f"the baseline took {baseline_s:.1f} s: at its pace the {remaining} remaining trials "
+        f"take about {_duration(baseline_s * remaining)}{confirming} (larger batches take "
+        "longer)"
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _step(progress: trial.Progress) -> str:
+    """`step 3/13 (warm-up), ETA 8 s`, or the stage before training."""
+    if progress.stage is trial.Stage.BUILDING:
+        return "building the model and the Trainer"
+    eta = "" if progress.eta_s is None else f", ETA {progress.eta_s:.0f} s"
+    return f"step {progress.step}/{progress.total_steps} ({progress.stage}){eta}"
+
+
+def _trial_line(record: TrialRecord, done: int, total: int) -> str:
+    r = record.result
+    status = r.status.value if r.status is Status.OK else f"[red]{r.status.value}[/]"
+    head = f"[{done}/{total}] trial {record.number:>3} {status:<7} {describe_params(record.params)}"
+    if r.status is Status.OK:
+        padding = f" ({r.padding_share:.0%} padding)" if r.padding_share else ""
+        return (
+            f"{head}: {r.samples_per_s:.2f} samples/s{padding}, "
+            f"{format_gib(r.peak_memory_gib, 3)}, step CV {r.step_time_cv:.0%}, {r.wall_s:.1f} s"
+        )
+    return f"{head}: {escape(r.reason)}"
+
+
+def _why_nothing_to_recommend(snapshot: StudySnapshot) -> str:
+    """The budget, unless every trial that ran failed the same way for another reason (bad
+    data, a broken factory): then that reason, which no other budget would change."""
+    ran = [r for r in snapshot.records if r.status not in (Status.SKIPPED, Status.INTERRUPTED)]
+    kinds = {(r.status, r.result.reason.split(":", 1)[0]) for r in ran}
+    if len(kinds) == 1 and ran[0].status not in {Status.OK, *trial.OUT_OF_MEMORY}:
+        first = ran[0]
+        reason = (first.result.reason.strip().splitlines() or ["no reason given"])[0][:200]
+        log = trial_dir(Path(), first.number) / "worker.log"
+        return (f"every trial that ran ended {first.status} ({reason}); see {log} in the study "
+                "folder")  # fmt: skip
+    limit = format_gib(snapshot.info.memory_limit_gib)
+    return f"no successful trial stays below {limit} (budget less headroom)"
+
+
+def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
+    """The front table, the baseline, the picks with their caveats and what in them changes
+    the training (after a search, and for `autotune report`)."""
+    picks = snapshot.picks
+    table = Table(title="Pareto front (fastest first)")
+    columns = ("trial", "settings", "samples/s", "x baseline", "peak GiB", "MFU", "step CV",
+               "changes training")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("settings", "changes training")
+                         else "right")  # fmt: skip
+    for record in snapshot.front:
+        r = record.result
+        marks = ((picks.recommended, " *"), (picks.saver, " m"))
+        mark = "".join(m for pick, m in marks if pick is not None and pick.number == record.number)
+        speedup, interval = picks.speedup(record), picks.speedup_interval(record)
+        times = "n/a" if speedup is None else f"{speedup:.2f}x"
+        if interval is not None and not record.baseline:
+            times += escape(f" [{interval[0]:.2f}-{interval[1]:.2f}]")
+        table.add_row(
+            f"{record.number}{mark}",
+            escape(describe_params(record.params)),
+            f"{r.samples_per_s:.2f}",
+            times,
+            format_gib(r.peak_memory_gib, 3).removesuffix(" GiB"),
+            "n/a" if r.mfu is None else f"{r.mfu:.1%}",
+            f"{r.step_time_cv:.0%}" + (" noisy" if snapshot.is_noisy(record) else ""),
+            ", ".join(c.setting for c in snapshot.math_changes(record)) or "-",
+        )
+    if not report.quiet and snapshot.front:  # all out of memory: the lines below say so
+        console.print(table)
+        if picks.confirmed is not None:
+            report.line("samples/s: each trial's own measurement; x baseline: confirmed "
+                        "trials show the median " + escape("[lowest-highest]") + " of their "
+                        "round-by-round ratios, the others their measurement over the "
+                        "baseline's")  # fmt: skip
+    if (confirmed := picks.confirmed) is not None:
+        report.line(
+            f"confirmed: the baseline and the picks ran again {confirmed.rounds} times, "
+            f"interleaved, in {confirmed.wall_s:.0f} s; their figures below are medians "
+            + escape("[lowest-highest round]")
+        )
+    elif snapshot.front:
+        report.line("[yellow]not confirmed: each figure is one short measurement[/] "
+                    "(autotune confirm STUDY_DIR measures the picks again)")  # fmt: skip
+    if (ended := snapshot.ended) is not None and ended.how is not Ending.COMPLETE:
+        resume = "; the same command resumes it" if ended.how is Ending.INTERRUPTED else ""
+        report.line(f"[yellow]the search was {escape(ended.describe())}{resume}[/]")
+    report.line(f"baseline (HF defaults): {escape(picks.describe_baseline())}")
+    if picks.baseline is not None and picks.baseline.result.samples_per_s is None:
+        report.line("[yellow]the HF defaults did not run here, so there is no speedup figure[/]")
+    if picks.recommended is None:
+        if ended is not None and ended.how is Ending.INTERRUPTED:  # its exit code is the signal's
+            report.line(f"[yellow]{escape(_why_nothing_to_recommend(snapshot))}: nothing to "
+                        "recommend yet[/]")  # fmt: skip
+            return
+        report.line(f"[yellow]{escape(_why_nothing_to_recommend(snapshot))}: nothing to "
+                    f"recommend (exit code {NOTHING_TO_RECOMMEND})[/]")  # fmt: skip
+        return
+    shown = [("recommended (*)", picks.recommended)]
+    if picks.same_training is not None:
+        shown.append(("same-training pick", picks.same_training))
+    if picks.fastest is not None:
+        shown.append(("fastest", picks.fastest))
+    shown.append(("memory saver (m)", picks.saver))
+    said: dict[int, str] = {}
+    for label, record in shown:
+        if record is None:
+            continue
+        if record.number in said:
+            if label.startswith("memory") and record is picks.recommended:
+                report.line(f"{label}: {picks.describe_saver()}")
+            else:
+                report.line(f"{label}: the same trial as {said[record.number]}")
+            continue
+        said[record.number] = label.removesuffix(" (*)").removesuffix(" (m)")
+        report.line(f"{label}: {picks.describe(record)}: {escape(describe_params(record.params))}")
+        if record is picks.recommended:
+            report.line(f"  why: {escape(picks.why)}")
+        for change in snapshot.math_changes(record):
+            report.line(f"  [yellow]changes the training:[/] {escape(change.describe())}")
+    shown_picks = (picks.recommended, picks.fastest)
+    changes = {c.setting for r in shown_picks if r for c in snapshot.math_changes(r)}
+    if "effective_batch_size" in changes:
+        report.line(
+            "for a real run, search with effective_batch_size=N (the batch your learning rate "
+            "was tuned for): every trial then keeps it"
+        )
+
+
+def print_paths(report: Reporter, paths: list[Path]) -> None:
+    report.line(always=True, markup="wrote " + escape(", ".join(_shown(p) for p in paths)))
+
+
+def _shown(path: Path) -> str:
+    """Relative to the working folder when inside it (`reports/...`), else absolute."""
+    path = path.resolve()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)

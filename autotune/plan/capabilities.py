@@ -1,0 +1,204 @@
+"""Fit a search space to the device in hand: remove values that cannot run, say why.
+
+Runs in the parent on the facts of the device probe (`hardware.DeviceInfo`); the notes it returns
+are shown to the user and stored with the study.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from autotune.common.errors import SpaceError
+from autotune.common.knobs import KNOBS, precision_parts
+from autotune.plan.hardware import DeviceInfo
+from autotune.plan.space import SamplingRules, SearchSpace
+
+if TYPE_CHECKING:  # parallel imports optuna; a plan needs only the slots' cores
+    from autotune.workers import Slot
+
+# TrainingArguments.optim values backed by bitsandbytes.
+BNB_OPTIMIZERS = frozenset({
+    "adamw_bnb_8bit", "adamw_8bit", "ademamix", "ademamix_8bit", "lion_8bit", "lion_32bit",
+    "paged_adamw_32bit", "paged_adamw_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit",
+    "paged_lion_32bit", "paged_lion_8bit", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
+})  # fmt: skip
+
+DeviceLimit = Callable[[Any, str, DeviceInfo], str | None]
+"""(value, device, facts) -> why the value cannot run there, or None."""
+
+
+def _precision(value: str, device: str, info: DeviceInfo) -> str | None:
+    parts = precision_parts(value)
+    if device == "cpu" and "fp16" in parts:
+        return "the Trainer ignores fp16 on CPU: it would silently run as fp32"
+    if device == "cpu" and "tf32" in parts:
+        return "tf32 is a CUDA tensor-core mode (TrainingArguments refuses it on CPU)"
+    if device == "cuda" and "tf32" in parts and not info.tf32_supported:
+        return f"tf32 needs an Ampere or newer GPU (this one is {info.compute_capability})"
+    if device == "cuda" and "bf16" in parts and not info.bf16_supported:
+        return f"bf16 needs an Ampere or newer GPU (this one is {info.compute_capability})"
+    return None
+
+
+def _optim(value: str, device: str, info: DeviceInfo) -> str | None:
+    if value in BNB_OPTIMIZERS and info.bitsandbytes_error:
+        return f"bitsandbytes does not import here ({info.bitsandbytes_error})"
+    if value.startswith("paged_") and device == "cpu":
+        return "paged optimizers page their state between GPU and host memory: CUDA only"
+    return None
+
+
+def _torch_compile(value: str, device: str, info: DeviceInfo) -> str | None:
+    if value == "cudagraphs" and device == "cpu":
+        return "the cudagraphs backend records CUDA graphs: CUDA only"
+    return None
+
+
+def _compile_mode(value: str, device: str, info: DeviceInfo) -> str | None:
+    if value == "reduce-overhead" and device == "cpu":
+        return "reduce-overhead works through CUDA graphs: CUDA only"
+    return None
+
+
+def _pin_memory(value: bool, device: str, info: DeviceInfo) -> str | None:
+    if value and device == "cpu":
+        return "pinned memory only speeds host-to-GPU copies: there are none on CPU"
+    return None
+
+
+DEVICE_LIMITS: dict[str, DeviceLimit] = {
+    "precision": _precision,
+    "optim": _optim,
+    "torch_compile": _torch_compile,
+    "compile_mode": _compile_mode,
+    "dataloader_pin_memory": _pin_memory,
+}
+
+
+DataSource = Literal["synthetic", "data", "trainer"]
+"""What trials train on: random tokens, the user's data (`data=`), the user's Trainer."""
+
+
+def fit_space(
+    space: SearchSpace,
+    device: str,
+    info: DeviceInfo,
+    source: DataSource = "synthetic",
+    cores: int | None = None,
+) -> SearchSpace:
+    """The space less what cannot run on `device` with `cores` CPU cores a trial (`trial_cores`;
+    None: not fitted to them) or cannot matter for the data trained on; the reasons are in the
+    result's notes."""
+    notes = []
+    emptied = []
+    for name, knob in space.knobs.items():
+        limit = DEVICE_LIMITS.get(name)
+        if limit is None:
+            continue
+        kept, removed = [], []
+        for value in knob.choices:
+            reason = limit(value, device, info)
+            if reason:
+                removed.append(f"{name}={value}: {reason}")
+            else:
+                kept.append(value)
+        if removed and not kept:
+            emptied.append(f"{name}: every value is removed on {device}: " + "; ".join(removed))
+        elif removed:
+            notes += [f"removed {r}" for r in removed]
+            space = space.with_choices(name, tuple(kept))
+    if emptied:
+        raise SpaceError(f"space {space.name} cannot run here:\n" + "\n".join(
+            f"  - {e}" for e in emptied
+        ))  # fmt: skip
+    space, data_notes = _fit_to_data(space, source)
+    # After the data: synthetic data fixes the loader at 0 workers, which needs no note here.
+    space, core_notes = _fit_to_cores(space, cores)
+    return replace(space, notes=space.notes + tuple(notes + data_notes + core_notes))
+
+
+def trial_cores(slots: Sequence[Slot]) -> int | None:
+    """The CPU cores each trial has: its worker's own set, or where workers are not pinned to
+    cores (one per GPU, or one worker) an even share of this process's. None: no slots."""
+    if not slots:
+        return None
+    unpinned = sum(s.cpus is None for s in slots)
+    shared = len(os.sched_getaffinity(0)) // max(unpinned, 1) or 1
+    return min(shared if s.cpus is None else len(s.cpus) for s in slots)
+
+
+def _fit_to_cores(space: SearchSpace, cores: int | None) -> tuple[SearchSpace, list[str]]:
+    """Loader workers are processes of their own, beside the trial's: more of them than the
+    trial has cores only take turns on those cores, and slow the step they should feed."""
+    knob = space.knobs.get("dataloader_num_workers")
+    if cores is None or knob is None:
+        return space, []
+    kept = tuple(v for v in knob.choices if v <= cores)
+    removed = [v for v in knob.choices if v > cores]
+    if not removed:
+        return space, []
+    shown = ", ".join(map(str, removed))  # one note for a range's many values
+    why = (
+        f"a trial has {cores} CPU core{'s' * (cores != 1)}, and each loader worker is a "
+        "process that would take turns on them"
+    )
+    if not kept:
+        raise SpaceError(
+            f"space {space.name} cannot run here:\n  - dataloader_num_workers: every value "
+            f"({shown}) is above the cores a trial has ({why}); give values up to {cores}"
+        )
+    space = space.with_choices("dataloader_num_workers", kept)
+    return space, [f"removed dataloader_num_workers above {cores} ({shown}): {why}"]
+
+
+def _fit_to_data(space: SearchSpace, source: DataSource) -> tuple[SearchSpace, list[str]]:
+    """Synthetic samples are in memory and of one length: loader and padding knobs are fixed
+    (at the HF default where the space allows it). A user's Trainer has its own collator."""
+    notes = []
+    for name, knob in space.knobs.items():
+        catalogue = KNOBS[name]
+        if source == "trainer" and catalogue.collator:
+            knobs = {k: v for k, v in space.knobs.items() if k != name}
+            space = replace(space, knobs=knobs)
+            notes.append(f"removed {name}: it sets autotune's collator, and trainer= brings its "
+                         "own")  # fmt: skip
+        elif source == "synthetic" and catalogue.data_only and len(knob.choices) > 1:
+            value = catalogue.baseline if catalogue.baseline in knob.choices else knob.choices[0]
+            space = space.with_choices(name, (value,))
+            notes.append(
+                f"{name} fixed at {str(value).lower()}: the data is synthetic, in memory and "
+                "of one length, so it cannot matter here (give data= to search it)"
+            )
+    return space, notes
+
+
+def apply_sampling_rules(space: SearchSpace, rules: SamplingRules) -> SearchSpace:
+    """Check the batch-size rule and a fixed effective batch against the space; note the mode."""
+    notes = []
+    if "batch_size" not in space.knobs:
+        if rules.effective_batch_size:
+            raise SpaceError(f"space {space.name} has no batch_size knob for effective_batch_size")
+        return space
+    precisions = space.knobs["precision"].choices if "precision" in space.knobs else (None,)
+    for precision in precisions:
+        if not space.batch_candidates(precision, rules):
+            shown = ", ".join(map(str, space.knobs["batch_size"].choices))
+            target = f"precision={precision}" if precision else "the space"
+            raise SpaceError(
+                f"effective_batch_size={rules.effective_batch_size}: no batch size of "
+                f"{target} divides it under the batch-size rule (batch sizes: {shown})"
+            )
+    if rules.effective_batch_size:
+        notes.append(
+            f"effective batch fixed at {rules.effective_batch_size}: grad_accum = "
+            f"{rules.effective_batch_size} / batch_size"
+            + (
+                "; the space's grad_accum values are not used"
+                if "grad_accum" in space.knobs
+                else ""
+            )
+        )
+    return replace(space, notes=space.notes + tuple(notes))

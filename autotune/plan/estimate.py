@@ -1,0 +1,312 @@
+"""Peak training memory and FLOPs before any trial runs, by the HF guide's anatomy.
+
+Parent side and pure: a model's config (a dict), the task, seq_len and the knobs in; bytes per
+part out. No torch: `autotune estimate` answers in well under a second, and the search asks it
+before every trial.
+
+The parts, per parameter P and per micro-batch of b samples of s tokens:
+- weights: 4 B/param in fp32; mixed precision adds the 16-bit copies autocast keeps (2 B);
+- gradients: 4 B/param (the weights are fp32);
+- optimizer states: AdamW 8 B/param, 8-bit AdamW 2, Lion/RMSprop/Adagrad 4, SGD 0, Adafactor
+  its factored second moments (a row and a column per matrix);
+- activations, per layer (Korthikanti et al. 2022, "Reducing activation recomputation", whose
+  34sbh + 5as^2b is the 16-bit case), written per tensor autograd keeps: the inputs of the
+  matmuls, Q, K and V, the MLP's two intermediates, the LayerNorm inputs (fp32 residual
+  stream), dropout masks (1 B), and with eager attention the softmax output, its dropout mask
+  and the dropped-out copy (a^2 s^2 b terms; SDPA's fused kernels on CUDA keep none); with
+  checkpointing only each layer's input plus one layer recomputed; plus the LM head's logits;
+- temporary: one layer's activation gradients during backward, and the LM head's logits grad;
+- the CUDA context (kernels, cuBLAS workspace) on CUDA; on CPU, the runtime's own memory.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.common.knobs import optimizer_family, sixteen_bit
+from autotune.common.units import GIB
+
+CUDA_CONTEXT_BYTES = int(0.5 * GIB)
+"""CUDA context and cuBLAS workspace of a PyTorch process on a recent GPU (NVML's per-process
+figure minus what the allocator reserved); not seen by torch.cuda.memory_stats."""
+CPU_RUNTIME_BYTES = int(0.125 * GIB)
+"""On CPU, what a training process's resident memory grows by beyond its tensors once steps
+run (the allocator's free lists and arenas, oneDNN and OpenMP scratch, the Trainer's state):
+the offset of the measured peaks over the tensors on the recorded landscapes
+(`benchmarks/landscapes/`), 0.05-0.3 GiB there; 0.125 gives the three the smallest worst
+median error."""
+MASK_BYTES = 1
+"""A dropout mask element (torch.bool)."""
+
+PARTS = ("weights", "gradients", "optimizer", "activations", "temporary", "context")
+
+
+class UnknownShape(ValueError):
+    """A config without the dimensions the estimate needs."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Shape:
+    """What the memory of a transformer depends on, read from its config."""
+
+    hidden: int
+    layers: int
+    """Transformer blocks (encoder plus decoder)."""
+    heads: int
+    intermediate: int
+    vocab: int
+    parameters: int
+    matrices: tuple[tuple[int, int], ...]
+    """The weight matrices' shapes, one entry per kind with its count folded in (Adafactor)."""
+    dropout: bool
+    cross_attention_layers: int = 0
+
+
+def shape_of(config: dict[str, Any], parameters: int | None = None) -> Shape:
+    """The config's dimensions (BERT, GPT-2, T5, Llama names alike) and its parameter count
+    (the catalogue's when given, else counted from the dimensions)."""
+
+    def first(*names: str, default: Any = None) -> Any:
+        return next((config[n] for n in names if config.get(n) is not None), default)
+
+    hidden = first("hidden_size", "n_embd", "d_model", "dim")
+    encoder = first("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    if not all(isinstance(v, int) and v > 0 for v in (hidden, encoder)):
+        raise UnknownShape(f"model_type {config.get('model_type')!r}: no hidden size or layers")
+    decoder = 0
+    if config.get("is_encoder_decoder"):
+        decoder = first("num_decoder_layers", default=encoder)
+    heads = first("num_attention_heads", "n_head", "num_heads", "n_heads", default=1)
+    intermediate = first("intermediate_size", "n_inner", "d_ff", "ffn_dim", "hidden_dim")
+    intermediate = intermediate or 4 * hidden
+    vocab = first("vocab_size", default=0)
+    gated = config.get("model_type") in ("llama", "mistral", "qwen2", "gemma", "qwen3")
+    gated = gated or str(config.get("feed_forward_proj", "")).startswith("gated")
+    layers = encoder + decoder
+    mlp = (3 if gated else 2) * hidden * intermediate
+    attention = 4 * hidden * hidden
+    matrices = (
+        (vocab, hidden),
+        *[(hidden, hidden)] * 4 * (layers + decoder),  # decoder blocks cross-attend too
+        *[(hidden, intermediate)] * (3 if gated else 2) * layers,
+    )
+    counted = vocab * hidden + layers * (attention + mlp) + decoder * attention
+    dropout = any(
+        (config.get(k) or 0) > 0
+        for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop",
+                  "attn_pdrop", "dropout_rate", "dropout", "attention_dropout")
+    )  # fmt: skip
+    return Shape(
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        intermediate=intermediate,
+        vocab=vocab,
+        parameters=parameters or counted,
+        matrices=matrices,
+        dropout=dropout,
+        cross_attention_layers=decoder,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Estimate:
+    """Bytes per part at the training peak, and the model FLOPs of one sample."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    temporary: int
+    context: int
+    total: int
+    """The peak: not the plain sum, as gradients fill in while activations are freed."""
+    flops_per_sample: float
+
+
+def optimizer_bytes_per_parameter(optim: str) -> float | None:
+    """States per parameter; None for Adafactor (factored: see `estimate`)."""
+    family = optimizer_family(optim)
+    if family.startswith("Adafactor"):
+        return None
+    if "8-bit" in family:
+        return 2.0 if family.startswith(("AdamW", "AdEMAMix")) else 1.0
+    if "4-bit" in family:
+        return 1.0
+    if family.startswith(("SGD", "LOMO")):
+        return 0.0
+    if family.startswith(("Lion", "RMSprop", "Adagrad", "schedule-free")):
+        return 4.0
+    return 8.0  # AdamW and its kernels, AdEMAMix, GaLore/APOLLO at worst
+
+
+KNOBS_READ = ("precision", "batch_size", "grad_accum", "optim", "attn_implementation",
+              "gradient_checkpointing")  # fmt: skip
+"""The knobs `estimate` reads; the others leave it unchanged."""
+
+
+def estimate(
+    config: dict[str, Any],
+    *,
+    task: str,
+    seq_len: int,
+    params: dict[str, Any],
+    device: str,
+    parameters: int | None = None,
+    context_bytes: int | None = None,
+    gradients_kept: bool = False,
+) -> Estimate:
+    """The peak of one training step with `params` (knob -> value; missing knobs at their HF
+    default), on `device`. `context_bytes` replaces the CUDA context's size (CUDA_CONTEXT_BYTES);
+    `gradients_kept` is for training loops that zero gradients in place instead of freeing them
+    (`zero_grad(set_to_none=False)`, PyTorch's default before 2.0): they then live through
+    every forward, as with gradient accumulation."""
+    shape = shape_of(config, parameters)
+    p = shape.parameters
+    precision = params.get("precision", "fp32")
+    mixed = sixteen_bit(precision)
+    batch = params.get("batch_size", 8)
+    accumulating = params.get("grad_accum", 1) > 1
+    weights = 4 * p + (2 * p if mixed else 0)
+    gradients = 4 * p
+    per_param = optimizer_bytes_per_parameter(params.get("optim", "adamw_torch"))
+    if per_param is None:  # Adafactor: a row and a column of fp32 per matrix, the rest full
+        factored = sum(r + c for r, c in shape.matrices)
+        in_matrices = sum(r * c for r, c in shape.matrices)
+        optimizer = 4 * (factored + max(0, p - in_matrices))
+    else:
+        optimizer = int(per_param * p)
+    attention = params.get("attn_implementation", "sdpa")
+    # On CPU, SDPA trains through PyTorch's math path (its fused kernel takes no dropout), which
+    # keeps the scores as eager attention does; under bf16 autocast it computes in fp32.
+    eager = attention == "eager" or device == "cpu"
+    upcast = device == "cpu" and attention == "sdpa" and mixed
+    layer = _layer_activations(shape, batch, seq_len, mixed=mixed, eager=eager, upcast=upcast)
+    if params.get("gradient_checkpointing"):
+        # Each block's input (fp32 residual stream) is kept; one block is recomputed at a time.
+        stored = shape.layers * 4 * batch * seq_len * shape.hidden + layer
+    else:
+        stored = shape.layers * layer
+    head = _head_activations(shape, task, batch, seq_len, mixed=mixed)
+    activations = stored + head["kept"]
+    temporary = layer + head["gradient"]
+    # The peak: in the last backward, gradients fill in as activations are freed (one step:
+    # the larger of the two); accumulating steps run every later forward with the gradients
+    # of the earlier ones held.
+    kept = accumulating or gradients_kept
+    live = gradients + activations if kept else max(gradients, activations)
+    runtime = CUDA_CONTEXT_BYTES if device == "cuda" else CPU_RUNTIME_BYTES
+    context = runtime if context_bytes is None else context_bytes
+    return Estimate(
+        weights=weights,
+        gradients=gradients,
+        optimizer=optimizer,
+        activations=activations,
+        temporary=temporary,
+        context=context,
+        total=weights + optimizer + live + temporary + context,
+        flops_per_sample=flops_per_sample(shape, seq_len, task),
+    )
+
+
+def _layer_activations(
+    shape: Shape, b: int, s: int, *, mixed: bool, eager: bool, upcast: bool = False
+) -> int:
+    """Bytes autograd keeps for one transformer block (see the module docstring); `upcast`:
+    the attention runs in fp32 on 16-bit inputs (CPU SDPA under autocast)."""
+    h, i, a = shape.hidden, shape.intermediate, shape.heads
+    e = 2 if mixed else 4  # matmul inputs and outputs
+    tokens = b * s
+    # QKV input, Q, K, V, attention output (proj input), MLP input: 6 h-wide tensors; the
+    # MLP's pre- and post-activation: 2 i-wide; the two LayerNorm inputs: fp32 residuals.
+    kept = tokens * (6 * h * e + 2 * i * e + 2 * h * 4)
+    if shape.dropout:
+        kept += tokens * 2 * h * MASK_BYTES
+    if eager:
+        scores = a * s * s * b
+        # Softmax output (fp32 under autocast too), its dropout mask, the matmul's copy.
+        kept += scores * 4 + (scores * MASK_BYTES if shape.dropout else 0)
+        kept += scores * e if shape.dropout or mixed else 0
+        if upcast:  # fp32 copies of Q, K and V and of the dropped-out scores
+            kept += tokens * 3 * h * 4 + scores * (4 - e)
+    return kept
+
+
+def _head_activations(shape: Shape, task: str, b: int, s: int, *, mixed: bool) -> dict[str, int]:
+    """The logits a language-model head keeps (16-bit under autocast, upcast to fp32 for the
+    loss) and their gradient; a classification head's are negligible."""
+    if task == "sequence-classification":
+        return {"kept": 0, "gradient": 0}
+    logits = b * s * shape.vocab
+    kept = logits * (2 + 4 if mixed else 4)
+    return {"kept": kept, "gradient": logits * 4}
+
+
+def training_flops(
+    matmul_weights: int, attention_blocks: int, width: int, tokens: int, squared_lengths: int
+) -> float:
+    """Training FLOPs (forward + backward), after PaLM's appendix B: 6 per matmul weight per
+    token (2 forward, 4 backward), plus the attention scores and the weighted sum, 12 x width
+    x length^2 per sample per attention block (`squared_lengths` sums length^2 over the
+    samples). Activation checkpointing recomputes the forward but does not change the model's
+    FLOPs, so MFU does not reward it. The one formula of the estimate and the worker's MFU."""
+    return 6 * matmul_weights * tokens + 12 * attention_blocks * width * squared_lengths
+
+
+def flops_per_sample(shape: Shape, seq_len: int, task: str = "causal-lm") -> float:
+    """Training FLOPs of one sample of seq_len tokens (`training_flops`). The vocabulary
+    matrix is a matmul only where a language-model head multiplies by it; for classification
+    it is an embedding lookup."""
+    matrices = shape.matrices
+    if task == "sequence-classification":
+        matrices = tuple(m for m in matrices if m != (shape.vocab, shape.hidden))
+    matmul = sum(r * c for r, c in matrices)
+    blocks = shape.layers + shape.cross_attention_layers
+    return training_flops(matmul, blocks, shape.hidden, seq_len, seq_len**2)
+
+
+# ---- calibration: the estimate against what a study's own trials measured ----
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Measured:
+    """An ok trial's settings, its estimate before it ran and the peak it measured."""
+
+    params: dict[str, Any]
+    estimate_gib: float
+    peak_gib: float
+
+
+def mode_of(params: dict[str, Any]) -> str:
+    """Everything but the batch size: for fixed other knobs the peak is close to linear in it."""
+    return json.dumps({k: v for k, v in params.items() if k != "batch_size"}, sort_keys=True)
+
+
+def calibrated_gib(params: dict[str, Any], estimate_gib: float, measured: list[Measured]) -> float:
+    """The estimate corrected by the study's own measurements:
+    - two or more batch sizes measured in this mode: the straight line through them (least
+      squares), at this batch size;
+    - one: this estimate shifted by that trial's measured - estimated;
+    - none in this mode: shifted by the median measured - estimated of all trials;
+    - no trials yet: the estimate as it is.
+    A shift, not a ratio: what the estimate misses on CPU is mostly a constant (the allocator's
+    retained memory), and a ratio taken at a small batch would shrink the estimate of a large
+    one (on the recorded landscapes, one smaller batch of the same mode gives a median error of
+    3-9% shifted, 6-12% scaled)."""
+    same = [m for m in measured if mode_of(m.params) == mode_of(params)]
+    batches = {m.params.get("batch_size", 8) for m in same}
+    if len(batches) >= 2:
+        xs = [m.params.get("batch_size", 8) for m in same]
+        ys = [m.peak_gib for m in same]
+        mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum(
+            (x - mean_x) ** 2 for x in xs
+        )
+        return mean_y + slope * (params.get("batch_size", 8) - mean_x)
+    pool = same or measured
+    if not pool:
+        return estimate_gib
+    return estimate_gib + statistics.median(m.peak_gib - m.estimate_gib for m in pool)

@@ -1,0 +1,354 @@
+"""Everything a search needs, resolved and checked before the first trial starts.
+
+Turns a `RunConfig` into a `SearchPlan`: the model's config, the task, the device (from the
+probe subprocess), the memory budget, the search space and where the study lives. Problems
+with the model and the space are reported together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.common.errors import AutotuneError, ConfigError
+from autotune.common.knobs import baseline_params
+from autotune.common.output_files import check_owner
+from autotune.common.units import GIB, format_bytes
+from autotune.plan import conditions, factories, hardware, user_data
+from autotune.plan.capabilities import apply_sampling_rules, fit_space, trial_cores
+from autotune.plan.config import STUDY_NAME_MAX_CHARS, RunConfig
+from autotune.plan.estimate import KNOBS_READ, Estimate, UnknownShape, estimate
+from autotune.plan.hardware import DeviceInfo
+from autotune.plan.models import ModelSpec, catalogue_parameter_counts, resolve_model
+from autotune.plan.space import SamplingRules, SearchSpace
+from autotune.plan.space_file import SoftwareFacts, load_space
+from autotune.plan.user_data import DataError, DataSpec, source_format
+from autotune.store.records import RunInfo
+from autotune.workers import Slot, assign
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchPlan:
+    config: RunConfig
+    model: ModelSpec
+    info: RunInfo
+    """What the study is run for (stored with it): task, device, budget, ..."""
+    space: SearchSpace
+    """Fitted to the device: its notes say what was removed and why."""
+    rules: SamplingRules
+    baseline: dict[str, object]
+    """The HF default TrainingArguments as knobs: the first trial, the yardstick for speedups."""
+    study_dir: Path
+    storage_url: str
+    device_info: DeviceInfo
+    slots: list[Slot]
+    """One per worker: the device or the cores it owns (`workers=`, `devices=`)."""
+    data: DataSpec | None = None
+    """The user's data (`data=`); None: synthetic tokens or the user's Trainer."""
+    search_dir: Path = Path()
+    """The working directory the search was started in: a `trainer=` module is looked up
+    there, as `python -m` would."""
+    host_limit_bytes: int | None = None
+    """On CPU, the most a trial can grow before the machine itself runs out (the default
+    budget: `hardware.cpu_budget_bytes`); None on CUDA."""
+
+    def estimate_gib(self, params: dict[str, Any]) -> float | None:
+        """The peak `autotune.plan.estimate` gives these settings before they run; None for a
+        config whose dimensions it cannot read (no skip by estimate then)."""
+        if self.info.trainer is not None:
+            # The user's factory decides the model and the data: an estimate of `model=` at
+            # `seq_len=` could be of something else, so none is made (the watchdog still acts).
+            return None
+        found = self._estimate(params)
+        return None if found is None else found.total / GIB
+
+    def compute_floor_s(self, params: dict[str, Any]) -> tuple[float, float] | None:
+        """(seconds, TFLOP/s): the least time a trial of these settings can take to compute
+        its warm-up and timed steps, at the fastest this device computes
+        (`DeviceInfo.compute_tflops`, or `peak_tflops=`); None when either is unknown."""
+        found = self._estimate(params)
+        rate = self.config.peak_tflops or self.device_info.compute_tflops(
+            self.device, str(params.get("precision", "fp32"))
+        )
+        if found is None or not rate:
+            return None
+        steps = self.config.warmup_steps + self.config.measure_steps
+        samples = steps * int(params.get("batch_size", 8)) * int(params.get("grad_accum", 1))
+        return samples * found.flops_per_sample / (rate * 1e12), rate
+
+    def _estimate(self, params: dict[str, Any]) -> Estimate | None:
+        parameters = catalogue_parameter_counts().get(self.model.name)
+        try:
+            return estimate(self.model.config, task=self.info.task, seq_len=self.info.seq_len,
+                            params=params, device=self.device, parameters=parameters)  # fmt: skip
+        except (UnknownShape, TypeError):  # a config of unexpected types: no estimate
+            return None
+
+    @property
+    def estimate_limit_gib(self) -> float | None:
+        """Past this estimate a proposal is skipped (the budget plus `estimate_margin`, on CPU
+        at most `host_limit_bytes`); None when skipping by estimate is off."""
+        margin = self.config.estimate_margin
+        if margin is None:
+            return None
+        return min(self.info.memory_budget_gib * (1 + margin), self._host_limit_gib)
+
+    @property
+    def estimate_limit_source(self) -> str:
+        """What sets `estimate_limit_gib`, in words that follow the figure."""
+        if self.estimate_limit_gib == self._host_limit_gib:
+            return "this machine can give a trial (its free RAM less what the search keeps)"
+        return "memory_budget and estimate_margin allow"
+
+    @property
+    def _host_limit_gib(self) -> float:
+        # Past it on CPU the kernel's OOM killer ends the trial, or the search: the margin
+        # for the estimate's error stops at what the machine can hold.
+        return float("inf") if self.host_limit_bytes is None else self.host_limit_bytes / GIB
+
+    @property
+    def data_dir(self) -> Path | None:
+        """Where the prepared data lies (`user_data.prepare`): one entry per fingerprint."""
+        if self.info.data is None:
+            return None
+        return self.study_dir / user_data.CACHE_FOLDER / self.info.data["fingerprint"]
+
+    @property
+    def study_name(self) -> str:
+        return self.info.study
+
+    @property
+    def versions(self) -> dict[str, str]:
+        """What this process's trials run under; `info.versions` is the study's."""
+        return conditions.installed_versions(self.device_info)
+
+    @property
+    def device(self) -> str:
+        """`cuda` or `cpu`."""
+        return self.info.device
+
+
+def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
+    problems: list[str] = []
+    device = device_info.resolve(config.device)
+    model = space = None
+    try:
+        model = resolve_model(config.model)
+    except AutotuneError as exc:
+        problems.append(str(exc))
+    auto_space = "default" if device == "cuda" else "cpu"
+    space_name = auto_space if config.space == "auto" else config.space
+    facts = SoftwareFacts.from_probe(dataclasses.asdict(device_info))
+    source = "trainer" if config.trainer else "data" if config.data else "synthetic"
+    rules = SamplingRules(
+        effective_batch_size=config.effective_batch_size,
+        tensor_core_64=device == "cuda" and device_info.tensor_core_64,
+    )
+    slots, slot_problems = assign(config.workers, config.devices, device, device_info)
+    problems += slot_problems
+    try:
+        space = load_space(space_name, facts)
+        if space.device not in ("any", device):
+            raise ConfigError(
+                f"space={space.name} is for device={space.device}, but this search runs on {device}"
+            )
+        cores = trial_cores(slots)  # loader workers beyond them are taken out of the space
+        space = apply_sampling_rules(fit_space(space, device, device_info, source, cores), rules)
+    except AutotuneError as exc:
+        problems.append(str(exc))
+        space = None
+    if model is not None:
+        task = model.default_task if config.task == "auto" else config.task
+        problems += input_problems(model, task, config.seq_len, facts)
+    study_name = study_dir = None
+    if model is not None:
+        study_name = config.study or default_study_name(model.name, device, config.seq_len)
+        study_dir = (config.out / study_name).resolve()
+        if not study_dir.is_relative_to(config.out.resolve()):
+            problems.append(f"study={study_name}: {study_dir} lies outside out={config.out}")
+        try:  # before anything (the data cache first) is written into it
+            check_owner(study_dir)
+        except AutotuneError as exc:
+            problems.append(str(exc))
+    search_dir = Path.cwd()
+    data = data_info = trainer = None
+    if config.data and model is not None:
+        try:
+            data, data_info = _data(config, model)
+        except AutotuneError as exc:
+            problems.append(str(exc))
+    if config.trainer:
+        trainer = trainer_info(config.trainer, search_dir)
+    device_name, available_bytes = device_info.memory_for(device, slots)
+    if not config.memory_budget and available_bytes <= 0:
+        problems.append(_no_memory_left(device, device_info, len(slots)))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    assert model is not None and space is not None and study_name and study_dir
+
+    info = RunInfo(
+        study=study_name,
+        model=model.name,
+        model_config=model.config,
+        task=task,
+        seq_len=config.seq_len,
+        device=device,
+        device_name=device_name,
+        space=space.name,
+        space_notes=list(space.notes),
+        effective_batch_size=rules.effective_batch_size,
+        memory_budget_bytes=int(config.memory_budget or available_bytes),
+        headroom=config.headroom,
+        noise_cv=config.noise_cv,
+        math_change_min_gain=config.math_change_min_gain,
+        report_to=config.report_to,
+        data=data_info,
+        trainer=trainer,
+        measure_steps=config.measure_steps,
+        warmup_steps=config.warmup_steps,
+        cores_per_trial=trial_cores(slots),
+        versions=conditions.installed_versions(device_info),
+    )
+    return SearchPlan(
+        config=config,
+        model=model,
+        info=info,
+        space=space,
+        rules=rules,
+        baseline=baseline_params(
+            device_info.default_optim,
+            config.effective_batch_size,
+            own_data=source != "synthetic",
+            own_collator=source != "trainer",
+        ),
+        study_dir=study_dir,
+        storage_url=config.storage or f"sqlite:///{study_dir / 'study.db'}",
+        device_info=device_info,
+        slots=slots,
+        data=data,
+        search_dir=search_dir,
+        host_limit_bytes=available_bytes if device == "cpu" else None,
+    )
+
+
+def _no_memory_left(device: str, device_info: DeviceInfo, workers: int) -> str:
+    if device == "cuda":
+        return "memory_budget: the GPU has no free memory; free it, or give memory_budget="
+    available = format_bytes(device_info.host_available_memory_bytes)
+    total = device_info.host_total_memory_bytes or device_info.host_available_memory_bytes
+    kept = format_bytes(hardware.cpu_reserve_bytes(total, workers))
+    return (
+        f"memory_budget: {available} of RAM is available and a CPU search keeps {kept} for "
+        "itself, its fork servers and the machine: nothing is left for a trial; free memory, "
+        "use fewer workers, or give memory_budget= to take that risk"
+    )
+
+
+def trainer_info(ref: str, search_dir: Path) -> dict[str, str | None]:
+    """What the study stores of `trainer=`: the reference (a file made absolute), the folder a
+    module is looked up in, and the sha256 of the file it runs (None: no such file; the check
+    says so), which a worker joining the study checks before it runs that file."""
+    factory = factories.normalise(ref, search_dir)
+    source = factories.source_file(factory, search_dir)
+    return {"factory": factory, "search_dir": str(search_dir),
+            "sha256": factories.sha256_of(source) if source else None}  # fmt: skip
+
+
+def fit_batches_to_budget(plan: SearchPlan) -> SearchPlan:
+    """The plan with the batch sizes removed whose estimate is over `estimate_limit_gib`
+    whatever the other knobs (the most frugal choice of each), so the sampler never proposes
+    them; the smallest batch always stays. Called once the study's budget is settled."""
+    limit = plan.estimate_limit_gib
+    knob = plan.space.knobs.get("batch_size")
+    if limit is None or knob is None or len(knob.choices) < 2:
+        return plan
+    others = {name: plan.space.knobs[name].choices for name in KNOBS_READ
+              if name != "batch_size" and name in plan.space.knobs}  # fmt: skip
+    combos = [dict(zip(others, v, strict=True)) for v in itertools.product(*others.values())]
+    kept = list(knob.choices)
+    while len(kept) > 1:
+        estimates = [plan.estimate_gib({**combo, "batch_size": kept[-1]}) for combo in combos]
+        if None in estimates or min(estimates) <= limit:
+            break
+        kept.pop()
+    if len(kept) == len(knob.choices):
+        return plan
+    note = (
+        f"batch_size above {kept[-1]} removed: estimated over the {limit:.2f} GiB "
+        f"{plan.estimate_limit_source}, with the most frugal other knobs"
+    )
+    space = plan.space.with_choices("batch_size", tuple(kept))
+    space = dataclasses.replace(space, notes=(*space.notes, note))
+    info = dataclasses.replace(plan.info, space_notes=list(space.notes))
+    return dataclasses.replace(plan, space=space, info=info)
+
+
+def _data(config: RunConfig, model: ModelSpec) -> tuple[DataSpec, dict[str, Any]]:
+    """The user's data as prepared for this search, and what the study stores of it (with its
+    fingerprint: other data is another study). Local paths are made absolute."""
+    assert config.data
+    tokenizer = config.tokenizer or model.name
+    spec = DataSpec(
+        data=_absolute(config.data),
+        tokenizer=_absolute(tokenizer),
+        seq_len=config.seq_len,
+        split=config.data_split,
+        text_column=config.text_column,
+    )
+    data_format, files = source_format(spec.data)
+    try:
+        fingerprint = spec.fingerprint()
+    except OSError as exc:
+        raise DataError(f"data={config.data}: cannot read it: {exc}") from exc
+    return spec, dataclasses.asdict(spec) | {
+        "fingerprint": fingerprint,
+        "format": data_format,
+        "files": files,
+    }
+
+
+def _absolute(path_or_id: str) -> str:
+    """A local path made absolute; a hub id as it is."""
+    path = Path(path_or_id).expanduser()
+    return str(path.resolve()) if path.exists() else path_or_id
+
+
+def input_problems(model: ModelSpec, task: str, seq_len: int, facts: SoftwareFacts) -> list[str]:
+    """What the search refuses about the model, its task and seq_len before any trial runs;
+    `autotune estimate` asks the same, so it never answers for what the search refuses."""
+    problems = []
+    limit = model.max_seq_len
+    if limit is not None and seq_len > limit:
+        problems.append(f"seq_len={seq_len}: {model.name} takes at most {limit} tokens")
+    return problems + model_problems(model, task, facts)
+
+
+def model_problems(model: ModelSpec, task: str, facts: SoftwareFacts) -> list[str]:
+    """What the installed transformers cannot build, found before any trial runs (each check
+    skipped where `facts` does not know)."""
+    known, heads = facts.model_types, (facts.task_model_types or {}).get(task)
+    if known and model.model_type not in known:
+        close = difflib.get_close_matches(model.model_type, known, n=3)
+        hint = f" (close: {', '.join(close)})" if close else ""
+        return [
+            f"model={model.name}: model_type {model.model_type!r} is not one transformers "
+            f"{facts.transformers_version} knows{hint}"
+        ]
+    if heads and model.model_type not in heads:
+        return [f"task={task}: transformers has no {task} head for {model.model_type} models"]
+    return []
+
+
+def default_study_name(model_name: str, device: str, seq_len: int) -> str:
+    """`gpt2`, `cuda`, 512 -> `gpt2-cuda-s512`; `/` in hub ids becomes `--`; at most
+    STUDY_NAME_MAX_CHARS characters."""
+    path = Path(model_name)
+    stem = path.resolve().name if path.is_dir() else model_name.replace("/", "--")
+    suffix = f"-{device}-s{seq_len}"
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", stem)[: STUDY_NAME_MAX_CHARS - len(suffix)]
+    return stem + suffix

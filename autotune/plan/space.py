@@ -1,0 +1,232 @@
+"""Search spaces: the knobs a study searches, and Optuna suggestions from them.
+
+`space_file` reads and validates them from YAML; this module holds the model and the sampling.
+A space file looks like
+
+    description: one line shown by `autotune spaces`
+    device: cuda                      # cpu | cuda | any
+    knobs:
+      precision: {choices: [fp32, bf16]}
+      batch_size: {low: 8, high: 128, multiple_of: auto}
+      grad_accum: {choices: [1, 2, 4]}
+      torch_compile: {choices: [off, inductor]}
+      compile_mode: {choices: [default, max-autotune], when: {torch_compile: {not: off}}}
+      dataloader_num_workers: 0       # a plain value fixes the knob
+
+Batch sizes follow a rule that is data, not code: `multiple_of` (default 8; `auto` means 64 on
+A100/H100-class GPUs when the trial's precision is 16-bit, else 8). Values below 8 (1, 2, 4) are
+allowed only when a space lists them in `choices`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import optuna
+
+from autotune.common.knobs import KNOBS, SAMPLE_ORDER, active, sixteen_bit
+
+DEVICES = ("cpu", "cuda", "any")
+SMALL_BATCHES = (1, 2, 4)
+BASE_MULTIPLE = 8
+TENSOR_CORE_MULTIPLE = 64
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Condition:
+    """The knob is active only when `knob`'s value is (or, negated, is not) in `values`."""
+
+    knob: str
+    values: tuple[Any, ...]
+    negate: bool = False
+
+    def holds(self, params: dict[str, Any]) -> bool:
+        return self.knob in params and ((params[self.knob] in self.values) != self.negate)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SpaceKnob:
+    """A knob as one space searches it (the catalogue's `knobs.Knob` says what it is)."""
+
+    name: str
+    choices: tuple[Any, ...]
+    """Every value the knob may take (ranges are expanded)."""
+    is_range: bool = False
+    multiple_of: int | str | None = None
+    """batch_size only: 8, 64, ..., or `auto`."""
+    when: tuple[Condition, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SamplingRules:
+    """What the run adds to the space: fixed effective batch, tensor-core tiling."""
+
+    effective_batch_size: int | None = None
+    tensor_core_64: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchSpace:
+    name: str
+    description: str
+    device: str
+    knobs: dict[str, SpaceKnob]
+    source: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    """What capability filtering removed and why, and knobs that cannot matter here."""
+
+    def with_choices(self, knob: str, choices: tuple[Any, ...]) -> SearchSpace:
+        knobs = dict(self.knobs)
+        knobs[knob] = replace(knobs[knob], choices=choices)
+        return replace(self, knobs=knobs)
+
+    def batch_candidates(self, precision: str | None, rules: SamplingRules) -> tuple[int, ...]:
+        """Batch sizes allowed for a trial with this precision under the run's rules."""
+        knob = self.knobs["batch_size"]
+        multiple = multiple_for(knob, precision, rules)
+        # Values below 8 are there only because the space lists them: they stay under any rule.
+        values = [
+            v
+            for v in knob.choices
+            if v % multiple == 0 or (v in SMALL_BATCHES and not knob.is_range)
+        ]
+        if rules.effective_batch_size:
+            values = [v for v in values if rules.effective_batch_size % v == 0]
+        return tuple(values)
+
+    def grid(self, rules: SamplingRules) -> dict[str, list[Any]]:
+        """Every Optuna parameter `sample` may suggest, with all its values (for GridSampler)."""
+        grid: dict[str, list[Any]] = {}
+        precisions = self.knobs["precision"].choices if "precision" in self.knobs else (None,)
+        for name in SAMPLE_ORDER:
+            knob = self.knobs.get(name)
+            if knob is None or len(knob.choices) == 1:
+                continue
+            if name == "batch_size":
+                for precision in precisions:
+                    candidates = self.batch_candidates(precision, rules)
+                    if len(candidates) > 1:
+                        multiple = multiple_for(knob, precision, rules)
+                        grid[_batch_param(multiple)] = list(candidates)
+            elif not (name == "grad_accum" and rules.effective_batch_size):
+                grid[name] = list(knob.choices)
+        return grid
+
+    def sample(self, trial: optuna.Trial, rules: SamplingRules) -> dict[str, Any]:
+        """Suggest one configuration (define-by-run: conditions see earlier choices)."""
+        params: dict[str, Any] = {}
+        for name in SAMPLE_ORDER:
+            knob = self.knobs.get(name)
+            if knob is None or not active(name, params):
+                continue
+            if not all(c.holds(params) for c in knob.when):
+                continue
+            if name == "batch_size":
+                params[name] = _suggest_batch(self, trial, params.get("precision"), rules)
+            elif name == "grad_accum" and rules.effective_batch_size:
+                continue  # derived below
+            elif len(knob.choices) == 1:
+                params[name] = knob.choices[0]
+            elif knob.is_range:
+                params[name] = trial.suggest_int(name, knob.choices[0], knob.choices[-1])
+            else:
+                params[name] = trial.suggest_categorical(name, knob.choices)
+        if rules.effective_batch_size:
+            params["grad_accum"] = rules.effective_batch_size // params["batch_size"]
+        return {k: params[k] for k in KNOBS if k in params}
+
+    def optuna_params(
+        self, params: dict[str, Any], rules: SamplingRules
+    ) -> dict[str, tuple[optuna.distributions.BaseDistribution, Any]]:
+        """Settings chosen outside the sampler (the baseline) as Optuna parameters, so Optuna's
+        tools and the sampler see them: name -> (distribution, value).
+
+        A knob `sample` would suggest keeps the very distribution it suggests with, when the
+        value lies in it; a value outside is left out (a study holds one distribution per
+        parameter name). A knob the space never suggests gets a one-value distribution.
+        """
+        recorder = self._record(params, rules)
+        found = {
+            name: (distribution, recorder.value(name))
+            for name, distribution in recorder.distributions.items()
+            if _holds(distribution, recorder.value(name))
+        }
+        suggested = set(self.grid(rules)) | set(recorder.distributions)
+        for name, value in params.items():
+            if name not in suggested:
+                found[name] = (optuna.distributions.CategoricalDistribution([value]), value)
+        return found
+
+    def holds(self, params: dict[str, Any], rules: SamplingRules) -> bool:
+        """Whether every parameter `sample` would suggest for these settings holds their
+        value: then they are a point of the space as the samplers see it."""
+        recorder = self._record(params, rules)
+        return all(
+            _holds(distribution, recorder.value(name))
+            for name, distribution in recorder.distributions.items()
+        )
+
+    def _record(self, params: dict[str, Any], rules: SamplingRules) -> _Recorder:
+        recorder = _Recorder(params)
+        self.sample(recorder, rules)  # type: ignore[arg-type]  # walks the same conditions
+        return recorder
+
+
+def _holds(distribution: optuna.distributions.BaseDistribution, value: Any) -> bool:
+    if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+        return value in distribution.choices
+    return distribution.low <= value <= distribution.high
+
+
+class _Recorder:
+    """Stands in for an Optuna trial in `SearchSpace.sample`: answers with given settings and
+    notes the distribution of every parameter asked for."""
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.params = params
+        self.distributions: dict[str, optuna.distributions.BaseDistribution] = {}
+
+    def value(self, name: str) -> Any:
+        return self.params[_knob_of(name)]
+
+    def suggest_categorical(self, name: str, choices: tuple[Any, ...]) -> Any:
+        return self._answer(name, optuna.distributions.CategoricalDistribution(choices))
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        return self._answer(name, optuna.distributions.IntDistribution(low, high))
+
+    def _answer(self, name: str, distribution: optuna.distributions.BaseDistribution) -> Any:
+        if _knob_of(name) not in self.params:  # asked only because the space fixes another knob
+            return distribution.to_external_repr(0)
+        self.distributions[name] = distribution
+        return self.value(name)
+
+
+def multiple_for(knob: SpaceKnob, precision: str | None, rules: SamplingRules) -> int:
+    if knob.multiple_of != "auto":
+        return knob.multiple_of or 1
+    return (
+        TENSOR_CORE_MULTIPLE if rules.tensor_core_64 and sixteen_bit(precision) else BASE_MULTIPLE
+    )
+
+
+def _suggest_batch(
+    space: SearchSpace, trial: optuna.Trial, precision: str | None, rules: SamplingRules
+) -> int:
+    candidates = space.batch_candidates(precision, rules)
+    if len(candidates) == 1:
+        return candidates[0]
+    multiple = multiple_for(space.knobs["batch_size"], precision, rules)
+    return trial.suggest_categorical(_batch_param(multiple), candidates)
+
+
+def _batch_param(multiple: int) -> str:
+    # One Optuna parameter per rule: each keeps the same choices in every trial, as Optuna
+    # requires, and the sampler learns 16-bit tensor-core batch sizes on their own.
+    return "batch_size" if multiple <= BASE_MULTIPLE else f"batch_size_x{multiple}"
+
+
+def _knob_of(param: str) -> str:
+    """The knob behind an Optuna parameter name (`batch_size_x64` -> `batch_size`)."""
+    return "batch_size" if param.startswith("batch_size") else param

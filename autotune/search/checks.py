@@ -1,0 +1,97 @@
+"""Pre-trial checks: what the study loop asks before it runs a proposed configuration.
+
+Each check looks at the proposal and the trials recorded so far and returns None (run it) or a
+`Skip` that says why not. Adding a rule (an estimate over budget, a config another worker is
+running) is one function here and one entry in `PRE_TRIAL_CHECKS`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.common.knobs import at_least_as_hungry
+from autotune.common.trial import OUT_OF_MEMORY, Status
+from autotune.plan.estimate import Measured, calibrated_gib
+from autotune.store.records import TrialRecord
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Skip:
+    reason: str
+    repeat_of: TrialRecord | None = None
+    """Set when the same settings ran before: the sampler is told that trial's outcome and
+    the proposal does not count as a trial. Otherwise the skip is recorded as `skipped`."""
+
+
+Check = Callable[[dict[str, Any], list[TrialRecord]], Skip | None]
+
+
+def settings_key(params: dict[str, Any]) -> str:
+    """Equal for equal settings, whatever the order of the keys."""
+    return json.dumps(params, sort_keys=True)
+
+
+def already_measured(params: dict[str, Any], records: list[TrialRecord]) -> Skip | None:
+    key = settings_key(params)
+    earlier = next((r for r in records if settings_key(r.params) == key), None)
+    if earlier is None:
+        return None
+    return Skip(reason=f"the same settings as trial {earlier.number}", repeat_of=earlier)
+
+
+def as_hungry_as_an_oom(params: dict[str, Any], records: list[TrialRecord]) -> Skip | None:
+    for record in records:
+        if record.status in OUT_OF_MEMORY and at_least_as_hungry(params, record.params):
+            return Skip(
+                reason=f"at least as memory-hungry as trial {record.number}, which ran out of "
+                "memory"
+            )
+    return None
+
+
+def over_budget_by_estimate(
+    estimate_gib: Callable[[dict[str, Any]], float | None],
+    limit_gib: float,
+    limit_source: str = "memory_budget and estimate_margin allow",
+) -> Check:
+    """A check that skips settings whose estimate, calibrated on the study's ok trials
+    (`estimate.calibrated_gib`), is above `limit_gib` (the budget plus the margin, or what
+    `limit_source` says)."""
+
+    def check(params: dict[str, Any], records: list[TrialRecord]) -> Skip | None:
+        measured = [
+            Measured(params=r.params, estimate_gib=r.result.estimate_gib,
+                     peak_gib=r.result.peak_memory_gib)
+            for r in records
+            if r.status is Status.OK and r.result.estimate_gib and r.result.peak_memory_gib
+        ]  # fmt: skip
+        raw = estimate_gib(params)
+        if raw is None:
+            return None
+        predicted = calibrated_gib(params, raw, measured)
+        if predicted <= limit_gib:
+            return None
+        basis = f"calibrated on {len(measured)} trial(s)" if measured else "not yet calibrated"
+        return Skip(reason=f"estimated at {predicted:.2f} GiB ({basis}), over the "
+                           f"{limit_gib:.2f} GiB {limit_source}")  # fmt: skip
+
+    return check
+
+
+PRE_TRIAL_CHECKS: tuple[Check, ...] = (already_measured, as_hungry_as_an_oom)
+
+
+def first_skip(
+    params: dict[str, Any],
+    records: list[TrialRecord],
+    checks: tuple[Check, ...] = PRE_TRIAL_CHECKS,
+) -> Skip | None:
+    """The first check that says no, or None when the configuration should run."""
+    for check in checks:
+        skip = check(params, records)
+        if skip is not None:
+            return skip
+    return None

@@ -1,0 +1,414 @@
+"""Parent side of a trial: start the worker in a session of its own, watch it, read its result.
+
+The trial's fate comes from the exit code, the result file and what the parent saw (its own
+timeout or memory watchdog), never from the worker's stderr; the log tail is kept for the user.
+
+Two launchers start workers. `ForkserverLauncher` (the default) forks each trial from a server
+that has torch and transformers imported but has never touched CUDA, so a trial starts in a
+fraction of a second instead of paying ~7 s of imports. `CommandLauncher` runs any command as
+`COMMAND SPEC RESULT` in a fresh process: the cold path, and the way tests plug in fake workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
+from pathlib import Path
+from typing import Protocol
+
+import psutil
+
+from autotune.common.processes import descendants, die_with_parent, end_processes
+from autotune.common.trial import (
+    PROGRESS_FILE,
+    Progress,
+    Status,
+    TrialResult,
+    TrialSpec,
+    read_progress,
+    spec_to_dict,
+    write_json_atomic,
+)
+from autotune.common.units import GIB, format_bytes_apart
+from autotune.search.oom_killer import OomWitness
+from autotune.search.worker_log import CappedLog
+
+WORKER_COMMAND = (sys.executable, "-m", "autotune.child.worker")
+PRELOAD = (
+    "autotune.child.fork_server_init",
+    "torch",
+    "transformers",
+    "transformers.trainer",
+    "autotune.child.worker",
+)
+STDERR_TAIL_CHARS = 4000
+LOG_PIPE = "worker.pipe"
+POLL_S = 0.05
+TREE_WALK_S = 0.5
+"""Least time between two listings of the worker's descendants when the memory watchdog does
+not list them at every poll: a listing reads every process's /proc entry (a few ms)."""
+
+
+class Worker(Protocol):
+    pid: int
+
+    def poll(self) -> int | None:
+        """The exit code (negative: killed by that signal), or None while running."""
+
+    def reap(self) -> None:
+        """Wait for the (killed or exited) worker so it leaves no zombie."""
+
+
+class Launcher(Protocol):
+    def ready(self) -> None:
+        """Get ready to start workers at once (called before a trial's clock starts)."""
+
+    def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker: ...
+
+
+class _Popen:
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def reap(self) -> None:
+        self.proc.wait()
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandLauncher:
+    command: tuple[str, ...] = WORKER_COMMAND
+
+    def ready(self) -> None:
+        pass  # every worker is a fresh process: nothing to prepare
+
+    def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [*self.command, str(spec_path), str(result_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # Its own session: a timeout kills its whole process group by id.
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
+        return _Popen(proc)
+
+
+class _Forked:
+    def __init__(self, process: multiprocessing.process.BaseProcess) -> None:
+        self.process = process
+        self.pid = process.pid
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def reap(self) -> None:
+        self.process.join()
+
+
+class ForkserverLauncher:
+    def __init__(self) -> None:
+        # Imports may ask torch.cuda.is_available(); answered through NVML it leaves CUDA
+        # uninitialised in the server, so forked trials can still create their own context.
+        # The server inherits this process's environment when it starts.
+        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+        self.context = multiprocessing.get_context("forkserver")
+        # The server imports these once; importing torch does not initialise CUDA, so every
+        # forked trial still gets a CUDA context of its own.
+        self.context.set_forkserver_preload(list(PRELOAD))
+        self._ready = False
+
+    def ready(self) -> None:
+        """Start the server and wait until it has imported PRELOAD (~7 s on 2 CPU cores).
+
+        The first fork waits for those imports; done here, they are not charged to the first
+        trial's `trial_timeout`."""
+        if not self._ready:
+            process = _TrialProcess(target=_nothing)
+            process.start()
+            process.join()
+            self._ready = True
+
+    def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker:
+        # Not a daemon: daemonic processes may not have children, and DataLoader workers are.
+        process = _TrialProcess(
+            target=_forked_main, args=(str(spec_path), str(result_path), str(log_path))
+        )
+        process.start()
+        return _Forked(process)
+
+
+_MAIN_MODULE_KEYS = ("init_main_from_path", "init_main_from_name")
+"""What tells a fork-server child to import the parent's `__main__` before it runs."""
+
+
+class _TrialProcess(context.ForkServerProcess):
+    """A fork-server child that never imports the search's `__main__`.
+
+    multiprocessing re-imports the parent's main module in each child (as `__mp_main__`) so
+    that targets defined there can be unpickled. A trial's target is `_forked_main`, found by
+    its module's name, so nothing of `__main__` is needed; imported, a user's script without
+    an `if __name__ == "__main__":` guard would start a search of its own in every trial, and
+    `python - < script.py` would fail on a file named '<stdin>'."""
+
+    @staticmethod
+    def _Popen(process_obj: multiprocessing.process.BaseProcess) -> popen_forkserver.Popen:
+        return _TrialPopen(process_obj)
+
+
+class _TrialPopen(popen_forkserver.Popen):
+    def _launch(self, process_obj: multiprocessing.process.BaseProcess) -> None:
+        # CPython 3.11's own `_launch`, with the main module left out of the data.
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        for key in _MAIN_MODULE_KEYS:
+            prep_data.pop(key, None)
+        buf = io.BytesIO()
+        context.set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            context.set_spawning_popen(None)
+        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+        # The parent keeps a copy of the data pipe's write end, as CPython's does.
+        parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+def _nothing() -> None:
+    """A process that only proves the fork server is up."""
+
+
+def _forked_main(spec_path: str, result_path: str, log_path: str) -> None:
+    """Runs in the forked trial process."""
+    # The fork server's SIGTERM handler (fork_server_init) is not the worker's.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.setsid()  # its own session and process group, as with CommandLauncher
+    # multiprocessing hands every forked child the write end of the server's "alive" pipe (so
+    # that children may start processes of their own); the server exits only when every copy
+    # is closed. Kept here, a search killed with -9 would leave the server, and so this
+    # worker, running to the end of the trial.
+    from multiprocessing import forkserver
+
+    alive_fd = forkserver._forkserver._forkserver_alive_fd
+    if alive_fd is not None:
+        os.close(alive_fd)
+        forkserver._forkserver._forkserver_alive_fd = None
+    die_with_parent()  # the parent is the fork server, which now exits with the search
+    # A forked child inherits the server's start method; DataLoader workers started through a
+    # fork server of this worker's own would hold its alive pipe and outlive everything. Fork
+    # them, as a worker started by CommandLauncher does, so they die with this process.
+    multiprocessing.set_start_method("fork", force=True)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for fd in (1, 2):
+        os.dup2(log_fd, fd)
+    from autotune.child import worker
+
+    sys.exit(worker.main([spec_path, result_path]))
+
+
+def launch_trial(
+    spec: TrialSpec,
+    trial_dir: Path,
+    *,
+    timeout_s: float,
+    launcher: Launcher,
+    rss_limit_bytes: int | None = None,
+    oom_witness: Callable[[int], OomWitness] = OomWitness.watch,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> TrialResult:
+    """Run one trial and return what happened to it.
+
+    `rss_limit_bytes` turns on the CPU memory watchdog: the worker's process tree may grow by
+    that much over the worker's own baseline before it is killed and the trial is `oom`.
+    `oom_witness` watches the worker for the kernel's OOM killer (tests point it elsewhere).
+    `on_progress` is called in this process with each new progress record of the worker's;
+    what it raises ends the trial (the worker is killed) and propagates.
+    """
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    spec_path, result_path, log_path = (
+        trial_dir / n for n in ("spec.json", "result.json", "worker.log")
+    )
+    progress_path = trial_dir / PROGRESS_FILE
+    for stale in (result_path, progress_path):
+        stale.unlink(missing_ok=True)
+    write_json_atomic(spec_path, spec_to_dict(spec))
+
+    # Flush dirty pages (the study's SQLite commits, logs) now: the kernel writes them back a
+    # few seconds later otherwise, and on a small CPU box that stalls the timed steps (CV 11-21%
+    # in one trial of six on 2 cores, 2-3% with this).
+    os.sync()
+    launcher.ready()  # outside the clock: a fork server's start is not the trial's time
+    # The worker writes its output into a pipe, copied into worker.log up to a cap.
+    log = CappedLog(log_path, trial_dir / LOG_PIPE)
+    try:
+        started = time.perf_counter()
+        worker = launcher.start(spec_path, result_path, log.pipe_path)
+        witness = oom_witness(worker.pid)
+        # The worker and every descendant seen while it ran: one whose parent died early (a
+        # crashed worker's orphans) is out of the worker's tree by the time the trial ends.
+        seen = {worker.pid: _process(worker.pid)}
+        try:
+            verdict = supervise(
+                worker, started + timeout_s, rss_limit_bytes, progress_path, on_progress, seen
+            )
+        finally:
+            # Also on Ctrl-C: nothing of the trial may outlive it, in whatever session it runs.
+            end_processes([p for p in seen.values() if p is not None])
+            _kill_group(worker.pid)
+            worker.reap()
+        wall_s = time.perf_counter() - started
+    finally:
+        log.close()
+
+    if verdict is not None:
+        result = verdict
+    else:
+        result = _read_result(result_path, worker.poll(), witness)
+    overhead_s = None
+    if result.build_s is not None and result.train_s is not None:
+        overhead_s = wall_s - result.build_s - result.train_s
+    return dataclasses.replace(
+        result,
+        wall_s=wall_s,
+        overhead_s=overhead_s,
+        stderr_tail=result.stderr_tail or _tail(log_path),
+    )
+
+
+def supervise(
+    worker: Worker,
+    deadline: float,
+    rss_limit_bytes: int | None,
+    progress_path: Path,
+    on_progress: Callable[[Progress], None] | None = None,
+    seen: dict[int, psutil.Process | None] | None = None,
+) -> TrialResult | None:
+    """Wait for the worker; a TrialResult when the parent ends the trial, None when it exits.
+
+    Each poll reads the worker's progress record (the watchdog's baseline, and `on_progress`
+    when the record changed), also once after the worker exited, so its last one is seen.
+    The worker's descendants are added to `seen` as they appear."""
+    last: Progress | None = None
+    peak = 0
+    walked_s = -float("inf")
+    seen = {} if seen is None else seen
+    seen.setdefault(worker.pid, _process(worker.pid))
+    while True:
+        exited = worker.poll() is not None  # before the read: no record written after it
+        progress = read_progress(progress_path)
+        if progress is not None and progress != last:
+            last = progress
+            if on_progress is not None:
+                on_progress(progress)
+        if exited:
+            return None
+        if time.perf_counter() > deadline:
+            return TrialResult(status=Status.TIMEOUT, reason="no result before trial_timeout")
+        watching_memory = rss_limit_bytes is not None and last is not None
+        if watching_memory or time.perf_counter() - walked_s >= TREE_WALK_S:
+            walked_s = time.perf_counter()
+            root = seen[worker.pid]
+            tree = descendants(root) if root is not None else []
+            seen.update((p.pid, p) for p in tree)
+        if watching_memory:
+            grown = _tree_rss([root, *tree]) - last.baseline_rss_bytes
+            peak = max(peak, grown)
+            if grown > rss_limit_bytes:
+                grown_text, limit_text = format_bytes_apart(grown, rss_limit_bytes)
+                return TrialResult(
+                    status=Status.OOM,
+                    reason=f"memory {grown_text} over the worker's start exceeded "
+                    f"memory_budget {limit_text}",
+                    peak_memory_gib=peak / GIB,
+                )
+        time.sleep(POLL_S)
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None  # exited already
+
+
+def _tree_rss(processes: list[psutil.Process | None]) -> int:
+    """Resident memory of a process and its descendants (DataLoader workers, compilers).
+
+    RSS counts pages shared after fork in each process, so the sum can exceed what the tree
+    really holds: the watchdog errs on the side of calling a trial too big.
+    """
+    total = 0
+    for process in processes:
+        if process is None:
+            continue
+        try:
+            total += process.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass  # exited between listing and reading
+    return total
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is already gone: the normal case after a clean exit
+
+
+def _read_result(path: Path, returncode: int | None, witness: OomWitness) -> TrialResult:
+    if returncode is not None and returncode < 0:
+        name = signal.Signals(-returncode).name
+        if name == "SIGKILL":
+            # Not sent by the search. Out of memory only when the kernel says so: anyone may
+            # kill -9 a process, and a false OOM steers the search away from a good region.
+            evidence = witness.evidence()
+            if evidence is not None:
+                return TrialResult(
+                    status=Status.HOST_OOM,
+                    reason=f"worker killed by SIGKILL: the kernel's OOM killer ({evidence})",
+                )
+            return TrialResult(
+                status=Status.CRASHED,
+                reason="worker killed by SIGKILL from outside the search "
+                "(no sign of the kernel's OOM killer)",
+            )
+        return TrialResult(status=Status.CRASHED, reason=f"worker killed by {name}")
+    try:
+        result = TrialResult.from_dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return TrialResult(
+            status=Status.CRASHED, reason=f"worker exited with code {returncode} and no result"
+        )
+    except (json.JSONDecodeError, ValueError, TypeError, KeyError) as exc:
+        return TrialResult(status=Status.CRASHED, reason=f"unreadable result file: {exc}"[:300])
+    if returncode != 0 and result.status is Status.OK:
+        return dataclasses.replace(
+            result, status=Status.CRASHED, reason=f"worker exited with code {returncode}"
+        )
+    return result
+
+
+def _tail(path: Path) -> str:
+    if not path.exists():
+        return ""
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - STDERR_TAIL_CHARS))
+        return f.read().decode(errors="replace")

@@ -1,0 +1,461 @@
+"""The storage format: what a study keeps in Optuna's storage, and the one way to read it back.
+
+The study loop stores each trial's complete knob values and its `TrialResult` as user attrs, so
+every output (tables, recommendation, report) can be rebuilt from the storage alone. Every
+user-attr key is named here; `read_snapshot` reads a study once and decodes it for the loop,
+the outputs, the report and the exports alike.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.common.errors import StudyError
+from autotune.common.knobs import MathChange, math_changes
+from autotune.common.trial import MEMORY_STATUSES, Status, TrialResult
+from autotune.common.units import GIB
+from autotune.outputs.pareto import Confirmed, Picks, is_noisy, non_dominated, pick
+from autotune.plan import conditions
+
+PARAMS_ATTR = "params"
+"""Trial: every knob's value (Optuna's own params hold only what the sampler chose)."""
+RESULT_ATTR = "result"
+"""Trial: the `TrialResult`; a finished trial without one was interrupted or a repeat."""
+BASELINE_ATTR = "baseline"
+"""Trial: true for the HF-defaults trial."""
+RETRY_OF_ATTR = "retry_of"
+"""Trial: the interrupted trial whose settings it runs again."""
+REPEAT_OF_ATTR = "repeat_of"
+"""Trial: the earlier trial with the same settings, whose values it was told instead."""
+NOT_RUN_ATTR = "not_run"
+"""Trial: why a proposal ended FAIL without running (another process was running its settings,
+the study had its n_trials, another retry ran the same settings): the sampler learns nothing
+from it, and it does not count."""
+SAME_AS_RUNNING_ATTR = "same_as_running"
+"""Trial: NOT_RUN_ATTR's earlier name, for a proposal another process was running."""
+OUTSIDE_SPACE_ATTR = "outside_space"
+"""Trial: true for a measured trial (the baseline) whose settings are no point of the space: it
+is told FAIL so that no sampler sees it. Relative samplers (GP, NSGA-II) model only parameters
+every COMPLETE trial has with one distribution; one trial without them would empty that set
+and leave them sampling at random."""
+SETTINGS_ATTR = "settings"
+"""Study: the search's settings (`RunConfig` keys), for a worker that joins the study."""
+OWNER_ATTR = "owner"
+"""Trial: the search process running it: {host, pid, pid_started}."""
+RUN_ATTR = "run"
+"""Study: the `RunInfo`."""
+VERSIONS_ATTR = "versions"
+"""Trial: the versions it was measured under (`conditions.installed_versions`)."""
+PROVENANCE_PREFIX = "provenance:"
+"""Study: one attr per run on it (`conditions.run_record`), keyed by this prefix and a run id,
+so that runs on several hosts never write the same attr."""
+CONFIRMATION_ATTR = "confirmation"
+"""Study: the picks measured again after the search (`pareto.Confirmed.to_json`)."""
+CONSTRAINT = "peak_over_budget_gib"
+"""Trial constraint, feasible when <= 0: peak memory less the budget."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunInfo:
+    """What a study was run for, stored with it so outputs can be rebuilt from storage alone."""
+
+    study: str
+    model: str
+    model_config: dict[str, Any]
+    task: str
+    seq_len: int
+    device: str
+    device_name: str
+    space: str
+    space_notes: list[str]
+    effective_batch_size: int | None
+    """batch_size x grad_accum when fixed by `effective_batch_size=`; None when it varies."""
+    memory_budget_bytes: int
+    """Resolved once when the study was made; every trial is judged against it."""
+    headroom: float
+    noise_cv: float
+    math_change_min_gain: float = 1.10
+    """A pick that changes the training must beat the same-training pick by this much."""
+    report_to: str = "none"
+    """Trackers the exported script logs to (`TrainingArguments.report_to`); trials never log."""
+    data: dict[str, Any] | None = None
+    """The user's data (`user_data.DataSpec` fields and its `fingerprint`); None: synthetic."""
+    trainer: dict[str, str | None] | None = None
+    """The user's Trainer: `factory` (`module:function`, or a file made absolute), the
+    `search_dir` a module was looked up in, and the `sha256` of the file it runs (None in
+    studies made before it was stored); None: autotune builds the Trainer."""
+    # Measurement conditions (`autotune.plan.conditions`): None in studies made before they were
+    # stored, and then not compared on resume.
+    measure_steps: int | None = None
+    warmup_steps: int | None = None
+    cores_per_trial: int | None = None
+    """The CPU cores each trial has (`capabilities.trial_cores`: `workers=` and affinity)."""
+    versions: dict[str, str] | None = None
+    """torch, transformers and autotune as the study was made with; trials measured under
+    others are kept out of its front (`conditions.other_versions`)."""
+
+    @property
+    def data_fingerprint(self) -> str | None:
+        """What decides the tokens trained on; another dataset is another study."""
+        return self.data["fingerprint"] if self.data else None
+
+    @property
+    def trainer_factory(self) -> str | None:
+        return self.trainer["factory"] if self.trainer else None
+
+    @property
+    def batch_mode(self) -> str:
+        return batch_mode(self.effective_batch_size)
+
+    @property
+    def memory_budget_gib(self) -> float:
+        return self.memory_budget_bytes / GIB
+
+    @property
+    def memory_limit_gib(self) -> float:
+        """Peak memory a recommended config may reach: the budget less the headroom."""
+        return self.memory_budget_gib * (1 - self.headroom)
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> RunInfo:
+        if RUN_ATTR not in study.user_attrs:
+            raise StudyError(f"study {study.study_name} was not made by autotune search")
+        stored = dict(study.user_attrs[RUN_ATTR])
+        if "batch_mode" in stored:  # studies made before the setting itself was stored
+            fixed = re.match(r"effective batch (\d+)", stored.pop("batch_mode"))
+            stored["effective_batch_size"] = int(fixed.group(1)) if fixed else None
+        return cls(**stored)
+
+
+def batch_mode(effective_batch_size: int | None) -> str:
+    """How a study treats the effective batch, in words."""
+    if effective_batch_size:
+        return f"effective batch {effective_batch_size} (grad_accum derived)"
+    return "grad_accum as the space says (effective batch varies)"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialRecord:
+    number: int
+    params: dict[str, Any]
+    result: TrialResult
+    baseline: bool = False
+    """The HF-defaults trial every speedup is measured against."""
+    versions: dict[str, str] | None = None
+    """What it was measured under (torch, transformers, autotune); None: not stored."""
+
+    @property
+    def status(self) -> Status:
+        return self.result.status
+
+
+def store_run_info(study: optuna.Study, info: RunInfo) -> None:
+    study.set_user_attr(RUN_ATTR, asdict(info))
+
+
+def start_run(study: optuna.Study, run: dict[str, Any]) -> str:
+    """Store a run's provenance (`conditions.run_record`) as it starts; returns its key."""
+    key = f"{PROVENANCE_PREFIX}{run['started']}:{run['host']}:{run['pid']}"
+    study.set_user_attr(key, run)
+    return key
+
+
+def end_run(study: optuna.Study, key: str, run: dict[str, Any]) -> None:
+    """Record when the run stored as `key` ended."""
+    study.set_user_attr(key, run | {"ended": conditions.now()})
+
+
+def read_runs(study: optuna.Study) -> tuple[dict[str, Any], ...]:
+    """The provenance of each run on the study, oldest first."""
+    runs = [v for k, v in study.user_attrs.items() if k.startswith(PROVENANCE_PREFIX)]
+    return tuple(sorted(runs, key=lambda r: (r["started"], r["host"], r["pid"])))
+
+
+def is_recorded(trial: FrozenTrial) -> bool:
+    """Finished with a result: a measurement, a failure or a skip."""
+    return trial.state.is_finished() and RESULT_ATTR in trial.user_attrs
+
+
+def counts_toward_n_trials(trial: FrozenTrial) -> bool:
+    """Recorded and run: a skip (not run, nothing spent) does not use up `n_trials`."""
+    return is_recorded(trial) and trial.user_attrs[RESULT_ATTR]["status"] != Status.SKIPPED.value
+
+
+def trials_run(study: optuna.Study) -> int:
+    """The trials that count toward `n_trials` so far."""
+    return sum(counts_toward_n_trials(t) for t in study.get_trials(deepcopy=False))
+
+
+def load_records(study: optuna.Study) -> list[TrialRecord]:
+    """Recorded trials, oldest first."""
+    return [record_of(t) for t in study.get_trials(deepcopy=False) if is_recorded(t)]
+
+
+def record_of(trial: FrozenTrial) -> TrialRecord:
+    return TrialRecord(
+        number=trial.number,
+        params=dict(trial.user_attrs[PARAMS_ATTR]),
+        result=TrialResult.from_dict(trial.user_attrs[RESULT_ATTR]),
+        baseline=bool(trial.user_attrs.get(BASELINE_ATTR)),
+        versions=trial.user_attrs.get(VERSIONS_ATTR),
+    )
+
+
+FLAT_ATTRS = ("status", "samples_per_s", "tokens_per_s", "peak_memory_gib", "step_time_cv", "mfu")
+"""Trial: the main figures as user attrs of their own, beside `result`, so that
+`study.trials_dataframe()` and optuna-dashboard show them as columns (plus `noisy`)."""
+
+
+def tell_result(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    result: TrialResult,
+    budget_gib: float,
+    *,
+    noise_cv: float,
+    in_space: bool = True,
+) -> None:
+    """Record a trial's result and tell Optuna the outcome; a trial whose settings are no
+    point of the space (`in_space=False`) is recorded, but told FAIL (OUTSIDE_SPACE_ATTR)."""
+    trial.set_user_attr(RESULT_ATTR, result.to_dict())
+    for name in FLAT_ATTRS:
+        trial.set_user_attr(name, result.to_dict()[name])
+    trial.set_user_attr("noisy", is_noisy(result, noise_cv))
+    if not in_space:
+        trial.set_user_attr(OUTSIDE_SPACE_ATTR, True)
+        study.tell(trial, state=TrialState.FAIL)
+        return
+    _tell_outcome(study, trial, result, budget_gib)
+
+
+def tell_repeat(
+    study: optuna.Study, trial: optuna.Trial, earlier: TrialRecord, budget_gib: float
+) -> None:
+    """Tell the sampler what the earlier run of these settings measured, without running: the
+    trial is not recorded (it does not count toward n_trials)."""
+    trial.set_user_attr(REPEAT_OF_ATTR, earlier.number)
+    _tell_outcome(study, trial, earlier.result, budget_gib)
+
+
+def _tell_outcome(
+    study: optuna.Study, trial: optuna.Trial, result: TrialResult, budget_gib: float
+) -> None:
+    """Out-of-memory is information, so OOM and skipped trials are COMPLETE but infeasible
+    (samplers ignore FAIL trials and would keep proposing the region); failures that say
+    nothing about memory are FAIL."""
+    if result.status is Status.OK:
+        trial.set_constraint(CONSTRAINT, result.peak_memory_gib - budget_gib)
+        study.tell(trial, [result.samples_per_s, result.peak_memory_gib])
+    elif result.status in MEMORY_STATUSES:
+        peak_gib = max(result.peak_memory_gib or budget_gib, budget_gib)
+        # How far over is unknown (the allocator refused); any positive value is infeasible.
+        trial.set_constraint(CONSTRAINT, max(peak_gib - budget_gib, 1.0))
+        study.tell(trial, [0.0, peak_gib])
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+
+
+def is_interrupted(trial: FrozenTrial) -> bool:
+    """Failed without a result, and not a repeat nor a proposal that was not to run: its
+    search stopped while it ran (or was found dead: gone from this host, or stale)."""
+    return (
+        trial.state is TrialState.FAIL
+        and RESULT_ATTR not in trial.user_attrs
+        and REPEAT_OF_ATTR not in trial.user_attrs
+        and NOT_RUN_ATTR not in trial.user_attrs
+        and SAME_AS_RUNNING_ATTR not in trial.user_attrs
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StudySnapshot:
+    """A study as read once: what every output, the report and the exports are built from."""
+
+    info: RunInfo
+    records: list[TrialRecord]
+    front: list[TrialRecord]
+    """Feasible successful trials no other beats on both samples/s and memory, fastest first."""
+    picks: Picks
+    search_s: float | None
+    """From the first trial's start to the last one's end."""
+    ended: RunEnd | None = None
+    """How the study's last search ended; None while one runs, or for older studies."""
+    runs: tuple[dict[str, Any], ...] = ()
+    """Each run's provenance (`conditions.run_record`), oldest first."""
+
+    def other_versions(self, record: TrialRecord) -> str | None:
+        """How the versions it was measured under differ from the study's; None: they do not.
+        Such a trial is kept out of the front and the picks."""
+        return conditions.other_versions(record.versions, self.info.versions)
+
+    def record(self, number: int) -> TrialRecord | None:
+        return next((r for r in self.records if r.number == number), None)
+
+    def is_noisy(self, record: TrialRecord) -> bool:
+        return is_noisy(record.result, self.info.noise_cv)
+
+    def trained_note(self) -> str | None:
+        """For a study of the user's own Trainer (`trainer=`): what its factory really trains,
+        from the first successful trial, when it is not what `model=` and `seq_len=` say (they
+        then only name the study); None otherwise."""
+        if self.info.trainer is None:
+            return None
+        return trained_note(self.info, self.records)
+
+    def math_changes(self, record: TrialRecord) -> list[MathChange]:
+        """What in its settings changes the training itself compared with the baseline trial
+        (another optimizer, effective batch or precision); none when no baseline ran."""
+        baseline = self.picks.baseline
+        return [] if baseline is None else math_changes(record.params, baseline.params)
+
+
+def trained_note(info: RunInfo, records: list[TrialRecord]) -> str | None:
+    """What a `trainer=` factory trained, when it differs from `model=`/`seq_len=`."""
+    first = next((r for r in records if r.status is Status.OK and r.result.trained_seq_len), None)
+    if first is None:
+        return None
+    model, seq_len = first.result.trained_model, first.result.trained_seq_len
+    named_model = model in (info.model, info.model_config.get("model_type"))
+    if named_model and seq_len == info.seq_len:
+        return None
+    return (
+        f"the factory trains {model} on batches of up to {seq_len} tokens, not model="
+        f"{info.model} at seq_len={info.seq_len}: those name the study only, and no memory "
+        "estimate is made for a factory's model"
+    )
+
+
+def changes_training_of(baseline: TrialRecord | None) -> Callable[[TrialRecord], bool]:
+    """Whether a trial's settings change the training compared with the baseline's."""
+    return lambda record: baseline is not None and bool(math_changes(record.params,
+                                                                    baseline.params))  # fmt: skip
+
+
+def read_snapshot(study: optuna.Study) -> StudySnapshot:
+    """Read the study once and decode it."""
+    info = RunInfo.of(study)
+    trials = study.get_trials(deepcopy=False)
+    records = [record_of(t) for t in trials if is_recorded(t)]
+    # Only trials measured under the study's versions are compared (`autotune.plan.conditions`).
+    same = [r for r in records if conditions.other_versions(r.versions, info.versions) is None]
+    # The front as Optuna's best_trials defines it (COMPLETE, feasible, non-dominated), from
+    # the records already read: one read of the storage, and repeats are not records.
+    feasible = [r for r in same if r.result.feasible(info.memory_budget_gib)]
+    front = sorted(non_dominated(feasible), key=lambda r: r.result.samples_per_s, reverse=True)
+    baseline = next((r for r in same if r.baseline), None)
+    confirmed = None
+    if (stored := study.user_attrs.get(CONFIRMATION_ATTR)) is not None:
+        confirmed = Confirmed.from_json(stored)
+        if confirmed.records_seen != len(records):
+            confirmed = None  # trials were recorded since: it measured other picks
+    done = [t for t in trials if t.datetime_complete and t.datetime_start]
+    search_s = None
+    if done:
+        started = min(t.datetime_start for t in done)
+        search_s = (max(t.datetime_complete for t in done) - started).total_seconds()
+    return StudySnapshot(
+        info=info,
+        # A row per trial: the interrupted ones too, with their status (never in the front).
+        records=sorted(records + interrupted_records(trials), key=lambda r: r.number),
+        front=front,
+        picks=pick(
+            feasible,
+            info.memory_limit_gib,
+            baseline,
+            info.noise_cv,
+            changes_training=changes_training_of(baseline),
+            min_gain=info.math_change_min_gain,
+            confirmed=confirmed,
+        ),
+        search_s=search_s,
+        ended=RunEnd.of(study),
+        runs=read_runs(study),
+    )
+
+
+# --- How a search ended, and the trials it left interrupted --------------------------------
+RUN_END_ATTR = "run_end"
+"""Study: the `RunEnd` of its last search; None while a search runs."""
+INTERRUPTED_BY_ATTR = "interrupted_by"
+"""Trial: the signal (`SIGTERM`) that stopped its search while it ran."""
+
+
+class Ending(enum.StrEnum):
+    COMPLETE = "complete"
+    """Every trial ran, the grid or the space ran out, or too many proposals repeated."""
+    TIMEOUT = "timeout"
+    """`timeout=` passed: no trial started after it (a normal end, exit code as complete)."""
+    INTERRUPTED = "interrupted"
+    """Ctrl-C, SIGTERM or SIGHUP (`interrupts.SearchInterrupted`)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunEnd:
+    """How a search ended, stored in the study when it stopped, so that `autotune report`
+    says the same words later and exits with the code the search had."""
+
+    how: Ending
+    done: int
+    """Trials that count toward n_trials when it stopped."""
+    planned: int
+    """Its n_trials."""
+    signal: str | None = None
+    """SIGINT, SIGTERM or SIGHUP when interrupted."""
+    stopped: str = ""
+    """The search's own words for a complete end (`every grid point has run: 4 trials ...`)."""
+
+    def describe(self) -> str:
+        """`interrupted after 2 of 6 trials (SIGTERM)`, `stopped by timeout after 2 of 6
+        trials`, or why a complete search stopped."""
+        if self.how is Ending.INTERRUPTED:
+            return f"interrupted after {self.done} of {self.planned} trials ({self.signal})"
+        if self.how is Ending.TIMEOUT:
+            return f"stopped by timeout after {self.done} of {self.planned} trials"
+        return self.stopped or f"{self.done} of {self.planned} trials finished"
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> RunEnd | None:
+        stored = study.user_attrs.get(RUN_END_ATTR)
+        return None if stored is None else cls(**stored | {"how": Ending(stored["how"])})
+
+
+def store_run_end(study: optuna.Study, end: RunEnd | None) -> None:
+    """None when a search starts: a report read meanwhile says nothing of an earlier end."""
+    study.set_user_attr(RUN_END_ATTR, None if end is None else asdict(end))
+
+
+def interrupted_records(trials: list[FrozenTrial]) -> list[TrialRecord]:
+    """A record (status `interrupted`, no figures) for each trial whose search stopped while
+    it ran. A retried one stays, pointing at its retry: the study holds it (Optuna's tools
+    show it FAIL), and the table says why its number has no measurement. A trial another live
+    search is running is RUNNING, not failed: not among them."""
+    retries = {
+        t.user_attrs[RETRY_OF_ATTR]: t.number
+        for t in trials
+        if RETRY_OF_ATTR in t.user_attrs and NOT_RUN_ATTR not in t.user_attrs
+    }
+    return [interrupted_record(t, retries.get(t.number)) for t in trials if is_interrupted(t)]
+
+
+def interrupted_record(trial: FrozenTrial, retry: int | None) -> TrialRecord:
+    signal = trial.user_attrs.get(INTERRUPTED_BY_ATTR)
+    reason = (
+        f"the search was interrupted ({signal}) while it ran"
+        if signal
+        else "its search process ended while it ran (killed, or lost its heartbeat)"
+    )
+    if retry is not None:
+        reason += f"; trial {retry} runs its settings again"
+    return TrialRecord(
+        number=trial.number,
+        params=dict(trial.user_attrs.get(PARAMS_ATTR, {})),
+        result=TrialResult(status=Status.INTERRUPTED, reason=reason),
+        baseline=bool(trial.user_attrs.get(BASELINE_ATTR)),
+    )
