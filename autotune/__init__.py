@@ -8,7 +8,8 @@ autotune.load("reports/bert-large-uncased-cuda-s512").to_dataframe()
 
 from typing import Any
 
-__version__ = "0.1.0"
+from autotune.common.version import __version__ as __version__
+
 __all__ = ["SearchResult", "load", "search"]
 
 

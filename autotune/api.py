@@ -20,31 +20,36 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from autotune import workers as parallel
-from autotune.common.errors import AutotuneError
+from autotune.common.errors import AutotuneError, DataError
 from autotune.common.knobs import MathChange, describe_params
+from autotune.common.layout import OUTPUTS
 from autotune.common.trial import TrialResult
+from autotune.common.urls import safe_url
+from autotune.common.user_data import read_ready
 from autotune.outputs import confirm
+from autotune.outputs.snapshot import StudySnapshot, read_snapshot
 from autotune.outputs.study_folder import table, write_study_folder
 from autotune.plan import conditions, factories, software_cache, user_data
 from autotune.plan.config import RunConfig, WorkerConfig, make_config
 from autotune.plan.plan import SearchPlan, make_plan
+from autotune.plan.run_info import RunInfo
 from autotune.search.interrupts import SearchInterrupted, stop_signals
+from autotune.search.loop import TIMED_OUT, run_search
+from autotune.search.observer import SearchObserver
+from autotune.search.opening import join_config, locked_study, open_study
 from autotune.search.runner import Launcher
-from autotune.search.study import TIMED_OUT, SearchObserver, run_search
+from autotune.search.sampler import quiet_optuna
 from autotune.store.records import (
     SETTINGS_ATTR,
     Ending,
     RunEnd,
-    RunInfo,
-    StudySnapshot,
     TrialRecord,
     end_run,
-    read_snapshot,
     start_run,
     store_run_end,
     trials_run,
 )
-from autotune.store.storage import join_config, load_study_dir, locked_study, open_study, safe_url
+from autotune.store.storage import load_study_dir
 from autotune.store.storage_file import StudyFileLost
 
 if TYPE_CHECKING:
@@ -225,16 +230,8 @@ def load(
     quiet_optuna()
     study_dir = Path(study_dir)
     snapshot = read_snapshot(load_study_dir(study_dir, storage, study))
-    paths = [p for p in (study_dir / n for n in _OUTPUTS) if p.exists()]
+    paths = [p for p in (study_dir / n for n in OUTPUTS) if p.exists()]
     return SearchResult(snapshot=snapshot, study_dir=study_dir, paths=paths)
-
-
-def quiet_optuna() -> None:
-    """Optuna's INFO lines ("A new study created ...") say less than ours, and twice."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-_OUTPUTS = ("trials.csv", "pareto.csv", "recommended.json", "recommended.py", "report.html")
 
 
 def run(
@@ -419,13 +416,13 @@ def prepare_inputs(plan: SearchPlan, observer: SearchObserver) -> None:
             show = getattr(status, "update", lambda text: None)  # a live terminal's spinner
             folder = user_data.prepare_in_subprocess(plan.data, plan.data_dir.parent, show)
         if folder != plan.data_dir:
-            raise user_data.DataError(
+            raise DataError(
                 f"data={plan.data.data}: its files changed while it was prepared; run again"
             )
         vocab_size = plan.model.config.get("vocab_size")
-        max_token_id = user_data.read_ready(folder)["max_token_id"]
+        max_token_id = read_ready(folder)["max_token_id"]
         if vocab_size and max_token_id >= vocab_size:
-            raise user_data.DataError(
+            raise DataError(
                 f"tokenizer={plan.data.tokenizer}: the data holds token id {max_token_id}, "
                 f"but model={plan.model.name} has a vocabulary of {vocab_size}; use the "
                 "model's own tokenizer"

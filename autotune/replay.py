@@ -24,17 +24,17 @@ from typing import Any
 import optuna
 import yaml
 
+from autotune.common.device import DeviceInfo, cpu_reserve_bytes
 from autotune.common.trial import Status, TrialResult, feasible, write_json_atomic
 from autotune.common.units import GIB
-from autotune.plan import hardware, software_cache
+from autotune.plan import software_cache
 from autotune.plan.config import make_config
-from autotune.plan.hardware import DeviceInfo
-from autotune.plan.plan import SearchPlan, fit_batches_to_budget, make_plan
+from autotune.plan.plan import SearchPlan, make_plan
 from autotune.search.checks import settings_key
+from autotune.search.loop import run_search
+from autotune.search.opening import open_study
 from autotune.search.runner import Worker
-from autotune.search.study import make_sampler, run_search
 from autotune.store.records import TrialRecord, load_records
-from autotune.store.storage import DIRECTIONS
 
 FIGURES = ("samples_per_s", "tokens_per_s", "peak_memory_gib", "step_time_cv",
            "step_time_median_ms", "estimate_gib", "wall_s")  # fmt: skip
@@ -163,9 +163,9 @@ def replay(
     with tempfile.TemporaryDirectory() as tmp:
         plan = plan_for(landscape, Path(work_dir or tmp), n_trials=n_trials, seed=seed,
                         sampler=sampler, estimate_margin=estimate_margin)  # fmt: skip
-        plan = fit_batches_to_budget(plan)  # as `storage.open_study` does
-        study = optuna.create_study(directions=list(DIRECTIONS))
-        study.sampler = make_sampler(plan, seed=seed)
+        # Opened as a search opens its study (settled plan, sampler, baseline queued), in
+        # memory: a replay runs hundreds of searches.
+        study, plan = open_study(plan, storage=optuna.storages.InMemoryStorage())
         launcher = ReplayLauncher(landscape)
         run_search(plan, study, launcher=launcher)
         return Replayed(records=load_records(study), answered=launcher.answered, study=study,
@@ -195,7 +195,7 @@ def device_info(landscape: Landscape) -> DeviceInfo:
     memory = int(landscape.memory_budget_gib * GIB) * 4
     # A host with room for 4x the budget once the search's own share is kept: the landscape was
     # recorded with its budget, and the live machine's RAM has no part in a replay.
-    host = memory + hardware.cpu_reserve_bytes(memory)
+    host = memory + cpu_reserve_bytes(memory)
     device = {"cuda_available": landscape.device == "cuda", "name": landscape.device_name,
               "total_memory_bytes": memory, "free_memory_bytes": memory,
               "host_available_memory_bytes": host, "host_total_memory_bytes": memory}  # fmt: skip

@@ -23,7 +23,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +30,12 @@ import optuna
 import psutil
 from optuna.trial import TrialState
 
+from autotune.common.device import DeviceInfo
 from autotune.common.errors import AutotuneError, ConfigError
+from autotune.common.layout import PROGRESS_FILE, SPEC_FILE, WORKERS, trial_dir
 from autotune.common.processes import die_with_parent
-from autotune.common.trial import PROGRESS_FILE, Progress, read_progress, write_json_atomic
-from autotune.plan.hardware import DeviceInfo
+from autotune.common.trial import Progress, read_progress, write_json_atomic
+from autotune.plan.slots import Slot
 from autotune.store.records import (
     PARAMS_ATTR,
     RETRY_OF_ATTR,
@@ -54,123 +55,6 @@ STORAGE_ENV = "AUTOTUNE_STORAGE_URL"
 user alone), not in spec.json, as the URL may hold a password."""
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Slot:
-    """What one worker owns: a CUDA device, or a set of CPU cores (None: no restriction)."""
-
-    cuda_device: str | None = None
-    """Its `CUDA_VISIBLE_DEVICES`: an entry of this process's (an index or a UUID)."""
-    cuda_index: int | None = None
-    """Its device's index among the devices this process sees."""
-    cpus: tuple[int, ...] | None = None
-
-    def describe(self) -> str:
-        if self.cuda_device is not None:
-            return f"cuda device {self.cuda_device}"
-        if self.cpus is not None:
-            return f"cores {_ranges(self.cpus)}"
-        return "every core"
-
-    @contextlib.contextmanager
-    def applied(self) -> Iterator[None]:
-        """This process (and every trial it starts from here on) uses only the slot's device
-        or cores; restored afterwards (a notebook goes on)."""
-        old_env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")}
-        old_cpus = os.sched_getaffinity(0) if self.cpus is not None else None
-        try:
-            if self.cuda_device is not None:
-                os.environ["CUDA_VISIBLE_DEVICES"] = self.cuda_device
-            if self.cpus is not None:
-                os.sched_setaffinity(0, self.cpus)
-                # torch sizes its thread pool from this when the fork server imports it.
-                os.environ["OMP_NUM_THREADS"] = str(len(self.cpus))
-            yield
-        finally:
-            if old_cpus is not None:
-                os.sched_setaffinity(0, old_cpus)
-            for key, value in old_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-
-
-def assign(
-    workers: int | str, devices: str, device: str, device_info: DeviceInfo
-) -> tuple[list[Slot], list[str]]:
-    """What each worker owns, and the problems with `workers=` and `devices=` (all of them).
-
-    CUDA: one device each, from `devices=` (indices among the visible devices; auto = all);
-    `workers=auto` is one per device. CPU: `workers=auto` is one worker on every core; N
-    workers split this process's cores into N disjoint sets."""
-    problems: list[str] = []
-    if device == "cpu":
-        if devices != "auto":
-            problems.append(f"devices={devices}: names CUDA devices; this search runs on cpu")
-        if workers in ("auto", 1):
-            return [Slot()], problems
-        cores = sorted(os.sched_getaffinity(0))
-        if workers > len(cores):
-            problems.append(
-                f"workers={workers}: each worker needs a core of its own, and this process "
-                f"may use {len(cores)}"
-            )
-            return [], problems
-        return [Slot(cpus=tuple(part)) for part in _split(cores, workers)], problems
-    names = device_info.cuda_device_names or (device_info.name,)
-    if devices == "auto":
-        indices = list(range(len(names)))
-    else:
-        indices = [int(i) for i in devices.split(",")]
-        missing = [i for i in indices if i >= len(names)]
-        if missing:
-            problems.append(
-                f"devices={devices}: no device {', '.join(map(str, missing))} here "
-                f"({len(names)} visible: 0-{len(names) - 1})"
-            )
-            return [], problems
-    if workers != "auto":
-        if workers > len(indices):
-            problems.append(
-                f"workers={workers}: each worker owns one GPU, and devices={devices} gives "
-                f"{len(indices)}"
-            )
-            return [], problems
-        indices = indices[:workers]
-    kinds = sorted({names[i] for i in indices})
-    if len(kinds) > 1:
-        problems.append(
-            f"devices={devices}: the GPUs differ ({', '.join(kinds)}); one study measures one "
-            "kind of GPU: name devices of one kind"
-        )
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    entries = [e.strip() for e in visible.split(",")] if visible else None
-    slots = [Slot(cuda_device=entries[i] if entries else str(i), cuda_index=i) for i in indices]
-    return slots, problems
-
-
-def _split(items: list[int], parts: int) -> list[list[int]]:
-    """`items` in `parts` contiguous runs whose sizes differ by one at most."""
-    size, extra = divmod(len(items), parts)
-    runs, start = [], 0
-    for k in range(parts):
-        end = start + size + (k < extra)
-        runs.append(items[start:end])
-        start = end
-    return runs
-
-
-def _ranges(cpus: tuple[int, ...]) -> str:
-    """(0, 1, 2, 5) -> `0-2,5`."""
-    runs: list[list[int]] = []
-    for cpu in cpus:
-        if runs and cpu == runs[-1][-1] + 1:
-            runs[-1].append(cpu)
-        else:
-            runs.append([cpu])
-    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
-
-
 def run_workers(plan: Any, study: optuna.Study, observer: Any, launcher: Any) -> str:
     """Start one worker per slot of `plan`, show them as one search through `observer`, and
     return why they stopped when every one has ended."""
@@ -183,7 +67,7 @@ def run_workers(plan: Any, study: optuna.Study, observer: Any, launcher: Any) ->
     else:
         raise ConfigError(f"workers={len(plan.slots)}: a {type(launcher).__name__} cannot be "
                           "handed to worker processes; use workers=1")  # fmt: skip
-    folder = plan.study_dir / "workers" / f"{socket.gethostname()}-{os.getpid()}"
+    folder = plan.study_dir / WORKERS / f"{socket.gethostname()}-{os.getpid()}"
     folder.mkdir(parents=True, exist_ok=True)
     spec = {
         # Without the storage URL: it may hold a password, and the study folder is no place
@@ -195,7 +79,7 @@ def run_workers(plan: Any, study: optuna.Study, observer: Any, launcher: Any) ->
         "cores_per_trial": plan.info.cores_per_trial,
         "trial_command": trial_command,
     }
-    write_json_atomic(folder / "spec.json", spec)
+    write_json_atomic(folder / SPEC_FILE, spec)
     env = os.environ | {STORAGE_ENV: plan.storage_url}
     study_file = FileWatch.of(plan.storage_url)  # each worker stops when it is gone
     workers = [_start(folder, k, env) for k in range(len(plan.slots))]
@@ -248,7 +132,7 @@ def _stopped_after_the_study_ended(
 def _start(folder: Path, index: int, env: dict[str, str]) -> subprocess.Popen:
     with open(_log(folder, index), "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "autotune.workers", str(folder / "spec.json"), str(index)],
+            [sys.executable, "-m", "autotune.workers", str(folder / SPEC_FILE), str(index)],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -318,8 +202,6 @@ class _Watcher:
     trials started (their spec written here), progress, trials recorded, retries queued."""
 
     def __init__(self, plan: Any, study: optuna.Study, observer: Any) -> None:
-        from autotune.search.study import trial_dir
-
         self.study, self.observer = study, observer
         self.trial_dir = lambda number: trial_dir(plan.study_dir, number)
         trials = study.get_trials(deepcopy=False)
@@ -338,7 +220,7 @@ class _Watcher:
                 self.observer.retried(retry_of)
             if trial.state is TrialState.RUNNING and PARAMS_ATTR in trial.user_attrs:
                 folder = self.trial_dir(number)
-                if number not in self.started and (folder / "spec.json").exists():
+                if number not in self.started and (folder / SPEC_FILE).exists():
                     self.started.add(number)
                     self.observer.trial_started(number, trial.user_attrs[PARAMS_ATTR])
                 if number in self.started:
@@ -353,13 +235,13 @@ class _Watcher:
 
 def _worker_main(spec_path: Path, index: int) -> int:
     """One worker: the study's loop on its slot, with a log of plain lines on stdout."""
-    from autotune.api import quiet_optuna
     from autotune.outputs.view import TerminalView
     from autotune.plan.config import make_config
     from autotune.plan.plan import make_plan
+    from autotune.search.loop import run_search
+    from autotune.search.opening import open_study
     from autotune.search.runner import CommandLauncher, ForkserverLauncher
-    from autotune.search.study import run_search
-    from autotune.store.storage import open_study
+    from autotune.search.sampler import quiet_optuna
 
     quiet_optuna()
     spec = json.loads(spec_path.read_text())

@@ -25,9 +25,10 @@ import transformers.trainer  # imported before the memory baseline, as a trial's
 
 from autotune.child import measure
 from autotune.child.data import SyntheticDataset
+from autotune.child.models import build_model
+from autotune.common.models import ModelSpec
 from autotune.common.units import GIB
-from autotune.plan.models import ModelSpec, build_model
-from autotune.store.records import read_snapshot
+from autotune.outputs.snapshot import read_snapshot
 from autotune.store.storage import load_study_dir
 
 

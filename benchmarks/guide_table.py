@@ -17,9 +17,9 @@ import json
 import tempfile
 from pathlib import Path
 
+from autotune.common.models import resolve_model
 from autotune.common.trial import Status, TrialSpec
 from autotune.plan.hardware import probe
-from autotune.plan.models import resolve_model
 from autotune.search.runner import ForkserverLauncher, launch_trial
 
 # (label, knobs, guide samples/s, guide GB) from the guide's V100 table.

@@ -2,7 +2,7 @@
 
 Synthetic by default: random token ids of one length, as the HF guide measures, so data
 loading is kept out of what is measured. The user's own data (`data=`) is the folder
-`autotune.plan.user_data.prepare` wrote, memory-mapped by each trial after it is forked, and batched
+`autotune.child.prepare_data` wrote, memory-mapped by each trial after it is forked, and batched
 by `PaddingCollator`: padded to the longest sample of each batch (rounded up to a multiple),
 so padding, length grouping and the loader are part of what is measured.
 """

@@ -14,17 +14,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from autotune.common.errors import AutotuneError
+from autotune.common.errors import DataError
 
 TEXT_BUILDERS = ("json", "csv", "text")
 """`datasets` builders that read text files: their bytes must be UTF-8."""
 MOSTLY_SPECIAL_SHARE = 0.9
 """Past this share of samples holding special tokens only ([CLS] [SEP], [UNK]), the data is
 refused: such samples train nothing and are short, so samples/s would be far too good."""
-
-
-class DataError(AutotuneError):
-    """The data or its tokenizer cannot be used; the message names the setting."""
 
 
 def check_files(data: str, builder: str, files: list[str]) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from autotune.plan import estimate
+from autotune.common import flops
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,10 +245,10 @@ def attention_layers(config: Any) -> tuple[int, int]:
 
 
 def training_flops(model: Any, counts: Counts) -> float:
-    """Training FLOPs for what `counts` holds (`estimate.training_flops`), counting the real
+    """Training FLOPs for what `counts` holds (`flops.training_flops`), counting the real
     tokens: padding is work that trains nothing. Encoder-decoder models see each sample on
     both sides."""
     blocks, width = attention_layers(model.config)
-    return estimate.training_flops(
+    return flops.training_flops(
         matmul_parameters(model), blocks, width, counts.tokens, counts.squared_lengths
     )

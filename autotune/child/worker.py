@@ -28,14 +28,18 @@ import transformers
 import transformers.trainer
 
 from autotune.child import data, measure
+from autotune.child import factory as factories
+from autotune.child.models import build_model
 from autotune.common import knobs
+from autotune.common.device import peak_tflops
+from autotune.common.layout import PROGRESS_FILE
+from autotune.common.models import ModelSpec
 from autotune.common.processes import (
     children_die_with_this_process,
     end_own_descendants,
     keep_orphans_in_this_tree,
 )
 from autotune.common.trial import (
-    PROGRESS_FILE,
     Progress,
     Stage,
     Status,
@@ -46,8 +50,7 @@ from autotune.common.trial import (
     write_progress,
 )
 from autotune.common.units import GIB
-from autotune.plan import factories, hardware, user_data
-from autotune.plan.models import ModelSpec, build_model
+from autotune.common.user_data import read_ready
 
 
 class InvalidConfig(Exception):
@@ -133,7 +136,7 @@ def _our_trainer(
         dataset = datasets.load_from_disk(spec.data_dir)
         collator = data.PaddingCollator(
             task=spec.task,
-            pad_token_id=user_data.read_ready(Path(spec.data_dir))["pad_token_id"],
+            pad_token_id=read_ready(Path(spec.data_dir))["pad_token_id"],
             pad_to_multiple_of=spec.params.get("pad_to_multiple_of", 1),
         )
     else:
@@ -349,7 +352,7 @@ def _result(
     if knobs.is_compiled(spec.params):
         compile_s = measure.compile_s(timer.warmup_step_times_s(), stats.step_time_median_ms / 1e3)
     flops = measure.training_flops(model, counts) if counts.tokens else None
-    peak = spec.peak_tflops or hardware.peak_tflops(
+    peak = spec.peak_tflops or peak_tflops(
         measured["device_name"], spec.params.get("precision", "fp32")
     )
     return TrialResult(

@@ -14,9 +14,9 @@ import sys
 import optuna
 from rich.markup import escape
 
-from autotune import __version__
 from autotune.cli import catalog, estimate, results, search
 from autotune.common.errors import AutotuneError, ConfigError
+from autotune.common.version import __version__
 from autotune.outputs.view import errors
 from autotune.plan.config import ConfirmConfig, ExportConfig, ReportConfig, RunConfig, WorkerConfig
 from autotune.search.interrupts import SearchInterrupted

@@ -15,14 +15,15 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from autotune.common.device import TRANSFORMERS_DEFAULT_OPTIM
 from autotune.common.errors import AutotuneError, ConfigError
 from autotune.common.knobs import KNOBS, baseline_params, describe_params
+from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolve_model
 from autotune.common.units import GIB, format_bytes
 from autotune.outputs.view import console
 from autotune.plan import hardware, software_cache
 from autotune.plan.config import EstimateConfig, help_rows, make_config, parse_overrides
 from autotune.plan.estimate import PARTS, Estimate, estimate
-from autotune.plan.models import ModelSpec, catalogue_parameter_counts, resolve_model
 from autotune.plan.plan import input_problems
 from autotune.plan.space_file import SoftwareFacts, known_name_problem, normalise_value
 
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         device, device_name, free_bytes = hardware.memory_without_torch(config.device)
     budget = int(config.memory_budget or free_bytes)
     parameters = catalogue_parameter_counts().get(model.name)
-    default_optim = facts.default_optim or hardware.TRANSFORMERS_DEFAULT_OPTIM
+    default_optim = facts.default_optim or TRANSFORMERS_DEFAULT_OPTIM
     fixed = baseline_params(default_optim, None) | {"attn_implementation": "sdpa"} | knobs
     free = {k: v for k, v in FREE_KNOBS.items() if k not in knobs}
 

@@ -12,6 +12,7 @@ from autotune.common.errors import StudyError
 from autotune.common.trial import Status
 from autotune.common.units import format_bytes, format_gib
 from autotune.outputs import export
+from autotune.outputs.snapshot import StudySnapshot, read_snapshot
 from autotune.outputs.study_folder import write_study_folder
 from autotune.outputs.view import (
     NOTHING_TO_RECOMMEND,
@@ -24,7 +25,7 @@ from autotune.outputs.view import (
 from autotune.plan import conditions
 from autotune.plan.config import ConfirmConfig, ExportConfig, ReportConfig, help_rows, load_config
 from autotune.search.interrupts import SearchInterrupted
-from autotune.store.records import Ending, StudySnapshot, read_snapshot
+from autotune.store.records import Ending
 from autotune.store.storage import load_study_dir
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from autotune import api
+from autotune.common.urls import MASK, safe_url
 from autotune.outputs.view import (
     NOTHING_TO_RECOMMEND,
     TerminalView,
@@ -24,7 +25,7 @@ from autotune.outputs.view import (
 from autotune.plan import conditions
 from autotune.plan.config import RunConfig, WorkerConfig, help_rows, load_config
 from autotune.plan.factory_trust import describe
-from autotune.store.storage import MASK, join_config, safe_url
+from autotune.search.opening import join_config
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

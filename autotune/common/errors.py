@@ -25,6 +25,14 @@ class DeviceError(AutotuneError):
     """The requested device is not available, or the device probe failed."""
 
 
+class DataError(AutotuneError):
+    """The data or its tokenizer cannot be used; the message names the setting."""
+
+
+class FactoryError(AutotuneError):
+    """The trainer= factory cannot be imported or called as `function(args, model_kwargs)`."""
+
+
 class StudyError(AutotuneError):
     """The study folder or storage cannot be used (missing, unreadable, incompatible)."""
 

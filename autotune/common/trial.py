@@ -61,7 +61,7 @@ class TrialSpec:
     peak_tflops: float | None = None
     """The device's dense peak for MFU when it is not in the built-in table."""
     data_dir: str | None = None
-    """The user's prepared data (`user_data.prepare`); None: synthetic tokens."""
+    """The user's prepared data (`autotune.child.prepare_data`); None: synthetic tokens."""
     trainer: str | None = None
     """The user's Trainer factory (`module:function` or `/abs/file.py:function`)."""
     trainer_dir: str | None = None
@@ -138,6 +138,11 @@ class TrialResult:
         """Measured, and within the memory budget (`feasible`)."""
         return feasible(self.status, self.peak_memory_gib, budget_gib)
 
+    def noisy(self, noise_cv: float) -> bool:
+        """Its timed steps varied more than `noise_cv` (stdev / mean): its figure is less
+        certain."""
+        return self.step_time_cv is not None and self.step_time_cv > noise_cv
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["status"] = self.status.value
@@ -154,7 +159,6 @@ class TrialResult:
         return cls(**{**data, "status": Status(data["status"])})
 
 
-PROGRESS_FILE = "progress.json"
 PROGRESS_SCHEMA_VERSION = 2
 """The progress record's own version: it is read only while its trial runs, whereas results
 stored in old studies are read with `SCHEMA_VERSION`, which its changes must leave alone."""

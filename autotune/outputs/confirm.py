@@ -17,19 +17,16 @@ import time
 
 import optuna
 
+from autotune.common.layout import CONFIRM
 from autotune.common.trial import Status, TrialResult
 from autotune.outputs.pareto import Confirmed, candidates
+from autotune.outputs.snapshot import StudySnapshot, changes_training_of
 from autotune.plan.plan import SearchPlan
 from autotune.search import runner
-from autotune.search.study import SearchObserver, launch
-from autotune.store.records import (
-    CONFIRMATION_ATTR,
-    StudySnapshot,
-    TrialRecord,
-    changes_training_of,
-)
+from autotune.search.loop import launch
+from autotune.search.observer import SearchObserver
+from autotune.store.records import CONFIRMATION_ATTR, TrialRecord
 
-FOLDER = "confirm"
 """Under the study folder: `confirm/rR-tNNNN/`, one folder per run."""
 
 
@@ -98,7 +95,7 @@ def run_once(
     launcher: runner.Launcher,
     observer: SearchObserver,
 ) -> TrialResult:
-    folder = plan.study_dir / FOLDER / f"r{round_number}-t{record.number:04d}"
+    folder = plan.study_dir / CONFIRM / f"r{round_number}-t{record.number:04d}"
     on_progress = functools.partial(observer.progress, record.number)
     return launch(plan, record.number, record.params, launcher, on_progress, folder=folder)
 

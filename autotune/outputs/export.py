@@ -18,20 +18,22 @@ import yaml
 
 from autotune.common.errors import StudyError
 from autotune.common.knobs import KNOBS
+from autotune.common.layout import RECOMMENDED_JSON, RECOMMENDED_PY
+from autotune.common.models import TASK_CLASSES
 from autotune.common.output_files import write_atomic
 from autotune.common.trial import write_json_atomic
-from autotune.plan.models import TASK_CLASSES
 
 if TYPE_CHECKING:  # types only: rendering an export reads no storage (records imports optuna)
-    from autotune.store.records import RunInfo, TrialRecord
+    from autotune.plan.run_info import RunInfo
+    from autotune.store.records import TrialRecord
 
 
 def write_recommendation(
     study_dir: Path, recommendation: dict[str, Any], script: str
 ) -> list[Path]:
     """recommended.json and recommended.py; returns the paths written."""
-    json_path = study_dir / "recommended.json"
-    py_path = study_dir / "recommended.py"
+    json_path = study_dir / RECOMMENDED_JSON
+    py_path = study_dir / RECOMMENDED_PY
     write_json_atomic(json_path, recommendation)
     write_atomic(py_path, script)  # UTF-8: the encoding Python reads source in
     return [json_path, py_path]

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.common.trial import Status, TrialResult
+from autotune.common.trial import Status
 from autotune.common.units import format_gib
 
 if TYPE_CHECKING:  # records imports this module to build its snapshot
@@ -23,11 +23,6 @@ DRIFT_WITHIN = 0.25
 """A trial this much slower than the baseline, one short measurement each, may yet be the
 faster. Measured on a shared 2-core machine: the quick start's baseline ran at 225 samples/s
 in its trial and 199-264 in its three confirmation rounds (-12% to +17%); 25% leaves room."""
-
-
-def is_noisy(result: TrialResult, noise_cv: float) -> bool:
-    """Its timed steps varied more than `noise_cv` (stdev / mean): its figure is less certain."""
-    return result.step_time_cv is not None and result.step_time_cv > noise_cv
 
 
 def non_dominated(records: list[TrialRecord]) -> list[TrialRecord]:
@@ -223,7 +218,7 @@ class Picks:
         noisy = [
             f"{r.result.step_time_cv:.0%} on {which}"
             for r, which in measured
-            if is_noisy(r.result, self.noise_cv)
+            if r.result.noisy(self.noise_cv)
         ]
         if not noisy:
             return ""

@@ -18,13 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from autotune.common.knobs import KNOBS
+from autotune.common.layout import (
+    PARETO_CSV,
+    RECOMMENDED_JSON,
+    RECOMMENDED_PY,
+    REPORT_HTML,
+    TRIALS_CSV,
+)
 from autotune.common.output_files import check_owner, write_atomic
 from autotune.outputs import export
 from autotune.outputs.pareto import Picks
 from autotune.outputs.report.data import build_report_data
 from autotune.outputs.report.html import write_report
+from autotune.outputs.snapshot import StudySnapshot
 from autotune.plan import conditions
-from autotune.store.records import StudySnapshot, TrialRecord
+from autotune.store.records import TrialRecord
 
 METRIC_COLUMNS = (
     "samples_per_s",
@@ -51,8 +59,8 @@ def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
     info, picks = snapshot.info, snapshot.picks
     check_owner(out)
     paths = [
-        write_table(out / "trials.csv", snapshot.records, snapshot),
-        write_table(out / "pareto.csv", snapshot.front, snapshot),
+        write_table(out / TRIALS_CSV, snapshot.records, snapshot),
+        write_table(out / PARETO_CSV, snapshot.front, snapshot),
     ]
     script = flags = ""
     if picks.recommended is not None:
@@ -61,10 +69,10 @@ def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
         flags = export.render_cli(result.training_args, result.model_kwargs)
         paths += export.write_recommendation(out, recommendation(snapshot), script)
     else:  # no trial to recommend now: a recommendation left from before would mislead
-        for stale in (out / "recommended.json", out / "recommended.py"):
+        for stale in (out / RECOMMENDED_JSON, out / RECOMMENDED_PY):
             stale.unlink(missing_ok=True)
     data = build_report_data(snapshot, code=script, cli_flags=flags)
-    paths.append(write_report(data, out / "report.html"))
+    paths.append(write_report(data, out / REPORT_HTML))
     return paths
 
 

@@ -22,11 +22,14 @@ from rich.text import Text
 
 from autotune.common import trial
 from autotune.common.knobs import describe_params
+from autotune.common.layout import SEARCH_LOG, WORKER_LOG, trial_dir
 from autotune.common.trial import Status, TrialResult
 from autotune.common.units import format_bytes, format_gib
+from autotune.outputs.snapshot import StudySnapshot, trained_note
 from autotune.plan.plan import SearchPlan
-from autotune.search.study import SearchObserver, trial_dir
-from autotune.store.records import Ending, RunInfo, StudySnapshot, TrialRecord, trained_note
+from autotune.plan.run_info import RunInfo
+from autotune.search.observer import SearchObserver
+from autotune.store.records import Ending, TrialRecord
 
 # Piped output (logs, CI) gets long lines instead of rich's 80-column default, so names and
 # settings are never cut or folded.
@@ -84,7 +87,7 @@ class TerminalView(SearchObserver):
     """Shows one search as `autotune.api.run` tells it (its trials, whichever worker runs
     them). `log_name`: the plain log in the study folder (None: none)."""
 
-    def __init__(self, *, quiet: bool, log_name: str | None = "search.log") -> None:
+    def __init__(self, *, quiet: bool, log_name: str | None = SEARCH_LOG) -> None:
         self.report = Reporter(quiet=quiet)
         self.log_name = log_name
         self.live = not quiet and console.is_terminal  # a bar only for a person watching
@@ -291,7 +294,7 @@ def _why_nothing_to_recommend(snapshot: StudySnapshot) -> str:
     if len(kinds) == 1 and ran[0].status not in {Status.OK, *trial.OUT_OF_MEMORY}:
         first = ran[0]
         reason = (first.result.reason.strip().splitlines() or ["no reason given"])[0][:200]
-        log = trial_dir(Path(), first.number) / "worker.log"
+        log = trial_dir(Path(), first.number) / WORKER_LOG
         return (f"every trial that ran ended {first.status} ({reason}); see {log} in the study "
                 "folder")  # fmt: skip
     limit = format_gib(snapshot.info.memory_limit_gib)

@@ -1,7 +1,7 @@
 """Fit a search space to the device in hand: remove values that cannot run, say why.
 
-Runs in the parent on the facts of the device probe (`hardware.DeviceInfo`); the notes it returns
-are shown to the user and stored with the study.
+Runs in the parent on the facts of the device probe (`DeviceInfo`); the notes it returns are
+shown to the user and stored with the study.
 """
 
 from __future__ import annotations
@@ -9,15 +9,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from autotune.common.device import DeviceInfo
 from autotune.common.errors import SpaceError
 from autotune.common.knobs import KNOBS, precision_parts
-from autotune.plan.hardware import DeviceInfo
+from autotune.plan.slots import Slot
 from autotune.plan.space import SamplingRules, SearchSpace
-
-if TYPE_CHECKING:  # parallel imports optuna; a plan needs only the slots' cores
-    from autotune.workers import Slot
 
 # TrainingArguments.optim values backed by bitsandbytes.
 BNB_OPTIMIZERS = frozenset({

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune import __version__
+from autotune.common.urls import safe_url
+from autotune.common.version import __version__
 
 if TYPE_CHECKING:
-    from autotune.plan.hardware import DeviceInfo
-    from autotune.store.records import RunInfo
+    from autotune.common.device import DeviceInfo
+    from autotune.plan.run_info import RunInfo
 
 MEASURED_STEPS = ("seq_len", "measure_steps", "warmup_steps")
 """Conditions every study compares on resume."""
@@ -112,15 +113,12 @@ def versions_note(study: str, study_versions: dict[str, str] | None,
 
 def cli_command(argv: list[str]) -> str:
     """The command line as typed (`autotune search model=gpt2 ...`), credentials masked."""
-    from autotune.store.storage import safe_url  # only here: storage imports the search's stack
-
     return shlex.join(["autotune", *(safe_url(a) for a in argv)])
 
 
 def api_call(function: str, kwargs: dict[str, Any]) -> str:
     """A Python call as written (`autotune.search(model='gpt2', seq_len=64)`), credentials
     masked; paths as text."""
-    from autotune.store.storage import safe_url
 
     def shown(value: Any) -> str:
         value = str(value) if isinstance(value, Path) else value

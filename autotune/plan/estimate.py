@@ -26,6 +26,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.common.flops import training_flops
 from autotune.common.knobs import optimizer_family, sixteen_bit
 from autotune.common.units import GIB
 
@@ -243,17 +244,6 @@ def _head_activations(shape: Shape, task: str, b: int, s: int, *, mixed: bool) -
     logits = b * s * shape.vocab
     kept = logits * (2 + 4 if mixed else 4)
     return {"kept": kept, "gradient": logits * 4}
-
-
-def training_flops(
-    matmul_weights: int, attention_blocks: int, width: int, tokens: int, squared_lengths: int
-) -> float:
-    """Training FLOPs (forward + backward), after PaLM's appendix B: 6 per matmul weight per
-    token (2 forward, 4 backward), plus the attention scores and the weighted sum, 12 x width
-    x length^2 per sample per attention block (`squared_lengths` sums length^2 over the
-    samples). Activation checkpointing recomputes the forward but does not change the model's
-    FLOPs, so MFU does not reward it. The one formula of the estimate and the worker's MFU."""
-    return 6 * matmul_weights * tokens + 12 * attention_blocks * width * squared_lengths
 
 
 def flops_per_sample(shape: Shape, seq_len: int, task: str = "causal-lm") -> float:

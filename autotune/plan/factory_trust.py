@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autotune.plan.factories import FactoryError, sha256_of, source_file
+from autotune.common.errors import FactoryError
+from autotune.plan.factories import sha256_of, source_file
 
 TRUST = (
     "A worker runs the Trainer factory the study's database names, on this host, as this "

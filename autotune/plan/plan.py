@@ -15,21 +15,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.common.errors import AutotuneError, ConfigError
+from autotune.common.device import DeviceInfo, cpu_reserve_bytes
+from autotune.common.errors import AutotuneError, ConfigError, DataError, StudyError
 from autotune.common.knobs import baseline_params
+from autotune.common.layout import DATA_CACHE, study_db_url
+from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolve_model
 from autotune.common.output_files import check_owner
 from autotune.common.units import GIB, format_bytes
-from autotune.plan import conditions, factories, hardware, user_data
+from autotune.common.urls import safe_url
+from autotune.common.user_data import DataSpec, source_format
+from autotune.plan import conditions, factories
 from autotune.plan.capabilities import apply_sampling_rules, fit_space, trial_cores
 from autotune.plan.config import STUDY_NAME_MAX_CHARS, RunConfig
 from autotune.plan.estimate import KNOBS_READ, Estimate, UnknownShape, estimate
-from autotune.plan.hardware import DeviceInfo
-from autotune.plan.models import ModelSpec, catalogue_parameter_counts, resolve_model
+from autotune.plan.run_info import RunInfo
+from autotune.plan.slots import Slot, assign
 from autotune.plan.space import SamplingRules, SearchSpace
 from autotune.plan.space_file import SoftwareFacts, load_space
-from autotune.plan.user_data import DataError, DataSpec, source_format
-from autotune.store.records import RunInfo
-from autotune.workers import Slot, assign
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,7 +57,7 @@ class SearchPlan:
     there, as `python -m` would."""
     host_limit_bytes: int | None = None
     """On CPU, the most a trial can grow before the machine itself runs out (the default
-    budget: `hardware.cpu_budget_bytes`); None on CUDA."""
+    budget: `common.device.cpu_budget_bytes`); None on CUDA."""
 
     def estimate_gib(self, params: dict[str, Any]) -> float | None:
         """The peak `autotune.plan.estimate` gives these settings before they run; None for a
@@ -113,10 +115,11 @@ class SearchPlan:
 
     @property
     def data_dir(self) -> Path | None:
-        """Where the prepared data lies (`user_data.prepare`): one entry per fingerprint."""
+        """Where the prepared data lies (`autotune.child.prepare_data`): one entry per
+        fingerprint."""
         if self.info.data is None:
             return None
-        return self.study_dir / user_data.CACHE_FOLDER / self.info.data["fingerprint"]
+        return self.study_dir / DATA_CACHE / self.info.data["fingerprint"]
 
     @property
     def study_name(self) -> str:
@@ -184,7 +187,9 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
             problems.append(str(exc))
     if config.trainer:
         trainer = trainer_info(config.trainer, search_dir)
-    device_name, available_bytes = device_info.memory_for(device, slots)
+    device_name, available_bytes = device_info.memory_for(
+        device, [s.cuda_index for s in slots if s.cuda_index is not None], len(slots)
+    )
     if not config.memory_budget and available_bytes <= 0:
         problems.append(_no_memory_left(device, device_info, len(slots)))
     if problems:
@@ -227,7 +232,7 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
             own_collator=source != "trainer",
         ),
         study_dir=study_dir,
-        storage_url=config.storage or f"sqlite:///{study_dir / 'study.db'}",
+        storage_url=config.storage or study_db_url(study_dir),
         device_info=device_info,
         slots=slots,
         data=data,
@@ -241,7 +246,7 @@ def _no_memory_left(device: str, device_info: DeviceInfo, workers: int) -> str:
         return "memory_budget: the GPU has no free memory; free it, or give memory_budget="
     available = format_bytes(device_info.host_available_memory_bytes)
     total = device_info.host_total_memory_bytes or device_info.host_available_memory_bytes
-    kept = format_bytes(hardware.cpu_reserve_bytes(total, workers))
+    kept = format_bytes(cpu_reserve_bytes(total, workers))
     return (
         f"memory_budget: {available} of RAM is available and a CPU search keeps {kept} for "
         "itself, its fork servers and the machine: nothing is left for a trial; free memory, "
@@ -257,6 +262,52 @@ def trainer_info(ref: str, search_dir: Path) -> dict[str, str | None]:
     source = factories.source_file(factory, search_dir)
     return {"factory": factory, "search_dir": str(search_dir),
             "sha256": factories.sha256_of(source) if source else None}  # fmt: skip
+
+
+def settle(plan: SearchPlan, stored: RunInfo | None, *, joining: bool = False) -> SearchPlan:
+    """The plan finished for its study, whose stored `RunInfo` is `stored` (None: a new
+    study): the one place a plan is settled before the search runs.
+
+    A resumed study must have been made for the same run, under the same measurement
+    conditions (`conditions.changed_conditions`). The memory budget is part of a study:
+    resolved once and stored, so that every trial's feasibility is judged against the same
+    figure; a resumed study keeps its stored budget, and an explicit `memory_budget=` that
+    differs is refused. With the budget settled, the batch sizes that cannot fit it go."""
+    if stored is not None:  # an existing study: it must have been made for this run
+        # What the trials are measured under: a worker joining with other cores or another
+        # GPU model is refused as a resume is.
+        if changed := conditions.changed_conditions(stored, plan.info):
+            raise StudyError(conditions.refusal(plan.study_name, changed))
+        # A joining worker's own trainer= stands in for the study's (`join_config` checked it).
+        identity = [k for k in IDENTITY if not (joining and k == "trainer_factory")]
+        changed = [
+            f"{k} {getattr(stored, k)} -> {getattr(plan.info, k)}"
+            for k in identity
+            if getattr(stored, k) != getattr(plan.info, k)
+        ]
+        if changed:
+            # data_fingerprint covers the data files' bytes, the tokenizer, column and seq_len.
+            raise StudyError(
+                f"study={plan.study_name} in {safe_url(plan.storage_url)} was made for other "
+                f"settings (the study's -> this run's): {', '.join(changed)}; pick another "
+                "study= name or out= folder"
+            )
+        explicit = plan.config.memory_budget
+        if explicit is not None and int(explicit) != stored.memory_budget_bytes:
+            raise StudyError(
+                f"memory_budget={format_bytes(int(explicit))}: study={plan.study_name} was "
+                f"searched with a budget of {format_bytes(stored.memory_budget_bytes)}, and its "
+                "trials were judged against it. Leave memory_budget out to resume with the "
+                "stored one, or use another study= name for another budget"
+            )
+        budget = stored.memory_budget_bytes
+        # The study's versions stay its own: trials run under others are marked (conditions).
+        versions = stored.versions or plan.info.versions
+        plan = dataclasses.replace(
+            plan,
+            info=dataclasses.replace(plan.info, memory_budget_bytes=budget, versions=versions),
+        )
+    return fit_batches_to_budget(plan)  # the budget is settled: drop what cannot fit
 
 
 def fit_batches_to_budget(plan: SearchPlan) -> SearchPlan:
@@ -352,3 +403,9 @@ def default_study_name(model_name: str, device: str, seq_len: int) -> str:
     suffix = f"-{device}-s{seq_len}"
     stem = re.sub(r"[^A-Za-z0-9._-]", "_", stem)[: STUDY_NAME_MAX_CHARS - len(suffix)]
     return stem + suffix
+
+
+# What makes a study what it is: a resumed study must have been made for the same.
+# (seq_len, steps, cores or GPU model: `conditions.changed_conditions`, checked first.)
+IDENTITY = ("model", "task", "device", "space", "effective_batch_size",
+            "data_fingerprint", "trainer_factory")  # fmt: skip

@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from autotune.common.device import SOFTWARE_FACTS, DeviceInfo
 from autotune.common.errors import StudyError
 from autotune.common.trial import write_json_atomic
 from autotune.plan import hardware
@@ -63,7 +64,7 @@ def software_facts() -> SoftwareFacts:
     return SoftwareFacts.from_probe(dataclasses.asdict(probe_device()))
 
 
-def probe_device() -> hardware.DeviceInfo:
+def probe_device() -> DeviceInfo:
     """The device probe (always run: memory and CUDA state are never cached), given the
     installed packages' facts when the cache has them for these versions (reading them takes
     the probe seconds: transformers, torch._dynamo, bitsandbytes); a full probe fills it."""
@@ -77,7 +78,7 @@ def probe_device() -> hardware.DeviceInfo:
         "key": installed_key(),
         "optimizer_names": list(info.optimizer_names),
         "compile_backends": list(info.compile_backends),
-        "software": {k: facts[k] for k in hardware.SOFTWARE_FACTS},
+        "software": {k: facts[k] for k in SOFTWARE_FACTS},
     }
     try:
         write_json_atomic(cache_dir() / FILE_NAME, record)

@@ -69,7 +69,7 @@ class SoftwareFacts:
 
     @classmethod
     def from_probe(cls, software: Mapping[str, Any]) -> SoftwareFacts:
-        """From the device probe's facts of the installed packages (`hardware.SOFTWARE_FACTS`:
+        """From the device probe's facts of the installed packages (`common.device.SOFTWARE_FACTS`:
         a `DeviceInfo` as a dict, or the software cache's record). An empty list is one the
         probe did not read, so its check is skipped."""
         tasks = software.get("task_model_types") or {}

@@ -1,290 +1,21 @@
-"""The user's own data (`data=`): loaded with HF `datasets`, tokenized once, cached.
-
-A dataset is local json/jsonl/csv/parquet/text files, a `save_to_disk` folder, or a hub id
-when the hub is reachable. Its text column is tokenized with the tokenizer given (a local
-folder or a hub id), truncated at `seq_len`, and saved with `save_to_disk` under a folder named
-by the fingerprint of everything that decides the tokens (the data files' bytes, the
-tokenizer's files, the column, the split, `seq_len`), so a second preparation of the same
-data is a lookup, and changed data is another cache entry. Data that already holds
-`input_ids` is kept as it is (truncated).
-
-Tokenizers come with transformers, which imports torch: the search process never prepares
-data itself; `python -m autotune.plan.user_data SPEC_JSON CACHE_DIR` does, in a subprocess.
+"""Preparing the user's data (`data=`) before the search opens its study: tokenizers come with
+transformers, which imports torch, so the search process never prepares data itself;
+`python -m autotune.child.prepare_data SPEC_JSON CACHE_DIR` does, in a subprocess.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.child import data_checks
-from autotune.child.data_checks import DataError
-from autotune.common.errors import first_line
-from autotune.plan.models import hub_offline
-
-BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet",
-            ".txt": "text"}  # fmt: skip
-"""File suffix -> the `datasets` builder that reads it."""
-CACHE_FOLDER = "data"
-"""In the study folder: one prepared entry per fingerprint."""
-PROGRESS_INTERVAL_S = 1.0
-READY = "autotune-ready.json"
-"""Written last into a cache entry: an entry without it is incomplete and is rebuilt."""
-KEPT_COLUMNS = ("input_ids", "label", "labels")
-"""Of already-tokenized data (the collator makes the attention mask)."""
-LENGTH_COLUMN = "length"
-"""Tokens per sample, stored so that `group_by_length` does not read every sample to sort
-(`TrainingArguments.length_column_name`'s default)."""
-FORMAT_VERSION = 2
-"""Of a cache entry: part of the fingerprint, so entries of an older layout are rebuilt."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class DataSpec:
-    data: str
-    """Files, a folder of them, a `save_to_disk` folder, or a hub id."""
-    tokenizer: str
-    """A local folder (`save_pretrained`) or a hub id."""
-    seq_len: int
-    split: str = "train"
-    text_column: str = "text"
-
-    def fingerprint(self) -> str:
-        """Hex digest of everything that decides the tokens: the files' names (relative) and
-        bytes, or the hub id; the split, the column and seq_len. A dataset moved to another
-        folder keeps its fingerprint."""
-        settings = {"split": self.split, "text_column": self.text_column,
-                    "seq_len": self.seq_len, "format": FORMAT_VERSION}  # fmt: skip
-        digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
-        for source in (self.data, self.tokenizer):
-            root = Path(source)
-            files = _files(root)
-            digest.update(b"\0" + (b"" if files else source.encode()))  # a hub id: its name
-            for path in files:
-                digest.update(path.relative_to(root).as_posix().encode() if root.is_dir()
-                              else path.name.encode())  # fmt: skip
-                with open(path, "rb") as f:
-                    for chunk in iter(lambda f=f: f.read(1 << 20), b""):
-                        digest.update(chunk)
-        return digest.hexdigest()[:16]
-
-
-def _is_saved_dataset(path: Path) -> bool:
-    """A folder written by `Dataset.save_to_disk` or `DatasetDict.save_to_disk`."""
-    return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
-
-
-def _files(path: Path) -> list[Path]:
-    """The files under a local path, in a stable order; none for a hub id."""
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.is_file())
-    return []
-
-
-def prepare(
-    spec: DataSpec, cache_dir: Path, on_progress: Callable[[str], None] = lambda text: None
-) -> Path:
-    """The tokenized dataset's folder in `cache_dir`, built unless it is there already;
-    `on_progress` hears how far tokenizing is, about once a second."""
-    target = cache_dir / spec.fingerprint()
-    if (target / READY).is_file():
-        return target
-    import datasets
-
-    datasets.disable_progress_bars()  # the search shows its own progress
-    on_progress(f"loading data={spec.data}")
-    tokenized, pad_token_id = tokenize(load(spec), spec, on_progress)
-    on_progress(f"saving {len(tokenized)} tokenized rows")
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(dir=cache_dir, prefix=".building-"))
-    try:
-        tokenized.save_to_disk(str(building))
-        summary = {
-            "rows": len(tokenized),
-            "pad_token_id": pad_token_id,
-            "max_token_id": _max_token_id(tokenized),
-            "spec": dataclasses.asdict(spec),
-        }
-        (building / READY).write_text(json.dumps(summary))
-        if not (target / READY).is_file():
-            # An incomplete entry, left by a process that died; never a complete one another
-            # process (a worker of the same study) finished meanwhile, which trials may be reading.
-            shutil.rmtree(target, ignore_errors=True)
-        with contextlib.suppress(OSError):  # another process put the same entry there first
-            os.rename(building, target)
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
-    return target
-
-
-def read_ready(folder: Path) -> dict[str, Any]:
-    """A complete entry's summary: rows, pad_token_id, max_token_id, spec."""
-    return json.loads((folder / READY).read_text())
-
-
-def source_format(data: str) -> tuple[str, list[str]]:
-    """How `data=` is read: (`save_to_disk`, []), (`hub`, []), or (a `datasets` builder such
-    as `json`, its files); a DataError when it cannot be told."""
-    path = Path(data)
-    if _is_saved_dataset(path):
-        return "save_to_disk", []
-    if path.exists():
-        files = _files(path)
-        kinds = {BUILDERS.get(p.suffix.lower()) for p in files}
-        if not files or None in kinds or len(kinds) > 1:
-            found = ", ".join(sorted({p.suffix or p.name for p in files})) or "no files"
-            raise DataError(
-                f"data={data}: cannot tell its format (found {found}); give "
-                f"{', '.join(BUILDERS)} files of one kind, or a save_to_disk folder"
-            )
-        return str(kinds.pop()), [str(p) for p in files]
-    if path.suffix.lower() in BUILDERS or data.startswith((".", "/", "~")):
-        raise DataError(f"data={data}: no such file or folder")
-    return "hub", []
-
-
-def load(spec: DataSpec) -> Any:
-    """The split of the data as a `datasets.Dataset`, its values checked (`data_checks`), or
-    a DataError naming the problem."""
-    import datasets
-
-    kind, files = source_format(spec.data)
-    data_checks.check_files(spec.data, kind, files)
-    try:
-        if kind == "save_to_disk":
-            loaded = datasets.load_from_disk(spec.data)
-        elif kind == "hub":
-            loaded = datasets.load_dataset(spec.data)
-        else:
-            loaded = datasets.load_dataset(kind, data_files=files)
-    except Exception as exc:  # datasets raises many kinds; each means "unusable"
-        # Its message names no line ("An error occurred while generating the dataset").
-        where = data_checks.first_bad_json_line(files) if kind == "json" else None
-        raise DataError(
-            f"data={spec.data}: {where or f'cannot load it: {first_line(exc)}'}"
-        ) from exc
-    if isinstance(loaded, datasets.DatasetDict):
-        if spec.split not in loaded:
-            raise DataError(f"data_split={spec.split}: data={spec.data} has the splits "
-                            f"{', '.join(loaded)}")  # fmt: skip
-        loaded = loaded[spec.split]
-    if len(loaded) == 0:
-        raise DataError(f"data={spec.data}: the {spec.split} split has no rows")
-    if "input_ids" not in loaded.column_names and spec.text_column not in loaded.column_names:
-        raise DataError(
-            f"text_column={spec.text_column}: data={spec.data} has no such column (it has: "
-            f"{', '.join(loaded.column_names)}); name the text column, or give input_ids"
-        )
-    _check_values(loaded, spec)
-    return loaded
-
-
-def _check_values(dataset: Any, spec: DataSpec) -> None:
-    """Values a trial would train on as if right, or fail on in every trial, are refused."""
-    import pyarrow
-
-    if "input_ids" in dataset.column_names:
-        data_checks.check_token_ids(spec.data, dataset.data.column("input_ids"))
-    else:
-        data_checks.check_texts(spec.data, spec.text_column, _values(dataset, spec.text_column))
-    for column in ("label", "labels"):
-        arrow_type = dataset.data.column(column).type if column in dataset.column_names else None
-        # `labels` may hold a label per token (seq2seq data): only class ids are checked.
-        if arrow_type is not None and not pyarrow.types.is_list(arrow_type):
-            data_checks.check_labels(spec.data, column, _values(dataset, column))
-
-
-def _values(dataset: Any, column: str) -> Iterable[Any]:
-    """A column's values as Python objects, chunk by chunk: straight from arrow (10x faster than
-    `dataset[column]`), but through `datasets` for an extension type (JSON of mixed types),
-    whose arrow values are not what the row holds."""
-    import pyarrow
-
-    chunks = dataset.data.column(column).chunks
-    if chunks and isinstance(chunks[0].type, pyarrow.BaseExtensionType):
-        return dataset[column]
-    return (value for chunk in chunks for value in chunk.to_pylist())
-
-
-def tokenize(
-    dataset: Any, spec: DataSpec, on_progress: Callable[[str], None] = lambda text: None
-) -> tuple[Any, int]:
-    """Token ids of the text column (truncated at seq_len, no padding: trials pad per batch),
-    the label column when there is one, and the id trials pad with."""
-    if "input_ids" in dataset.column_names:  # tokenized already: padded with 0 unless a
-        kept = [c for c in dataset.column_names if c in KEPT_COLUMNS]  # tokenizer says else
-        dataset = dataset.select_columns(kept)
-        truncated = dataset.map(lambda row: _with_length(row["input_ids"][: spec.seq_len]))
-        try:
-            return truncated, _pad_token_id(load_tokenizer(spec.tokenizer))
-        except DataError:
-            return truncated, 0
-    tokenizer = load_tokenizer(spec.tokenizer)
-    done, shown_s = 0, time.monotonic()
-
-    def encode(batch: dict[str, list]) -> dict[str, list]:
-        nonlocal done, shown_s
-        texts = batch[spec.text_column]  # strings all (`data_checks.check_texts`)
-        encoded = tokenizer(texts, truncation=True, max_length=spec.seq_len)
-        done += len(texts)
-        if time.monotonic() - shown_s >= PROGRESS_INTERVAL_S:
-            on_progress(f"tokenizing data: {done}/{len(dataset)} rows")
-            shown_s = time.monotonic()
-        return {**encoded, LENGTH_COLUMN: [len(ids) for ids in encoded["input_ids"]]}
-
-    dropped = [c for c in dataset.column_names if c not in ("label", "labels")]
-    tokenized = dataset.map(encode, batched=True, remove_columns=dropped)
-    data_checks.check_real_tokens(
-        spec.data, tokenized.data.column("input_ids"), tokenizer.all_special_ids
-    )
-    return tokenized, _pad_token_id(tokenizer)
-
-
-def _max_token_id(dataset: Any) -> int:
-    """The largest id in `input_ids`: the model's vocabulary must hold it."""
-    import pyarrow.compute
-
-    flat = pyarrow.compute.list_flatten(dataset.data.column("input_ids"))
-    return int(pyarrow.compute.max(flat).as_py() or 0)
-
-
-def _with_length(input_ids: list[int]) -> dict[str, Any]:
-    return {"input_ids": input_ids, LENGTH_COLUMN: len(input_ids)}
-
-
-def _pad_token_id(tokenizer: Any) -> int:
-    """Its padding token, else its end-of-text token (GPT-2 has no pad token), else 0."""
-    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
-        if candidate is not None:
-            return int(candidate)
-    return 0
-
-
-def load_tokenizer(name: str) -> Any:
-    """The tokenizer, or a DataError that says where it was looked for."""
-    import transformers
-
-    try:
-        return transformers.AutoTokenizer.from_pretrained(name)
-    except Exception as exc:  # missing files, no network, a bad config alike
-        where = "that folder" if Path(name).is_dir() else "the hub (offline here?)"
-        raise DataError(
-            f"tokenizer={name}: cannot load it from {where}: {first_line(exc)}; give a folder "
-            "saved with save_pretrained"
-        ) from exc
+from autotune.common.errors import DataError
+from autotune.common.user_data import DataSpec
 
 
 def prepare_in_subprocess(
@@ -292,7 +23,7 @@ def prepare_in_subprocess(
 ) -> Path:
     """`prepare` in a process of its own (tokenizers import torch, which the search process
     never does); its progress lines go to `on_progress`."""
-    command = [sys.executable, "-m", "autotune.plan.user_data"]
+    command = [sys.executable, "-m", "autotune.child.prepare_data"]
     answer: dict[str, Any] = {}
     with tempfile.TemporaryFile("w+") as errors:  # a file: a full pipe could stall the child
         proc = subprocess.Popen(
@@ -321,28 +52,3 @@ def prepare_in_subprocess(
     raise DataError(
         f"data={spec.data}: preparing it failed (exit {proc.returncode}):\n{stderr[-2000:]}"
     )
-
-
-def main(argv: list[str]) -> int:
-    """`python -m autotune.plan.user_data SPEC_JSON CACHE_DIR`: JSON lines, {"progress": ...}
-    while it works, then {"folder": ...} or {"error": ...}."""
-    spec = DataSpec(**json.loads(argv[0]))
-    if not (Path(spec.data).exists() and Path(spec.tokenizer).exists()) and hub_offline():
-        # Without this the hub client retries for most of a minute before it gives up; in
-        # offline mode what the local cache holds still loads, and the rest fails at once.
-        os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
-
-    def say(text: str) -> None:
-        print(json.dumps({"progress": text}), flush=True)
-
-    try:
-        folder = prepare(spec, Path(argv[1]), say)
-    except DataError as exc:
-        print(json.dumps({"error": str(exc)}))
-        return 2
-    print(json.dumps({"folder": str(folder)}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

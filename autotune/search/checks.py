@@ -1,8 +1,9 @@
 """Pre-trial checks: what the study loop asks before it runs a proposed configuration.
 
-Each check looks at the proposal and the trials recorded so far and returns None (run it) or a
-`Skip` that says why not. Adding a rule (an estimate over budget, a config another worker is
-running) is one function here and one entry in `PRE_TRIAL_CHECKS`.
+Each check looks at the proposal (its settings and their memory estimate, computed once by the
+loop) and the trials recorded so far, and returns None (run it) or a `Skip` that says why not.
+Adding a rule (an estimate over budget, a config another worker is running) is one function
+here and one entry in `PRE_TRIAL_CHECKS`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class Skip:
     the proposal does not count as a trial. Otherwise the skip is recorded as `skipped`."""
 
 
-Check = Callable[[dict[str, Any], list[TrialRecord]], Skip | None]
+Check = Callable[[dict[str, Any], list[TrialRecord], float | None], Skip | None]
+"""(settings, the study's records, the settings' raw memory estimate in GiB or None)."""
 
 
 def settings_key(params: dict[str, Any]) -> str:
@@ -34,7 +36,9 @@ def settings_key(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True)
 
 
-def already_measured(params: dict[str, Any], records: list[TrialRecord]) -> Skip | None:
+def already_measured(
+    params: dict[str, Any], records: list[TrialRecord], estimate_gib: float | None = None
+) -> Skip | None:
     key = settings_key(params)
     earlier = next((r for r in records if settings_key(r.params) == key), None)
     if earlier is None:
@@ -42,7 +46,9 @@ def already_measured(params: dict[str, Any], records: list[TrialRecord]) -> Skip
     return Skip(reason=f"the same settings as trial {earlier.number}", repeat_of=earlier)
 
 
-def as_hungry_as_an_oom(params: dict[str, Any], records: list[TrialRecord]) -> Skip | None:
+def as_hungry_as_an_oom(
+    params: dict[str, Any], records: list[TrialRecord], estimate_gib: float | None = None
+) -> Skip | None:
     for record in records:
         if record.status in OUT_OF_MEMORY and at_least_as_hungry(params, record.params):
             return Skip(
@@ -53,7 +59,6 @@ def as_hungry_as_an_oom(params: dict[str, Any], records: list[TrialRecord]) -> S
 
 
 def over_budget_by_estimate(
-    estimate_gib: Callable[[dict[str, Any]], float | None],
     limit_gib: float,
     limit_source: str = "memory_budget and estimate_margin allow",
 ) -> Check:
@@ -61,17 +66,18 @@ def over_budget_by_estimate(
     (`estimate.calibrated_gib`), is above `limit_gib` (the budget plus the margin, or what
     `limit_source` says)."""
 
-    def check(params: dict[str, Any], records: list[TrialRecord]) -> Skip | None:
+    def check(
+        params: dict[str, Any], records: list[TrialRecord], estimate_gib: float | None
+    ) -> Skip | None:
+        if estimate_gib is None:
+            return None
         measured = [
             Measured(params=r.params, estimate_gib=r.result.estimate_gib,
                      peak_gib=r.result.peak_memory_gib)
             for r in records
             if r.status is Status.OK and r.result.estimate_gib and r.result.peak_memory_gib
         ]  # fmt: skip
-        raw = estimate_gib(params)
-        if raw is None:
-            return None
-        predicted = calibrated_gib(params, raw, measured)
+        predicted = calibrated_gib(params, estimate_gib, measured)
         if predicted <= limit_gib:
             return None
         basis = f"calibrated on {len(measured)} trial(s)" if measured else "not yet calibrated"
@@ -88,10 +94,11 @@ def first_skip(
     params: dict[str, Any],
     records: list[TrialRecord],
     checks: tuple[Check, ...] = PRE_TRIAL_CHECKS,
+    estimate_gib: float | None = None,
 ) -> Skip | None:
     """The first check that says no, or None when the configuration should run."""
     for check in checks:
-        skip = check(params, records)
+        skip = check(params, records, estimate_gib)
         if skip is not None:
             return skip
     return None

@@ -27,9 +27,10 @@ from typing import Protocol
 
 import psutil
 
+from autotune.child.forked import forked_main
+from autotune.common.layout import LOG_PIPE, PROGRESS_FILE, RESULT_FILE, SPEC_FILE, WORKER_LOG
 from autotune.common.processes import descendants, die_with_parent, end_processes
 from autotune.common.trial import (
-    PROGRESS_FILE,
     Progress,
     Status,
     TrialResult,
@@ -51,7 +52,6 @@ PRELOAD = (
     "autotune.child.worker",
 )
 STDERR_TAIL_CHARS = 4000
-LOG_PIPE = "worker.pipe"
 POLL_S = 0.05
 TREE_WALK_S = 0.5
 """Least time between two listings of the worker's descendants when the memory watchdog does
@@ -146,7 +146,7 @@ class ForkserverLauncher:
     def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker:
         # Not a daemon: daemonic processes may not have children, and DataLoader workers are.
         process = _TrialProcess(
-            target=_forked_main, args=(str(spec_path), str(result_path), str(log_path))
+            target=forked_main, args=(str(spec_path), str(result_path), str(log_path))
         )
         process.start()
         return _Forked(process)
@@ -160,7 +160,7 @@ class _TrialProcess(context.ForkServerProcess):
     """A fork-server child that never imports the search's `__main__`.
 
     multiprocessing re-imports the parent's main module in each child (as `__mp_main__`) so
-    that targets defined there can be unpickled. A trial's target is `_forked_main`, found by
+    that targets defined there can be unpickled. A trial's target is `forked_main`, found by
     its module's name, so nothing of `__main__` is needed; imported, a user's script without
     an `if __name__ == "__main__":` guard would start a search of its own in every trial, and
     `python - < script.py` would fail on a file named '<stdin>'."""
@@ -196,34 +196,6 @@ def _nothing() -> None:
     """A process that only proves the fork server is up."""
 
 
-def _forked_main(spec_path: str, result_path: str, log_path: str) -> None:
-    """Runs in the forked trial process."""
-    # The fork server's SIGTERM handler (fork_server_init) is not the worker's.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.setsid()  # its own session and process group, as with CommandLauncher
-    # multiprocessing hands every forked child the write end of the server's "alive" pipe (so
-    # that children may start processes of their own); the server exits only when every copy
-    # is closed. Kept here, a search killed with -9 would leave the server, and so this
-    # worker, running to the end of the trial.
-    from multiprocessing import forkserver
-
-    alive_fd = forkserver._forkserver._forkserver_alive_fd
-    if alive_fd is not None:
-        os.close(alive_fd)
-        forkserver._forkserver._forkserver_alive_fd = None
-    die_with_parent()  # the parent is the fork server, which now exits with the search
-    # A forked child inherits the server's start method; DataLoader workers started through a
-    # fork server of this worker's own would hold its alive pipe and outlive everything. Fork
-    # them, as a worker started by CommandLauncher does, so they die with this process.
-    multiprocessing.set_start_method("fork", force=True)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    for fd in (1, 2):
-        os.dup2(log_fd, fd)
-    from autotune.child import worker
-
-    sys.exit(worker.main([spec_path, result_path]))
-
-
 def launch_trial(
     spec: TrialSpec,
     trial_dir: Path,
@@ -243,9 +215,7 @@ def launch_trial(
     what it raises ends the trial (the worker is killed) and propagates.
     """
     trial_dir.mkdir(parents=True, exist_ok=True)
-    spec_path, result_path, log_path = (
-        trial_dir / n for n in ("spec.json", "result.json", "worker.log")
-    )
+    spec_path, result_path, log_path = (trial_dir / n for n in (SPEC_FILE, RESULT_FILE, WORKER_LOG))
     progress_path = trial_dir / PROGRESS_FILE
     for stale in (result_path, progress_path):
         stale.unlink(missing_ok=True)

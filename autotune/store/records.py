@@ -2,15 +2,13 @@
 
 The study loop stores each trial's complete knob values and its `TrialResult` as user attrs, so
 every output (tables, recommendation, report) can be rebuilt from the storage alone. Every
-user-attr key is named here; `read_snapshot` reads a study once and decodes it for the loop,
-the outputs, the report and the exports alike.
+user-attr key is named here, with how a trial is told and decoded; the outputs read a study
+once through `autotune.outputs.snapshot`.
 """
 
 from __future__ import annotations
 
 import enum
-import re
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -18,11 +16,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.common.errors import StudyError
-from autotune.common.knobs import MathChange, math_changes
 from autotune.common.trial import MEMORY_STATUSES, Status, TrialResult
-from autotune.common.units import GIB
-from autotune.outputs.pareto import Confirmed, Picks, is_noisy, non_dominated, pick
 from autotune.plan import conditions
+from autotune.plan.run_info import RunInfo
 
 PARAMS_ATTR = "params"
 """Trial: every knob's value (Optuna's own params hold only what the sampler chose)."""
@@ -63,85 +59,6 @@ CONSTRAINT = "peak_over_budget_gib"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class RunInfo:
-    """What a study was run for, stored with it so outputs can be rebuilt from storage alone."""
-
-    study: str
-    model: str
-    model_config: dict[str, Any]
-    task: str
-    seq_len: int
-    device: str
-    device_name: str
-    space: str
-    space_notes: list[str]
-    effective_batch_size: int | None
-    """batch_size x grad_accum when fixed by `effective_batch_size=`; None when it varies."""
-    memory_budget_bytes: int
-    """Resolved once when the study was made; every trial is judged against it."""
-    headroom: float
-    noise_cv: float
-    math_change_min_gain: float = 1.10
-    """A pick that changes the training must beat the same-training pick by this much."""
-    report_to: str = "none"
-    """Trackers the exported script logs to (`TrainingArguments.report_to`); trials never log."""
-    data: dict[str, Any] | None = None
-    """The user's data (`user_data.DataSpec` fields and its `fingerprint`); None: synthetic."""
-    trainer: dict[str, str | None] | None = None
-    """The user's Trainer: `factory` (`module:function`, or a file made absolute), the
-    `search_dir` a module was looked up in, and the `sha256` of the file it runs (None in
-    studies made before it was stored); None: autotune builds the Trainer."""
-    # Measurement conditions (`autotune.plan.conditions`): None in studies made before they were
-    # stored, and then not compared on resume.
-    measure_steps: int | None = None
-    warmup_steps: int | None = None
-    cores_per_trial: int | None = None
-    """The CPU cores each trial has (`capabilities.trial_cores`: `workers=` and affinity)."""
-    versions: dict[str, str] | None = None
-    """torch, transformers and autotune as the study was made with; trials measured under
-    others are kept out of its front (`conditions.other_versions`)."""
-
-    @property
-    def data_fingerprint(self) -> str | None:
-        """What decides the tokens trained on; another dataset is another study."""
-        return self.data["fingerprint"] if self.data else None
-
-    @property
-    def trainer_factory(self) -> str | None:
-        return self.trainer["factory"] if self.trainer else None
-
-    @property
-    def batch_mode(self) -> str:
-        return batch_mode(self.effective_batch_size)
-
-    @property
-    def memory_budget_gib(self) -> float:
-        return self.memory_budget_bytes / GIB
-
-    @property
-    def memory_limit_gib(self) -> float:
-        """Peak memory a recommended config may reach: the budget less the headroom."""
-        return self.memory_budget_gib * (1 - self.headroom)
-
-    @classmethod
-    def of(cls, study: optuna.Study) -> RunInfo:
-        if RUN_ATTR not in study.user_attrs:
-            raise StudyError(f"study {study.study_name} was not made by autotune search")
-        stored = dict(study.user_attrs[RUN_ATTR])
-        if "batch_mode" in stored:  # studies made before the setting itself was stored
-            fixed = re.match(r"effective batch (\d+)", stored.pop("batch_mode"))
-            stored["effective_batch_size"] = int(fixed.group(1)) if fixed else None
-        return cls(**stored)
-
-
-def batch_mode(effective_batch_size: int | None) -> str:
-    """How a study treats the effective batch, in words."""
-    if effective_batch_size:
-        return f"effective batch {effective_batch_size} (grad_accum derived)"
-    return "grad_accum as the space says (effective batch varies)"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class TrialRecord:
     number: int
     params: dict[str, Any]
@@ -154,6 +71,13 @@ class TrialRecord:
     @property
     def status(self) -> Status:
         return self.result.status
+
+
+def run_info(study: optuna.Study) -> RunInfo:
+    """The `RunInfo` the study was made with."""
+    if RUN_ATTR not in study.user_attrs:
+        raise StudyError(f"study {study.study_name} was not made by autotune search")
+    return RunInfo.from_stored(study.user_attrs[RUN_ATTR])
 
 
 def store_run_info(study: optuna.Study, info: RunInfo) -> None:
@@ -227,7 +151,7 @@ def tell_result(
     trial.set_user_attr(RESULT_ATTR, result.to_dict())
     for name in FLAT_ATTRS:
         trial.set_user_attr(name, result.to_dict()[name])
-    trial.set_user_attr("noisy", is_noisy(result, noise_cv))
+    trial.set_user_attr("noisy", result.noisy(noise_cv))
     if not in_space:
         trial.set_user_attr(OUTSIDE_SPACE_ATTR, True)
         study.tell(trial, state=TrialState.FAIL)
@@ -271,112 +195,6 @@ def is_interrupted(trial: FrozenTrial) -> bool:
         and REPEAT_OF_ATTR not in trial.user_attrs
         and NOT_RUN_ATTR not in trial.user_attrs
         and SAME_AS_RUNNING_ATTR not in trial.user_attrs
-    )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StudySnapshot:
-    """A study as read once: what every output, the report and the exports are built from."""
-
-    info: RunInfo
-    records: list[TrialRecord]
-    front: list[TrialRecord]
-    """Feasible successful trials no other beats on both samples/s and memory, fastest first."""
-    picks: Picks
-    search_s: float | None
-    """From the first trial's start to the last one's end."""
-    ended: RunEnd | None = None
-    """How the study's last search ended; None while one runs, or for older studies."""
-    runs: tuple[dict[str, Any], ...] = ()
-    """Each run's provenance (`conditions.run_record`), oldest first."""
-
-    def other_versions(self, record: TrialRecord) -> str | None:
-        """How the versions it was measured under differ from the study's; None: they do not.
-        Such a trial is kept out of the front and the picks."""
-        return conditions.other_versions(record.versions, self.info.versions)
-
-    def record(self, number: int) -> TrialRecord | None:
-        return next((r for r in self.records if r.number == number), None)
-
-    def is_noisy(self, record: TrialRecord) -> bool:
-        return is_noisy(record.result, self.info.noise_cv)
-
-    def trained_note(self) -> str | None:
-        """For a study of the user's own Trainer (`trainer=`): what its factory really trains,
-        from the first successful trial, when it is not what `model=` and `seq_len=` say (they
-        then only name the study); None otherwise."""
-        if self.info.trainer is None:
-            return None
-        return trained_note(self.info, self.records)
-
-    def math_changes(self, record: TrialRecord) -> list[MathChange]:
-        """What in its settings changes the training itself compared with the baseline trial
-        (another optimizer, effective batch or precision); none when no baseline ran."""
-        baseline = self.picks.baseline
-        return [] if baseline is None else math_changes(record.params, baseline.params)
-
-
-def trained_note(info: RunInfo, records: list[TrialRecord]) -> str | None:
-    """What a `trainer=` factory trained, when it differs from `model=`/`seq_len=`."""
-    first = next((r for r in records if r.status is Status.OK and r.result.trained_seq_len), None)
-    if first is None:
-        return None
-    model, seq_len = first.result.trained_model, first.result.trained_seq_len
-    named_model = model in (info.model, info.model_config.get("model_type"))
-    if named_model and seq_len == info.seq_len:
-        return None
-    return (
-        f"the factory trains {model} on batches of up to {seq_len} tokens, not model="
-        f"{info.model} at seq_len={info.seq_len}: those name the study only, and no memory "
-        "estimate is made for a factory's model"
-    )
-
-
-def changes_training_of(baseline: TrialRecord | None) -> Callable[[TrialRecord], bool]:
-    """Whether a trial's settings change the training compared with the baseline's."""
-    return lambda record: baseline is not None and bool(math_changes(record.params,
-                                                                    baseline.params))  # fmt: skip
-
-
-def read_snapshot(study: optuna.Study) -> StudySnapshot:
-    """Read the study once and decode it."""
-    info = RunInfo.of(study)
-    trials = study.get_trials(deepcopy=False)
-    records = [record_of(t) for t in trials if is_recorded(t)]
-    # Only trials measured under the study's versions are compared (`autotune.plan.conditions`).
-    same = [r for r in records if conditions.other_versions(r.versions, info.versions) is None]
-    # The front as Optuna's best_trials defines it (COMPLETE, feasible, non-dominated), from
-    # the records already read: one read of the storage, and repeats are not records.
-    feasible = [r for r in same if r.result.feasible(info.memory_budget_gib)]
-    front = sorted(non_dominated(feasible), key=lambda r: r.result.samples_per_s, reverse=True)
-    baseline = next((r for r in same if r.baseline), None)
-    confirmed = None
-    if (stored := study.user_attrs.get(CONFIRMATION_ATTR)) is not None:
-        confirmed = Confirmed.from_json(stored)
-        if confirmed.records_seen != len(records):
-            confirmed = None  # trials were recorded since: it measured other picks
-    done = [t for t in trials if t.datetime_complete and t.datetime_start]
-    search_s = None
-    if done:
-        started = min(t.datetime_start for t in done)
-        search_s = (max(t.datetime_complete for t in done) - started).total_seconds()
-    return StudySnapshot(
-        info=info,
-        # A row per trial: the interrupted ones too, with their status (never in the front).
-        records=sorted(records + interrupted_records(trials), key=lambda r: r.number),
-        front=front,
-        picks=pick(
-            feasible,
-            info.memory_limit_gib,
-            baseline,
-            info.noise_cv,
-            changes_training=changes_training_of(baseline),
-            min_gain=info.math_change_min_gain,
-            confirmed=confirmed,
-        ),
-        search_s=search_s,
-        ended=RunEnd.of(study),
-        runs=read_runs(study),
     )
 
 
@@ -459,3 +277,9 @@ def interrupted_record(trial: FrozenTrial, retry: int | None) -> TrialRecord:
         result=TrialResult(status=Status.INTERRUPTED, reason=reason),
         baseline=bool(trial.user_attrs.get(BASELINE_ATTR)),
     )
+
+
+DIRECTIONS = (optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE)
+
+
+OBJECTIVES = ("samples_per_s", "peak_memory_gib")

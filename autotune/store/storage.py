@@ -18,82 +18,20 @@ storage a search opens is safe for that (`benchmarks/storages.py` measured the c
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
-import os
-import re
-import shutil
 import sqlite3
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import optuna
 import sqlalchemy.exc
 from optuna.storages import RDBStorage
 
-from autotune.common.errors import ConfigError, StudyError, first_line
-from autotune.common.units import format_bytes
-from autotune.plan import conditions
-from autotune.plan.config import PER_PROCESS_SETTINGS, RunConfig, WorkerConfig, make_config
-from autotune.plan.factory_trust import factory_to_run
-from autotune.plan.plan import SearchPlan, fit_batches_to_budget
-from autotune.search.study import enqueue_baseline, make_sampler
+from autotune.common.errors import StudyError, first_line
+from autotune.common.layout import STUDY_DB
+from autotune.common.urls import safe_url
 from autotune.store import storage_file
-from autotune.store.records import RUN_ATTR, SETTINGS_ATTR, RunInfo, is_recorded, store_run_info
 from autotune.store.storage_outage import RetryingRDBStorage, outage_retry_s
-from autotune.store.study_lock import StudyLock
-
-DIRECTIONS = (optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE)
-OBJECTIVES = ("samples_per_s", "peak_memory_gib")
-# What makes a study what it is: a resumed study must have been made for the same.
-# (seq_len, steps, cores or GPU model: `conditions.changed_conditions`, checked first.)
-IDENTITY = ("model", "task", "device", "space", "effective_batch_size",
-            "data_fingerprint", "trainer_factory")  # fmt: skip
-
-
-@contextlib.contextmanager
-def locked_study(plan: SearchPlan) -> Iterator[tuple[optuna.Study, SearchPlan]]:
-    """The study, opened under the study folder's lock, and the plan with the stored budget.
-
-    Refuses a study another search holds. A failure before the study opens leaves no trace: a
-    study folder made by this call is removed again, and so is an `out=` folder it made (when
-    nothing else was put in it meanwhile).
-    """
-    missing = [p for p in (plan.study_dir, *plan.study_dir.parents) if not p.exists()]
-    created = _make_study_dir(plan.study_dir)
-    opened = False
-    try:
-        with StudyLock.acquire(plan.study_dir, plan.study_name):
-            study, plan = open_study(plan)
-            opened = True
-            yield study, plan
-    finally:
-        if created and not opened:
-            shutil.rmtree(plan.study_dir, ignore_errors=True)
-            for folder in missing[1:]:  # innermost first; rmdir leaves one in use alone
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-
-
-def _make_study_dir(study_dir: Path) -> bool:
-    """Create the study folder; True when it did not exist before."""
-    try:
-        study_dir.mkdir(parents=True)
-    except FileExistsError:
-        if study_dir.is_dir():
-            return False  # made before, or a moment ago by a search started at the same time
-        raise StudyError(
-            f"cannot create the study folder {study_dir}: a file has its name"
-        ) from None
-    except OSError as exc:
-        raise StudyError(
-            f"cannot create the study folder {study_dir}: {exc.strerror}; "
-            "check out= (it must be a folder this user can write)"
-        ) from exc
-    return True
-
 
 SQLITE_BUSY_TIMEOUT_S = 30
 """How long a SQLite writer waits for another's transaction (they last milliseconds; a viewer
@@ -196,33 +134,6 @@ def _with_driver(url: str) -> str:
     return f"postgresql+psycopg://{rest}" if sep and scheme == "postgresql" else url
 
 
-MASK = "***"
-# Query (or libpq key=value) settings that hold a secret: libpq's `password` and `sslpassword`,
-# and what other dialects call theirs (`passwd`, `pwd`, tokens). Paths to files that hold one
-# (`passfile`, `sslkey`) say nothing secret and are shown.
-_SECRET_SETTING = re.compile(
-    r"(?P<key>(?:^|[?&;\s])[\w.-]*(?:passw|pwd|secret|token|credential)[\w.-]*=)(?P<value>[^&;\s]*)",
-    re.IGNORECASE,
-)
-
-
-def safe_url(url: str) -> str:
-    """The URL as typed, with every credential masked, for messages: the password of its user
-    info and secret query settings (`?password=`, `?sslpassword=`, ...).
-
-    Not SQLAlchemy's `render_as_string(hide_password=True)`: it shows `?password=` as it is,
-    and a password holding an unencoded `@` only up to that `@` (make_url splits there). The
-    user info here runs to the URL's last `@`: a query value holding an `@` masks more than it
-    needs to, never less."""
-    url = _SECRET_SETTING.sub(lambda m: m["key"] + MASK, url)
-    scheme, sep, rest = url.partition("://")
-    at = rest.rfind("@")
-    if not sep or at < 0 or rest.startswith("/"):  # no user info (sqlite:///path: a path)
-        return url
-    user, colon, _ = rest[:at].partition(":")
-    return f"{scheme}://{user}{colon and ':' + MASK}{rest[at:]}"
-
-
 def _check_user_info(url: str, shown: str) -> None:
     """Refuse a URL whose user name or password holds an unencoded `@` (or what makes its port
     unreadable) before it reaches a driver: SQLAlchemy and libpq end the user info at its first
@@ -247,128 +158,21 @@ def _check_user_info(url: str, shown: str) -> None:
         )
 
 
-def open_study(plan: SearchPlan, *, joining: bool = False) -> tuple[optuna.Study, SearchPlan]:
-    """Create the study, or load it when it exists and was made for the same run.
-
-    The memory budget is part of a study: resolved once and stored, so that every trial's
-    feasibility is judged against the same figure. A resumed study keeps its stored budget; an
-    explicit `memory_budget=` that differs is refused. A search stores its settings with the
-    study, for workers that join it; a worker (`joining`) takes them as they are.
-    """
-    storage = open_storage(plan.storage_url, stale_after_s=plan.config.stale_after)
-    study = optuna.create_study(
-        study_name=plan.study_name,
-        storage=storage,
-        directions=list(DIRECTIONS),
-        load_if_exists=True,
-    )
-    if RUN_ATTR in study.user_attrs:  # an existing study: it must have been made for this run
-        stored = RunInfo.of(study)
-        # What the trials are measured under: a worker joining with other cores or another
-        # GPU model is refused as a resume is.
-        if changed := conditions.changed_conditions(stored, plan.info):
-            raise StudyError(conditions.refusal(plan.study_name, changed))
-        # A joining worker's own trainer= stands in for the study's (`join_config` checked it).
-        identity = [k for k in IDENTITY if not (joining and k == "trainer_factory")]
-        changed = [
-            f"{k} {getattr(stored, k)} -> {getattr(plan.info, k)}"
-            for k in identity
-            if getattr(stored, k) != getattr(plan.info, k)
-        ]
-        if changed:
-            # data_fingerprint covers the data files' bytes, the tokenizer, column and seq_len.
-            raise StudyError(
-                f"study={plan.study_name} in {safe_url(plan.storage_url)} was made for other "
-                f"settings (the study's -> this run's): {', '.join(changed)}; pick another "
-                "study= name or out= folder"
-            )
-        explicit = plan.config.memory_budget
-        if explicit is not None and int(explicit) != stored.memory_budget_bytes:
-            raise StudyError(
-                f"memory_budget={format_bytes(int(explicit))}: study={plan.study_name} was "
-                f"searched with a budget of {format_bytes(stored.memory_budget_bytes)}, and its "
-                "trials were judged against it. Leave memory_budget out to resume with the "
-                "stored one, or use another study= name for another budget"
-            )
-        budget = stored.memory_budget_bytes
-        # The study's versions stay its own: trials run under others are marked (conditions).
-        versions = stored.versions or plan.info.versions
-        plan = dataclasses.replace(
-            plan,
-            info=dataclasses.replace(plan.info, memory_budget_bytes=budget, versions=versions),
-        )
-    plan = fit_batches_to_budget(plan)  # the budget is settled: drop what cannot fit
-    # Offset the seed by the trials already run, so a resumed study does not replay the same
-    # random start-up proposals it made the first time; a worker among several by its pid, so
-    # that they do not all propose the same start-up points.
-    recorded = sum(is_recorded(t) for t in study.get_trials(deepcopy=False))
-    seed = plan.config.seed + recorded + (os.getpid() if joining else 0)
-    study.sampler = make_sampler(plan, seed=seed % 2**32)
-    if not joining:
-        with warnings.catch_warnings():
-            # Stable in practice since Optuna 3.2; it names the objectives in Optuna's tools.
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(list(OBJECTIVES))
-        store_run_info(study, plan.info)
-        study.set_user_attr(SETTINGS_ATTR, study_settings(plan))
-        # Queued before any worker starts, so that none of them queues it too.
-        enqueue_baseline(study, plan.space.optuna_params(plan.baseline, plan.rules))
-    return study, plan
-
-
-def study_settings(plan: SearchPlan) -> dict[str, Any]:
-    """The settings a worker joining the study takes from it (the rest are its own); the
-    device as resolved (a worker on a host without the study's device is refused)."""
-    settings = plan.config.model_dump(mode="json") | {"device": plan.device}
-    return {k: v for k, v in settings.items() if k not in PER_PROCESS_SETTINGS}
-
-
-def join_config(worker: WorkerConfig) -> RunConfig:
-    """The settings of the study a worker joins (`autotune worker`), with the worker's own.
-
-    The study must exist: a worker joins a search, it does not start one."""
-    url = worker.storage
-    if url is None:
-        if worker.study is None:
-            raise ConfigError("study: required when storage= is not given (the study folder "
-                              "OUT/STUDY holds study.db)")  # fmt: skip
-        db = worker.out / worker.study / "study.db"
-        if not db.is_file():
-            raise StudyError(f"{db}: no such file; start the study with autotune search, or "
-                             "give its storage=")  # fmt: skip
-        url = f"sqlite:///{db.resolve()}"
-    shown = f"storage={safe_url(url)}"
-    study = _load_named(open_storage(url, shown=shown), worker.study, shown,
-                        missing="; start it with autotune search")  # fmt: skip
-    name = study.study_name
-    settings = study.user_attrs.get(SETTINGS_ATTR)
-    if settings is None:
-        raise StudyError(
-            f"study={name} stores no search settings (it was made by an older autotune or by "
-            "Optuna alone): resume it with autotune search"
-        )
-    stored_trainer = study.user_attrs.get(RUN_ATTR, {}).get("trainer")
-    # Before anything imports it: the worker's own choice, or the very file the search checked.
-    trainer = factory_to_run(stored_trainer, worker.trainer, Path.cwd(), name)
-    own = worker.model_dump(exclude={"study", "storage", "trainer"})
-    return make_config({**settings, **own, "study": name, "storage": url, "trainer": trainer})
-
-
 def load_study_dir(study_dir: Path, storage_url: str | None, name: str | None) -> optuna.Study:
     """A finished or running study, from its folder's study.db or another storage.
 
     SQLite files are opened read-only: reading a study never writes to it (Optuna would
     otherwise create its tables in any file it is pointed at)."""
     if storage_url is None:
-        db = study_dir / "study.db"
+        db = study_dir / STUDY_DB
         if not db.is_file():
             raise StudyError(f"{db}: no such file; give the study folder of a search, or storage=")
         storage_url = f"sqlite:///{db.resolve()}"
     shown = safe_url(storage_url)
-    return _load_named(open_storage(_read_only(storage_url), shown=shown), name, shown)
+    return load_named(open_storage(_read_only(storage_url), shown=shown), name, shown)
 
 
-def _load_named(
+def load_named(
     storage: optuna.storages.BaseStorage, name: str | None, shown: str, *, missing: str = ""
 ) -> optuna.Study:
     """Study `name` of the storage, or its only one when no name is given."""

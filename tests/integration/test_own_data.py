@@ -13,8 +13,9 @@ from pathlib import Path
 import optuna
 import pytest
 
+from autotune.common.layout import DATA_CACHE
 from autotune.common.trial import Status
-from autotune.plan.user_data import CACHE_FOLDER, READY
+from autotune.common.user_data import READY
 from autotune.store.records import load_records
 from tests.benchmarking import up_to_three_attempts
 from tests.text_data import write_corpus
@@ -85,7 +86,7 @@ def test_a_search_on_the_users_data_measures_padding_and_reuses_its_tokens(corpu
     assert all(row["padding_share"] for row in rows if row["status"] == "ok")
 
     # Tokenized once: the resumed study reads the same entry, untouched.
-    entries = list((tmp_path / "own" / CACHE_FOLDER).iterdir())
+    entries = list((tmp_path / "own" / DATA_CACHE).iterdir())
     assert len(entries) == 1 and json.loads((entries[0] / READY).read_text())["rows"] == 300
     arrow = next(entries[0].glob("*.arrow"))
     stamp = arrow.stat().st_mtime_ns
@@ -93,7 +94,7 @@ def test_a_search_on_the_users_data_measures_padding_and_reuses_its_tokens(corpu
     proc = autotune(*resumed)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resuming: 6 finished trial(s) kept" in proc.stdout
-    assert list((tmp_path / "own" / CACHE_FOLDER).iterdir()) == entries
+    assert list((tmp_path / "own" / DATA_CACHE).iterdir()) == entries
     assert arrow.stat().st_mtime_ns == stamp, "no second tokenization"
 
     # Other data is another study: resuming with it is refused, before any trial runs.

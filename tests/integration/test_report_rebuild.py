@@ -10,7 +10,8 @@ from pathlib import Path
 import optuna
 
 from autotune.common.trial import Status, TrialResult
-from autotune.store.records import BASELINE_ATTR, PARAMS_ATTR, RunInfo, store_run_info, tell_result
+from autotune.plan.run_info import RunInfo
+from autotune.store.records import BASELINE_ATTR, PARAMS_ATTR, store_run_info, tell_result
 
 INFO = RunInfo(
     study="s", model="tiny", model_config={"model_type": "bert"}, task="sequence-classification",

@@ -15,7 +15,7 @@ import pytest
 import transformers
 import yaml
 
-from autotune.store.records import RunInfo
+from autotune.store.records import run_info
 from tests.benchmarking import up_to_three_attempts
 from tests.conftest import TINY_MODEL
 
@@ -153,7 +153,7 @@ def test_effective_batch_search_reports_removed_values(tmp_path):
     assert len(table) == 3
     assert all(int(r["batch_size"]) * int(r["grad_accum"]) == 32 for r in table)
     storage = f"sqlite:///{tmp_path / 'eff' / 'study.db'}"
-    notes = RunInfo.of(optuna.load_study(study_name="eff", storage=storage)).space_notes
+    notes = run_info(optuna.load_study(study_name="eff", storage=storage)).space_notes
     assert any(n.startswith("removed precision=fp16") for n in notes)
     if (tmp_path / "eff" / "recommended.json").exists():
         recommended = json.loads((tmp_path / "eff" / "recommended.json").read_text())

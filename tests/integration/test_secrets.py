@@ -30,7 +30,7 @@ def test_two_workers_write_no_storage_password_into_the_study_folder(
     tmp_path, postgres_server_url, monkeypatch
 ):
     # Two workers without cores of their own (fake trials use none; the machine may have 2).
-    from autotune.workers import Slot
+    from autotune.plan.slots import Slot
 
     monkeypatch.setattr("autotune.plan.plan.assign", lambda workers, *_: ([Slot()] * workers, []))
     with postgres_database(postgres_server_url) as url:

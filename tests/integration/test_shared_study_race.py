@@ -15,8 +15,8 @@ from autotune.plan import hardware
 from autotune.plan.config import load_config
 from autotune.plan.plan import make_plan
 from autotune.search import checks
-from autotune.search.study import run_search
-from autotune.store.storage import open_study
+from autotune.search.loop import run_search
+from autotune.search.opening import open_study
 from tests.conftest import TINY_MODEL, postgres_database
 from tests.integration.test_sandbox_cpu import SPACE
 

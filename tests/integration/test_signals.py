@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.search.study import INTERRUPTED_RESULT
+from autotune.common.layout import INTERRUPTED_RESULT
 from autotune.store.records import RETRY_OF_ATTR, is_interrupted
 from tests.conftest import TINY_MODEL
 from tests.integration.test_sandbox_cpu import SPACE, descendants, rows, wait_gone

@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autotune.common.models import resolve_model
 from autotune.common.trial import Status, TrialSpec
 from autotune.plan import factories
-from autotune.plan.models import resolve_model
 from autotune.search.runner import ForkserverLauncher, launch_trial
 from autotune.search.worker_log import LOG_CAP_BYTES
 from tests.conftest import TINY_MODEL

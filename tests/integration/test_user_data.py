@@ -9,7 +9,9 @@ from pathlib import Path
 import datasets
 import pytest
 
-from autotune.plan.user_data import READY, DataError, DataSpec, prepare
+from autotune.child.prepare_data import prepare
+from autotune.common.errors import DataError
+from autotune.common.user_data import READY, DataSpec
 from tests.text_data import write_corpus
 
 
@@ -65,11 +67,12 @@ def test_each_problem_with_the_data_is_named(corpus, tmp_path):
 
 
 def test_the_search_prepares_data_in_a_subprocess(corpus, tmp_path):
-    """The parent never imports transformers (it imports torch): `python -m autotune.plan.user_data`
-    prepares, and says where the entry is or what is wrong, as JSON."""
+    """The parent never imports transformers (it imports torch):
+    `python -m autotune.child.prepare_data` prepares, and says where the entry is or what is
+    wrong, as JSON."""
     data, tokenizer = corpus
     spec = {"data": str(data), "tokenizer": str(tokenizer), "seq_len": 32}
-    command = [sys.executable, "-m", "autotune.plan.user_data"]
+    command = [sys.executable, "-m", "autotune.child.prepare_data"]
     proc = subprocess.run([*command, json.dumps(spec), str(tmp_path)], capture_output=True,
                           text=True, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -30,8 +30,10 @@ from autotune.outputs.view import TerminalView
 from autotune.plan import hardware
 from autotune.plan.config import load_config
 from autotune.plan.plan import make_plan
+from autotune.plan.slots import Slot
 from autotune.search import checks
-from autotune.search.study import SearchObserver
+from autotune.search.observer import SearchObserver
+from autotune.search.opening import open_study
 from autotune.store.records import (
     BASELINE_ATTR,
     NOT_RUN_ATTR,
@@ -43,8 +45,7 @@ from autotune.store.records import (
     load_records,
     tell_result,
 )
-from autotune.store.storage import open_storage, open_study
-from autotune.workers import Slot
+from autotune.store.storage import open_storage
 from tests.benchmarking import up_to_three_attempts
 from tests.conftest import TINY_MODEL, fake_launcher, postgres_database
 

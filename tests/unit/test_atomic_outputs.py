@@ -9,14 +9,9 @@ import pytest
 
 from autotune.common.errors import AutotuneError
 from autotune.common.trial import Status, TrialResult, write_json_atomic
+from autotune.outputs.snapshot import read_snapshot
 from autotune.outputs.study_folder import write_study_folder
-from autotune.store.records import (
-    BASELINE_ATTR,
-    PARAMS_ATTR,
-    read_snapshot,
-    store_run_info,
-    tell_result,
-)
+from autotune.store.records import BASELINE_ATTR, PARAMS_ATTR, store_run_info, tell_result
 from tests.unit.test_hardening import plan_for
 from tests.unit.test_report_data import INFO
 from tests.unit.test_software_cache import probes  # noqa: F401 (a fixture)
@@ -185,7 +180,8 @@ def test_a_search_log_that_is_a_symlink_is_not_appended_through(tmp_path, capsys
 
 
 def test_a_search_lock_that_is_a_symlink_is_refused_and_its_target_left_alone(tmp_path):
-    from autotune.store.study_lock import LOCK_FILE, StudyLock
+    from autotune.common.layout import LOCK_FILE
+    from autotune.store.study_lock import StudyLock
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.write_text("someone else's file\n")

@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.training_args import OptimizerNames
 
+from autotune.common.device import DeviceInfo
 from autotune.common.errors import SpaceError
 from autotune.common.knobs import training_args
 from autotune.plan.capabilities import apply_sampling_rules, fit_space, trial_cores
-from autotune.plan.hardware import DeviceInfo
+from autotune.plan.slots import Slot
 from autotune.plan.space import SMALL_BATCHES, SamplingRules, multiple_for
 from autotune.plan.space_file import SoftwareFacts, load_space, shipped_names
-from autotune.workers import Slot
 
 FACTS = SoftwareFacts(
     optimizer_names=tuple(o.value for o in OptimizerNames),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.plan import conditions
-from autotune.store.records import RunInfo
+from autotune.plan.run_info import RunInfo
 
 VERSIONS = {"torch": "2.13.0", "transformers": "4.57.0", "autotune": "0.1.0"}
 

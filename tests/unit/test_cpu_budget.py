@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.common.device import DeviceInfo
 from autotune.common.errors import ConfigError
 from autotune.plan.config import load_config
-from autotune.plan.hardware import DeviceInfo
 from autotune.plan.plan import make_plan
 from autotune.search.checks import over_budget_by_estimate
-from autotune.workers import Slot
 
 GIB = 2**30
 
@@ -27,11 +26,11 @@ def machine(available_gib: float, total_gib: float = 24, cuda: bool = False) -> 
 
 def test_the_default_cpu_budget_keeps_room_for_the_search_and_the_machine():
     # 0.5 GiB for the search, 0.75 GiB per fork server, 10% of the 24 GiB for the machine.
-    name, one = machine(22).memory_for("cpu", [Slot()])
+    name, one = machine(22).memory_for("cpu", workers=1)
     assert (name, one / GIB) == ("cpu", pytest.approx(22 - 0.5 - 0.75 - 2.4))
-    two = machine(22).memory_for("cpu", [Slot(cpus=(0,)), Slot(cpus=(1,))])[1]
+    two = machine(22).memory_for("cpu", workers=2)[1]
     assert two / GIB == pytest.approx((22 - 0.5 - 2 * 0.75 - 2.4) / 2)
-    assert machine(22, cuda=True).memory_for("cuda", [Slot(cuda_index=0)])[1] == 80 * GIB
+    assert machine(22, cuda=True).memory_for("cuda", [0])[1] == 80 * GIB
 
 
 def plan_for(device: DeviceInfo, *settings: str, tmp_path):
@@ -45,8 +44,8 @@ def test_bert_large_at_512_on_a_24_gib_laptop_skips_the_baseline_the_kernel_woul
     plan = plan_for(machine(20), tmp_path=tmp_path)
     assert plan.info.memory_budget_gib == pytest.approx(20 - 3.65)
     assert plan.estimate_limit_gib == pytest.approx(20 - 3.65)  # no margin past the machine
-    skip = over_budget_by_estimate(plan.estimate_gib, plan.estimate_limit_gib,
-                                   plan.estimate_limit_source)(plan.baseline, [])  # fmt: skip
+    check = over_budget_by_estimate(plan.estimate_limit_gib, plan.estimate_limit_source)
+    skip = check(plan.baseline, [], plan.estimate_gib(plan.baseline))
     assert skip is not None
     assert skip.reason == (
         "estimated at 17.35 GiB (not yet calibrated), over the 16.35 GiB this machine can "

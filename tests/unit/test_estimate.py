@@ -4,6 +4,7 @@ import pytest
 
 from autotune.cli.estimate import parse
 from autotune.common.errors import ConfigError
+from autotune.common.models import catalogue_parameter_counts, resolve_model
 from autotune.common.trial import Status, TrialResult
 from autotune.plan.estimate import (
     CPU_RUNTIME_BYTES,
@@ -14,7 +15,6 @@ from autotune.plan.estimate import (
     optimizer_bytes_per_parameter,
     shape_of,
 )
-from autotune.plan.models import catalogue_parameter_counts, resolve_model
 from autotune.search.checks import over_budget_by_estimate
 from autotune.store.records import TrialRecord
 
@@ -122,15 +122,17 @@ def test_calibration_uses_the_closest_evidence_there_is():
 
 
 def test_the_estimate_check_skips_what_cannot_fit_and_says_why():
-    check = over_budget_by_estimate(lambda params: params["batch_size"] / 8, limit_gib=4.5)
+    check = over_budget_by_estimate(limit_gib=4.5)
+    estimate = 32 / 8  # GiB, the estimate the loop computed for batch_size 32
     record = TrialRecord(number=1, params={"batch_size": 8},
                          result=TrialResult(status=Status.OK, peak_memory_gib=2.0,
                                             estimate_gib=1.0))  # fmt: skip
-    assert check({"batch_size": 32}, []) is None, "4 GiB estimated, not calibrated: runs"
-    skip = check({"batch_size": 32}, [record])
+    assert check({"batch_size": 32}, [], estimate) is None, "4 GiB, not calibrated: runs"
+    assert check({"batch_size": 32}, [record], None) is None, "no estimate: runs"
+    skip = check({"batch_size": 32}, [record], estimate)
     assert skip is not None and skip.repeat_of is None
     assert skip.reason.startswith("estimated at 5.00 GiB (calibrated on 1 trial(s))")
-    assert check({"batch_size": 16}, [record]) is None
+    assert check({"batch_size": 16}, [record], 16 / 8) is None
 
 
 def test_batch_sizes_that_cannot_fit_leave_the_space_and_the_smallest_stays(tmp_path):

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import estimate as estimate_cli
+from autotune.common.device import DeviceInfo
 from autotune.common.errors import ConfigError, DeviceError, SpaceError
 from autotune.common.knobs import KNOBS
 from autotune.plan import hardware, software_cache
 from autotune.plan.config import load_config
-from autotune.plan.hardware import DeviceInfo
 from autotune.plan.plan import make_plan
 from autotune.plan.space_file import SoftwareFacts, parse_space
 

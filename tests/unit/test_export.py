@@ -10,7 +10,8 @@ from autotune.common.errors import StudyError
 from autotune.common.knobs import training_args
 from autotune.common.trial import Status, TrialResult
 from autotune.outputs.export import render, render_cli, render_script
-from autotune.store.records import RunInfo, TrialRecord
+from autotune.plan.run_info import RunInfo
+from autotune.store.records import TrialRecord
 
 INSTALLED = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
 PARAMS = {

@@ -9,14 +9,15 @@ import optuna
 import psutil
 import pytest
 
+from autotune.common.device import DeviceInfo
 from autotune.common.errors import ConfigError, StudyError
+from autotune.common.layout import INTERRUPTED_RESULT
 from autotune.common.units import format_bytes, format_gib
 from autotune.plan.config import load_config
-from autotune.plan.hardware import DeviceInfo
 from autotune.plan.plan import default_study_name, make_plan
-from autotune.search.study import INTERRUPTED_RESULT, recover
-from autotune.store.records import OWNER_ATTR, RUN_ATTR, RunInfo
-from autotune.store.storage import locked_study
+from autotune.search.opening import locked_study
+from autotune.search.recovery import recover
+from autotune.store.records import OWNER_ATTR, RUN_ATTR, run_info
 from autotune.store.study_lock import StudyLock
 from tests.conftest import TINY_MODEL
 
@@ -83,7 +84,7 @@ def test_a_resumed_study_keeps_its_budget_and_refuses_another(tmp_path):
     # Without memory_budget= the free memory would decide; the stored budget wins.
     with locked_study(plan_for(tmp_path, "study=s")) as (study, plan):
         assert plan.info.memory_budget_bytes == 256 * 2**20
-        assert RunInfo.of(study).memory_budget_bytes == 256 * 2**20
+        assert run_info(study).memory_budget_bytes == 256 * 2**20
     with (
         pytest.raises(StudyError, match=r"memory_budget=0.50 GiB: .* budget of 0.25 GiB"),
         locked_study(plan_for(tmp_path, "study=s", "memory_budget=512MiB")),
@@ -110,7 +111,7 @@ def test_run_info_of_a_study_that_stored_the_batch_mode_sentence():
         "headroom": 0.1, "noise_cv": 0.1,
     }  # fmt: skip
     study.set_user_attr(RUN_ATTR, info)
-    assert RunInfo.of(study).effective_batch_size == 32
+    assert run_info(study).effective_batch_size == 32
 
 
 def running_trial(study, owner):
@@ -132,7 +133,7 @@ def test_only_trials_of_searches_that_are_gone_count_as_interrupted(tmp_path, mo
     (tmp_path / "trials" / f"{dead_pid:04d}").mkdir(parents=True)
     (tmp_path / "trials" / f"{dead_pid:04d}" / "result.json").write_text('{"status": "ok"}')
 
-    queued = recover(study, tmp_path, baseline={})
+    _, queued = recover(study, tmp_path, baseline={})
 
     states = {t.number: t.state for t in study.trials}
     running = optuna.trial.TrialState.RUNNING
@@ -141,8 +142,9 @@ def test_only_trials_of_searches_that_are_gone_count_as_interrupted(tmp_path, mo
     assert states[alive] is running and states[elsewhere] is running
     assert states[legacy] is running
     assert queued == [dead_pid, reused]
-    monkeypatch.setattr("autotune.search.study.UNOWNED_GRACE_S", 0.0)  # long after: an old search's
-    assert recover(study, tmp_path, baseline={}) == [legacy]
+    # Long after it started, an unowned running trial is an old search's.
+    monkeypatch.setattr("autotune.search.recovery.UNOWNED_GRACE_S", 0.0)
+    assert recover(study, tmp_path, baseline={})[1] == [legacy]
     dead_dir = tmp_path / "trials" / f"{dead_pid:04d}"
     assert not (dead_dir / "result.json").exists(), "an unrecorded result passes for a real one"
     assert json.loads((dead_dir / INTERRUPTED_RESULT).read_text()) == {"status": "ok"}

@@ -3,7 +3,7 @@ import torch
 
 from autotune.child import measure
 from autotune.child.data import PaddingCollator
-from autotune.plan import hardware
+from autotune.common.device import peak_tflops
 
 
 def test_warmup_steps_are_outside_the_timed_window(monkeypatch):
@@ -97,7 +97,8 @@ def test_compile_time_is_the_warmup_beyond_ordinary_steps(monkeypatch):
 def test_bert_large_flops_match_a_hand_count():
     import torch
 
-    from autotune.plan.models import build_model, resolve_model
+    from autotune.child.models import build_model
+    from autotune.common.models import resolve_model
 
     with torch.device("meta"):
         model = build_model(resolve_model("bert-large-uncased"), "sequence-classification")
@@ -115,7 +116,8 @@ def test_bert_large_flops_match_a_hand_count():
 def test_flops_count_both_sides_of_an_encoder_decoder():
     import torch
 
-    from autotune.plan.models import build_model, resolve_model
+    from autotune.child.models import build_model
+    from autotune.common.models import resolve_model
 
     with torch.device("meta"):
         model = build_model(resolve_model("t5-small"), "seq2seq")
@@ -137,7 +139,7 @@ def test_flops_count_both_sides_of_an_encoder_decoder():
     ],
 )
 def test_peak_table_is_keyed_by_nvml_name_and_precision(name, precision, tflops):
-    assert hardware.peak_tflops(name, precision) == tflops
+    assert peak_tflops(name, precision) == tflops
 
 
 def test_eta_waits_for_a_step_after_the_first():

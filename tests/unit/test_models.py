@@ -3,7 +3,7 @@ import json
 import pytest
 
 from autotune.common.errors import ModelNotFoundError
-from autotune.plan.models import catalogue_names, catalogue_parameter_counts, resolve_model
+from autotune.common.models import catalogue_names, catalogue_parameter_counts, resolve_model
 
 REQUIRED = [
     "bert-base-uncased",
@@ -29,7 +29,7 @@ def test_catalogue_holds_the_bundled_models_under_hub_names():
 def test_every_catalogue_model_has_a_shipped_parameter_count():
     # tests/integration/test_models_meta.py checks the values against a recount.
     assert sorted(catalogue_parameter_counts()) == sorted(catalogue_names()), (
-        "run `python -m autotune.plan.models --write-counts` after changing the catalogue"
+        "run `python -m autotune.child.models --write-counts` after changing the catalogue"
     )
 
 

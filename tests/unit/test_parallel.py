@@ -10,9 +10,10 @@ import pytest
 from autotune.common.errors import ConfigError, StudyError
 from autotune.plan.config import WorkerConfig, load_config
 from autotune.plan.plan import make_plan
+from autotune.plan.slots import Slot, _ranges, _split, assign
+from autotune.search.opening import join_config, open_study
 from autotune.store.records import SETTINGS_ATTR
-from autotune.store.storage import heartbeat_interval_s, join_config, open_storage, open_study
-from autotune.workers import Slot, _ranges, _split, assign
+from autotune.store.storage import heartbeat_interval_s, open_storage
 from tests.conftest import TINY_MODEL
 from tests.unit.test_hardening import CPU
 

@@ -4,12 +4,12 @@ import pytest
 from autotune.common.trial import Status, TrialResult
 from autotune.common.units import GIB
 from autotune.outputs.pareto import pick
+from autotune.outputs.snapshot import read_snapshot
+from autotune.plan.run_info import RunInfo
 from autotune.store.records import (
     BASELINE_ATTR,
     PARAMS_ATTR,
     RESULT_ATTR,
-    RunInfo,
-    read_snapshot,
     record_of,
     store_run_info,
     tell_result,

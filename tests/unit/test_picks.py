@@ -8,7 +8,8 @@ import pytest
 from autotune.common.trial import Status, TrialResult
 from autotune.outputs.confirm import order
 from autotune.outputs.pareto import Confirmed, candidates, pick
-from autotune.store.records import TrialRecord, changes_training_of
+from autotune.outputs.snapshot import changes_training_of
+from autotune.store.records import TrialRecord
 
 BASELINE = {"batch_size": 8, "precision": "fp32", "optim": "adamw_torch"}
 

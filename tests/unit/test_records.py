@@ -7,6 +7,7 @@ from optuna.trial import TrialState
 from autotune.cli.results import _exit_code
 from autotune.common.trial import Status, TrialResult
 from autotune.outputs.report.data import build_report_data
+from autotune.outputs.snapshot import read_snapshot
 from autotune.outputs.study_folder import table
 from autotune.outputs.view import Reporter, print_outcome
 from autotune.store.records import (
@@ -16,7 +17,6 @@ from autotune.store.records import (
     RETRY_OF_ATTR,
     Ending,
     RunEnd,
-    read_snapshot,
     store_run_end,
     store_run_info,
     tell_result,

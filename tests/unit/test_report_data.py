@@ -11,14 +11,9 @@ from optuna.trial import TrialState
 from autotune.common.trial import Status, TrialResult
 from autotune.outputs.report.data import CHARTS, build_report_data
 from autotune.outputs.report.html import figures, packed_plotly_js, render_html
-from autotune.store.records import (
-    BASELINE_ATTR,
-    PARAMS_ATTR,
-    RunInfo,
-    read_snapshot,
-    store_run_info,
-    tell_result,
-)
+from autotune.outputs.snapshot import read_snapshot
+from autotune.plan.run_info import RunInfo
+from autotune.store.records import BASELINE_ATTR, PARAMS_ATTR, store_run_info, tell_result
 
 GIB = 1024**3
 INFO = RunInfo(

@@ -5,7 +5,8 @@ import pytest
 
 from autotune import cli
 from autotune.common.errors import StudyError
-from autotune.store.storage import open_storage, safe_url
+from autotune.common.urls import safe_url
+from autotune.store.storage import open_storage
 
 SECRET = "s3cret"
 
@@ -71,10 +72,10 @@ def test_an_error_naming_the_storage_masks_a_query_password(tmp_path, capsys):
 
 
 def test_a_bad_storage_url_leaves_no_empty_out_folder_behind(tmp_path):
+    from autotune.common.device import DeviceInfo
     from autotune.plan.config import load_config
-    from autotune.plan.hardware import DeviceInfo
     from autotune.plan.plan import make_plan
-    from autotune.store.storage import locked_study
+    from autotune.search.opening import locked_study
     from tests.conftest import TINY_MODEL
 
     cpu = DeviceInfo(cuda_available=False, name="cpu", total_memory_bytes=2**34,

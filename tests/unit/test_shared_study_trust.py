@@ -6,12 +6,13 @@ import hashlib
 import pytest
 
 from autotune import cli
+from autotune.common.device import DeviceInfo
+from autotune.common.errors import FactoryError
 from autotune.plan.config import WorkerConfig, load_config
-from autotune.plan.factories import FactoryError, source_file
-from autotune.plan.hardware import DeviceInfo
+from autotune.plan.factories import source_file
 from autotune.plan.plan import make_plan
-from autotune.store.records import RunInfo
-from autotune.store.storage import join_config, open_study
+from autotune.search.opening import join_config, open_study
+from autotune.store.records import run_info
 from tests.conftest import TINY_MODEL
 
 CPU = DeviceInfo(
@@ -33,7 +34,7 @@ def study_with_factory(tmp_path):
     plan = make_plan(load_config(settings), CPU)
     plan.study_dir.mkdir()
     study, _ = open_study(plan)
-    stored = RunInfo.of(study).trainer
+    stored = run_info(study).trainer
     assert stored["sha256"] == hashlib.sha256(FACTORY.encode()).hexdigest()
     return factory
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from autotune.common.device import DeviceInfo
 from autotune.plan import hardware, software_cache
-from autotune.plan.hardware import DeviceInfo
 
 GIB = 1024**3
 

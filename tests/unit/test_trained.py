@@ -3,11 +3,12 @@ makes no memory estimate of a model it may not train."""
 
 from __future__ import annotations
 
+from autotune.common.device import DeviceInfo
 from autotune.common.trial import Status, TrialResult
+from autotune.outputs.snapshot import trained_note
 from autotune.plan.config import load_config
-from autotune.plan.hardware import DeviceInfo
 from autotune.plan.plan import make_plan
-from autotune.store.records import TrialRecord, trained_note
+from autotune.store.records import TrialRecord
 from tests.conftest import TINY_MODEL
 
 CPU = DeviceInfo(

@@ -5,15 +5,8 @@ import pytest
 
 from autotune.child import measure, worker
 from autotune.child.worker import ProgressReporter, verdict
-from autotune.common.trial import (
-    PROGRESS_FILE,
-    Progress,
-    Stage,
-    Status,
-    TrialSpec,
-    read_progress,
-    write_progress,
-)
+from autotune.common.layout import PROGRESS_FILE
+from autotune.common.trial import Progress, Stage, Status, TrialSpec, read_progress, write_progress
 
 
 def test_a_full_run_with_a_finite_loss_is_ok():

@@ -28,8 +28,9 @@ from autotune.outputs.report.charts import (
     speed_spread,
     spread_text,
 )
+from autotune.outputs.snapshot import StudySnapshot
 from autotune.plan import conditions
-from autotune.store.records import Ending, StudySnapshot, TrialRecord
+from autotune.store.records import Ending, TrialRecord
 
 POINT_KINDS = ("front", "dominated", "over budget", "oom", "skipped")
 CHARTS = (

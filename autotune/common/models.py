@@ -1,9 +1,9 @@
 """Model name -> transformers config, offline first.
 
-The parent only reads configs as JSON dicts; it never imports torch or transformers. Building a
-model (`build_model`) happens in the worker. The catalogue's parameter counts are shipped data
-(`model_parameter_counts.json`), written by `python -m autotune.plan.models --write-counts`;
-`count_parameters` recomputes them in a subprocess that builds each model on the meta device.
+Both sides read configs here as JSON dicts, without torch or transformers; building a model
+happens in a trial (`autotune.child.models`). The catalogue's parameter counts are shipped data
+(`model_parameter_counts.json`), written by `python -m autotune.child.models --write-counts`,
+which builds each model on the meta device.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import difflib
 import json
 import os
 import socket
-import subprocess
-import sys
 import urllib.parse
 from dataclasses import dataclass
 from importlib import resources
@@ -162,67 +160,4 @@ def catalogue_parameter_counts() -> dict[str, int]:
     return shipped["parameters"]
 
 
-def count_parameters(names: list[str]) -> dict[str, int]:
-    """Parameter counts with the default task's head, from a subprocess (keeps torch out)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "autotune.plan.models", *names],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"parameter count failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout)
-
-
 # ---- worker side: everything below imports transformers and runs only in child processes ----
-
-
-def build_model(spec: ModelSpec, task: str, *, attn_implementation: str | None = None) -> Any:
-    """A randomly initialised model for `task`; weights do not change speed or memory."""
-    import transformers
-
-    config = transformers.AutoConfig.for_model(**spec.config)
-    if task == "sequence-classification" and config.pad_token_id is None:
-        # Decoder models refuse batches > 1 without a pad id; synthetic data has no padding.
-        config.pad_token_id = config.eos_token_id
-    auto_class = getattr(transformers, TASK_CLASSES[task][0])
-    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    return auto_class.from_config(config, **kwargs)
-
-
-def _count_on_meta(names: list[str]) -> dict[str, int]:
-    import torch
-
-    counts = {}
-    for name in names:
-        spec = resolve_model(name)
-        with torch.device("meta"):
-            model = build_model(spec, spec.default_task)
-        counts[name] = sum(p.numel() for p in model.parameters())
-    return counts
-
-
-def _write_counts() -> Path:
-    """Recount every catalogue model and rewrite the shipped file (after adding a model)."""
-    import transformers
-
-    from autotune.common.trial import write_json_atomic
-
-    path = Path(str(resources.files("autotune") / PARAMETER_COUNTS_FILE))
-    write_json_atomic(
-        path,
-        {
-            "written_by": f"python -m autotune.plan.models {WRITE_COUNTS}",
-            "transformers_version": transformers.__version__,
-            "parameters": _count_on_meta(catalogue_names()),
-        },
-    )
-    return path
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] == [WRITE_COUNTS]:
-        print(f"wrote {_write_counts()}")
-    else:
-        print(json.dumps(_count_on_meta(sys.argv[1:])))

@@ -1,0 +1,86 @@
+"""Building a model (in a trial) and counting the catalogue's parameters on the meta device:
+`python -m autotune.child.models NAME ...` prints the counts as JSON, and
+`python -m autotune.child.models --write-counts` rewrites the shipped file after a model is
+added to the catalogue."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from autotune.common.models import (
+    PARAMETER_COUNTS_FILE,
+    TASK_CLASSES,
+    ModelSpec,
+    catalogue_names,
+    resolve_model,
+)
+
+WRITE_COUNTS = "--write-counts"
+
+
+def count_parameters(names: list[str]) -> dict[str, int]:
+    """Parameter counts with the default task's head, from a subprocess (keeps torch out)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune.child.models", *names],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"parameter count failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def build_model(spec: ModelSpec, task: str, *, attn_implementation: str | None = None) -> Any:
+    """A randomly initialised model for `task`; weights do not change speed or memory."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**spec.config)
+    if task == "sequence-classification" and config.pad_token_id is None:
+        # Decoder models refuse batches > 1 without a pad id; synthetic data has no padding.
+        config.pad_token_id = config.eos_token_id
+    auto_class = getattr(transformers, TASK_CLASSES[task][0])
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    return auto_class.from_config(config, **kwargs)
+
+
+def _count_on_meta(names: list[str]) -> dict[str, int]:
+    import torch
+
+    counts = {}
+    for name in names:
+        spec = resolve_model(name)
+        with torch.device("meta"):
+            model = build_model(spec, spec.default_task)
+        counts[name] = sum(p.numel() for p in model.parameters())
+    return counts
+
+
+def _write_counts() -> Path:
+    """Recount every catalogue model and rewrite the shipped file (after adding a model)."""
+    import transformers
+
+    from autotune.common.trial import write_json_atomic
+
+    path = Path(str(resources.files("autotune") / PARAMETER_COUNTS_FILE))
+    write_json_atomic(
+        path,
+        {
+            "written_by": f"python -m autotune.child.models {WRITE_COUNTS}",
+            "transformers_version": transformers.__version__,
+            "parameters": _count_on_meta(catalogue_names()),
+        },
+    )
+    return path
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == [WRITE_COUNTS]:
+        print(f"wrote {_write_counts()}")
+    else:
+        print(json.dumps(_count_on_meta(sys.argv[1:])))

@@ -1,0 +1,106 @@
+"""The device probe: `python -m autotune.child.probe [--device-only]` prints one JSON object of
+device facts (and, without `--device-only`, the installed packages' facts). It is the only
+place that initialises CUDA outside a trial; `autotune.plan.hardware.probe` runs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from typing import Any
+
+from autotune.common.device import DEVICE_ONLY, cpu_name
+from autotune.common.models import TASK_CLASSES
+
+
+def _bitsandbytes_error() -> str | None:
+    try:
+        # bitsandbytes prints notices on stdout at import; keep stdout for the probe's JSON.
+        with contextlib.redirect_stdout(sys.stderr):
+            import bitsandbytes  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any failure to import means "not usable here"
+        return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+    return None
+
+
+def _software_facts() -> dict[str, Any]:
+    import torch
+    import torch._dynamo
+    import transformers
+    from transformers.models.auto import configuration_auto, modeling_auto
+    from transformers.training_args import OptimizerNames
+
+    return {
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "bitsandbytes_error": _bitsandbytes_error(),
+        # exclude_tags=() also lists the debugging backends (eager, aot_eager) users may name.
+        "compile_backends": sorted(torch._dynamo.list_backends(exclude_tags=())),
+        "optimizer_names": [o.value for o in OptimizerNames],
+        "default_optim": str(transformers.TrainingArguments.__dataclass_fields__["optim"].default),
+        "model_types": sorted(configuration_auto.CONFIG_MAPPING_NAMES),
+        "task_model_types": {
+            task: sorted(getattr(modeling_auto, table)) for task, (_, table) in TASK_CLASSES.items()
+        },
+    }
+
+
+def _probe_here(device_only: bool = False) -> dict:
+    import psutil
+    import torch
+
+    host = psutil.virtual_memory()
+    facts = {
+        "cuda_available": torch.cuda.is_available(),
+        "cpu_name": cpu_name(),
+        "host_available_memory_bytes": host.available,
+        "host_total_memory_bytes": host.total,
+        **({} if device_only else _software_facts()),
+    }
+    if facts["cuda_available"]:
+        free, total = torch.cuda.mem_get_info(0)
+        major, minor = torch.cuda.get_device_capability(0)
+        count = torch.cuda.device_count()
+        facts |= {
+            "cuda_device_names": [torch.cuda.get_device_name(i) for i in range(count)],
+            "cuda_free_memory_bytes": [torch.cuda.mem_get_info(i)[0] for i in range(count)],
+            "name": torch.cuda.get_device_name(0),
+            "total_memory_bytes": total,
+            "free_memory_bytes": free,
+            "compute_capability": f"{major}.{minor}",
+            # Native bf16 and tf32 tensor cores start with Ampere (8.0); older parts emulate
+            # bf16 slowly, so it is treated as unsupported.
+            "bf16_supported": major >= 8,
+            "tf32_supported": major >= 8,
+        }
+    else:
+        facts |= {
+            "name": facts["cpu_name"],
+            "total_memory_bytes": host.total,
+            "free_memory_bytes": host.available,
+            # The Trainer runs bf16 autocast on CPU (with use_cpu=True).
+            "bf16_supported": True,
+            "matmul_tflops": _cpu_matmul_tflops(),
+        }
+    return facts
+
+
+def _cpu_matmul_tflops(n: int = 1024, repeats: int = 5) -> float:
+    """This CPU's fp32 matmul rate, the best of `repeats` n x n products after one untimed
+    (~0.1 s here): no training step computes faster, so time at this rate is a floor."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - started)
+    return 2 * n**3 / best / 1e12
+
+
+if __name__ == "__main__":
+    print(json.dumps(_probe_here(device_only=DEVICE_ONLY in sys.argv[1:])))

@@ -1,0 +1,198 @@
+"""Device facts as both sides see them: `DeviceInfo` (what the probe found), the GPUs' peak
+rates, and the host RAM a CPU search keeps for itself. The probe that fills `DeviceInfo` runs
+in a child process (`autotune.child.probe`); `autotune.plan.hardware` starts it.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.common.errors import DeviceError
+from autotune.common.knobs import precision_parts, sixteen_bit
+
+MIB = 2**20
+
+
+SEARCH_RESERVE_BYTES = 512 * MIB
+"""Host RAM kept for the search process on CPU (0.1 GiB measured; more while it writes the
+report)."""
+
+
+FORK_SERVER_RESERVE_BYTES = 768 * MIB
+"""Host RAM kept for each worker's fork server, which holds torch and transformers (0.45 GiB
+measured)."""
+
+
+MACHINE_RESERVE_SHARE = 0.10
+"""Share of the host's RAM kept for the rest of the machine and for what a trial grows
+between two looks of the watchdog: past the budget the watchdog ends the trial, past the
+machine's RAM the kernel's OOM killer does, sometimes to the search itself."""
+
+
+TRANSFORMERS_DEFAULT_OPTIM = "adamw_torch_fused"
+"""transformers 5's `TrainingArguments().optim`: stands only where the probe did not read the
+installed one (a `DeviceInfo` made by hand, a software cache without it)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceInfo:
+    cuda_available: bool
+    name: str
+    """The CUDA device's name, or the CPU model on a machine without CUDA."""
+    total_memory_bytes: int
+    free_memory_bytes: int
+    """What a trial can use now: free GPU memory, or available host RAM."""
+    compute_capability: str | None = None
+    bf16_supported: bool = False
+    tf32_supported: bool = False
+    torch_version: str = ""
+    transformers_version: str = ""
+    cpu_name: str = ""
+    host_available_memory_bytes: int = 0
+    host_total_memory_bytes: int = 0
+    bitsandbytes_error: str | None = None
+    """Why `import bitsandbytes` failed; None when it imports."""
+    compile_backends: tuple[str, ...] = ()
+    """`torch.compile` backends this torch offers (`torch._dynamo.list_backends`)."""
+    optimizer_names: tuple[str, ...] = ()
+    """Values `TrainingArguments.optim` accepts in the installed transformers."""
+    default_optim: str = TRANSFORMERS_DEFAULT_OPTIM
+    """`TrainingArguments().optim` in the installed transformers: the baseline's optimizer
+    (the probe reads it)."""
+    model_types: tuple[str, ...] = ()
+    """`model_type` values the installed transformers can build."""
+    task_model_types: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Task -> the model types with that head in the installed transformers."""
+    cuda_device_names: tuple[str, ...] = ()
+    """Every visible CUDA device's name, in CUDA's order (device 0 is `name`)."""
+    cuda_free_memory_bytes: tuple[int, ...] = ()
+    """Free memory on each visible CUDA device."""
+    matmul_tflops: float | None = None
+    """On CPU, the fp32 matmul rate the probe measured (TFLOP/s); None on CUDA, whose peak is
+    in PEAK_TFLOPS."""
+
+    def compute_tflops(self, device: str, precision: str) -> float | None:
+        """The fastest a training step can compute here (TFLOP/s): the GPU's datasheet peak
+        for the precision, or the CPU's measured matmul rate; None when unknown."""
+        if device == "cuda":
+            return peak_tflops(self.name, precision)
+        return self.matmul_tflops
+
+    @property
+    def tensor_core_64(self) -> bool:
+        """A100/H100-class GPU (compute capability 8.0, 9.0, 10.0): 16-bit matmuls tile best
+        with dimensions in multiples of 64. The x.6/x.9 parts (A10G, L4, RTX) are not."""
+        if self.compute_capability is None:
+            return False
+        major, minor = (int(p) for p in self.compute_capability.split("."))
+        return major >= 8 and minor == 0
+
+    def resolve(self, requested: str) -> str:
+        """`auto` -> cuda when present; refuses `cuda` on a machine without it."""
+        if requested == "cuda" and not self.cuda_available:
+            raise DeviceError(
+                "device=cuda: no CUDA device is visible to PyTorch here; use device=cpu or auto"
+            )
+        if requested == "auto":
+            return "cuda" if self.cuda_available else "cpu"
+        return requested
+
+    def memory_for(
+        self, device: str, cuda_indices: Sequence[int] = (), workers: int = 1
+    ) -> tuple[str, int]:
+        """(device name, bytes a trial may use) for the resolved device, shared by `workers`
+        (on CUDA, those on `cuda_indices`): on CUDA the least free of their devices, on CPU an
+        equal share of the RAM available less what the search, its fork servers and the machine
+        need (`cpu_budget_bytes`; their trials run at the same time)."""
+        if device == "cuda":
+            free = self.cuda_free_memory_bytes
+            chosen = list(cuda_indices)
+            if free and chosen and all(i < len(free) for i in chosen):
+                return self.cuda_device_names[chosen[0]], min(free[i] for i in chosen)
+            return self.name, self.free_memory_bytes
+        budget = cpu_budget_bytes(
+            self.host_available_memory_bytes, self.host_total_memory_bytes, max(1, workers)
+        )
+        return self.cpu_name, budget
+
+    @classmethod
+    def from_facts(cls, facts: dict[str, Any]) -> DeviceInfo:
+        """From the probe's JSON (lists become tuples)."""
+        facts = dict(facts)
+        facts["task_model_types"] = {k: tuple(v) for k, v in facts["task_model_types"].items()}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in facts.items()})
+
+
+# Dense peak TFLOP/s (no 2:4 sparsity) from NVIDIA datasheets and whitepapers, keyed by a
+# piece of the NVML name; the first match wins, so specific names come first. GeForce parts
+# accumulate 16-bit matmuls in fp32 at half rate: that rate is the one PyTorch gets.
+PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "16bit": 756.0}),
+    ("H100 NVL", {"fp32": 60.0, "tf32": 417.5, "16bit": 835.0}),
+    ("H100", {"fp32": 66.9, "tf32": 494.7, "16bit": 989.4}),
+    ("H200", {"fp32": 66.9, "tf32": 494.7, "16bit": 989.4}),
+    ("A100", {"fp32": 19.5, "tf32": 156.0, "16bit": 312.0}),
+    ("A10G", {"fp32": 31.2, "tf32": 62.5, "16bit": 125.0}),
+    ("L40S", {"fp32": 91.6, "tf32": 183.0, "16bit": 362.0}),
+    ("L4", {"fp32": 30.3, "tf32": 60.0, "16bit": 121.0}),
+    ("V100-PCIE", {"fp32": 14.0, "tf32": 14.0, "16bit": 112.0}),
+    ("V100", {"fp32": 15.7, "tf32": 15.7, "16bit": 125.0}),
+    ("T4", {"fp32": 8.1, "tf32": 8.1, "16bit": 65.0}),
+    ("RTX 3090", {"fp32": 35.6, "tf32": 35.6, "16bit": 71.0}),
+    ("RTX 4090", {"fp32": 82.6, "tf32": 82.6, "16bit": 165.2}),
+)
+
+
+def peak_tflops(device_name: str, precision: str) -> float | None:
+    """Dense peak for the precision in use, or None for a device not in the table."""
+    key = (
+        "16bit"
+        if sixteen_bit(precision)
+        else "tf32"
+        if "tf32" in precision_parts(precision)
+        else "fp32"
+    )
+    for piece, peaks in PEAK_TFLOPS:
+        if piece.lower() in device_name.lower():
+            return peaks[key]
+    return None
+
+
+def cpu_reserve_bytes(total_bytes: int, workers: int = 1) -> int:
+    """Host RAM a CPU search keeps out of its trials' budget: the search process, each
+    worker's fork server, and a share of the machine's RAM."""
+    return (SEARCH_RESERVE_BYTES + FORK_SERVER_RESERVE_BYTES * workers
+            + int(MACHINE_RESERVE_SHARE * total_bytes))  # fmt: skip
+
+
+def cpu_budget_bytes(available_bytes: int, total_bytes: int, workers: int = 1) -> int:
+    """The default memory budget of each of `workers` trials on CPU: the RAM available now
+    less `cpu_reserve_bytes` (of the total, or of the available RAM when the total is not
+    known), shared equally; 0 when nothing is left."""
+    reserve = cpu_reserve_bytes(total_bytes or available_bytes, workers)
+    return max(0, available_bytes - reserve) // workers
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass  # not Linux: platform's answer below is the best we have
+    return platform.processor() or platform.machine()
+
+
+DEVICE_ONLY = "--device-only"
+
+
+SOFTWARE_FACTS = (
+    "torch_version", "transformers_version", "bitsandbytes_error", "compile_backends",
+    "optimizer_names", "default_optim", "model_types", "task_model_types",
+)  # fmt: skip
+"""What the probe reads from the installed packages rather than the device: the same until
+they change."""

@@ -1,0 +1,53 @@
+"""The study folder's layout: every file and folder name in it, in one place.
+
+OUT/STUDY/
+  study.db            the Optuna storage (SQLite; another via storage=)
+  search.lock         held by the search that runs the study
+  search.log          what the terminal showed
+  trials.csv  pareto.csv  recommended.json  recommended.py  report.html
+  trials/NNNN/        one trial: spec.json, result.json, progress.json, worker.log
+                      (copied from worker.pipe), result.interrupted.json (set aside)
+  confirm/            the confirmation's runs, one trial folder each
+  data/FINGERPRINT/   the user's data, tokenized once
+  workers/HOST-PID/   a search's worker processes: their logs and stop reasons
+  inductor-cache/     torch.compile's cache, shared by the study's trials
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+STUDY_DB = "study.db"
+LOCK_FILE = "search.lock"
+SEARCH_LOG = "search.log"
+TRIALS_CSV = "trials.csv"
+PARETO_CSV = "pareto.csv"
+RECOMMENDED_JSON = "recommended.json"
+RECOMMENDED_PY = "recommended.py"
+REPORT_HTML = "report.html"
+OUTPUTS = (TRIALS_CSV, PARETO_CSV, RECOMMENDED_JSON, RECOMMENDED_PY, REPORT_HTML)
+"""What a search writes into the study folder when it ends."""
+
+TRIALS = "trials"
+SPEC_FILE = "spec.json"
+RESULT_FILE = "result.json"
+PROGRESS_FILE = "progress.json"
+WORKER_LOG = "worker.log"
+LOG_PIPE = "worker.pipe"
+INTERRUPTED_RESULT = "result.interrupted.json"
+"""What a worker wrote for a trial whose search died before recording it: set aside, not used."""
+
+CONFIRM = "confirm"
+DATA_CACHE = "data"
+"""One prepared entry per fingerprint of the user's data."""
+WORKERS = "workers"
+COMPILE_CACHE = "inductor-cache"
+
+
+def trial_dir(study_dir: Path, number: int) -> Path:
+    return study_dir / TRIALS / f"{number:04d}"
+
+
+def study_db_url(study_dir: Path) -> str:
+    """The default storage: the study folder's SQLite file."""
+    return f"sqlite:///{study_dir / STUDY_DB}"

@@ -1,0 +1,133 @@
+"""One read of a study for its outputs: `read_snapshot` decodes the stored records once into a
+`StudySnapshot` (run info, records, the front and the picks) that the terminal view, the study
+folder's tables, the report, the exports and the confirmation share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from autotune.common.knobs import MathChange, math_changes
+from autotune.common.trial import Status
+from autotune.outputs.pareto import Confirmed, Picks, non_dominated, pick
+from autotune.plan import conditions
+from autotune.plan.run_info import RunInfo
+from autotune.store.records import (
+    CONFIRMATION_ATTR,
+    RunEnd,
+    TrialRecord,
+    interrupted_records,
+    is_recorded,
+    read_runs,
+    record_of,
+    run_info,
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StudySnapshot:
+    """A study as read once: what every output, the report and the exports are built from."""
+
+    info: RunInfo
+    records: list[TrialRecord]
+    front: list[TrialRecord]
+    """Feasible successful trials no other beats on both samples/s and memory, fastest first."""
+    picks: Picks
+    search_s: float | None
+    """From the first trial's start to the last one's end."""
+    ended: RunEnd | None = None
+    """How the study's last search ended; None while one runs, or for older studies."""
+    runs: tuple[dict[str, Any], ...] = ()
+    """Each run's provenance (`conditions.run_record`), oldest first."""
+
+    def other_versions(self, record: TrialRecord) -> str | None:
+        """How the versions it was measured under differ from the study's; None: they do not.
+        Such a trial is kept out of the front and the picks."""
+        return conditions.other_versions(record.versions, self.info.versions)
+
+    def record(self, number: int) -> TrialRecord | None:
+        return next((r for r in self.records if r.number == number), None)
+
+    def is_noisy(self, record: TrialRecord) -> bool:
+        return record.result.noisy(self.info.noise_cv)
+
+    def trained_note(self) -> str | None:
+        """For a study of the user's own Trainer (`trainer=`): what its factory really trains,
+        from the first successful trial, when it is not what `model=` and `seq_len=` say (they
+        then only name the study); None otherwise."""
+        if self.info.trainer is None:
+            return None
+        return trained_note(self.info, self.records)
+
+    def math_changes(self, record: TrialRecord) -> list[MathChange]:
+        """What in its settings changes the training itself compared with the baseline trial
+        (another optimizer, effective batch or precision); none when no baseline ran."""
+        baseline = self.picks.baseline
+        return [] if baseline is None else math_changes(record.params, baseline.params)
+
+
+def trained_note(info: RunInfo, records: list[TrialRecord]) -> str | None:
+    """What a `trainer=` factory trained, when it differs from `model=`/`seq_len=`."""
+    first = next((r for r in records if r.status is Status.OK and r.result.trained_seq_len), None)
+    if first is None:
+        return None
+    model, seq_len = first.result.trained_model, first.result.trained_seq_len
+    named_model = model in (info.model, info.model_config.get("model_type"))
+    if named_model and seq_len == info.seq_len:
+        return None
+    return (
+        f"the factory trains {model} on batches of up to {seq_len} tokens, not model="
+        f"{info.model} at seq_len={info.seq_len}: those name the study only, and no memory "
+        "estimate is made for a factory's model"
+    )
+
+
+def changes_training_of(baseline: TrialRecord | None) -> Callable[[TrialRecord], bool]:
+    """Whether a trial's settings change the training compared with the baseline's."""
+    return lambda record: baseline is not None and bool(math_changes(record.params,
+                                                                    baseline.params))  # fmt: skip
+
+
+def read_snapshot(study: optuna.Study) -> StudySnapshot:
+    """Read the study once and decode it."""
+    info = run_info(study)
+    trials = study.get_trials(deepcopy=False)
+    records = [record_of(t) for t in trials if is_recorded(t)]
+    # Only trials measured under the study's versions are compared (`autotune.plan.conditions`).
+    same = [r for r in records if conditions.other_versions(r.versions, info.versions) is None]
+    # The front as Optuna's best_trials defines it (COMPLETE, feasible, non-dominated), from
+    # the records already read: one read of the storage, and repeats are not records.
+    feasible = [r for r in same if r.result.feasible(info.memory_budget_gib)]
+    front = sorted(non_dominated(feasible), key=lambda r: r.result.samples_per_s, reverse=True)
+    baseline = next((r for r in same if r.baseline), None)
+    confirmed = None
+    if (stored := study.user_attrs.get(CONFIRMATION_ATTR)) is not None:
+        confirmed = Confirmed.from_json(stored)
+        if confirmed.records_seen != len(records):
+            confirmed = None  # trials were recorded since: it measured other picks
+    done = [t for t in trials if t.datetime_complete and t.datetime_start]
+    search_s = None
+    if done:
+        started = min(t.datetime_start for t in done)
+        search_s = (max(t.datetime_complete for t in done) - started).total_seconds()
+    return StudySnapshot(
+        info=info,
+        # A row per trial: the interrupted ones too, with their status (never in the front).
+        records=sorted(records + interrupted_records(trials), key=lambda r: r.number),
+        front=front,
+        picks=pick(
+            feasible,
+            info.memory_limit_gib,
+            baseline,
+            info.noise_cv,
+            changes_training=changes_training_of(baseline),
+            min_gain=info.math_change_min_gain,
+            confirmed=confirmed,
+        ),
+        search_s=search_s,
+        ended=RunEnd.of(study),
+        runs=read_runs(study),
+    )

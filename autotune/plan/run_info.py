@@ -1,0 +1,89 @@
+"""`RunInfo`: what a study is run for, settled by the plan and stored with the study, so that
+every output can be rebuilt from the storage alone (`autotune.store.records.run_info` reads it
+back)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.common.units import GIB
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunInfo:
+    """What a study was run for, stored with it so outputs can be rebuilt from storage alone."""
+
+    study: str
+    model: str
+    model_config: dict[str, Any]
+    task: str
+    seq_len: int
+    device: str
+    device_name: str
+    space: str
+    space_notes: list[str]
+    effective_batch_size: int | None
+    """batch_size x grad_accum when fixed by `effective_batch_size=`; None when it varies."""
+    memory_budget_bytes: int
+    """Resolved once when the study was made; every trial is judged against it."""
+    headroom: float
+    noise_cv: float
+    math_change_min_gain: float = 1.10
+    """A pick that changes the training must beat the same-training pick by this much."""
+    report_to: str = "none"
+    """Trackers the exported script logs to (`TrainingArguments.report_to`); trials never log."""
+    data: dict[str, Any] | None = None
+    """The user's data (`user_data.DataSpec` fields and its `fingerprint`); None: synthetic."""
+    trainer: dict[str, str | None] | None = None
+    """The user's Trainer: `factory` (`module:function`, or a file made absolute), the
+    `search_dir` a module was looked up in, and the `sha256` of the file it runs (None in
+    studies made before it was stored); None: autotune builds the Trainer."""
+    # Measurement conditions (`autotune.plan.conditions`): None in studies made before they were
+    # stored, and then not compared on resume.
+    measure_steps: int | None = None
+    warmup_steps: int | None = None
+    cores_per_trial: int | None = None
+    """The CPU cores each trial has (`capabilities.trial_cores`: `workers=` and affinity)."""
+    versions: dict[str, str] | None = None
+    """torch, transformers and autotune as the study was made with; trials measured under
+    others are kept out of its front (`conditions.other_versions`)."""
+
+    @property
+    def data_fingerprint(self) -> str | None:
+        """What decides the tokens trained on; another dataset is another study."""
+        return self.data["fingerprint"] if self.data else None
+
+    @property
+    def trainer_factory(self) -> str | None:
+        return self.trainer["factory"] if self.trainer else None
+
+    @property
+    def batch_mode(self) -> str:
+        return batch_mode(self.effective_batch_size)
+
+    @property
+    def memory_budget_gib(self) -> float:
+        return self.memory_budget_bytes / GIB
+
+    @property
+    def memory_limit_gib(self) -> float:
+        """Peak memory a recommended config may reach: the budget less the headroom."""
+        return self.memory_budget_gib * (1 - self.headroom)
+
+    @classmethod
+    def from_stored(cls, stored: dict[str, Any]) -> RunInfo:
+        """From the study's stored dict, as any autotune stored it."""
+        stored = dict(stored)
+        if "batch_mode" in stored:  # studies made before the setting itself was stored
+            fixed = re.match(r"effective batch (\d+)", stored.pop("batch_mode"))
+            stored["effective_batch_size"] = int(fixed.group(1)) if fixed else None
+        return cls(**stored)
+
+
+def batch_mode(effective_batch_size: int | None) -> str:
+    """How a study treats the effective batch, in words."""
+    if effective_batch_size:
+        return f"effective batch {effective_batch_size} (grad_accum derived)"
+    return "grad_accum as the space says (effective batch varies)"

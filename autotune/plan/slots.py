@@ -1,0 +1,128 @@
+"""What each worker of a search owns: a CUDA device or a set of CPU cores (`Slot`), assigned once
+by the plan (`assign`) from `workers=` and `devices=`."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator
+
+from autotune.common.device import DeviceInfo
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Slot:
+    """What one worker owns: a CUDA device, or a set of CPU cores (None: no restriction)."""
+
+    cuda_device: str | None = None
+    """Its `CUDA_VISIBLE_DEVICES`: an entry of this process's (an index or a UUID)."""
+    cuda_index: int | None = None
+    """Its device's index among the devices this process sees."""
+    cpus: tuple[int, ...] | None = None
+
+    def describe(self) -> str:
+        if self.cuda_device is not None:
+            return f"cuda device {self.cuda_device}"
+        if self.cpus is not None:
+            return f"cores {_ranges(self.cpus)}"
+        return "every core"
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        """This process (and every trial it starts from here on) uses only the slot's device
+        or cores; restored afterwards (a notebook goes on)."""
+        old_env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")}
+        old_cpus = os.sched_getaffinity(0) if self.cpus is not None else None
+        try:
+            if self.cuda_device is not None:
+                os.environ["CUDA_VISIBLE_DEVICES"] = self.cuda_device
+            if self.cpus is not None:
+                os.sched_setaffinity(0, self.cpus)
+                # torch sizes its thread pool from this when the fork server imports it.
+                os.environ["OMP_NUM_THREADS"] = str(len(self.cpus))
+            yield
+        finally:
+            if old_cpus is not None:
+                os.sched_setaffinity(0, old_cpus)
+            for key, value in old_env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def assign(
+    workers: int | str, devices: str, device: str, device_info: DeviceInfo
+) -> tuple[list[Slot], list[str]]:
+    """What each worker owns, and the problems with `workers=` and `devices=` (all of them).
+
+    CUDA: one device each, from `devices=` (indices among the visible devices; auto = all);
+    `workers=auto` is one per device. CPU: `workers=auto` is one worker on every core; N
+    workers split this process's cores into N disjoint sets."""
+    problems: list[str] = []
+    if device == "cpu":
+        if devices != "auto":
+            problems.append(f"devices={devices}: names CUDA devices; this search runs on cpu")
+        if workers in ("auto", 1):
+            return [Slot()], problems
+        cores = sorted(os.sched_getaffinity(0))
+        if workers > len(cores):
+            problems.append(
+                f"workers={workers}: each worker needs a core of its own, and this process "
+                f"may use {len(cores)}"
+            )
+            return [], problems
+        return [Slot(cpus=tuple(part)) for part in _split(cores, workers)], problems
+    names = device_info.cuda_device_names or (device_info.name,)
+    if devices == "auto":
+        indices = list(range(len(names)))
+    else:
+        indices = [int(i) for i in devices.split(",")]
+        missing = [i for i in indices if i >= len(names)]
+        if missing:
+            problems.append(
+                f"devices={devices}: no device {', '.join(map(str, missing))} here "
+                f"({len(names)} visible: 0-{len(names) - 1})"
+            )
+            return [], problems
+    if workers != "auto":
+        if workers > len(indices):
+            problems.append(
+                f"workers={workers}: each worker owns one GPU, and devices={devices} gives "
+                f"{len(indices)}"
+            )
+            return [], problems
+        indices = indices[:workers]
+    kinds = sorted({names[i] for i in indices})
+    if len(kinds) > 1:
+        problems.append(
+            f"devices={devices}: the GPUs differ ({', '.join(kinds)}); one study measures one "
+            "kind of GPU: name devices of one kind"
+        )
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = [e.strip() for e in visible.split(",")] if visible else None
+    slots = [Slot(cuda_device=entries[i] if entries else str(i), cuda_index=i) for i in indices]
+    return slots, problems
+
+
+def _split(items: list[int], parts: int) -> list[list[int]]:
+    """`items` in `parts` contiguous runs whose sizes differ by one at most."""
+    size, extra = divmod(len(items), parts)
+    runs, start = [], 0
+    for k in range(parts):
+        end = start + size + (k < extra)
+        runs.append(items[start:end])
+        start = end
+    return runs
+
+
+def _ranges(cpus: tuple[int, ...]) -> str:
+    """(0, 1, 2, 5) -> `0-2,5`."""
+    runs: list[list[int]] = []
+    for cpu in cpus:
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)

@@ -1,0 +1,408 @@
+"""The search loop over an Optuna multi-objective study (max samples/s, min memory), in named
+phases: refresh (the study read afresh, dead searches' trials recovered), the reasons to stop,
+propose (ask, publish the settings), check (not to run, pre-trial checks), run (launch in a
+child process) and tell.
+
+Re-running the same study resumes it: recorded trials are kept and count toward `n_trials`.
+Other searches may write the same study: every iteration reads the records afresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.common.knobs import is_compiled
+from autotune.common.layout import COMPILE_CACHE, trial_dir
+from autotune.common.trial import Progress, Status, TrialResult, TrialSpec
+from autotune.plan.plan import SearchPlan
+from autotune.search import checks, runner
+from autotune.search.observer import SearchObserver
+from autotune.search.recovery import (
+    heartbeat,
+    note_interruption,
+    recover,
+    set_aside_result,
+    this_process,
+)
+from autotune.search.sampler import AskTellGridSampler, suggest
+from autotune.store import storage_file
+from autotune.store.records import (
+    BASELINE_ATTR,
+    NOT_RUN_ATTR,
+    OWNER_ATTR,
+    PARAMS_ATTR,
+    RETRY_OF_ATTR,
+    VERSIONS_ATTR,
+    TrialRecord,
+    counts_toward_n_trials,
+    is_recorded,
+    record_of,
+    tell_repeat,
+    tell_result,
+)
+
+MAX_REPEATS = 50
+RUNNING_BACKOFF_S = 0.5
+"""Pause before asking again when a proposal is being run by another process."""
+WAIT_FOR_OTHERS_S = 1.0
+"""Pause between looks at the study while its last trials run in other processes."""
+TIMED_OUT = "timeout: "
+"""How `run_search` says that `timeout=` ended it (also in `workers`' joined words)."""
+
+
+def run_search(
+    plan: SearchPlan,
+    study: optuna.Study,
+    *,
+    observer: SearchObserver | None = None,
+    launcher: runner.Launcher | None = None,
+) -> str:
+    """Run trials until the study has `n_trials` run (skipped ones run nothing and do not
+    count) or `timeout` has passed; says why it stopped. Other processes may run the same
+    study at the same time (`workers=N`, `autotune worker`): `n_trials` counts the whole
+    study's trials, not this loop's.
+
+    The first trial of a study is the baseline (HF defaults), queued when the study was opened
+    (`opening.enqueue_baseline`). Before each trial, every record is read afresh, trials whose
+    search died are failed (a dead process on this host at once, any other after
+    `stale_after` without a heartbeat) and their settings queued to run again once
+    (`recovery.recover`), and the pre-trial checks run (`checks.PRE_TRIAL_CHECKS`): settings
+    already run are told, not run again, and settings at least as memory-hungry as a known
+    OOM, whichever process met it, or estimated over the budget by more than
+    `estimate_margin`, are skipped.
+
+    A SQLite study file deleted or replaced meanwhile stops the loop after the running trial
+    (`StudyFileLost`): SQLite would go on writing to the deleted file, and a resume would find
+    nothing.
+    """
+    loop = _Loop.start(plan, study, observer or SearchObserver(),
+                       launcher or runner.ForkserverLauncher())  # fmt: skip
+    while True:
+        trials = loop.refresh()
+        stopped = loop.stop_reason(trials)
+        if stopped is not None:
+            return stopped
+        if loop.others_finish(trials):
+            time.sleep(WAIT_FOR_OTHERS_S)
+            continue
+        trial = loop.ask()
+        try:
+            with heartbeat(trial):
+                stopped = loop.one_trial(trial)
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+            if not loop.lost(trial):
+                raise
+            continue
+        if stopped is not None:
+            return stopped
+
+
+@dataclasses.dataclass(kw_only=True)
+class _Loop:
+    """What the loop keeps from one iteration to the next, and its phases."""
+
+    plan: SearchPlan
+    study: optuna.Study
+    observer: SearchObserver
+    launcher: runner.Launcher
+    watch: storage_file.FileWatch | None
+    """The SQLite study file, watched for deletion; None on a database server."""
+    deadline: float
+    baseline: dict[str, tuple[optuna.distributions.BaseDistribution, Any]]
+    """The baseline as Optuna parameters (`SearchSpace.optuna_params`)."""
+    baseline_in_space: bool
+    pre_trial: tuple[checks.Check, ...]
+    repeats: int = 0
+    """Proposals in a row that ran nothing (repeats, skips, settings running elsewhere)."""
+    done: int = 0
+    """Trials of the study that count toward n_trials, at the last refresh."""
+
+    @classmethod
+    def start(cls, plan: SearchPlan, study: optuna.Study, observer: SearchObserver,
+              launcher: runner.Launcher) -> _Loop:  # fmt: skip
+        config = plan.config
+        pre_trial = checks.PRE_TRIAL_CHECKS
+        if plan.estimate_limit_gib is not None:
+            pre_trial += (
+                checks.over_budget_by_estimate(plan.estimate_limit_gib, plan.estimate_limit_source),
+            )
+        return cls(
+            plan=plan,
+            study=study,
+            observer=observer,
+            launcher=launcher,
+            watch=storage_file.FileWatch.of(plan.storage_url),
+            deadline=time.monotonic() + config.timeout if config.timeout else float("inf"),
+            baseline=plan.space.optuna_params(plan.baseline, plan.rules),
+            baseline_in_space=plan.space.holds(plan.baseline, plan.rules),
+            pre_trial=pre_trial,
+        )
+
+    # --- refresh and the reasons to stop ---------------------------------------------------
+
+    def refresh(self) -> list[FrozenTrial]:
+        """The study's trials, read afresh (other processes record trials too), once the
+        trials of dead searches are failed and their settings queued again."""
+        if self.watch is not None and self.watch.lost():
+            trials = self.study.get_trials(deepcopy=False)
+            raise self.watch.error(sum(is_recorded(t) for t in trials))
+        trials, retried = recover(self.study, self.plan.study_dir, self.baseline)
+        for number in retried:
+            self.observer.retried(number)
+        self.done = sum(counts_toward_n_trials(t) for t in trials)
+        return trials
+
+    def stop_reason(self, trials: list[FrozenTrial]) -> str | None:
+        n_trials = self.plan.config.n_trials
+        if self.done >= n_trials:
+            return f"{self.done} of {n_trials} trials finished"
+        if time.monotonic() > self.deadline:
+            return f"{TIMED_OUT}{self.done} of {n_trials} trials finished"
+        sampler = self.study.sampler
+        if isinstance(sampler, AskTellGridSampler) and sampler.is_exhausted(self.study):
+            return f"every grid point has run: {self.done} trials finished"
+        return None
+
+    def others_finish(self, trials: list[FrozenTrial]) -> bool:
+        """The study's last trials run in other processes: wait for them; one whose process
+        dies is failed by `recover` and run again here."""
+        running = sum(t.state is TrialState.RUNNING for t in trials)
+        return self.done + running >= self.plan.config.n_trials
+
+    # --- propose ---------------------------------------------------------------------------
+
+    def ask(self) -> optuna.Trial:
+        with warnings.catch_warnings():
+            # Optuna warns that heartbeats are meant for study.optimize: this loop beats itself.
+            warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
+            return self.study.ask()
+
+    def propose(self, trial: optuna.Trial) -> dict[str, Any]:
+        """The trial's settings, published with its owner: the queued baseline's (by
+        `enqueue_baseline` or a retry), or the sampler's."""
+        trial.set_user_attr(OWNER_ATTR, this_process())
+        trial.set_user_attr(VERSIONS_ATTR, self.plan.versions)  # measured under (conditions)
+        if trial.user_attrs.get(BASELINE_ATTR):
+            for name, (distribution, _) in self.baseline.items():
+                suggest(trial, name, distribution)  # the queued values: Optuna sees them
+            params = dict(self.plan.baseline)
+        else:
+            params = self.plan.space.sample(trial, self.plan.rules)
+        # Published before looking at the others, so that of two processes proposing the same
+        # settings at once, at least one sees the other's.
+        trial.set_user_attr(PARAMS_ATTR, params)
+        return params
+
+    # --- one trial: propose, check, run, tell ------------------------------------------------
+
+    def one_trial(self, trial: optuna.Trial) -> str | None:
+        """Propose, check, run and tell one trial; a reason when the loop must stop."""
+        params = self.propose(trial)
+        # Read again, after publishing: a trial another process recorded since the refresh
+        # (before `ask`) must count as measured here, or these settings would run twice (seen
+        # on PostgreSQL, whose reads are not serialized with the other processes' writes as
+        # SQLite's are).
+        trials = self.study.get_trials(deepcopy=False)
+        not_run = _not_to_run(trial, params, self.plan.config.n_trials, trials)
+        if not_run is not None:
+            return self.not_run(trial, not_run)
+        records = [record_of(t) for t in trials if is_recorded(t)]
+        estimate_gib = self.plan.estimate_gib(params)  # once: the check and the record
+        skip = checks.first_skip(params, records, self.pre_trial, estimate_gib)
+        stopped = self.count_repeat(trial, skip)
+        if stopped is not None:
+            return stopped
+        if skip is not None and skip.repeat_of is not None:
+            tell_repeat(self.study, trial, skip.repeat_of, self.plan.info.memory_budget_gib)
+            return None
+        if skip is not None:
+            result = TrialResult(status=Status.SKIPPED, reason=skip.reason)
+        else:
+            result = self.run(trial, params)
+        self.tell(trial, params, dataclasses.replace(result, estimate_gib=estimate_gib))
+        return None
+
+    def not_run(self, trial: optuna.Trial, not_run: _NotRun) -> str | None:
+        """Record why a proposal does not run; a reason to stop when too many in a row were
+        running elsewhere."""
+        trial.set_user_attr(NOT_RUN_ATTR, not_run.reason)
+        self.study.tell(trial, state=TrialState.FAIL)
+        if not not_run.same_as_running:
+            return None
+        # Their result will be in the records soon; ask again rather than measure the same
+        # settings twice.
+        self.repeats += 1
+        if self.repeats >= MAX_REPEATS:
+            return f"the last {MAX_REPEATS} proposals were running or run already"
+        time.sleep(RUNNING_BACKOFF_S)
+        return None
+
+    def count_repeat(self, trial: optuna.Trial, skip: checks.Skip | None) -> str | None:
+        """Repeats and skips run nothing and use up no trial: too many of them in a row and
+        the space is exhausted."""
+        if skip is None:
+            self.repeats = 0
+            return None
+        self.repeats += 1
+        if self.repeats < MAX_REPEATS:
+            return None
+        trial.set_user_attr(NOT_RUN_ATTR, "the space looks exhausted")
+        self.study.tell(trial, state=TrialState.FAIL)
+        return (f"the last {MAX_REPEATS} proposals repeated settings already run or were "
+                f"skipped: the space looks exhausted after {self.done} trials")  # fmt: skip
+
+    # --- run and tell ------------------------------------------------------------------------
+
+    def run(self, trial: optuna.Trial, params: dict[str, Any]) -> TrialResult:
+        self.observer.trial_started(trial.number, params)
+        try:
+            progress = _watching(self.observer, trial.number, self.watch)
+            return launch(self.plan, trial.number, params, self.launcher, on_progress=progress)
+        except BaseException as exc:
+            # Ctrl-C or a bug in the parent: the trial ends FAIL without a result, which is
+            # how a later run of the study recognises it as interrupted.
+            note_interruption(trial, exc)
+            with contextlib.suppress(ValueError):  # failed as stale meanwhile
+                self.study.tell(trial, state=TrialState.FAIL)
+            set_aside_result(trial_dir(self.plan.study_dir, trial.number))
+            raise
+
+    def tell(self, trial: optuna.Trial, params: dict[str, Any], result: TrialResult) -> None:
+        baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
+        tell_result(self.study, trial, result, self.plan.info.memory_budget_gib,
+                    noise_cv=self.plan.info.noise_cv,
+                    in_space=self.baseline_in_space or not baseline)  # fmt: skip
+        record = TrialRecord(number=trial.number, params=params, result=result,
+                             baseline=baseline, versions=self.plan.versions)  # fmt: skip
+        self.observer.trial_ended(record)
+
+    def lost(self, trial: optuna.Trial) -> bool:
+        """Whether another process finished this trial under it (a tell failed): failed as
+        stale (no heartbeat for `stale_after`: this process was stopped or cut off from the
+        storage), and its settings queued again; the retry's result is the one kept."""
+        if self.study.get_trials(deepcopy=False)[trial.number].state is TrialState.RUNNING:
+            return False  # still ours: the error is another
+        set_aside_result(trial_dir(self.plan.study_dir, trial.number))
+        self.observer.lost(trial.number)
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class _NotRun:
+    reason: str
+    same_as_running: bool = False
+
+
+def _not_to_run(
+    trial: optuna.Trial, params: dict[str, Any], n_trials: int, trials: list[FrozenTrial]
+) -> _NotRun | None:
+    """Why a trial just asked for must not run, looking at every process's `trials` (read
+    after this one's settings were published): a second baseline or
+    a second retry of the same interrupted trial (queued by two processes at once), one more
+    than `n_trials` (trials asked for earlier go first: their numbers are smaller), or
+    settings another process is running."""
+    queued_as = _queued_as(trial)
+    if queued_as is not None:
+        for other in trials[: trial.number]:
+            if _queued_as(other) == queued_as:
+                return _NotRun(f"trial {other.number} was queued for the same: {queued_as}")
+    ahead = sum(
+        counts_toward_n_trials(t) or (t.state is TrialState.RUNNING and t.number < trial.number)
+        for t in trials
+    )
+    if ahead >= n_trials:
+        return _NotRun(f"n_trials={n_trials} were finished or running when it was asked for")
+    key = checks.settings_key(params)
+    for other in trials:
+        theirs = other.user_attrs.get(PARAMS_ATTR)
+        if (
+            other.state is TrialState.RUNNING
+            and other.number != trial.number
+            and theirs is not None
+            and checks.settings_key(theirs) == key
+        ):
+            if (
+                queued_as is not None
+                and other.number > trial.number
+                and (_queued_as(other) == queued_as)
+            ):
+                # A later copy of this queued trial (two processes queued it at once): it
+                # steps aside for this one above; stepping aside here too would run neither.
+                continue
+            return _NotRun(f"trial {other.number} was running these settings", True)
+    return None
+
+
+def _queued_as(trial: FrozenTrial | optuna.Trial) -> str | None:
+    """What a trial was queued for: the baseline, or another run of an interrupted trial."""
+    retry_of = trial.user_attrs.get(RETRY_OF_ATTR)
+    if retry_of is not None:
+        return f"trial {retry_of}'s settings again"
+    return "the baseline" if trial.user_attrs.get(BASELINE_ATTR) else None
+
+
+def _watching(
+    observer: SearchObserver, number: int, watch: storage_file.FileWatch | None
+) -> Callable[[Progress], None]:
+    """Passes the running trial's progress on, and warns once, while it runs, when the study
+    file is gone (the loop stops when the trial ends)."""
+    warned = False
+
+    def on_progress(progress: Progress) -> None:
+        nonlocal warned
+        observer.progress(number, progress)
+        if watch is not None and not warned and watch.lost():
+            warned = True
+            observer.warned(f"{watch.path} was deleted or replaced: this search stops when "
+                            f"trial {number} ends, and the study cannot be resumed")  # fmt: skip
+
+    return on_progress
+
+
+def launch(
+    plan: SearchPlan,
+    number: int,
+    params: dict[str, Any],
+    launcher: runner.Launcher,
+    on_progress: Callable[[Progress], None],
+    folder: Path | None = None,
+) -> TrialResult:
+    """Run one trial of the plan's study in `folder` (default: `trials/NNNN/`)."""
+    config = plan.config
+    spec = TrialSpec(
+        trial_number=number,
+        model_name=plan.model.name,
+        model_config=plan.model.config,
+        task=plan.info.task,
+        seq_len=config.seq_len,
+        device=plan.device,
+        params=params,
+        warmup_steps=config.warmup_steps,
+        measure_steps=config.measure_steps,
+        seed=config.seed,
+        memory_budget_bytes=plan.info.memory_budget_bytes,
+        compile_cache_dir=str(plan.study_dir / COMPILE_CACHE),
+        peak_tflops=config.peak_tflops,
+        data_dir=str(plan.data_dir) if plan.data_dir else None,
+        trainer=plan.info.trainer_factory,
+        trainer_dir=str(plan.search_dir),
+    )
+    return runner.launch_trial(
+        spec,
+        folder or trial_dir(plan.study_dir, number),
+        # Compiling gets its own allowance on top of the training time.
+        timeout_s=config.trial_timeout + (config.compile_timeout if is_compiled(params) else 0),
+        launcher=launcher,
+        # On CUDA the worker caps its allocator at the budget; on CPU the parent watches RSS.
+        rss_limit_bytes=plan.info.memory_budget_bytes if plan.device == "cpu" else None,
+        on_progress=on_progress,
+    )

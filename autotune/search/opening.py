@@ -1,0 +1,173 @@
+"""Opening a study for a finished plan, in one place: the study folder's lock, the storage, the
+plan settled against what the study stored (`plan.settle`), the sampler, the stored run info and
+settings, and the baseline queued once. A search opens its study with `locked_study`; a worker
+process of the same search, or `autotune worker` from another host, joins it with
+`open_study(plan, joining=True)` after `join_config` has read the study's settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune.common.errors import ConfigError, StudyError
+from autotune.common.layout import STUDY_DB
+from autotune.common.urls import safe_url
+from autotune.plan.config import PER_PROCESS_SETTINGS, RunConfig, WorkerConfig, make_config
+from autotune.plan.factory_trust import factory_to_run
+from autotune.plan.plan import SearchPlan, settle
+from autotune.search.sampler import make_sampler
+from autotune.store.records import (
+    BASELINE_ATTR,
+    DIRECTIONS,
+    OBJECTIVES,
+    RUN_ATTR,
+    SETTINGS_ATTR,
+    is_recorded,
+    run_info,
+    store_run_info,
+)
+from autotune.store.storage import load_named, open_storage
+from autotune.store.study_lock import StudyLock
+
+
+@contextlib.contextmanager
+def locked_study(plan: SearchPlan) -> Iterator[tuple[optuna.Study, SearchPlan]]:
+    """The study, opened under the study folder's lock, and the plan with the stored budget.
+
+    Refuses a study another search holds. A failure before the study opens leaves no trace: a
+    study folder made by this call is removed again, and so is an `out=` folder it made (when
+    nothing else was put in it meanwhile).
+    """
+    missing = [p for p in (plan.study_dir, *plan.study_dir.parents) if not p.exists()]
+    created = _make_study_dir(plan.study_dir)
+    opened = False
+    try:
+        with StudyLock.acquire(plan.study_dir, plan.study_name):
+            study, plan = open_study(plan)
+            opened = True
+            yield study, plan
+    finally:
+        if created and not opened:
+            shutil.rmtree(plan.study_dir, ignore_errors=True)
+            for folder in missing[1:]:  # innermost first; rmdir leaves one in use alone
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+
+
+def _make_study_dir(study_dir: Path) -> bool:
+    """Create the study folder; True when it did not exist before."""
+    try:
+        study_dir.mkdir(parents=True)
+    except FileExistsError:
+        if study_dir.is_dir():
+            return False  # made before, or a moment ago by a search started at the same time
+        raise StudyError(
+            f"cannot create the study folder {study_dir}: a file has its name"
+        ) from None
+    except OSError as exc:
+        raise StudyError(
+            f"cannot create the study folder {study_dir}: {exc.strerror}; "
+            "check out= (it must be a folder this user can write)"
+        ) from exc
+    return True
+
+
+def open_study(
+    plan: SearchPlan, *, joining: bool = False, storage: optuna.storages.BaseStorage | None = None
+) -> tuple[optuna.Study, SearchPlan]:
+    """Create the study, or load it when it exists and was made for the same run, and return
+    it with the plan settled for it (`plan.settle`: identity, conditions, the stored budget,
+    the batch sizes fitted to it).
+
+    A search stores its run info and settings with the study, for workers that join it, and
+    queues the baseline once; a worker (`joining`) takes them as they are. `storage`: another
+    than the plan's (the landscape replay's in-memory one)."""
+    storage = storage or open_storage(plan.storage_url, stale_after_s=plan.config.stale_after)
+    study = optuna.create_study(
+        study_name=plan.study_name,
+        storage=storage,
+        directions=list(DIRECTIONS),
+        load_if_exists=True,
+    )
+    stored = run_info(study) if RUN_ATTR in study.user_attrs else None
+    plan = settle(plan, stored, joining=joining)
+    trials = study.get_trials(deepcopy=False)
+    # Offset the seed by the trials already run, so a resumed study does not replay the same
+    # random start-up proposals it made the first time; a worker among several by its pid, so
+    # that they do not all propose the same start-up points.
+    recorded = sum(is_recorded(t) for t in trials)
+    seed = plan.config.seed + recorded + (os.getpid() if joining else 0)
+    study.sampler = make_sampler(plan, seed=seed % 2**32)
+    if not joining:
+        with warnings.catch_warnings():
+            # Stable in practice since Optuna 3.2; it names the objectives in Optuna's tools.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(list(OBJECTIVES))
+        store_run_info(study, plan.info)
+        study.set_user_attr(SETTINGS_ATTR, study_settings(plan))
+        # Queued before any worker starts, so that none of them queues it too.
+        enqueue_baseline(study, trials, plan.space.optuna_params(plan.baseline, plan.rules))
+    return study, plan
+
+
+def study_settings(plan: SearchPlan) -> dict[str, Any]:
+    """The settings a worker joining the study takes from it (the rest are its own); the
+    device as resolved (a worker on a host without the study's device is refused)."""
+    settings = plan.config.model_dump(mode="json") | {"device": plan.device}
+    return {k: v for k, v in settings.items() if k not in PER_PROCESS_SETTINGS}
+
+
+def join_config(worker: WorkerConfig) -> RunConfig:
+    """The settings of the study a worker joins (`autotune worker`), with the worker's own.
+
+    The study must exist: a worker joins a search, it does not start one."""
+    url = worker.storage
+    if url is None:
+        if worker.study is None:
+            raise ConfigError("study: required when storage= is not given (the study folder "
+                              "OUT/STUDY holds study.db)")  # fmt: skip
+        db = worker.out / worker.study / STUDY_DB
+        if not db.is_file():
+            raise StudyError(f"{db}: no such file; start the study with autotune search, or "
+                             "give its storage=")  # fmt: skip
+        url = f"sqlite:///{db.resolve()}"
+    shown = f"storage={safe_url(url)}"
+    study = load_named(open_storage(url, shown=shown), worker.study, shown,
+                        missing="; start it with autotune search")  # fmt: skip
+    name = study.study_name
+    settings = study.user_attrs.get(SETTINGS_ATTR)
+    if settings is None:
+        raise StudyError(
+            f"study={name} stores no search settings (it was made by an older autotune or by "
+            "Optuna alone): resume it with autotune search"
+        )
+    stored_trainer = study.user_attrs.get(RUN_ATTR, {}).get("trainer")
+    # Before anything imports it: the worker's own choice, or the very file the search checked.
+    trainer = factory_to_run(stored_trainer, worker.trainer, Path.cwd(), name)
+    own = worker.model_dump(exclude={"study", "storage", "trainer"})
+    return make_config({**settings, **own, "study": name, "storage": url, "trainer": trainer})
+
+
+def enqueue_baseline(
+    study: optuna.Study,
+    trials: list[FrozenTrial],
+    baseline: dict[str, tuple[optuna.distributions.BaseDistribution, Any]],
+) -> None:
+    """Queue the baseline (HF defaults) as a new study's first trial. Whoever asks next runs
+    it, and only one does: a queued trial is handed out once, also to several processes
+    asking at the same time. It is run as it is, outside the sampler's space; its settings are
+    Optuna parameters too (where the space's distributions hold them), so the sampler and
+    Optuna's tools see it. Queued, it takes no grid point. Two processes queueing it at the
+    same moment queue two: only the first runs (`_not_to_run`)."""
+    if not any(t.user_attrs.get(BASELINE_ATTR) for t in trials):
+        values = {name: value for name, (_, value) in baseline.items()}
+        study.enqueue_trial(values, user_attrs={BASELINE_ATTR: True})

@@ -1,0 +1,144 @@
+"""Trials a search left behind: who runs a trial (its owner and its heartbeats), when its
+search has died, and running its settings once more. Several searches may recover at once;
+each step is safe for that."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import socket
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+import psutil
+from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.common.layout import INTERRUPTED_RESULT, RESULT_FILE, trial_dir
+from autotune.search.interrupts import SearchInterrupted
+from autotune.store.records import (
+    BASELINE_ATTR,
+    INTERRUPTED_BY_ATTR,
+    OWNER_ATTR,
+    RETRY_OF_ATTR,
+    is_interrupted,
+)
+
+UNOWNED_GRACE_S = 60.0
+"""A RUNNING trial that names no owner this long after it started was left by an old search."""
+
+
+@contextlib.contextmanager
+def heartbeat(trial: optuna.Trial) -> Iterator[None]:
+    """Record the trial's heartbeat every `heartbeat_interval` seconds while it runs, from a
+    thread of this process, so another process can tell a dead search's trial from a slow one.
+    (Optuna beats only inside `study.optimize`; this loop asks and tells itself.)"""
+    storage = trial.storage
+    interval = storage.get_heartbeat_interval() if isinstance(storage, BaseHeartbeat) else None
+    if interval is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a storage hiccup: the next beat may pass
+                storage.record_heartbeat(trial._trial_id)
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{trial.number}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def note_interruption(trial: optuna.Trial, exc: BaseException) -> None:
+    """Which signal stopped the search while this trial ran, for its row in the outputs. On
+    the way out: one quick write, and a storage that fails it must not stop the exit (the
+    trial is recognised as interrupted without it)."""
+    if isinstance(exc, KeyboardInterrupt):
+        name = exc.signal_name if isinstance(exc, SearchInterrupted) else "SIGINT"
+        with contextlib.suppress(Exception):
+            trial.set_user_attr(INTERRUPTED_BY_ATTR, name)
+
+
+def set_aside_result(trial_dir: Path) -> None:
+    """A result the search never recorded (it was interrupted) must not pass for a measurement:
+    the study, not this file, says what a trial measured."""
+    result = trial_dir / RESULT_FILE
+    if result.exists():
+        result.replace(trial_dir / INTERRUPTED_RESULT)
+
+
+def this_process() -> dict[str, Any]:
+    me = psutil.Process()
+    return {"host": socket.gethostname(), "pid": me.pid, "pid_started": me.create_time()}
+
+
+def _owner_is_gone(trial: FrozenTrial) -> bool:
+    """Whether the search that ran a trial has ended. Only a process on this host can be
+    checked; a trial run from another host is left to its heartbeats."""
+    owner = trial.user_attrs.get(OWNER_ATTR)
+    if owner is None:
+        # A search names itself right after asking; a trial still unnamed long after was left
+        # by a search of a version that named none.
+        started = trial.datetime_start or datetime.datetime.now()
+        return (datetime.datetime.now() - started).total_seconds() > UNOWNED_GRACE_S
+    if owner["host"] != socket.gethostname():
+        return False
+    try:
+        # The same pid with another start time is a new process that reused the number.
+        return psutil.Process(owner["pid"]).create_time() != owner["pid_started"]
+    except psutil.NoSuchProcess:
+        return True
+
+
+def recover(
+    study: optuna.Study,
+    study_dir: Path,
+    baseline: dict[str, tuple[optuna.distributions.BaseDistribution, Any]],
+) -> tuple[list[FrozenTrial], list[int]]:
+    """Fail the trials whose search has died, and queue each interrupted trial's settings to
+    run once more; returns the study's trials, read once (again only when this changed
+    them), and the numbers of the trials queued again.
+
+    A trial's search has died when it ran on this host and its process is gone, or, from any
+    host, when it has sent no heartbeat for `stale_after` (Optuna's `fail_stale_trials`; the
+    storage's clock). A live search's trial is left alone. Several processes may recover at
+    once: a trial is failed by one of them, and of two retries queued for the same trial only
+    the first runs (`loop._not_to_run`). An interrupted baseline is queued with the baseline's
+    Optuna parameters (`SearchSpace.optuna_params`; older studies stored none)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    trials = study.get_trials(deepcopy=False)
+    gone = [t for t in trials if t.state is TrialState.RUNNING and _owner_is_gone(t)]
+    for trial in gone:
+        # Another process may fail it at the same moment: one of the two does.
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+            study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+    if gone:
+        trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get(RETRY_OF_ATTR) for t in trials}
+    queued = []
+    for trial in trials:
+        first_run = trial.number not in retried and RETRY_OF_ATTR not in trial.user_attrs
+        if is_interrupted(trial) and first_run:
+            set_aside_result(trial_dir(study_dir, trial.number))
+            params, attrs = trial.params, {RETRY_OF_ATTR: trial.number}
+            if trial.user_attrs.get(BASELINE_ATTR):
+                params = {name: value for name, (_, value) in baseline.items()}
+                attrs[BASELINE_ATTR] = True
+            study.enqueue_trial(params, user_attrs=attrs)
+            queued.append(trial.number)
+    if queued:
+        trials = study.get_trials(deepcopy=False)
+    return trials, queued
