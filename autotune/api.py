@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from autotune import workers as parallel
+from autotune import workers
 from autotune.common.errors import AutotuneError, DataError
 from autotune.common.knobs import MathChange, describe_params
 from autotune.common.layout import OUTPUTS
@@ -443,6 +443,6 @@ def _run_workers(
             with plan.slots[0].applied():
                 stopped = run_search(plan, study, observer=observer, launcher=launcher)
         else:
-            stopped = parallel.run_workers(plan, study, observer, launcher)
+            stopped = workers.run_workers(plan, study, observer, launcher)
     observer.ended(stopped)
     return stopped

@@ -1,6 +1,6 @@
 """Several workers on one study: `workers=N` on `autotune search`, and `autotune worker`.
 
-A worker is a search process of its own: the ask -> run -> tell loop (`study.run_search`) with
+A worker is a search process of its own: the ask -> run -> tell loop (`search.loop.run_search`) with
 its own fork server, on its own CUDA device (`CUDA_VISIBLE_DEVICES`, so its trials see only
 that one) or its own share of the CPU cores (affinity, and as many torch threads). Workers
 know nothing of each other: they share the study's storage, which every loop reads afresh
@@ -9,7 +9,10 @@ TPE, heartbeats) keep them from measuring the same settings twice.
 
 The process that starts them runs no trial: it watches the study (and this host's trial
 folders for progress), shows one progress view, forwards Ctrl-C, and writes the outputs once
-when every worker has ended. `python -m autotune.workers SPEC INDEX` is one worker.
+when every worker has ended. `python -m autotune.workers FOLDER INDEX` is one worker: it joins
+the study with the finished plan, which reaches it through its stdin, pickled (from the process
+that started it, through a pipe no one else can write; never through a file), so no worker
+plans again: `data=` is read and the hub asked once per search.
 """
 
 from __future__ import annotations
@@ -18,24 +21,30 @@ import contextlib
 import dataclasses
 import json
 import os
+import pickle
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import optuna
 import psutil
 from optuna.trial import TrialState
 
-from autotune.common.device import DeviceInfo
 from autotune.common.errors import AutotuneError, ConfigError
 from autotune.common.layout import PROGRESS_FILE, SPEC_FILE, WORKERS, trial_dir
 from autotune.common.processes import die_with_parent
 from autotune.common.trial import Progress, read_progress, write_json_atomic
-from autotune.plan.slots import Slot
+from autotune.outputs.view import TerminalView
+from autotune.plan.plan import SearchPlan
+from autotune.search.interrupts import SearchInterrupted, stop_signals
+from autotune.search.loop import run_search
+from autotune.search.observer import SearchObserver
+from autotune.search.opening import open_study
+from autotune.search.runner import CommandLauncher, ForkserverLauncher, Launcher
+from autotune.search.sampler import quiet_optuna
 from autotune.store.records import (
     PARAMS_ATTR,
     RETRY_OF_ATTR,
@@ -50,16 +59,16 @@ WATCH_S = 0.5
 STOP_WAIT_S = 30.0
 """How long workers get to end their trial's record after Ctrl-C before they are killed."""
 LOG_TAIL_LINES = 15
-STORAGE_ENV = "AUTOTUNE_STORAGE_URL"
-"""How a worker process gets the study's storage URL: in its environment (readable by its
-user alone), not in spec.json, as the URL may hold a password."""
 
 
-def run_workers(plan: Any, study: optuna.Study, observer: Any, launcher: Any) -> str:
+def run_workers(
+    plan: SearchPlan, study: optuna.Study, observer: SearchObserver, launcher: Launcher | None
+) -> str:
     """Start one worker per slot of `plan`, show them as one search through `observer`, and
-    return why they stopped when every one has ended."""
-    from autotune.search.runner import CommandLauncher, ForkserverLauncher
+    return why they stopped when every one has ended.
 
+    Each worker joins the study with the finished plan (`plan.settle`d when the study was
+    opened): none plans again, so `data=` is read and the hub asked once per search."""
     if isinstance(launcher, CommandLauncher):
         trial_command: list[str] | None = list(launcher.command)
     elif launcher is None or isinstance(launcher, ForkserverLauncher):
@@ -69,20 +78,16 @@ def run_workers(plan: Any, study: optuna.Study, observer: Any, launcher: Any) ->
                           "handed to worker processes; use workers=1")  # fmt: skip
     folder = plan.study_dir / WORKERS / f"{socket.gethostname()}-{os.getpid()}"
     folder.mkdir(parents=True, exist_ok=True)
-    spec = {
-        # Without the storage URL: it may hold a password, and the study folder is no place
-        # for one (it is kept, shared, copied); the workers get it in their environment.
-        "settings": plan.config.model_dump(mode="json", exclude={"storage"}),
-        "device_info": dataclasses.asdict(plan.device_info),
-        "slots": [dataclasses.asdict(s) for s in plan.slots],
-        # A measurement condition the search checked for the study: each worker's is it.
-        "cores_per_trial": plan.info.cores_per_trial,
-        "trial_command": trial_command,
-    }
-    write_json_atomic(folder / SPEC_FILE, spec)
-    env = os.environ | {STORAGE_ENV: plan.storage_url}
+    # What the workers were given, for people: without the storage URL, which may hold a
+    # password, and the study folder is no place for one (it is kept, shared, copied).
+    record = {"settings": plan.config.model_dump(mode="json", exclude={"storage"}),
+              "slots": [dataclasses.asdict(s) for s in plan.slots],
+              "trial_command": trial_command}  # fmt: skip
+    write_json_atomic(folder / SPEC_FILE, record)
+    # The plan itself, storage URL included, goes through each worker's stdin (see above).
+    handoff = pickle.dumps(_Handoff(plan=plan, trial_command=trial_command))
     study_file = FileWatch.of(plan.storage_url)  # each worker stops when it is gone
-    workers = [_start(folder, k, env) for k in range(len(plan.slots))]
+    workers = [_start(folder, k, handoff) for k in range(len(plan.slots))]
     watcher = _Watcher(plan, study, observer)
     try:
         while True:
@@ -129,12 +134,20 @@ def _stopped_after_the_study_ended(
     return stopped if sum(counts_toward_n_trials(t) for t in trials) >= n_trials else []
 
 
-def _start(folder: Path, index: int, env: dict[str, str]) -> subprocess.Popen:
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class _Handoff:
+    """What a worker process is given: the finished plan and how to start its trials."""
+
+    plan: SearchPlan
+    trial_command: list[str] | None
+    """`CommandLauncher`'s command; None: a fork server of the worker's own."""
+
+
+def _start(folder: Path, index: int, handoff: bytes) -> subprocess.Popen:
     with open(_log(folder, index), "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "autotune.workers", str(folder / SPEC_FILE), str(index)],
-            env=env,
-            stdin=subprocess.DEVNULL,
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "autotune.workers", str(folder), str(index)],
+            stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
             # A session of its own: Ctrl-C reaches this process alone, which forwards it, so
@@ -142,6 +155,10 @@ def _start(folder: Path, index: int, env: dict[str, str]) -> subprocess.Popen:
             start_new_session=True,
             preexec_fn=die_with_parent,  # and none outlives this process (kill -9 included)
         )
+    assert worker.stdin is not None
+    with worker.stdin:
+        worker.stdin.write(handoff)
+    return worker
 
 
 def _stop(workers: list[subprocess.Popen]) -> None:
@@ -201,7 +218,7 @@ class _Watcher:
     """Turns what the study's storage and this host's trial folders say into observer calls:
     trials started (their spec written here), progress, trials recorded, retries queued."""
 
-    def __init__(self, plan: Any, study: optuna.Study, observer: Any) -> None:
+    def __init__(self, plan: SearchPlan, study: optuna.Study, observer: SearchObserver) -> None:
         self.study, self.observer = study, observer
         self.trial_dir = lambda number: trial_dir(plan.study_dir, number)
         trials = study.get_trials(deepcopy=False)
@@ -233,30 +250,16 @@ class _Watcher:
                 self.observer.trial_ended(record_of(trial))
 
 
-def _worker_main(spec_path: Path, index: int) -> int:
+def _worker_main(folder: Path, index: int) -> int:
     """One worker: the study's loop on its slot, with a log of plain lines on stdout."""
-    from autotune.outputs.view import TerminalView
-    from autotune.plan.config import make_config
-    from autotune.plan.plan import make_plan
-    from autotune.search.loop import run_search
-    from autotune.search.opening import open_study
-    from autotune.search.runner import CommandLauncher, ForkserverLauncher
-    from autotune.search.sampler import quiet_optuna
-
     quiet_optuna()
-    spec = json.loads(spec_path.read_text())
-    owned = spec["slots"][index]
-    slot = Slot(**{k: tuple(v) if isinstance(v, list) else v for k, v in owned.items()})
-    print(f"worker {index} (pid {os.getpid()}): {slot.describe()}", flush=True)
+    handoff: _Handoff = pickle.load(sys.stdin.buffer)  # from the parent, through a pipe
     # The slots were assigned by the process that started the workers: this one is slot INDEX.
-    # Taken out of the environment: the trials, and the user's code in them, need no password.
-    storage = os.environ.pop(STORAGE_ENV)
-    settings = spec["settings"] | {"workers": 1, "devices": "auto", "storage": storage}
-    plan = make_plan(make_config(settings), DeviceInfo.from_facts(spec["device_info"]))
-    # Planned as one worker, it would count every core: its trials have its slot's share.
-    cores = dataclasses.replace(plan.info, cores_per_trial=spec["cores_per_trial"])
-    plan = dataclasses.replace(plan, info=cores)
-    command = spec["trial_command"]
+    slot = handoff.plan.slots[index]
+    print(f"worker {index} (pid {os.getpid()}): {slot.describe()}", flush=True)
+    config = handoff.plan.config.model_copy(update={"workers": 1, "devices": "auto"})
+    plan = dataclasses.replace(handoff.plan, config=config, slots=[slot])
+    command = handoff.trial_command
     with slot.applied():  # before the fork server starts: it and every trial inherit it
         launcher = CommandLauncher(tuple(command)) if command else ForkserverLauncher()
         study, plan = open_study(plan, joining=True)
@@ -264,13 +267,11 @@ def _worker_main(spec_path: Path, index: int) -> int:
         view.planned(plan, done_before=0)
         stopped = run_search(plan, study, observer=view, launcher=launcher)
         view.ended(stopped)
-    write_json_atomic(_stopped_path(spec_path.parent, index), {"stopped": stopped})
+    write_json_atomic(_stopped_path(folder, index), {"stopped": stopped})
     return 0
 
 
 def main(argv: list[str]) -> int:
-    from autotune.search.interrupts import SearchInterrupted, stop_signals
-
     try:
         # SIGTERM sent to a worker itself (a scheduler ending every process of the job) ends
         # its trial as the forwarded Ctrl-C does: recorded as interrupted.
