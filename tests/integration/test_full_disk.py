@@ -12,7 +12,7 @@ import sys
 import optuna
 import pytest
 
-from tests.unit.test_atomic_outputs import OUTPUTS, add_trials
+from tests.unit.outputs.test_study_folder import OUTPUTS, add_trials
 
 TMPFS_BYTES = 16 * 1024**2  # the study's outputs take ~5 MiB (report.html embeds plotly.js)
 

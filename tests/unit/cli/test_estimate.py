@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import estimate as estimate_cli
+from autotune.cli.estimate import parse
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import ConfigError, DeviceError, SpaceError
 from autotune.common.knobs import KNOBS
@@ -27,6 +28,8 @@ def test_estimate_device_cuda_without_a_gpu_suggests_memory_budget(
 
 
 GIB = 1024**3
+
+
 FACTS = SoftwareFacts(
     optimizer_names=("adamw_torch", "adamw_torch_fused", "adafactor"),
     compile_backends=("inductor", "eager"),
@@ -35,6 +38,8 @@ FACTS = SoftwareFacts(
     transformers_version="5.x",
 )
 """What the installed packages accept, as the software cache would answer (no probe here)."""
+
+
 REFUSED = {
     "seq_len=2048": "seq_len=2048: gpt2 takes at most 1024 tokens",
     "seq_len=1000000000": "seq_len=1000000000: gpt2 takes at most 1024 tokens",
@@ -133,3 +138,14 @@ def test_the_software_cache_answers_model_types_cold_and_warm(
         assert facts.task_model_types == {"causal-lm": ("gpt2",)}
         assert facts.transformers_version == "5.x"
         assert facts.compile_backends is None, "a list the probe did not read: no check"
+
+
+def test_knobs_and_settings_are_checked_together():
+    config, knobs = parse(["model=gpt2", "seq_len=1024", "precision=bf16", "batch_size=4"])
+    assert config.seq_len == 1024 and knobs == {"precision": "bf16", "batch_size": 4}
+    with pytest.raises(ConfigError) as error:
+        parse(["model=gpt2", "precision=fp64", "seq_lenn=3", "gradient_checkpointing=maybe"])
+    message = str(error.value)
+    assert "precision=fp64: expected one of" in message
+    assert "seq_lenn: unknown key; did you mean seq_len?" in message
+    assert "gradient_checkpointing=maybe: expected true or false" in message

@@ -12,9 +12,8 @@ from autotune.common.trial import Status, TrialResult, write_json_atomic
 from autotune.outputs.snapshot import read_snapshot
 from autotune.outputs.study_folder import write_study_folder
 from autotune.store.records import BASELINE_ATTR, PARAMS_ATTR, store_run_info, tell_result
-from tests.unit.test_hardening import plan_for
-from tests.unit.test_report_data import INFO
-from tests.unit.test_software_cache import probes  # noqa: F401 (a fixture)
+from tests.unit.outputs.report.test_data import INFO
+from tests.unit.stand_ins import plan_for
 
 OUTPUTS = ("trials.csv", "pareto.csv", "recommended.json", "recommended.py", "report.html")
 
@@ -153,7 +152,7 @@ def test_a_new_study_folder_is_not_refused(tmp_path):
 
 
 def test_a_software_cache_that_cannot_be_written_is_passed_over(
-    probes,  # noqa: F811 (the fixture imported above)
+    probes,
     tmp_path,
     monkeypatch,
 ):

@@ -20,6 +20,8 @@ CPU = DeviceInfo(
     cpu_name="cpu", host_available_memory_bytes=2**34, transformers_version="5.x",
     model_types=("bert",), task_model_types={"sequence-classification": ("bert",)},
 )  # fmt: skip
+
+
 FACTORY = "def make(args, model_kwargs):\n    raise SystemExit('the factory ran')\n"
 
 

@@ -16,14 +16,20 @@ from autotune.plan.run_info import RunInfo
 from autotune.store.records import BASELINE_ATTR, PARAMS_ATTR, store_run_info, tell_result
 
 GIB = 1024**3
+
+
 INFO = RunInfo(
     study="s", model="tiny", model_config={"model_type": "bert"}, task="sequence-classification",
     seq_len=64, device="cuda", device_name="NVIDIA H100 80GB HBM3", space="default",
     space_notes=["removed precision=fp16: because"], effective_batch_size=None,
     memory_budget_bytes=10 * GIB, headroom=0.1, noise_cv=0.1,
 )  # fmt: skip
+
+
 INTERRUPTED = "interrupted"
 """An outcome: the trial stopped with its search and left no result."""
+
+
 # (batch, precision, optim, outcome): outcome is (samples/s, GiB), (samples/s, GiB, step CV),
 # a Status or a TrialResult
 TRIALS = [

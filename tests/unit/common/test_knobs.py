@@ -1,10 +1,7 @@
 """The knob catalogue: each knob's mapping, display, baseline and memory order, in one place."""
 
-import dataclasses
-
 import optuna
 import pytest
-import transformers
 
 from autotune.common.errors import SpaceError
 from autotune.common.knobs import (
@@ -20,30 +17,38 @@ from autotune.common.knobs import (
 )
 from autotune.plan.space import SamplingRules
 from autotune.plan.space_file import load_space, parse_space, shipped_names
+from tests.unit import installed
+from tests.unit.installed import training_arguments_fields as installed_fields
+from tests.unit.stand_ins import OOM
 
-FIELDS = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
-OLD_FIELDS = FIELDS - {"activation_checkpointing", "activation_checkpointing_kwargs"}
+RENAMED = {"activation_checkpointing", "activation_checkpointing_kwargs"}
+"""transformers 5's names for gradient_checkpointing(_kwargs): not in older releases."""
 
 
 def test_checkpointing_reentrant_sets_the_checkpointing_kwargs_of_the_installed_release():
     on = {"gradient_checkpointing": True, "checkpointing_reentrant": True}
-    assert training_args(on, device="cuda", fields=FIELDS)["activation_checkpointing_kwargs"] == {
+    fields = installed_fields()
+    assert training_args(on, device="cuda", fields=fields)["activation_checkpointing_kwargs"] == {
         "use_reentrant": True
     }
-    older = training_args(on, device="cuda", fields=OLD_FIELDS)
+    older = training_args(on, device="cuda", fields=fields - RENAMED)
     assert older["gradient_checkpointing_kwargs"] == {"use_reentrant": True}
     assert older["gradient_checkpointing"] is True
 
 
 def test_checkpointing_reentrant_does_nothing_without_checkpointing():
     off = {"gradient_checkpointing": False, "checkpointing_reentrant": True}
-    kwargs = training_args(off, device="cuda", fields=FIELDS)
+    kwargs = training_args(off, device="cuda", fields=installed_fields())
     assert "activation_checkpointing_kwargs" not in kwargs
 
 
 @pytest.mark.parametrize(("steps", "expected"), [(0, None), (8, 8)])
 def test_torch_empty_cache_steps_zero_means_never(steps, expected):
-    kwargs = training_args({"torch_empty_cache_steps": steps}, device="cuda", fields=FIELDS)
+    kwargs = training_args(
+        {"torch_empty_cache_steps": steps},
+        device="cuda",
+        fields=installed_fields(),
+    )
     assert kwargs["torch_empty_cache_steps"] == expected
 
 
@@ -52,8 +57,9 @@ def test_the_new_knobs_make_real_training_arguments(tmp_path):
         "batch_size": 8, "gradient_checkpointing": True, "checkpointing_reentrant": False,
         "precision": "fp32", "optim": "adamw_torch", "torch_empty_cache_steps": 4,
     }  # fmt: skip
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path), **training_args(params, device="cpu", fields=FIELDS)
+    args = installed.transformers().TrainingArguments(
+        output_dir=str(tmp_path),
+        **training_args(params, device="cpu", fields=installed_fields()),
     )
     assert args.torch_empty_cache_steps == 4
     assert args.activation_checkpointing_kwargs == {"use_reentrant": False}
@@ -194,3 +200,34 @@ def test_shipped_spaces_offer_adamw_and_the_guides_memory_savers_only(name):
     allowed = {"AdamW", "AdamW (8-bit states)", "Adafactor"}
     optimizers = load_space(name).knobs["optim"].choices
     assert {optimizer_family(o) for o in optimizers} <= allowed
+
+
+@pytest.mark.parametrize(
+    ("change", "hungry"),
+    [
+        ({}, True),
+        ({"batch_size": 64}, True),
+        ({"batch_size": 16}, False),
+        ({"gradient_checkpointing": True}, False),
+        ({"precision": "fp32"}, False),  # no safe order between precisions
+        ({"optim": "adafactor"}, False),
+    ],
+)
+def test_at_least_as_hungry_as_an_oom(change, hungry):
+    assert at_least_as_hungry({**OOM, **change}, OOM) is hungry
+
+
+def test_checkpointing_off_is_hungrier_than_an_oom_that_had_it_on():
+    oom = {**OOM, "gradient_checkpointing": True}
+    assert at_least_as_hungry({**OOM, "gradient_checkpointing": False, "batch_size": 48}, oom)
+
+
+def test_baseline_is_the_hf_defaults_at_the_fixed_effective_batch():
+    assert baseline_params("adamw_torch", 64)["grad_accum"] == 8
+    fixed = baseline_params("adamw_torch", 12)
+    assert fixed["batch_size"] * fixed["grad_accum"] == 12
+
+
+def test_a_knob_without_effect_in_either_config_is_not_compared():
+    oom = {**OOM, "gradient_checkpointing": True, "checkpointing_reentrant": True}
+    assert at_least_as_hungry({**OOM, "batch_size": 64}, oom)  # checkpointing off: no reentrant

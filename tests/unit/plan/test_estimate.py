@@ -1,11 +1,6 @@
-"""The memory estimate against the HF guide's measured bert-large table, and its parts."""
-
 import pytest
 
-from autotune.cli.estimate import parse
-from autotune.common.errors import ConfigError
 from autotune.common.models import catalogue_parameter_counts, resolve_model
-from autotune.common.trial import Status, TrialResult
 from autotune.plan.estimate import (
     CPU_RUNTIME_BYTES,
     CUDA_CONTEXT_BYTES,
@@ -15,13 +10,17 @@ from autotune.plan.estimate import (
     optimizer_bytes_per_parameter,
     shape_of,
 )
-from autotune.search.checks import over_budget_by_estimate
-from autotune.store.records import TrialRecord
 
 BERT_LARGE = resolve_model("bert-large-uncased")
+
+
 PARAMETERS = catalogue_parameter_counts()["bert-large-uncased"]
+
+
 GUIDE_CONTEXT_BYTES = int(1.3e9)
 """The guide's own measure of its V100's CUDA kernels ("the kernels alone take up 1.3GB")."""
+
+
 # The guide (V100, seq 512, BertForSequenceClassification, 2021 PyTorch: eager attention, and
 # gradients zeroed in place, so they live through each forward): knobs -> GB.
 GUIDE = [
@@ -94,17 +93,6 @@ def test_the_shape_is_read_from_bert_gpt2_and_t5_configs():
         assert shape.parameters == pytest.approx(counted, rel=0.05), name
 
 
-def test_knobs_and_settings_are_checked_together():
-    config, knobs = parse(["model=gpt2", "seq_len=1024", "precision=bf16", "batch_size=4"])
-    assert config.seq_len == 1024 and knobs == {"precision": "bf16", "batch_size": 4}
-    with pytest.raises(ConfigError) as error:
-        parse(["model=gpt2", "precision=fp64", "seq_lenn=3", "gradient_checkpointing=maybe"])
-    message = str(error.value)
-    assert "precision=fp64: expected one of" in message
-    assert "seq_lenn: unknown key; did you mean seq_len?" in message
-    assert "gradient_checkpointing=maybe: expected true or false" in message
-
-
 def measured(batch: int, estimate_gib: float, peak_gib: float, **knobs) -> Measured:
     return Measured(params={"batch_size": batch, **knobs}, estimate_gib=estimate_gib,
                     peak_gib=peak_gib)  # fmt: skip
@@ -119,49 +107,3 @@ def test_calibration_uses_the_closest_evidence_there_is():
     assert calibrated_gib(params, 4.0, line) == pytest.approx(4.5), "the mode's straight line"
     other_mode = [measured(8, 1.0, 2.0, precision="bf16")]
     assert calibrated_gib(params, 4.0, other_mode) == pytest.approx(5.0), "the study's shift"
-
-
-def test_the_estimate_check_skips_what_cannot_fit_and_says_why():
-    check = over_budget_by_estimate(limit_gib=4.5)
-    estimate = 32 / 8  # GiB, the estimate the loop computed for batch_size 32
-    record = TrialRecord(number=1, params={"batch_size": 8},
-                         result=TrialResult(status=Status.OK, peak_memory_gib=2.0,
-                                            estimate_gib=1.0))  # fmt: skip
-    assert check({"batch_size": 32}, [], estimate) is None, "4 GiB, not calibrated: runs"
-    assert check({"batch_size": 32}, [record], None) is None, "no estimate: runs"
-    skip = check({"batch_size": 32}, [record], estimate)
-    assert skip is not None and skip.repeat_of is None
-    assert skip.reason.startswith("estimated at 5.00 GiB (calibrated on 1 trial(s))")
-    assert check({"batch_size": 16}, [record], 16 / 8) is None
-
-
-def test_batch_sizes_that_cannot_fit_leave_the_space_and_the_smallest_stays(tmp_path):
-    from autotune.plan.config import load_config
-    from autotune.plan.plan import fit_batches_to_budget, make_plan
-    from tests.unit.test_hardening import CPU
-
-    def plan_for(tmp_path, *settings):
-        return make_plan(load_config([f"out={tmp_path}", *settings]), CPU)
-
-    settings = ["model=bert-large-uncased", "seq_len=512", "space=memory"]
-    roomy = plan_for(tmp_path, *settings, "memory_budget=80GiB")
-    assert fit_batches_to_budget(roomy) == roomy
-    tight = plan_for(tmp_path, *settings, "memory_budget=3GiB")
-    trimmed = fit_batches_to_budget(tight)
-    before, after = (p.space.knobs["batch_size"].choices for p in (tight, trimmed))
-    assert 1 < len(after) < len(before) and after == before[: len(after)]
-    limit = 3 * 1.25
-    frugal = {"precision": "bf16", "optim": "adafactor", "gradient_checkpointing": True,
-              "grad_accum": 4}  # fmt: skip
-    assert trimmed.estimate_gib({**frugal, "batch_size": after[-1]}) <= limit
-    assert tight.estimate_gib({**frugal, "batch_size": before[len(after)]}) > limit
-    assert "batch_size above" in trimmed.info.space_notes[-1]
-    # Nothing fits: the smallest batch stays, and its trials say why.
-    assert (
-        fit_batches_to_budget(plan_for(tmp_path, *settings, "memory_budget=1GiB"))
-        .space.knobs["batch_size"]
-        .choices
-        == before[:1]
-    )
-    off = plan_for(tmp_path, *settings, "memory_budget=3GiB", "estimate_margin=null")
-    assert fit_batches_to_budget(off) == off

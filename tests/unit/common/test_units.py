@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.common.units import GIB, MIB, format_bytes_apart
+from autotune.common.units import GIB, MIB, format_bytes, format_bytes_apart, format_gib
 
 
 def test_an_oom_reason_shows_enough_digits_that_peak_and_budget_differ() -> None:
@@ -24,3 +24,11 @@ def test_figures_one_byte_apart_still_differ() -> None:
 def test_small_figures_apart_differ_too() -> None:
     peak, limit = format_bytes_apart(5 * MIB + 1024, 5 * MIB)
     assert peak != limit
+
+
+def test_small_memory_figures_are_written_in_mib():
+    assert format_gib(5 / 1024) == "5.0 MiB"
+    assert format_bytes(20 * 2**20) == "0.02 GiB"
+    assert format_gib(0.0) == "0.0 MiB"
+    assert format_gib(1.5) == "1.50 GiB"
+    assert format_gib(0.1234, 3) == "0.123 GiB"

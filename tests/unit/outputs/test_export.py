@@ -4,7 +4,6 @@ import math
 import shlex
 
 import pytest
-import transformers
 
 from autotune.common.errors import StudyError
 from autotune.common.knobs import training_args
@@ -12,8 +11,9 @@ from autotune.common.trial import Status, TrialResult
 from autotune.outputs.export import render, render_cli, render_script
 from autotune.plan.run_info import RunInfo
 from autotune.store.records import TrialRecord
+from tests.unit import installed
+from tests.unit.installed import training_arguments_fields as installed_fields
 
-INSTALLED = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
 PARAMS = {
     "batch_size": 16,
     "grad_accum": 2,
@@ -25,7 +25,7 @@ PARAMS = {
 
 
 def test_knobs_map_to_training_arguments():
-    kwargs = training_args(PARAMS, device="cuda", fields=INSTALLED)
+    kwargs = training_args(PARAMS, device="cuda", fields=installed_fields())
     assert kwargs["per_device_train_batch_size"] == 16
     assert kwargs["gradient_accumulation_steps"] == 2
     assert kwargs["bf16"] is True and kwargs["fp16"] is False
@@ -41,9 +41,9 @@ def test_checkpointing_field_follows_the_installed_transformers():
 
 
 def test_cpu_runs_say_so_and_build_without_deprecation_warnings(recwarn):
-    kwargs = training_args(PARAMS, device="cpu", fields=INSTALLED)
+    kwargs = training_args(PARAMS, device="cpu", fields=installed_fields())
     assert kwargs["use_cpu"] is True
-    args = transformers.TrainingArguments(output_dir="unused", **kwargs)
+    args = installed.transformers().TrainingArguments(output_dir="unused", **kwargs)
     assert args.per_device_train_batch_size == 16
     assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
 
@@ -56,33 +56,38 @@ def test_compile_pin_memory_and_attention_map_to_their_fields():
         "compile_mode": "max-autotune",
         "dataloader_pin_memory": True,
     }
-    kwargs = training_args(params, device="cuda", fields=INSTALLED)
+    kwargs = training_args(params, device="cuda", fields=installed_fields())
     assert kwargs["torch_compile"] is True
     assert kwargs["torch_compile_backend"] == "inductor"
     assert kwargs["torch_compile_mode"] == "max-autotune"
     assert kwargs["dataloader_pin_memory"] is True
     assert "torch_compile" not in training_args(
-        {"torch_compile": "off"}, device="cuda", fields=INSTALLED
+        {"torch_compile": "off"}, device="cuda", fields=installed_fields()
     )
     assert model_kwargs({"attn_implementation": "eager"}) == {"attn_implementation": "eager"}
     assert model_kwargs({}) == {}
 
 
 def test_tf32_combines_with_16_bit_precision():
-    kwargs = training_args({"precision": "bf16+tf32"}, device="cuda", fields=INSTALLED)
+    kwargs = training_args({"precision": "bf16+tf32"}, device="cuda", fields=installed_fields())
     assert kwargs["bf16"] is True and kwargs["tf32"] is True and kwargs["fp16"] is False
 
 
 def test_tf32_is_set_only_when_chosen():
-    assert training_args({"precision": "tf32"}, device="cuda", fields=INSTALLED)["tf32"] is True
-    assert "tf32" not in training_args({"precision": "fp16"}, device="cuda", fields=INSTALLED)
+    assert (
+        training_args({"precision": "tf32"}, device="cuda", fields=installed_fields())["tf32"]
+        is True
+    )
+    assert "tf32" not in training_args(
+        {"precision": "fp16"}, device="cuda", fields=installed_fields()
+    )
 
 
 def test_cli_flags_follow_hf_argument_parser_conventions():
     flags = render_cli({"per_device_train_batch_size": 32, "bf16": True, "fp16": False,
                         "optim": "adamw_torch_fused"})  # fmt: skip
     assert flags == "--per_device_train_batch_size 32 --bf16 --fp16 False --optim adamw_torch_fused"
-    parser = transformers.HfArgumentParser(transformers.TrainingArguments)
+    parser = installed.transformers().HfArgumentParser(installed.transformers().TrainingArguments)
     (args,) = parser.parse_args_into_dataclasses(["--output_dir", "x", "--use_cpu", *flags.split()])
     assert args.per_device_train_batch_size == 32 and args.bf16 and not args.fp16
     assert args.optim == "adamw_torch_fused"

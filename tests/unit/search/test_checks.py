@@ -1,0 +1,48 @@
+from autotune.common.knobs import baseline_params
+from autotune.common.trial import Status, TrialResult
+from autotune.search.checks import as_hungry_as_an_oom, over_budget_by_estimate
+from autotune.store.records import TrialRecord
+from tests.unit.stand_ins import OOM
+
+
+def record(number, params, status):
+    return TrialRecord(number=number, params=params, result=TrialResult(status=status))
+
+
+def test_a_config_as_hungry_as_an_oom_is_skipped_naming_that_trial():
+    records = [record(3, OOM, Status.ERROR), record(5, OOM, Status.OOM)]
+    skip = as_hungry_as_an_oom({**OOM, "batch_size": 64}, records)
+    assert skip.reason == "at least as memory-hungry as trial 5, which ran out of memory"
+    assert skip.repeat_of is None  # recorded as skipped, not told as a repeat
+    assert as_hungry_as_an_oom({**OOM, "batch_size": 8}, records) is None
+    assert as_hungry_as_an_oom(OOM, [record(7, OOM, Status.HOST_OOM)]).reason.endswith(
+        "trial 7, which ran out of memory"
+    )
+
+
+def test_a_baseline_that_ran_out_of_host_memory_stands_for_hungrier_proposals():
+    """The baseline sets knobs the space leaves out (attention, grad_accum) and leaves out
+    some the space fixes (loader workers, at their HF default 0): its OOM still rules out
+    every proposal at least as hungry, or the next proposal is hungrier still."""
+    baseline = baseline_params("adamw_torch_fused", None)
+    proposal = {"batch_size": 16, "gradient_checkpointing": False, "precision": "fp32",
+                "optim": "adamw_torch_fused", "dataloader_num_workers": 0}  # fmt: skip
+    died = [record(0, baseline, Status.HOST_OOM)]
+    assert as_hungry_as_an_oom(proposal, died).reason.endswith("trial 0, which ran out of memory")
+    for other in ({"batch_size": 4}, {"gradient_checkpointing": True}, {"optim": "sgd"},
+                    {"attn_implementation": "eager"}, {"dataloader_num_workers": 2}):  # fmt: skip
+        assert as_hungry_as_an_oom(proposal | other, died) is None, other  # lighter, or no order
+
+
+def test_the_estimate_check_skips_what_cannot_fit_and_says_why():
+    check = over_budget_by_estimate(limit_gib=4.5)
+    estimate = 32 / 8  # GiB, the estimate the loop computed for batch_size 32
+    record = TrialRecord(number=1, params={"batch_size": 8},
+                         result=TrialResult(status=Status.OK, peak_memory_gib=2.0,
+                                            estimate_gib=1.0))  # fmt: skip
+    assert check({"batch_size": 32}, [], estimate) is None, "4 GiB, not calibrated: runs"
+    assert check({"batch_size": 32}, [record], None) is None, "no estimate: runs"
+    skip = check({"batch_size": 32}, [record], estimate)
+    assert skip is not None and skip.repeat_of is None
+    assert skip.reason.startswith("estimated at 5.00 GiB (calibrated on 1 trial(s))")
+    assert check({"batch_size": 16}, [record], 16 / 8) is None

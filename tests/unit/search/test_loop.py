@@ -1,0 +1,82 @@
+import optuna
+
+
+def test_settings_another_process_is_running_are_not_run_again():
+    from autotune.store.records import NOT_RUN_ATTR, PARAMS_ATTR, is_interrupted
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    theirs = study.ask()
+    theirs.set_user_attr(PARAMS_ATTR, {"batch_size": 16, "precision": "bf16"})
+    mine = study.ask()
+    # The same settings in another key order are the same settings.
+    same = not_to_run(study, mine, {"precision": "bf16", "batch_size": 16}, 10)
+    assert same.same_as_running and same.reason == "trial 0 was running these settings"
+    assert not_to_run(study, mine, {"precision": "fp32", "batch_size": 16}, 10) is None
+    mine.set_user_attr(NOT_RUN_ATTR, same.reason)
+    study.tell(mine, state=optuna.trial.TrialState.FAIL)
+    # Ended without running on purpose: never mistaken for a trial a dead search left behind.
+    assert not is_interrupted(study.trials[mine.number])
+
+
+def test_of_two_retries_queued_at_once_the_earlier_runs_whichever_is_asked_first():
+    from autotune.store.records import PARAMS_ATTR, RETRY_OF_ATTR
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    settings = {"batch_size": 16}
+    for _ in range(2):  # two processes found trial 5 dead and each queued its settings
+        study.enqueue_trial({}, user_attrs={RETRY_OF_ATTR: 5})
+    earlier, later = study.ask(), study.ask()
+    for trial in (later, earlier):  # the later copy was asked for, and published, first
+        trial.set_user_attr(PARAMS_ATTR, settings)
+    assert not_to_run(study, later, settings, 10).reason.startswith(
+        "trial 0 was queued for the same"
+    )
+    assert not_to_run(study, earlier, settings, 10) is None, "neither would run"
+
+
+def test_trials_asked_for_earlier_go_first_up_to_n_trials():
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    first, second, third = study.ask(), study.ask(), study.ask()
+    # Two slots: the two smaller numbers run, the third was one too many.
+    assert not_to_run(study, first, {"batch_size": 8}, 2) is None
+    assert not_to_run(study, second, {"batch_size": 16}, 2) is None
+    too_many = not_to_run(study, third, {"batch_size": 32}, 2)
+    assert too_many.reason == "n_trials=2 were finished or running when it was asked for"
+    assert not too_many.same_as_running
+    study.tell(first, state=optuna.trial.TrialState.FAIL)  # interrupted: its slot is free again
+    assert not_to_run(study, third, {"batch_size": 32}, 2) is None
+
+
+def test_of_two_retries_queued_for_one_trial_only_the_first_runs():
+    from autotune.store.records import RETRY_OF_ATTR
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # trial 0, interrupted
+    for _ in range(2):  # two processes recovering at the same moment each queue a retry
+        study.enqueue_trial({}, user_attrs={RETRY_OF_ATTR: 0})
+    first, second = study.ask(), study.ask()
+    assert (first.number, second.number) == (1, 2)
+    assert not_to_run(study, first, {"batch_size": 8}, 10) is None
+    again = not_to_run(study, second, {"batch_size": 8}, 10)
+    assert again.reason == "trial 1 was queued for the same: trial 0's settings again"
+
+
+def test_of_two_baselines_queued_at_once_only_the_first_runs():
+    from autotune.search.opening import enqueue_baseline
+    from autotune.store.records import BASELINE_ATTR
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for _ in range(2):  # two workers starting on a new study at the same moment
+        study.enqueue_trial({}, user_attrs={BASELINE_ATTR: True})
+    enqueue_baseline(study, study.get_trials(deepcopy=False), {})  # one is queued: no third
+    first, second = study.ask(), study.ask()
+    assert not_to_run(study, first, {"batch_size": 8}, 10) is None
+    again = not_to_run(study, second, {"batch_size": 8}, 10)
+    assert again.reason == "trial 0 was queued for the same: the baseline"
+
+
+def not_to_run(study, trial, params, n_trials):
+    from autotune.search.loop import _not_to_run
+
+    return _not_to_run(trial, params, n_trials, study.get_trials(deepcopy=False))
