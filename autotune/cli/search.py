@@ -15,13 +15,8 @@ from pydantic import BaseModel
 
 from autotune import api
 from autotune.common.urls import MASK, safe_url
-from autotune.outputs.view import (
-    NOTHING_TO_RECOMMEND,
-    TerminalView,
-    console,
-    print_outcome,
-    print_paths,
-)
+from autotune.outputs.pareto import NOTHING_TO_RECOMMEND
+from autotune.outputs.view import TerminalView, console, print_outcome, print_paths
 from autotune.plan import conditions
 from autotune.plan.config import RunConfig, WorkerConfig, help_rows, load_config
 from autotune.plan.factory_trust import describe

@@ -25,6 +25,11 @@ faster. Measured on a shared 2-core machine: the quick start's baseline ran at 2
 in its trial and 199-264 in its three confirmation rounds (-12% to +17%); 25% leaves room."""
 
 
+NOTHING_TO_RECOMMEND = 3
+"""Exit code of a search that finished but has no trial to recommend (`Picks.recommended` is
+None)."""
+
+
 def non_dominated(records: list[TrialRecord]) -> list[TrialRecord]:
     """Trials no other trial beats on both samples/s (higher) and peak memory (lower)."""
 

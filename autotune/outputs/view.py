@@ -25,6 +25,7 @@ from autotune.common.knobs import describe_params
 from autotune.common.layout import SEARCH_LOG, WORKER_LOG, trial_dir
 from autotune.common.trial import Status, TrialResult
 from autotune.common.units import format_bytes, format_gib
+from autotune.outputs.pareto import NOTHING_TO_RECOMMEND
 from autotune.outputs.snapshot import StudySnapshot, trained_note
 from autotune.plan.plan import SearchPlan
 from autotune.plan.run_info import RunInfo
@@ -35,9 +36,6 @@ from autotune.store.records import Ending, TrialRecord
 # settings are never cut or folded.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 errors = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
-
-NOTHING_TO_RECOMMEND = 3
-"""Exit code of a search that finished but has no trial to recommend."""
 
 
 class Reporter:

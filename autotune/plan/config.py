@@ -100,10 +100,22 @@ StudyName = Annotated[str, AfterValidator(check_study_name)]
 """A study name that names a folder inside `out=`."""
 
 
-class RunConfig(BaseModel):
-    """Everything one `autotune search` needs. Field descriptions are the `--help` text."""
+# The settings of each command, declared once: a setting two commands share lives in a group
+# both inherit; one whose help differs per command (`timeout=`, `workers=`) shares its type,
+# which holds its checks.
+MemoryBudget = Annotated[ByteSize, Field(gt=0)]
+
+
+class _Settings(BaseModel):
+    """What every command's settings are: closed to unknown keys, frozen, and a number given
+    where text is expected (a study named 2024) kept as text. Field descriptions are the
+    `--help` text."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+
+class _ModelSettings(_Settings):
+    """The model trained and its input: `autotune search` and `autotune estimate`."""
 
     model: str = Field(
         description="catalogue name (see `autotune models`), local folder with config.json, "
@@ -112,6 +124,18 @@ class RunConfig(BaseModel):
     )
     task: Task = Field("auto", description="training head; auto picks it from the architecture")
     seq_len: int = Field(512, gt=0, description="tokens per sample")
+
+
+class _StoredStudy(_Settings):
+    """Which study to read: `autotune report`, `export` and `confirm`."""
+
+    storage: str | None = Field(None, description="Optuna storage URL; null = STUDY_DIR/study.db")
+    study: str | None = Field(None, description="study name in the storage; null = its only one")
+
+
+class RunConfig(_ModelSettings):
+    """Everything one `autotune search` needs."""
+
     data: str | None = Field(
         None,
         description="your data: json/jsonl/csv/parquet/text files, a folder of them, a "
@@ -171,9 +195,8 @@ class RunConfig(BaseModel):
     )
     warmup_steps: int = Field(3, ge=1, description="untimed optimizer steps before measuring")
     measure_steps: int = Field(10, ge=2, description="timed optimizer steps per trial")
-    memory_budget: ByteSize | None = Field(
+    memory_budget: MemoryBudget | None = Field(
         None,
-        gt=0,
         description="memory a trial may use, e.g. 24GiB: past it the trial is oom; "
         "null = the device's free memory when the study is made (on CPU less what the search "
         "and the machine keep; stored with the study)",
@@ -362,10 +385,8 @@ def parse_overrides(
     return values, problems
 
 
-class ExportConfig(BaseModel):
+class ExportConfig(_StoredStudy):
     """`autotune export STUDY_DIR key=value ...`"""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
 
     format: Literal["json", "yaml", "py", "cli"] = Field(
         "json",
@@ -373,8 +394,6 @@ class ExportConfig(BaseModel):
         "cli: flags for the HF example scripts",
     )
     trial: int | None = Field(None, ge=0, description="trial number; null = the recommended one")
-    storage: str | None = Field(None, description="Optuna storage URL; null = STUDY_DIR/study.db")
-    study: str | None = Field(None, description="study name in the storage; null = its only one")
     report_to: str | None = Field(
         None,
         description="py: experiment trackers the script logs to; null = the study's report_to",
@@ -386,11 +405,9 @@ class ExportConfig(BaseModel):
         return None if value is None else check_report_to(value)
 
 
-class WorkerConfig(BaseModel):
+class WorkerConfig(_Settings):
     """`autotune worker key=value ...`: join a study another search made; everything else
     (model, space, n_trials, ...) comes from the study."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
 
     study: StudyName | None = Field(
         None, description="the study to join; null = the storage's only one"
@@ -432,23 +449,14 @@ PER_PROCESS_SETTINGS = frozenset(WorkerConfig.model_fields) - {"study", "trainer
 worker's own `trainer=` stands in for the study's, which is stored."""
 
 
-class EstimateConfig(BaseModel):
+class EstimateConfig(_ModelSettings):
     """`autotune estimate model=NAME key=value ... [knob=value ...]`"""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
-
-    model: str = Field(
-        description="catalogue name, local folder with config.json, or hub id",
-        json_schema_extra={"metavar": "NAME"},
-    )
-    task: Task = Field("auto", description="training head; auto picks it from the architecture")
-    seq_len: int = Field(512, gt=0, description="tokens per sample")
     device: Device = Field(
         "auto", description="cuda adds its context; auto = cuda if NVML sees a GPU"
     )
-    memory_budget: ByteSize | None = Field(
+    memory_budget: MemoryBudget | None = Field(
         None,
-        gt=0,
         description="the memory to fit, e.g. 24GiB; null = the device's free memory now",
         json_schema_extra={"metavar": "SIZE"},
     )
@@ -457,13 +465,8 @@ class EstimateConfig(BaseModel):
     )
 
 
-class ReportConfig(BaseModel):
+class ReportConfig(_StoredStudy):
     """`autotune report STUDY_DIR key=value ...`"""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
-
-    storage: str | None = Field(None, description="Optuna storage URL; null = STUDY_DIR/study.db")
-    study: str | None = Field(None, description="study name in the storage; null = its only one")
 
 
 class ConfirmConfig(ReportConfig):

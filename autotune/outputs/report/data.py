@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from autotune.common.knobs import MathChange, describe_params
 from autotune.common.trial import MEMORY_STATUSES, Status
 from autotune.common.units import format_gib
-from autotune.outputs.pareto import Picks
+from autotune.outputs.pareto import NOTHING_TO_RECOMMEND, Picks
 from autotune.outputs.report.charts import (
     Axis,
     Series,
@@ -193,7 +193,9 @@ def _summary(snapshot: StudySnapshot) -> dict[str, str]:
                 "the same command resumes it"
             )
         else:
-            summary["recommended"] = f"nothing to recommend: {below} (the search exits with code 3)"
+            summary["recommended"] = (
+                f"nothing to recommend: {below} (the search exits with code {NOTHING_TO_RECOMMEND})"
+            )
         return summary
     # describe() carries the confirmed interval, or the noise caveat when this trial or the
     # baseline measured noisily and there was no confirmation.
