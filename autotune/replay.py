@@ -4,7 +4,7 @@ made earlier instead of run.
 A landscape is every point of a search space with what it measured: a grid recorded on a real
 machine (`benchmarks/landscapes/*.json`, written by `benchmarks/landscapes/record.py`), or a
 cost model. `replay` plans a search for it as `autotune search` would (space, baseline,
-budget, estimate), and runs `study.run_search` unchanged with a `ReplayLauncher`: sampler,
+budget, estimate), and runs `search.loop.run_search` unchanged with a `ReplayLauncher`: sampler,
 tell rules, pre-trial checks and the skip by estimate all act as in a real search, so
 strategies can be compared on the same landscape in seconds and repeated over seeds.
 """

@@ -1,7 +1,7 @@
 """Several workers on one study: `workers=N` on `autotune search`, and `autotune worker`.
 
-A worker is a search process of its own: the ask -> run -> tell loop (`search.loop.run_search`) with
-its own fork server, on its own CUDA device (`CUDA_VISIBLE_DEVICES`, so its trials see only
+A worker is a search process of its own: the search loop (`search.loop.run_search`) with its
+own fork server, on its own CUDA device (`CUDA_VISIBLE_DEVICES`, so its trials see only
 that one) or its own share of the CPU cores (affinity, and as many torch threads). Workers
 know nothing of each other: they share the study's storage, which every loop reads afresh
 before each trial, and Optuna's own mechanisms (queued trials handed out once, constant-liar

@@ -1,4 +1,4 @@
-"""Several processes running one study's loop (`study.run_search`) on a real PostgreSQL
+"""Several processes running one study's loop (`search.loop.run_search`) on a real PostgreSQL
 database, with trials that answer at once and a space of three settings, so that two processes
 propose the same settings at the same moment again and again. None may measure settings
 another has measured or is measuring: each settings key is launched once.
