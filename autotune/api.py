@@ -33,12 +33,6 @@ from autotune.plan import conditions, factories, software_cache, user_data
 from autotune.plan.config import RunConfig, WorkerConfig, make_config
 from autotune.plan.plan import SearchPlan, make_plan
 from autotune.plan.run_info import RunInfo
-from autotune.search.interrupts import SearchInterrupted, stop_signals
-from autotune.search.loop import TIMED_OUT, run_search
-from autotune.search.observer import SearchObserver
-from autotune.search.opening import join_config, locked_study, open_study
-from autotune.search.runner import Launcher
-from autotune.search.sampler import quiet_optuna
 from autotune.store.records import (
     SETTINGS_ATTR,
     Ending,
@@ -51,6 +45,12 @@ from autotune.store.records import (
 )
 from autotune.store.storage import load_study_dir
 from autotune.store.storage_file import StudyFileLost
+from autotune.study.interrupts import SearchInterrupted, stop_signals
+from autotune.study.loop import TIMED_OUT, run_search
+from autotune.study.observer import SearchObserver
+from autotune.study.opening import join_config, locked_study, open_study
+from autotune.study.runner import Launcher
+from autotune.study.sampler import quiet_optuna
 
 if TYPE_CHECKING:
     import pandas

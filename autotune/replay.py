@@ -30,11 +30,11 @@ from autotune.common.units import GIB
 from autotune.plan import software_cache
 from autotune.plan.config import make_config
 from autotune.plan.plan import SearchPlan, make_plan
-from autotune.search.checks import settings_key
-from autotune.search.loop import run_search
-from autotune.search.opening import open_study
-from autotune.search.runner import Worker
 from autotune.store.records import TrialRecord, load_records
+from autotune.study.checks import settings_key
+from autotune.study.loop import run_search
+from autotune.study.opening import open_study
+from autotune.study.runner import Worker
 
 FIGURES = ("samples_per_s", "tokens_per_s", "peak_memory_gib", "step_time_cv",
            "step_time_median_ms", "estimate_gib", "wall_s")  # fmt: skip

@@ -39,12 +39,6 @@ from autotune.common.processes import die_with_parent
 from autotune.common.trial import Progress, read_progress, write_json_atomic
 from autotune.outputs.view import TerminalView
 from autotune.plan.plan import SearchPlan
-from autotune.search.interrupts import SearchInterrupted, stop_signals
-from autotune.search.loop import run_search
-from autotune.search.observer import SearchObserver
-from autotune.search.opening import open_study
-from autotune.search.runner import CommandLauncher, ForkserverLauncher, Launcher
-from autotune.search.sampler import quiet_optuna
 from autotune.store.records import (
     PARAMS_ATTR,
     RETRY_OF_ATTR,
@@ -53,6 +47,12 @@ from autotune.store.records import (
     record_of,
 )
 from autotune.store.storage_file import FileWatch
+from autotune.study.interrupts import SearchInterrupted, stop_signals
+from autotune.study.loop import run_search
+from autotune.study.observer import SearchObserver
+from autotune.study.opening import open_study
+from autotune.study.runner import CommandLauncher, ForkserverLauncher, Launcher
+from autotune.study.sampler import quiet_optuna
 
 WATCH_S = 0.5
 """Between two looks at the study while workers run."""

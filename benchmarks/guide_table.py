@@ -20,7 +20,7 @@ from pathlib import Path
 from autotune.common.models import resolve_model
 from autotune.common.trial import Status, TrialSpec
 from autotune.plan.hardware import probe
-from autotune.search.runner import ForkserverLauncher, launch_trial
+from autotune.study.runner import ForkserverLauncher, launch_trial
 
 # (label, knobs, guide samples/s, guide GB) from the guide's V100 table.
 GUIDE = [

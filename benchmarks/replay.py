@@ -50,7 +50,7 @@ from landscapes import cost_model  # noqa: E402
 from autotune.common.trial import OUT_OF_MEMORY, Status  # noqa: E402
 from autotune.plan.estimate import Measured, calibrated_gib  # noqa: E402
 from autotune.replay import Landscape, plan_for, replay  # noqa: E402
-from autotune.search.sampler import quiet_optuna  # noqa: E402
+from autotune.study.sampler import quiet_optuna  # noqa: E402
 
 RECORDED = sorted((HERE / "landscapes").glob("*.json"))
 COST_MODEL = "cost-model-h100"

@@ -17,7 +17,7 @@ FAKE_WORKER = str(Path(__file__).parent / "fakes" / "worker.py")
 
 
 def fake_launcher(mode: str):
-    from autotune.search.runner import CommandLauncher
+    from autotune.study.runner import CommandLauncher
 
     return CommandLauncher((sys.executable, FAKE_WORKER, mode))
 

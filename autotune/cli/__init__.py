@@ -19,10 +19,10 @@ from autotune.common.errors import AutotuneError, ConfigError
 from autotune.common.version import __version__
 from autotune.outputs.view import errors
 from autotune.plan.config import ConfirmConfig, ExportConfig, ReportConfig, RunConfig, WorkerConfig
-from autotune.search.interrupts import SearchInterrupted
-from autotune.search.runner import Launcher
 from autotune.store.storage_file import STUDY_FILE_LOST_EXIT_CODE, StudyFileLost
 from autotune.store.storage_outage import OUTAGE_EXIT_CODE, StorageUnavailable
+from autotune.study.interrupts import SearchInterrupted
+from autotune.study.runner import Launcher
 
 _SETTINGS = {
     "search": RunConfig,

@@ -18,9 +18,9 @@ from autotune.outputs.study_folder import write_study_folder
 from autotune.outputs.view import Reporter, TerminalView, console, print_outcome, print_paths
 from autotune.plan import conditions
 from autotune.plan.config import ConfirmConfig, ExportConfig, ReportConfig, help_rows, load_config
-from autotune.search.interrupts import SearchInterrupted
 from autotune.store.records import Ending
 from autotune.store.storage import load_study_dir
+from autotune.study.interrupts import SearchInterrupted
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:

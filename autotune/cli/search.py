@@ -20,7 +20,7 @@ from autotune.outputs.view import TerminalView, console, print_outcome, print_pa
 from autotune.plan import conditions
 from autotune.plan.config import RunConfig, WorkerConfig, help_rows, load_config
 from autotune.plan.factory_trust import describe
-from autotune.search.opening import join_config
+from autotune.study.opening import join_config
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

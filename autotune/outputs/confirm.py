@@ -22,10 +22,10 @@ from autotune.common.trial import Status, TrialResult
 from autotune.outputs.pareto import Confirmed, candidates
 from autotune.outputs.snapshot import StudySnapshot, changes_training_of
 from autotune.plan.plan import SearchPlan
-from autotune.search import runner
-from autotune.search.loop import launch
-from autotune.search.observer import SearchObserver
 from autotune.store.records import CONFIRMATION_ATTR, TrialRecord
+from autotune.study import runner
+from autotune.study.loop import launch
+from autotune.study.observer import SearchObserver
 
 """Under the study folder: `confirm/rR-tNNNN/`, one folder per run."""
 

@@ -29,8 +29,8 @@ from autotune.outputs.pareto import NOTHING_TO_RECOMMEND
 from autotune.outputs.snapshot import StudySnapshot, trained_note
 from autotune.plan.plan import SearchPlan
 from autotune.plan.run_info import RunInfo
-from autotune.search.observer import SearchObserver
 from autotune.store.records import Ending, TrialRecord
+from autotune.study.observer import SearchObserver
 
 # Piped output (logs, CI) gets long lines instead of rich's 80-column default, so names and
 # settings are never cut or folded.

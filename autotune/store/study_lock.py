@@ -3,7 +3,7 @@
 A second `autotune search` on a study that is being searched is most likely a mistake (the same
 command run twice, in two terminals): it is refused, naming the one running. Sharing a study on
 purpose is what `workers=N` and `autotune worker` are for; their worker processes do not take
-this lock (the storage keeps them apart: `autotune.search.loop`).
+this lock (the storage keeps them apart: `autotune.study.loop`).
 
 The lock is an exclusive `flock` on `search.lock` in the study folder. The kernel drops it
 when its holder's last descriptor closes, so it is released on any exit, kill -9 included, and

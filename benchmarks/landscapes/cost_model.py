@@ -22,7 +22,7 @@ import yaml
 
 from autotune.common.trial import Status
 from autotune.replay import Landscape, plan_for
-from autotune.search.checks import settings_key
+from autotune.study.checks import settings_key
 
 SPACE = Path(__file__).parents[2] / "search_spaces" / "default.yaml"
 PARAMS = 335e6

@@ -24,7 +24,7 @@ import transformers
 
 import autotune
 from autotune.replay import FIGURES
-from autotune.search import checks
+from autotune.study import checks
 
 HERE = Path(__file__).parent
 SETTINGS = {

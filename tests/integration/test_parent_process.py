@@ -28,7 +28,7 @@ def test_no_module_outside_the_child_folder_imports_torch_or_transformers_when_i
     functions too; this sees what importing every module of the search process really loads.
     """
     modules = _modules(inside_child=False)
-    assert "autotune.search.runner" in modules and "autotune.cli" in modules
+    assert "autotune.study.runner" in modules and "autotune.cli" in modules
     assert not _imported_after(modules) & {"torch", "transformers", "datasets", "accelerate"}
 
 
@@ -49,7 +49,7 @@ def test_the_fork_server_preload_never_initialises_cuda_even_where_cuda_is_prese
         "torch.cuda._lazy_init = lambda: calls.append(traceback.format_stack())\n"
         "torch.cuda.is_available = lambda: True\n"
         "torch.cuda.device_count = lambda: 1\n"
-        "from autotune.search.runner import PRELOAD\n"
+        "from autotune.study.runner import PRELOAD\n"
         "for name in PRELOAD: __import__(name)\n"
         "print(len(calls)); print(''.join(calls[0]) if calls else '')\n"
     )

@@ -17,9 +17,9 @@ import pytest
 
 from autotune.common.models import resolve_model
 from autotune.common.trial import Progress, Stage, Status, TrialSpec
-from autotune.search.loop import RETRY_OF_ATTR
-from autotune.search.runner import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
 from autotune.store.records import PARAMS_ATTR, RESULT_ATTR
+from autotune.study.loop import RETRY_OF_ATTR
+from autotune.study.runner import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
 from tests.benchmarking import up_to_three_attempts
 from tests.conftest import TINY_MODEL
 

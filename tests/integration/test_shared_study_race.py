@@ -14,9 +14,9 @@ import pytest
 from autotune.plan import hardware
 from autotune.plan.config import load_config
 from autotune.plan.plan import make_plan
-from autotune.search import checks
-from autotune.search.loop import run_search
-from autotune.search.opening import open_study
+from autotune.study import checks
+from autotune.study.loop import run_search
+from autotune.study.opening import open_study
 from tests.conftest import TINY_MODEL, postgres_database
 from tests.integration.test_sandbox_cpu import SPACE
 

@@ -16,8 +16,8 @@ import pytest
 from autotune.common.models import resolve_model
 from autotune.common.trial import Status, TrialSpec
 from autotune.plan import factories
-from autotune.search.runner import ForkserverLauncher, launch_trial
-from autotune.search.worker_log import LOG_CAP_BYTES
+from autotune.study.runner import ForkserverLauncher, launch_trial
+from autotune.study.worker_log import LOG_CAP_BYTES
 from tests.conftest import TINY_MODEL
 
 FACTORY_HEAD = """

@@ -31,9 +31,6 @@ from autotune.plan import hardware
 from autotune.plan.config import load_config
 from autotune.plan.plan import make_plan
 from autotune.plan.slots import Slot
-from autotune.search import checks
-from autotune.search.observer import SearchObserver
-from autotune.search.opening import open_study
 from autotune.store.records import (
     BASELINE_ATTR,
     NOT_RUN_ATTR,
@@ -46,6 +43,9 @@ from autotune.store.records import (
     tell_result,
 )
 from autotune.store.storage import open_storage
+from autotune.study import checks
+from autotune.study.observer import SearchObserver
+from autotune.study.opening import open_study
 from tests.benchmarking import up_to_three_attempts
 from tests.conftest import TINY_MODEL, fake_launcher, postgres_database
 

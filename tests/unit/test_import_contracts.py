@@ -53,7 +53,7 @@ def test_the_package_keeps_every_import_contract():
     ("importer", "imported", "broken"),
     [
         # The plan reaching up into the search loop (which imports the plan): a circle.
-        ("autotune.plan.plan", "autotune.search.loop", {CIRCLES, LAYERS}),
+        ("autotune.plan.plan", "autotune.study.loop", {CIRCLES, LAYERS}),
         # Two modules of one folder importing each other.
         ("autotune.plan.estimate", "autotune.plan.plan", {CIRCLES}),
         ("autotune.store.records", "autotune.outputs.snapshot", {CIRCLES, LAYERS}),

@@ -11,8 +11,8 @@ from autotune.common.errors import FactoryError
 from autotune.plan.config import WorkerConfig, load_config
 from autotune.plan.factories import source_file
 from autotune.plan.plan import make_plan
-from autotune.search.opening import join_config, open_study
 from autotune.store.records import run_info
+from autotune.study.opening import join_config, open_study
 from tests.conftest import TINY_MODEL
 
 CPU = DeviceInfo(

@@ -11,8 +11,8 @@ from autotune.common.device import DeviceInfo
 from autotune.common.errors import ConfigError
 from autotune.plan.config import load_config
 from autotune.plan.plan import default_study_name, make_plan
-from autotune.search.checks import over_budget_by_estimate
 from autotune.store.storage import heartbeat_interval_s
+from autotune.study.checks import over_budget_by_estimate
 from tests.conftest import TINY_MODEL
 from tests.unit.stand_ins import CPU, GPUS, machine, plan_for
 

@@ -1,11 +1,11 @@
-"""Stop signals while a search runs (autotune.search.interrupts), sent to this process itself."""
+"""Stop signals while a search runs (autotune.study.interrupts), sent to this process itself."""
 
 import os
 import signal
 
 import pytest
 
-from autotune.search.interrupts import SearchInterrupted, stop_signals
+from autotune.study.interrupts import SearchInterrupted, stop_signals
 
 
 def test_sigterm_during_a_search_raises_an_interrupt_and_the_old_handler_comes_back():

@@ -8,9 +8,9 @@ from autotune.common.device import DeviceInfo
 from autotune.common.errors import StudyError
 from autotune.plan.config import WorkerConfig, load_config
 from autotune.plan.plan import make_plan
-from autotune.search.opening import join_config, locked_study, open_study
 from autotune.store.records import RUN_ATTR, SETTINGS_ATTR, run_info
 from autotune.store.study_lock import StudyLock
+from autotune.study.opening import join_config, locked_study, open_study
 from tests.conftest import TINY_MODEL
 from tests.unit.stand_ins import CPU, plan_for
 
@@ -112,7 +112,7 @@ def test_joining_a_study_that_is_not_there_says_how_to_start_it(tmp_path):
 def test_a_bad_storage_url_leaves_no_empty_out_folder_behind(tmp_path):
     from autotune.plan.config import load_config
     from autotune.plan.plan import make_plan
-    from autotune.search.opening import locked_study
+    from autotune.study.opening import locked_study
     from tests.conftest import TINY_MODEL
 
     cpu = DeviceInfo(cuda_available=False, name="cpu", total_memory_bytes=2**34,

@@ -24,16 +24,6 @@ from autotune.common.knobs import is_compiled
 from autotune.common.layout import COMPILE_CACHE, trial_dir
 from autotune.common.trial import Progress, Status, TrialResult, TrialSpec
 from autotune.plan.plan import SearchPlan
-from autotune.search import checks, runner
-from autotune.search.observer import SearchObserver
-from autotune.search.recovery import (
-    heartbeat,
-    note_interruption,
-    recover,
-    set_aside_result,
-    this_process,
-)
-from autotune.search.sampler import AskTellGridSampler, suggest
 from autotune.store import storage_file
 from autotune.store.records import (
     BASELINE_ATTR,
@@ -49,6 +39,16 @@ from autotune.store.records import (
     tell_repeat,
     tell_result,
 )
+from autotune.study import checks, runner
+from autotune.study.observer import SearchObserver
+from autotune.study.recovery import (
+    heartbeat,
+    note_interruption,
+    recover,
+    set_aside_result,
+    this_process,
+)
+from autotune.study.sampler import AskTellGridSampler, suggest
 
 MAX_REPEATS = 50
 RUNNING_BACKOFF_S = 0.5

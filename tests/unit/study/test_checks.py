@@ -1,7 +1,7 @@
 from autotune.common.knobs import baseline_params
 from autotune.common.trial import Status, TrialResult
-from autotune.search.checks import as_hungry_as_an_oom, over_budget_by_estimate
 from autotune.store.records import TrialRecord
+from autotune.study.checks import as_hungry_as_an_oom, over_budget_by_estimate
 from tests.unit.stand_ins import OOM
 
 

@@ -5,7 +5,7 @@ from autotune.common.device import DeviceInfo
 from autotune.common.errors import ConfigError
 from autotune.plan.config import load_config
 from autotune.plan.plan import make_plan
-from autotune.search.sampler import make_sampler
+from autotune.study.sampler import make_sampler
 from tests.conftest import TINY_MODEL
 
 CPU = DeviceInfo(

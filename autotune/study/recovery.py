@@ -19,7 +19,6 @@ from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.common.layout import INTERRUPTED_RESULT, RESULT_FILE, trial_dir
-from autotune.search.interrupts import SearchInterrupted
 from autotune.store.records import (
     BASELINE_ATTR,
     INTERRUPTED_BY_ATTR,
@@ -27,6 +26,7 @@ from autotune.store.records import (
     RETRY_OF_ATTR,
     is_interrupted,
 )
+from autotune.study.interrupts import SearchInterrupted
 
 UNOWNED_GRACE_S = 60.0
 """A RUNNING trial that names no owner this long after it started was left by an old search."""

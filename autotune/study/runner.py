@@ -40,8 +40,8 @@ from autotune.common.trial import (
     write_json_atomic,
 )
 from autotune.common.units import GIB, format_bytes_apart
-from autotune.search.oom_killer import OomWitness
-from autotune.search.worker_log import CappedLog
+from autotune.study.oom_killer import OomWitness
+from autotune.study.worker_log import CappedLog
 
 WORKER_COMMAND = (sys.executable, "-m", "autotune.child.worker")
 PRELOAD = (

@@ -63,8 +63,8 @@ def test_of_two_retries_queued_for_one_trial_only_the_first_runs():
 
 
 def test_of_two_baselines_queued_at_once_only_the_first_runs():
-    from autotune.search.opening import enqueue_baseline
     from autotune.store.records import BASELINE_ATTR
+    from autotune.study.opening import enqueue_baseline
 
     study = optuna.create_study(directions=["maximize", "minimize"])
     for _ in range(2):  # two workers starting on a new study at the same moment
@@ -77,6 +77,6 @@ def test_of_two_baselines_queued_at_once_only_the_first_runs():
 
 
 def not_to_run(study, trial, params, n_trials):
-    from autotune.search.loop import _not_to_run
+    from autotune.study.loop import _not_to_run
 
     return _not_to_run(trial, params, n_trials, study.get_trials(deepcopy=False))

@@ -8,8 +8,8 @@ import optuna
 import psutil
 
 from autotune.common.layout import INTERRUPTED_RESULT
-from autotune.search.recovery import recover
 from autotune.store.records import OWNER_ATTR
+from autotune.study.recovery import recover
 
 
 def running_trial(study, owner):
@@ -41,7 +41,7 @@ def test_only_trials_of_searches_that_are_gone_count_as_interrupted(tmp_path, mo
     assert states[legacy] is running
     assert queued == [dead_pid, reused]
     # Long after it started, an unowned running trial is an old search's.
-    monkeypatch.setattr("autotune.search.recovery.UNOWNED_GRACE_S", 0.0)
+    monkeypatch.setattr("autotune.study.recovery.UNOWNED_GRACE_S", 0.0)
     assert recover(study, tmp_path, baseline={})[1] == [legacy]
     dead_dir = tmp_path / "trials" / f"{dead_pid:04d}"
     assert not (dead_dir / "result.json").exists(), "an unrecorded result passes for a real one"

@@ -24,7 +24,6 @@ from autotune.common.urls import safe_url
 from autotune.plan.config import PER_PROCESS_SETTINGS, RunConfig, WorkerConfig, make_config
 from autotune.plan.factory_trust import factory_to_run
 from autotune.plan.plan import SearchPlan, settle
-from autotune.search.sampler import make_sampler
 from autotune.store.records import (
     BASELINE_ATTR,
     DIRECTIONS,
@@ -37,6 +36,7 @@ from autotune.store.records import (
 )
 from autotune.store.storage import load_named, open_storage
 from autotune.store.study_lock import StudyLock
+from autotune.study.sampler import make_sampler
 
 
 @contextlib.contextmanager
