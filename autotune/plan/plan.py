@@ -137,15 +137,15 @@ class SearchPlan:
 
 
 def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
+    """The plan for `config` on this device, every problem with it named at once (a
+    ConfigError); `settle` finishes it for its study."""
     problems: list[str] = []
     device = device_info.resolve(config.device)
-    model = space = None
+    model = task = None
     try:
         model = resolve_model(config.model)
     except AutotuneError as exc:
         problems.append(str(exc))
-    auto_space = "default" if device == "cuda" else "cpu"
-    space_name = auto_space if config.space == "auto" else config.space
     facts = SoftwareFacts.from_probe(dataclasses.asdict(device_info))
     source = "trainer" if config.trainer else "data" if config.data else "synthetic"
     rules = SamplingRules(
@@ -154,6 +154,56 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
     )
     slots, slot_problems = assign(config.workers, config.devices, device, device_info)
     problems += slot_problems
+    space = _fitted_space(config, device, device_info, facts, rules, source, slots, problems)
+    study_name = study_dir = data = data_info = None
+    if model is not None:
+        task = model.default_task if config.task == "auto" else config.task
+        problems += input_problems(model, task, config.seq_len, facts)
+        study_name, study_dir = _study_folder(config, model, device, problems)
+        if config.data:
+            try:
+                data, data_info = _data(config, model)
+            except AutotuneError as exc:
+                problems.append(str(exc))
+    search_dir = Path.cwd()
+    trainer = trainer_info(config.trainer, search_dir) if config.trainer else None
+    cuda_indices = [s.cuda_index for s in slots if s.cuda_index is not None]
+    device_name, available_bytes = device_info.memory_for(device, cuda_indices, len(slots))
+    if not config.memory_budget and available_bytes <= 0:
+        problems.append(_no_memory_left(device, device_info, len(slots)))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    assert model is not None and task and space is not None and study_name and study_dir
+    info = RunInfo(
+        study=study_name, model=model.name, model_config=model.config, task=task,
+        seq_len=config.seq_len, device=device, device_name=device_name, space=space.name,
+        space_notes=list(space.notes), effective_batch_size=rules.effective_batch_size,
+        memory_budget_bytes=int(config.memory_budget or available_bytes),
+        headroom=config.headroom, noise_cv=config.noise_cv,
+        math_change_min_gain=config.math_change_min_gain, report_to=config.report_to,
+        data=data_info, trainer=trainer, measure_steps=config.measure_steps,
+        warmup_steps=config.warmup_steps, cores_per_trial=trial_cores(slots),
+        versions=conditions.installed_versions(device_info),
+    )  # fmt: skip
+    baseline = baseline_params(
+        device_info.default_optim, config.effective_batch_size,
+        own_data=source != "synthetic", own_collator=source != "trainer",
+    )  # fmt: skip
+    return SearchPlan(
+        config=config, model=model, info=info, space=space, rules=rules, baseline=baseline,
+        study_dir=study_dir, storage_url=config.storage or study_db_url(study_dir),
+        device_info=device_info, slots=slots, data=data, search_dir=search_dir,
+        host_limit_bytes=available_bytes if device == "cpu" else None,
+    )  # fmt: skip
+
+
+def _fitted_space(config: RunConfig, device: str, device_info: DeviceInfo,
+                  facts: SoftwareFacts, rules: SamplingRules, source: str, slots: list[Slot],
+                  problems: list[str]) -> SearchSpace | None:  # fmt: skip
+    """The space `space=` names, fitted to the device, the data source and the cores each
+    trial has; None, with the problem added to `problems`, when it cannot be."""
+    auto_space = "default" if device == "cuda" else "cpu"
+    space_name = auto_space if config.space == "auto" else config.space
     try:
         space = load_space(space_name, facts)
         if space.device not in ("any", device):
@@ -161,84 +211,24 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
                 f"space={space.name} is for device={space.device}, but this search runs on {device}"
             )
         cores = trial_cores(slots)  # loader workers beyond them are taken out of the space
-        space = apply_sampling_rules(fit_space(space, device, device_info, source, cores), rules)
+        return apply_sampling_rules(fit_space(space, device, device_info, source, cores), rules)
     except AutotuneError as exc:
         problems.append(str(exc))
-        space = None
-    if model is not None:
-        task = model.default_task if config.task == "auto" else config.task
-        problems += input_problems(model, task, config.seq_len, facts)
-    study_name = study_dir = None
-    if model is not None:
-        study_name = config.study or default_study_name(model.name, device, config.seq_len)
-        study_dir = (config.out / study_name).resolve()
-        if not study_dir.is_relative_to(config.out.resolve()):
-            problems.append(f"study={study_name}: {study_dir} lies outside out={config.out}")
-        try:  # before anything (the data cache first) is written into it
-            check_owner(study_dir)
-        except AutotuneError as exc:
-            problems.append(str(exc))
-    search_dir = Path.cwd()
-    data = data_info = trainer = None
-    if config.data and model is not None:
-        try:
-            data, data_info = _data(config, model)
-        except AutotuneError as exc:
-            problems.append(str(exc))
-    if config.trainer:
-        trainer = trainer_info(config.trainer, search_dir)
-    device_name, available_bytes = device_info.memory_for(
-        device, [s.cuda_index for s in slots if s.cuda_index is not None], len(slots)
-    )
-    if not config.memory_budget and available_bytes <= 0:
-        problems.append(_no_memory_left(device, device_info, len(slots)))
-    if problems:
-        raise ConfigError("\n".join(problems))
-    assert model is not None and space is not None and study_name and study_dir
+        return None
 
-    info = RunInfo(
-        study=study_name,
-        model=model.name,
-        model_config=model.config,
-        task=task,
-        seq_len=config.seq_len,
-        device=device,
-        device_name=device_name,
-        space=space.name,
-        space_notes=list(space.notes),
-        effective_batch_size=rules.effective_batch_size,
-        memory_budget_bytes=int(config.memory_budget or available_bytes),
-        headroom=config.headroom,
-        noise_cv=config.noise_cv,
-        math_change_min_gain=config.math_change_min_gain,
-        report_to=config.report_to,
-        data=data_info,
-        trainer=trainer,
-        measure_steps=config.measure_steps,
-        warmup_steps=config.warmup_steps,
-        cores_per_trial=trial_cores(slots),
-        versions=conditions.installed_versions(device_info),
-    )
-    return SearchPlan(
-        config=config,
-        model=model,
-        info=info,
-        space=space,
-        rules=rules,
-        baseline=baseline_params(
-            device_info.default_optim,
-            config.effective_batch_size,
-            own_data=source != "synthetic",
-            own_collator=source != "trainer",
-        ),
-        study_dir=study_dir,
-        storage_url=config.storage or study_db_url(study_dir),
-        device_info=device_info,
-        slots=slots,
-        data=data,
-        search_dir=search_dir,
-        host_limit_bytes=available_bytes if device == "cpu" else None,
-    )
+
+def _study_folder(config: RunConfig, model: ModelSpec, device: str,
+                  problems: list[str]) -> tuple[str, Path]:  # fmt: skip
+    """The study's name and folder (inside `out=`, and this user's), problems added."""
+    study_name = config.study or default_study_name(model.name, device, config.seq_len)
+    study_dir = (config.out / study_name).resolve()
+    if not study_dir.is_relative_to(config.out.resolve()):
+        problems.append(f"study={study_name}: {study_dir} lies outside out={config.out}")
+    try:  # before anything (the data cache first) is written into it
+        check_owner(study_dir)
+    except AutotuneError as exc:
+        problems.append(str(exc))
+    return study_name, study_dir
 
 
 def _no_memory_left(device: str, device_info: DeviceInfo, workers: int) -> str:
