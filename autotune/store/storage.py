@@ -1,6 +1,6 @@
-"""Where a study lives: opening its Optuna storage for a search (under the study folder's
-lock), for a worker joining one, or read-only for the report and the exports; every way that
-can fail, said plainly.
+"""Where a study lives: its Optuna storage, opened for the processes that write it (a search
+opens its study through `autotune.study.opening`) or read-only for the report and the exports;
+every way that can fail, said plainly. Storage only stores: it settles nothing of the plan.
 
 Several processes may write one study at once (`workers=N`, `autotune worker`), so every
 storage a search opens is safe for that (`benchmarks/storages.py` measured the choices):
