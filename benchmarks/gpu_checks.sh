@@ -58,7 +58,7 @@ fi
 
 case "$stage" in
 search)
-  python3 -m autotune.plan.hardware > "$OUT/probe.json"
+  python3 -m autotune.child.probe > "$OUT/probe.json"
   {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
     python3 -c "import sys, torch, transformers, optuna, bitsandbytes; \
