@@ -156,7 +156,9 @@ def _start(folder: Path, index: int, handoff: bytes) -> subprocess.Popen:
             preexec_fn=die_with_parent,  # and none outlives this process (kill -9 included)
         )
     assert worker.stdin is not None
-    with worker.stdin:
+    # A worker that died before reading it (its exit code and log say why) must not stop the
+    # search from starting and watching the others.
+    with contextlib.suppress(BrokenPipeError), worker.stdin:
         worker.stdin.write(handoff)
     return worker
 

@@ -88,7 +88,7 @@ def run_search(
                        launcher or runner.ForkserverLauncher())  # fmt: skip
     while True:
         trials = loop.refresh()
-        stopped = loop.stop_reason(trials)
+        stopped = loop.stop_reason()
         if stopped is not None:
             return stopped
         if loop.others_finish(trials):
@@ -161,7 +161,7 @@ class _Loop:
         self.done = sum(counts_toward_n_trials(t) for t in trials)
         return trials
 
-    def stop_reason(self, trials: list[FrozenTrial]) -> str | None:
+    def stop_reason(self) -> str | None:
         n_trials = self.plan.config.n_trials
         if self.done >= n_trials:
             return f"{self.done} of {n_trials} trials finished"
