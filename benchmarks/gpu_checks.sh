@@ -13,7 +13,12 @@
 #       report.html and study.tgz (the study folder without its inductor cache and report).
 #       Given the study.tgz of an earlier search stage, the search resumes that study.
 #   OUT=DIR bash benchmarks/gpu_checks.sh follow-up STUDY_TGZ
-#       (GPU, ~5 min) fidelity.json, guide_table.md, guide_table.json and follow_up.txt.
+#       (GPU, ~5 min) fork_cuda.json, fidelity.json, guide_table.md, guide_table.json and
+#       follow_up.txt.
+#   OUT=DIR bash benchmarks/gpu_checks.sh lease
+#       (GPU, <= 9 min) all of it, smaller, for a lease of 15 minutes: a search of 3.5 minutes
+#       at effective batch 32, fidelity over 60 steps, the guide's table; eight files: the
+#       search stage's first five, fidelity.json, guide_table.md and rest.tgz (the others).
 #
 # GPU stages install ./.whl (if present) into /tmp/site first. MODEL and SEQ_LEN pick another
 # model; SEARCH_ARGS (key=value ...) replaces the bounded search settings below. A dry run of
@@ -33,6 +38,23 @@ seq_len=${SEQ_LEN:-512}
 search_args=${SEARCH_ARGS:-effective_batch_size=128 n_trials=60 timeout=5m trial_timeout=150s \
 compile_timeout=100s}
 search_wall_s=${SEARCH_WALL_S:-480}
+
+if [ "$stage" = lease ]; then
+  OUT=${OUT:?set OUT to the folder for the results}
+  rest=$work/lease
+  rm -rf "$rest" && mkdir -p "$rest/search" "$rest/follow-up"
+  OUT=$rest/search SEARCH_WALL_S=${SEARCH_WALL_S:-210} SEARCH_ARGS=${SEARCH_ARGS:-\
+effective_batch_size=32 n_trials=40 timeout=150s trial_timeout=90s compile_timeout=60s} \
+    bash "$0" search || echo "search stage exited with $?"
+  OUT=$rest/follow-up FIDELITY_STEPS=60 FIDELITY_WALL_S=90 GUIDE_WALL_S=150 \
+    bash "$0" follow-up "$rest/search/study.tgz" || echo "follow-up stage exited with $?"
+  for name in search/probe.json search/env.txt search/search.txt search/trials.csv \
+    search/recommended.json follow-up/fidelity.json follow-up/guide_table.md; do
+    mv "$rest/$name" "$OUT/" 2>/dev/null || true  # a stage may have written none
+  done
+  tar -czf "$OUT/rest.tgz" -C "$rest" .
+  exit 0
+fi
 
 if [ "$stage" = wheels ]; then
   mkdir -p .whl
@@ -78,10 +100,14 @@ print('bitsandbytes', bitsandbytes.__version__)"
   ;;
 follow-up)
   [ -n "${2:-}" ] || { echo "follow-up needs the search stage's study.tgz" >&2; exit 2; }
+  # A trial forked from the fork server must still reach the GPU (fork_cuda.py says why).
+  # Each step is bounded so that the next one runs; an interrupted step writes no file.
   {
-    python3 benchmarks/fidelity.py "$work/reports/$study" --steps 200 --out "$OUT/fidelity.json"
-    python3 benchmarks/guide_table.py --model "$model" --seq-len "$seq_len" \
-      --out "$OUT/guide_table.md"
+    python3 benchmarks/fork_cuda.py --out "$OUT/fork_cuda.json" || true
+    timeout -s INT "${FIDELITY_WALL_S:-240}" python3 benchmarks/fidelity.py \
+      "$work/reports/$study" --steps "${FIDELITY_STEPS:-200}" --out "$OUT/fidelity.json" || true
+    timeout -s INT "${GUIDE_WALL_S:-300}" python3 benchmarks/guide_table.py --model "$model" \
+      --seq-len "$seq_len" --out "$OUT/guide_table.md" || true
   } 2>&1 | tee "$OUT/follow_up.txt"
   ;;
 *)

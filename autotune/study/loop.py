@@ -84,8 +84,8 @@ def run_search(
     (`StudyFileLost`): SQLite would go on writing to the deleted file, and a resume would find
     nothing.
     """
-    loop = _Loop.start(plan, study, observer or SearchObserver(),
-                       launcher or runner.ForkserverLauncher())  # fmt: skip
+    launcher = launcher or runner.ForkserverLauncher(cuda=plan.device_info.cuda_available)
+    loop = _Loop.start(plan, study, observer or SearchObserver(), launcher)
     while True:
         trials = loop.refresh()
         stopped = loop.stop_reason()

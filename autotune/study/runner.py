@@ -51,6 +51,11 @@ PRELOAD = (
     "transformers.trainer",
     "autotune.child.worker",
 )
+CUDA_SAFE_PRELOAD = PRELOAD[:3]
+"""What the server may import on a CUDA machine. Importing `transformers.trainer` initialises
+CUDA (measured on an H200, torch 2.11, transformers 5.17), and a process forked after that
+cannot use CUDA at all ("Cannot re-initialize CUDA in forked subprocess"): there each trial
+imports the Trainer itself."""
 STDERR_TAIL_CHARS = 4000
 POLL_S = 0.05
 TREE_WALK_S = 0.5
@@ -121,15 +126,15 @@ class _Forked:
 
 
 class ForkserverLauncher:
-    def __init__(self) -> None:
+    def __init__(self, cuda: bool = False) -> None:
         # Imports may ask torch.cuda.is_available(); answered through NVML it leaves CUDA
         # uninitialised in the server, so forked trials can still create their own context.
         # The server inherits this process's environment when it starts.
         os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         self.context = multiprocessing.get_context("forkserver")
-        # The server imports these once; importing torch does not initialise CUDA, so every
-        # forked trial still gets a CUDA context of its own.
-        self.context.set_forkserver_preload(list(PRELOAD))
+        # The server imports these once; on a GPU it stops short of what initialises CUDA, so
+        # every forked trial still gets a CUDA context of its own.
+        self.context.set_forkserver_preload(list(CUDA_SAFE_PRELOAD if cuda else PRELOAD))
         self._ready = False
 
     def ready(self) -> None:

@@ -42,15 +42,17 @@ def test_no_module_of_the_child_folder_imports_optuna():
 def test_the_fork_server_preload_never_initialises_cuda_even_where_cuda_is_present():
     # A trial forked from a server that has initialised CUDA cannot use the GPU ("Cannot
     # re-initialize CUDA in forked subprocess"). Pretend a GPU is present and make CUDA's lazy
-    # initialisation fail loudly: importing what the server preloads must not reach it.
+    # initialisation fail loudly: importing what the server preloads on a GPU must not reach
+    # it. This sees Python-level initialisation only: on a CPU build of torch the calls that
+    # reach the driver return early (benchmarks/fork_cuda.py checks a real GPU).
     code = (
         "import traceback, torch, torch.cuda\n"
         "calls = []\n"
         "torch.cuda._lazy_init = lambda: calls.append(traceback.format_stack())\n"
         "torch.cuda.is_available = lambda: True\n"
         "torch.cuda.device_count = lambda: 1\n"
-        "from autotune.study.runner import PRELOAD\n"
-        "for name in PRELOAD: __import__(name)\n"
+        "from autotune.study.runner import CUDA_SAFE_PRELOAD\n"
+        "for name in CUDA_SAFE_PRELOAD: __import__(name)\n"
         "print(len(calls)); print(''.join(calls[0]) if calls else '')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -204,6 +204,39 @@ def tiny_spec(number: int) -> TrialSpec:
     )  # fmt: skip
 
 
+SERVER_MODULES = """
+import sys
+from pathlib import Path
+from autotune.study.runner import ForkserverLauncher, _TrialProcess, launch_trial
+from tests.integration.test_sandbox_cpu import tiny_spec, write_modules
+
+launcher = ForkserverLauncher(cuda=True)
+launcher.ready()
+probe = _TrialProcess(target=write_modules, args=(sys.argv[1] + "/modules",))
+probe.start()
+probe.join()
+result = launch_trial(tiny_spec(0), Path(sys.argv[1]) / "trial", timeout_s=120, launcher=launcher)
+print(result.status.value, result.reason)
+"""
+
+
+def write_modules(path: str) -> None:
+    Path(path).write_text("\n".join(sorted(sys.modules)))
+
+
+def test_a_fork_server_for_a_gpu_leaves_the_trainer_import_to_each_trial(tmp_path):
+    # On an H200 (torch 2.11, transformers 5.17) importing transformers.trainer initialised
+    # CUDA, and every trial forked after it failed: "Cannot re-initialize CUDA in forked
+    # subprocess". A CPU build of torch cannot show that; this shows what the server holds
+    # and that trials still train (benchmarks/fork_cuda.py checks the GPU itself).
+    out = subprocess.run([sys.executable, "-c", SERVER_MODULES, str(tmp_path)],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert out.stdout.split()[0] == "ok", out.stdout + out.stderr
+    in_server = set((tmp_path / "modules").read_text().split())
+    assert {"torch", "transformers"} <= in_server
+    assert not {"transformers.trainer", "autotune.child.worker"} & in_server
+
+
 @pytest.mark.benchmark
 @up_to_three_attempts
 def test_forked_trials_start_far_faster_than_a_cold_process(tmp_path):

@@ -1,0 +1,58 @@
+"""Can a process forked from the fork server still use the GPU? Run on a CUDA machine.
+
+Imports the modules the server preloads, one at a time and in its order, and after each one
+forks a child that puts a tensor on the GPU. A child forked after CUDA was initialised fails
+("Cannot re-initialize CUDA in forked subprocess"), and so would every trial of a search. The
+server preloads `CUDA_SAFE_PRELOAD` on a GPU; the rest of `PRELOAD` (what it holds on a CPU) is
+tried too, to show which import initialises CUDA. Exits 1 when a module of the first list does.
+
+    python benchmarks/fork_cuda.py [--out fork_cuda.json]
+"""
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from autotune.study.runner import CUDA_SAFE_PRELOAD, PRELOAD, ForkserverLauncher
+
+
+def forked_child_uses_cuda() -> bool:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            import torch
+
+            torch.ones(1, device="cuda").sum().item()
+            os._exit(0)
+        except Exception as error:  # noqa: BLE001  # the child's answer is its exit code
+            print(f"  forked child: {type(error).__name__}: {error}", file=sys.stderr)
+            os._exit(1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    ForkserverLauncher(cuda=True)  # sets the environment the server starts with
+    rows = []
+    for name in PRELOAD:
+        importlib.import_module(name)
+        ok = forked_child_uses_cuda()
+        rows.append({"after_import": name, "on_gpu_preload": name in CUDA_SAFE_PRELOAD,
+                     "forked_child_uses_cuda": ok})  # fmt: skip
+        print(f"after {name}: a forked child {'can' if ok else 'cannot'} use CUDA", flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=2) + "\n")
+    failed = [
+        r["after_import"] for r in rows if r["on_gpu_preload"] and not r["forked_child_uses_cuda"]
+    ]
+    if failed:
+        sys.exit(f"the GPU preload initialises CUDA: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()
