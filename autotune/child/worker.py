@@ -27,7 +27,7 @@ import torch
 import transformers
 import transformers.trainer
 
-from autotune.child import data, measure
+from autotune.child import data, measure, ranks
 from autotune.child import factory as factories
 from autotune.child.models import build_model
 from autotune.common import knobs
@@ -57,16 +57,28 @@ class InvalidConfig(Exception):
     """The settings were refused before training started."""
 
 
-def train_trial(spec: TrialSpec, progress_path: Path) -> TrialResult:
-    """The trial in stages: memory baseline, arguments, model, data, timed training, result."""
+def train_trial(
+    spec: TrialSpec, progress_path: Path, rank: ranks.Rank | None = None
+) -> TrialResult | None:
+    """The trial in stages: memory baseline, arguments, model, data, timed training, result.
+    On several devices it runs on each `rank`, and rank 0 returns the result (others None)."""
     trial_started_s = time.perf_counter()
     # The Trainer wants an output folder; with saving and logging off it stays empty.
     with tempfile.TemporaryDirectory(prefix="autotune-trainer-") as workdir:
-        baseline_rss = _prepare(spec)
+        if (
+            rank is not None
+            and rank.sharded
+            and spec.params.get("optim") in knobs.UNSHARDABLE_OPTIMIZERS
+        ):
+            raise InvalidConfig(f"{spec.params['optim']} cannot update {rank.strategy}'s sharded "
+                                "parameters (DTensors)")  # fmt: skip
+        baseline_rss = _prepare(spec, rank)
         on_cuda = spec.device == "cuda"
-        timer = measure.StepTimer(
-            spec.warmup_steps, torch.cuda.synchronize if on_cuda else _no_sync
-        )
+        if rank is not None:
+            sync = ranks.barrier_sync(on_cuda)
+        else:
+            sync = torch.cuda.synchronize if on_cuda else _no_sync
+        timer = measure.StepTimer(spec.warmup_steps, sync)
         reporter = ProgressReporter(
             progress_path,
             timer,
@@ -74,19 +86,24 @@ def train_trial(spec: TrialSpec, progress_path: Path) -> TrialResult:
             baseline_rss_bytes=baseline_rss,
             started_s=trial_started_s,
         )
-        reporter.report_building()  # with this record the parent's CPU watchdog has its zero
+        reports = rank is None or rank.rank == 0  # one writer of the trial's progress
+        if reports:
+            reporter.report_building()  # with this record the parent's CPU watchdog has its zero
         started = time.perf_counter()
         tuned_args = knobs.training_args(spec.params, device=spec.device, fields=_ARG_FIELDS)
         model_kwargs = knobs.model_kwargs(spec.params)
         if spec.trainer:
             trainer = _users_trainer(spec, tuned_args, model_kwargs, workdir)
         else:
-            trainer = _our_trainer(spec, tuned_args, model_kwargs, workdir)
+            trainer = _our_trainer(spec, tuned_args, model_kwargs, workdir, rank)
+        if rank is not None:
+            ranks.shard(rank, trainer.model)
         timer.counter = measure.count_batches(trainer)
         # Callbacks run in list order, after the Trainer's and the user's own: the reporter
         # after the timer has read the clock.
         trainer.add_callback(timer)
-        trainer.add_callback(reporter)
+        if reports:
+            trainer.add_callback(reporter)
         build_s = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -94,7 +111,17 @@ def train_trial(spec: TrialSpec, progress_path: Path) -> TrialResult:
         train_s = time.perf_counter() - started
 
         model = trainer.model
-        memory = _cuda_memory() if on_cuda else _cpu_memory(baseline_rss)
+        memory = _cuda_memory() if on_cuda else _cpu_memory(baseline_rss, rank)
+        counts = None
+        if rank is not None:
+            gathered = ranks.gather(rank, trainer, timer.measured_counts(),
+                                    memory["peak_memory_gib"])  # fmt: skip
+            if rank.rank != 0:
+                return None
+            counts = gathered.counts
+            memory["peak_memory_gib"] = max(gathered.peak_memory_gib)
+            memory["rank_peak_memory_gib"] = gathered.peak_memory_gib
+            memory["rank_params"] = gathered.params
         device_name = torch.cuda.get_device_name() if on_cuda else "cpu"
         step_times_s = timer.measured_step_times_s()
         measured: dict[str, Any] = {
@@ -112,11 +139,15 @@ def train_trial(spec: TrialSpec, progress_path: Path) -> TrialResult:
             "trained_model": getattr(model.config, "name_or_path", "") or model.config.model_type,
             "trained_seq_len": timer.counter.longest or None,
         }
-        return _result(spec, timer, model, output.training_loss, measured)
+        return _result(spec, timer, model, output.training_loss, measured, counts)
 
 
 def _our_trainer(
-    spec: TrialSpec, tuned_args: dict[str, Any], model_kwargs: dict[str, Any], workdir: str
+    spec: TrialSpec,
+    tuned_args: dict[str, Any],
+    model_kwargs: dict[str, Any],
+    workdir: str,
+    rank: ranks.Rank | None = None,
 ) -> transformers.Trainer:
     """The HF Trainer on the model built from its config, with random tokens or the user's
     prepared data (`data=`), memory-mapped here, after the fork: the fork server never loads
@@ -141,12 +172,15 @@ def _our_trainer(
         )
     else:
         samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        # A distributed Trainer splits one dataset between the ranks; under sharding each rank
+        # loads its own, other samples on each.
+        shared = rank is not None and rank.trainer_distributed
         dataset = data.SyntheticDataset(
             task=spec.task,
             vocab_size=model.config.vocab_size,
             seq_len=spec.seq_len,
-            n_samples=samples_per_step * args.max_steps,
-            seed=spec.seed,
+            n_samples=samples_per_step * args.max_steps * (rank.world_size if shared else 1),
+            seed=spec.seed + (rank.rank if rank is not None and not shared else 0),
         )
         collator = None  # the Trainer's default: the samples are of one length
     return transformers.Trainer(
@@ -201,7 +235,7 @@ _ARG_FIELDS = frozenset(f.name for f in dataclasses.fields(transformers.Training
 """The installed transformers' TrainingArguments fields (names change between releases)."""
 
 
-def _prepare(spec: TrialSpec) -> int:
+def _prepare(spec: TrialSpec, rank: ranks.Rank | None = None) -> int:
     """Seeds, caches and memory accounting; returns the process's resident size before the
     trial builds anything (the CPU memory baseline)."""
     # torch and transformers leave millions of objects on the heap; a full garbage collection
@@ -214,6 +248,8 @@ def _prepare(spec: TrialSpec) -> int:
     # Every module a trial needs is imported by now (transformers.trainer at the top of this
     # file, as the fork server preloads it), so growth past this point is the trial's own.
     baseline_rss = psutil.Process().memory_info().rss
+    if rank is not None:
+        baseline_rss = ranks.reset_peak_rss()  # a forked rank starts with the worker's peak
     if spec.device == "cuda":
         _cap_cuda_memory(spec.memory_budget_bytes)
         torch.cuda.reset_peak_memory_stats()
@@ -330,15 +366,17 @@ def _result(
     model: Any,
     loss: float,
     measured: dict[str, Any],
+    counts: measure.Counts | None = None,
 ) -> TrialResult:
-    """The verdict, and for an `ok` trial throughput, compile time and MFU."""
+    """The verdict, and for an `ok` trial throughput, compile time and MFU; `counts` are every
+    rank's batches on several devices."""
     step_times_s = timer.measured_step_times_s()
     status, reason = verdict(len(step_times_s), spec.measure_steps, loss)
     if status is not Status.OK:
         return TrialResult(
             status=status, reason=reason, measured_steps=len(step_times_s), **measured
         )
-    counts = timer.measured_counts()
+    counts = counts or timer.measured_counts()
     if counts.samples == 0:
         return TrialResult(
             status=Status.ERROR,
@@ -361,11 +399,13 @@ def _result(
         **dataclasses.asdict(stats),
         compile_s=compile_s,
         flops_per_sample=flops / counts.samples if flops else None,
-        mfu=flops / sum(step_times_s) / (peak * 1e12) if flops and peak else None,
+        mfu=flops / sum(step_times_s) / (peak * 1e12 * spec.devices) if flops and peak else None,
     )
 
 
-def _cpu_memory(baseline_rss: int) -> dict[str, Any]:
+def _cpu_memory(baseline_rss: int, rank: ranks.Rank | None = None) -> dict[str, Any]:
+    if rank is not None:
+        return {"peak_memory_gib": ranks.peak_rss_gib_since(baseline_rss)}
     return {"peak_memory_gib": (measure.peak_rss_bytes() - baseline_rss) / GIB}
 
 
@@ -427,16 +467,26 @@ def main(argv: list[str]) -> int:
     keep_orphans_in_this_tree()
     spec_path, result_path = Path(argv[0]), Path(argv[1])
     spec = spec_from_dict(json.loads(spec_path.read_text()))
-    try:
-        result = train_trial(spec, result_path.parent / PROGRESS_FILE)
-    except torch.OutOfMemoryError as exc:
-        result = _failure(Status.OOM, exc)
-    except InvalidConfig as exc:
-        result = _failure(Status.INVALID_CONFIG, exc.__cause__ or exc)
-    except Exception as exc:  # noqa: BLE001 - any failure is this trial's result, named and kept
-        # Some libraries (bitsandbytes, compiled kernels) raise out-of-memory as RuntimeError.
-        status = Status.OOM if "out of memory" in str(exc).lower() else Status.ERROR
-        result = _failure(status, exc)
+    progress_path = result_path.parent / PROGRESS_FILE
+
+    def attempt(rank: ranks.Rank | None) -> tuple[TrialResult | None, bool]:
+        try:
+            return train_trial(spec, progress_path, rank), False
+        except torch.OutOfMemoryError as exc:
+            return _failure(Status.OOM, exc), True
+        except (InvalidConfig, ranks.StrategyNotApplied) as exc:
+            status = Status.INVALID_CONFIG if isinstance(exc, InvalidConfig) else Status.ERROR
+            return _failure(status, exc.__cause__ or exc), True
+        except Exception as exc:  # noqa: BLE001 - any failure is the trial's result, named, kept
+            # Some libraries (bitsandbytes, compiled kernels) raise out-of-memory as RuntimeError.
+            status = Status.OOM if "out of memory" in str(exc).lower() else Status.ERROR
+            return _failure(status, exc), True
+
+    if spec.devices > 1:
+        result = ranks.run(spec, result_path.parent, attempt)
+    else:
+        result, _ = attempt(None)
+        assert result is not None  # one device: this process is rank 0
     result = dataclasses.replace(result, worker_pid=os.getpid())
     write_json_atomic(result_path, result.to_dict())
     # Exited, this process would leave its descendants to PID 1, out of the search's sight.

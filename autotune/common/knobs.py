@@ -17,6 +17,18 @@ from typing import Any, Literal
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp16+tf32", "bf16+tf32")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 ATTENTION = ("sdpa", "eager")
+STRATEGIES = ("single", "ddp", "fsdp", "fsdp_grad_op")
+"""How a trial's ranks share the training (`devices_per_trial`): `single` is one device;
+`ddp` replicates the model and averages gradients (what torchrun + the HF defaults do);
+`fsdp` shards parameters, gradients and optimizer states across the ranks (FSDP2
+`fully_shard`), gathering each block's parameters for its forward and backward;
+`fsdp_grad_op` keeps the gathered parameters from the forward to the backward (one gather
+fewer a step, more memory: ZeRO-2-like)."""
+SHARDED = frozenset({"fsdp", "fsdp_grad_op"})
+"""Strategies under which each rank holds 1/N of the parameters."""
+UNSHARDABLE_OPTIMIZERS = frozenset({"adafactor"})
+"""Optimizers whose update cannot run on FSDP2's sharded parameters (DTensors): transformers'
+Adafactor mixes them with plain tensors ("got mixed torch.Tensor and DTensor")."""
 
 MemoryOrder = Literal["larger is hungrier", "off is hungrier", "unordered"]
 Mapping = Callable[[Any, dict[str, Any], Collection[str]], dict[str, Any]]
@@ -239,6 +251,10 @@ KNOBS: dict[str, Knob] = {
             short="group", baseline=False, data_only=True, training_args=_group_args,
         ),
         Knob(
+            name="strategy", kind=str, check=lambda v: v in STRATEGIES,
+            expected="one of " + ", ".join(STRATEGIES),
+        ),  # applied by the worker's ranks (child/ranks.py), not through TrainingArguments
+        Knob(
             name="pad_to_multiple_of", kind=int, check=lambda v: v >= 1,
             expected="an integer >= 1 (1: pad to the longest sample of the batch)", short="pad",
             baseline=1, data_only=True, collator=True,
@@ -248,7 +264,7 @@ KNOBS: dict[str, Knob] = {
 # Sampling order: precision before batch_size (the 64 rule depends on it), batch_size before
 # grad_accum, and each knob after those it requires.
 SAMPLE_ORDER = (
-    "precision", "optim", "gradient_checkpointing", "checkpointing_reentrant",
+    "strategy", "precision", "optim", "gradient_checkpointing", "checkpointing_reentrant",
     "attn_implementation", "torch_compile", "compile_mode", "batch_size", "grad_accum",
     "torch_empty_cache_steps", "dataloader_num_workers", "dataloader_prefetch_factor",
     "dataloader_persistent_workers", "dataloader_pin_memory", "group_by_length",
@@ -293,12 +309,13 @@ def baseline_params(
     *,
     own_data: bool = False,
     own_collator: bool = True,
+    devices: int = 1,
 ) -> dict[str, Any]:
     """What `TrainingArguments(output_dir=...)` trains with: batch 8, fp32, the default
     optimizer, no checkpointing, SDPA attention, no compile; on the user's data (`own_data`)
     also no loader workers, no length grouping and padding to the longest sample (with
     autotune's collator); at the fixed effective batch when there is one (batch 8 when it
-    divides it)."""
+    divides it); on several devices a trial (`devices`), DDP, as torchrun runs them."""
     params = {
         k: knob.baseline
         for k, knob in KNOBS.items()
@@ -307,6 +324,8 @@ def baseline_params(
         and (own_collator or not knob.collator)
     }
     params["optim"] = default_optim
+    if devices > 1:
+        params["strategy"] = "ddp"
     if effective_batch_size:
         params["batch_size"] = math.gcd(params["batch_size"], effective_batch_size)
         params["grad_accum"] = effective_batch_size // params["batch_size"]
@@ -332,12 +351,15 @@ def effective_batch(params: dict[str, Any]) -> int:
     return params.get("batch_size", 1) * params.get("grad_accum", 1)
 
 
-def math_changes(params: dict[str, Any], baseline: dict[str, Any]) -> list[MathChange]:
+def math_changes(
+    params: dict[str, Any], baseline: dict[str, Any], devices: int = 1
+) -> list[MathChange]:
     """Every difference from the baseline's settings that changes what training computes:
-    another effective batch, precision or optimizer. Kernels, checkpointing, compiling and
-    loader settings change speed and memory only, and are not listed."""
+    another effective batch (over every one of a trial's `devices`), precision or optimizer.
+    Kernels, checkpointing, compiling, loader settings and the strategy that shares the
+    training between devices change speed and memory only, and are not listed."""
     changes = []
-    before, after = effective_batch(baseline), effective_batch(params)
+    before, after = effective_batch(baseline) * devices, effective_batch(params) * devices
     if before != after:
         why = "another number of samples per optimizer update: retune the learning rate, "
         why += f"or keep it with effective_batch_size={before}"

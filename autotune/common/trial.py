@@ -66,6 +66,9 @@ class TrialSpec:
     """The user's Trainer factory (`module:function` or `/abs/file.py:function`)."""
     trainer_dir: str | None = None
     """Where a factory module is looked up besides sys.path (the search's working directory)."""
+    devices: int = 1
+    """Ranks the trial trains on (`devices_per_trial`), sharing it as `params["strategy"]`
+    says; on CPU each is a process with its share of the worker's cores."""
     schema_version: int = SCHEMA_VERSION
 
 
@@ -130,6 +133,11 @@ class TrialResult:
     """The longest batch row the Trainer trained on (padding included)."""
     training_args: dict[str, Any] = field(default_factory=dict)
     """The tuned `TrainingArguments` kwargs the worker trained with (no run-only fields)."""
+    rank_peak_memory_gib: list[float] | None = None
+    """Several devices a trial: each rank's own peak (`peak_memory_gib` is the largest)."""
+    rank_params: list[int] | None = None
+    """Several devices a trial: the parameters each rank held while it trained (all of them
+    under DDP, 1/N under a sharding strategy): counted, not inferred from memory."""
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     stderr_tail: str = ""
     schema_version: int = SCHEMA_VERSION

@@ -66,7 +66,9 @@ class StudySnapshot:
         """What in its settings changes the training itself compared with the baseline trial
         (another optimizer, effective batch or precision); none when no baseline ran."""
         baseline = self.picks.baseline
-        return [] if baseline is None else math_changes(record.params, baseline.params)
+        if baseline is None:
+            return []
+        return math_changes(record.params, baseline.params, self.info.devices_per_trial or 1)
 
 
 def trained_note(info: RunInfo, records: list[TrialRecord]) -> str | None:

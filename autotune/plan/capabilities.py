@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import SpaceError
-from autotune.common.knobs import KNOBS, precision_parts
+from autotune.common.knobs import KNOBS, STRATEGIES, precision_parts
 from autotune.plan.slots import Slot
-from autotune.plan.space import SamplingRules, SearchSpace
+from autotune.plan.space import SamplingRules, SearchSpace, SpaceKnob
 
 # TrainingArguments.optim values backed by bitsandbytes.
 BNB_OPTIMIZERS = frozenset({
@@ -86,10 +86,11 @@ def fit_space(
     info: DeviceInfo,
     source: DataSource = "synthetic",
     cores: int | None = None,
+    devices: int = 1,
 ) -> SearchSpace:
     """The space less what cannot run on `device` with `cores` CPU cores a trial (`trial_cores`;
-    None: not fitted to them) or cannot matter for the data trained on; the reasons are in the
-    result's notes."""
+    None: not fitted to them) and `devices` ranks, or cannot matter for the data trained on;
+    the reasons are in the result's notes."""
     notes = []
     emptied = []
     for name, knob in space.knobs.items():
@@ -115,7 +116,41 @@ def fit_space(
     space, data_notes = _fit_to_data(space, source)
     # After the data: synthetic data fixes the loader at 0 workers, which needs no note here.
     space, core_notes = _fit_to_cores(space, cores)
-    return replace(space, notes=space.notes + tuple(notes + data_notes + core_notes))
+    space, device_notes = fit_to_devices(space, devices)
+    notes += data_notes + core_notes + device_notes
+    return replace(space, notes=space.notes + tuple(notes))
+
+
+SEVERAL_DEVICES = tuple(s for s in STRATEGIES if s != "single")
+
+
+def fit_to_devices(space: SearchSpace, devices: int) -> tuple[SearchSpace, list[str]]:
+    """On one device a trial has no strategy to choose (the knob leaves the space); on several
+    it has one, searched among every multi-device strategy unless the space lists some."""
+    knob = space.knobs.get("strategy")
+    if devices == 1:
+        if knob is None:
+            return space, []
+        if "single" not in knob.choices:
+            values = ", ".join(knob.choices)
+            raise SpaceError(f"space {space.name} cannot run here:\n  - strategy: its values "
+                             f"({values}) need devices_per_trial of 2 or more")  # fmt: skip
+        knobs = {k: v for k, v in space.knobs.items() if k != "strategy"}
+        return replace(space, knobs=knobs), ["strategy fixed at single: one device per trial"]
+    if knob is None:
+        knobs = {**space.knobs, "strategy": SpaceKnob(name="strategy", choices=SEVERAL_DEVICES)}
+        return replace(space, knobs=knobs), [
+            f"strategy searched among {', '.join(SEVERAL_DEVICES)}: {devices} devices per trial"
+        ]
+    kept = tuple(v for v in knob.choices if v != "single")
+    if not kept:
+        raise SpaceError(f"space {space.name} cannot run here:\n  - strategy: single is one "
+                         f"device, and a trial has {devices}")  # fmt: skip
+    if kept == knob.choices:
+        return space, []
+    return space.with_choices("strategy", kept), [
+        f"removed strategy=single: a trial has {devices} devices"
+    ]
 
 
 def trial_cores(slots: Sequence[Slot]) -> int | None:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from autotune.common.device import DeviceInfo
     from autotune.plan.run_info import RunInfo
 
-MEASURED_STEPS = ("seq_len", "measure_steps", "warmup_steps")
+MEASURED_STEPS = ("seq_len", "measure_steps", "warmup_steps", "devices_per_trial")
 """Conditions every study compares on resume."""
 VERSION_KEYS = ("torch", "transformers", "autotune")
 """The software whose versions a trial is measured under (stored with each trial)."""

@@ -266,6 +266,13 @@ class RunConfig(_ModelSettings):
         "ones (e.g. 0,1,3); auto = every visible GPU",
         json_schema_extra={"metavar": "LIST|auto"},
     )
+    devices_per_trial: int = Field(
+        1,
+        ge=1,
+        description="ranks one trial trains on, sharing it as the searched strategy says "
+        "(ddp, fsdp, fsdp_grad_op); on cpu each rank is a process with its share of the "
+        "trial's cores",
+    )
     stale_after: Duration = Field(
         60.0,
         description="a running trial whose search sent no heartbeat for this long (it died, "

@@ -148,12 +148,14 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         problems.append(str(exc))
     facts = SoftwareFacts.from_probe(dataclasses.asdict(device_info))
     source = "trainer" if config.trainer else "data" if config.data else "synthetic"
+    per_device_batch = _per_device_batch(config, problems)
     rules = SamplingRules(
-        effective_batch_size=config.effective_batch_size,
+        effective_batch_size=per_device_batch,
         tensor_core_64=device == "cuda" and device_info.tensor_core_64,
     )
     slots, slot_problems = assign(config.workers, config.devices, device, device_info)
     problems += slot_problems
+    problems += _devices_problems(config, device, trial_cores(slots))
     space = _fitted_space(config, device, device_info, facts, rules, source, slots, problems)
     study_name = study_dir = data = data_info = None
     if model is not None:
@@ -183,11 +185,13 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         math_change_min_gain=config.math_change_min_gain, report_to=config.report_to,
         data=data_info, trainer=trainer, measure_steps=config.measure_steps,
         warmup_steps=config.warmup_steps, cores_per_trial=trial_cores(slots),
+        devices_per_trial=config.devices_per_trial,
         versions=conditions.installed_versions(device_info),
     )  # fmt: skip
     baseline = baseline_params(
-        device_info.default_optim, config.effective_batch_size,
+        device_info.default_optim, per_device_batch,
         own_data=source != "synthetic", own_collator=source != "trainer",
+        devices=config.devices_per_trial,
     )  # fmt: skip
     return SearchPlan(
         config=config, model=model, info=info, space=space, rules=rules, baseline=baseline,
@@ -211,10 +215,36 @@ def _fitted_space(config: RunConfig, device: str, device_info: DeviceInfo,
                 f"space={space.name} is for device={space.device}, but this search runs on {device}"
             )
         cores = trial_cores(slots)  # loader workers beyond them are taken out of the space
-        return apply_sampling_rules(fit_space(space, device, device_info, source, cores), rules)
+        fitted = fit_space(space, device, device_info, source, cores, config.devices_per_trial)
+        return apply_sampling_rules(fitted, rules)
     except AutotuneError as exc:
         problems.append(str(exc))
         return None
+
+
+def _per_device_batch(config: RunConfig, problems: list[str]) -> int | None:
+    """The effective batch a rank trains at: `effective_batch_size` over the trial's ranks."""
+    total, ranks = config.effective_batch_size, config.devices_per_trial
+    if total is None:
+        return None
+    if total % ranks:
+        problems.append(f"effective_batch_size={total} does not split evenly between "
+                        f"devices_per_trial={ranks} ranks")  # fmt: skip
+        return None
+    return total // ranks
+
+
+def _devices_problems(config: RunConfig, device: str, cores: int | None) -> list[str]:
+    ranks = config.devices_per_trial
+    if ranks == 1:
+        return []
+    if device == "cuda":
+        return [f"devices_per_trial={ranks}: trials on several GPUs are not started yet; "
+                "ranks run on CPU (device=cpu)"]  # fmt: skip
+    if cores is not None and cores < ranks:
+        return [f"devices_per_trial={ranks} with workers={config.workers}: a trial has {cores} "
+                f"core(s) and each rank needs one; lower one of them"]  # fmt: skip
+    return []
 
 
 def _study_folder(config: RunConfig, model: ModelSpec, device: str,

@@ -46,6 +46,8 @@ class RunInfo:
     warmup_steps: int | None = None
     cores_per_trial: int | None = None
     """The CPU cores each trial has (`capabilities.trial_cores`: `workers=` and affinity)."""
+    devices_per_trial: int | None = None
+    """The ranks each trial trains on (`devices_per_trial=`)."""
     versions: dict[str, str] | None = None
     """torch, transformers and autotune as the study was made with; trials measured under
     others are kept out of its front (`conditions.other_versions`)."""

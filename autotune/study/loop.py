@@ -395,6 +395,7 @@ def launch(
         data_dir=str(plan.data_dir) if plan.data_dir else None,
         trainer=plan.info.trainer_factory,
         trainer_dir=str(plan.search_dir),
+        devices=config.devices_per_trial,
     )
     return runner.launch_trial(
         spec,

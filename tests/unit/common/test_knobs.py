@@ -231,3 +231,14 @@ def test_baseline_is_the_hf_defaults_at_the_fixed_effective_batch():
 def test_a_knob_without_effect_in_either_config_is_not_compared():
     oom = {**OOM, "gradient_checkpointing": True, "checkpointing_reentrant": True}
     assert at_least_as_hungry({**OOM, "batch_size": 64}, oom)  # checkpointing off: no reentrant
+
+
+def test_on_several_devices_the_baseline_is_ddp_and_the_effective_batch_counts_every_rank():
+    from autotune.common.knobs import baseline_params, math_changes
+
+    baseline = baseline_params("adamw_torch_fused", None, devices=2)
+    assert baseline["strategy"] == "ddp"
+    assert "strategy" not in baseline_params("adamw_torch_fused", None)
+    (change,) = math_changes(baseline | {"batch_size": 16, "strategy": "fsdp"}, baseline, 2)
+    assert (change.setting, change.baseline, change.value) == ("effective_batch_size", 16, 32)
+    assert "keep it with effective_batch_size=16" in change.why

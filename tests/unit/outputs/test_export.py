@@ -135,6 +135,7 @@ def run_info(text: str) -> RunInfo:
         "measure_steps": 10,
         "warmup_steps": 3,
         "cores_per_trial": 2,
+        "devices_per_trial": 1,
         "versions": {"torch": text, "transformers": text, "autotune": text},
     }
     return RunInfo(**{f.name: values[f.name] for f in dataclasses.fields(RunInfo)})

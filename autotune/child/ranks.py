@@ -1,0 +1,258 @@
+"""A trial on several devices: ranks forked from the worker, one process group that lives and
+dies together, one result.
+
+The worker holds a TCP store on a port the kernel picked (so concurrent trials never race for
+one), forks `spec.devices` ranks and waits. Each rank starts a session of its own, dies with
+the worker (parent-death signal), takes its share of the worker's cores, joins the process
+group (gloo) with a bounded timeout and trains the trial with the strategy its settings name:
+`ddp` through the Trainer's own DistributedDataParallel (the environment torchrun would set),
+`fsdp`/`fsdp_grad_op` by FSDP2's `fully_shard` on each transformer block and the model, with
+the Trainer left undistributed (on CPU the Trainer's FSDP path silently trains DDP). Steps are
+timed after a barrier, so rank 0's clock is every rank's. Each rank checks that it trained
+with the strategy asked (the wrapper, the share of parameters it held); the figures of all
+ranks are gathered on rank 0, which writes the trial's result. A rank that fails writes its
+own and exits 1; the first rank to end badly ends the others at once and names the trial.
+Ranks end with `os._exit`: a normal return after `destroy_process_group` can hang.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autotune.child.measure import Counts
+from autotune.common.knobs import SHARDED
+from autotune.common.processes import die_with_parent
+from autotune.common.trial import Status, TrialResult, TrialSpec, write_json_atomic
+from autotune.common.units import GIB
+
+HOST = "127.0.0.1"
+GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+"""How long a collective waits for a rank that does not come. The trial's own timeout (the
+parent's) is what ends a trial with a frozen rank; this only bounds a rank left alone."""
+
+
+class StrategyNotApplied(Exception):
+    """The framework trained with another strategy than the trial's (a silent fallback)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rank:
+    rank: int
+    world_size: int
+    strategy: str
+
+    @property
+    def sharded(self) -> bool:
+        return self.strategy in SHARDED
+
+    @property
+    def trainer_distributed(self) -> bool:
+        """Whether the Trainer itself runs distributed (wraps the model in DDP, splits the
+        data): under a sharding strategy FSDP2 syncs the gradients and the Trainer does not."""
+        return not self.sharded
+
+
+Attempt = Callable[[Rank], tuple[TrialResult | None, bool]]
+"""Runs the trial on one rank: (its result, or None on a rank other than 0; whether it failed
+with an exception)."""
+
+
+def rank_file(folder: Path, rank: int) -> Path:
+    return folder / f"rank{rank}.json"
+
+
+def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
+    """In the worker: fork the ranks, wait for them, return the trial's result."""
+    world_size = spec.devices
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < world_size:
+        return TrialResult(
+            status=Status.INVALID_CONFIG,
+            reason=f"{world_size} ranks need a core each; the trial has {len(cores)}",
+        )
+    store = dist.TCPStore(HOST, 0, world_size, is_master=True, wait_for_workers=False)
+    pids = {}
+    for rank in range(world_size):
+        pid = os.fork()
+        if pid == 0:
+            _rank_main(
+                Rank(rank, world_size, spec.params.get("strategy", "ddp")),
+                store.port,
+                cores[rank::world_size],
+                folder,
+                attempt,
+            )
+        pids[pid] = rank
+    return _wait(pids, folder)
+
+
+def _rank_main(rank: Rank, port: int, cores: list[int], folder: Path, attempt: Attempt) -> None:
+    failed = True
+    try:
+        os.setsid()
+        die_with_parent(signal.SIGKILL)
+        os.sched_setaffinity(0, cores)
+        torch.set_num_threads(len(cores))
+        if rank.trainer_distributed:  # what torchrun sets: accelerate reads it
+            os.environ.update(
+                RANK=str(rank.rank), LOCAL_RANK=str(rank.rank),
+                WORLD_SIZE=str(rank.world_size), LOCAL_WORLD_SIZE=str(rank.world_size),
+                MASTER_ADDR=HOST, MASTER_PORT=str(port),
+                OMP_NUM_THREADS=str(len(cores)),  # else accelerate sets threads of its own
+            )  # fmt: skip
+        store = dist.TCPStore(HOST, port, rank.world_size, is_master=False, timeout=GROUP_TIMEOUT)
+        dist.init_process_group(
+            "gloo", store=store, rank=rank.rank, world_size=rank.world_size,
+            timeout=GROUP_TIMEOUT,
+        )  # fmt: skip
+        result, failed = attempt(rank)
+        if result is not None:
+            write_json_atomic(rank_file(folder, rank.rank), result.to_dict())
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1 if failed else 0)
+
+
+def _wait(pids: dict[int, int], folder: Path) -> TrialResult:
+    """Reap the ranks; the first to end badly ends the rest and names the trial."""
+    running = dict(pids)
+    while running:
+        pid, status = os.wait()
+        rank = running.pop(pid, None)
+        if rank is None:
+            continue  # not a rank
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            for other in running:
+                _kill_session(other)
+            for other in list(running):
+                os.waitpid(other, 0)
+            return _rank_failure(rank, code, folder)
+    path = rank_file(folder, 0)
+    if not path.exists():
+        return TrialResult(status=Status.CRASHED, reason="rank 0 ended without a result")
+    return TrialResult.from_dict(json.loads(path.read_text()))
+
+
+def _kill_session(pid: int) -> None:
+    """A rank leads a session and process group of its own: end it with what it started."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _rank_failure(rank: int, code: int, folder: Path) -> TrialResult:
+    path = rank_file(folder, rank)
+    if path.exists():
+        result = TrialResult.from_dict(json.loads(path.read_text()))
+        return TrialResult(status=result.status, reason=f"rank {rank}: {result.reason}",
+                           stderr_tail=result.stderr_tail)  # fmt: skip
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+    return TrialResult(status=Status.CRASHED, reason=f"rank {rank} {how}")
+
+
+# ---- inside a rank ----
+
+
+def shard(rank: Rank, model: torch.nn.Module) -> None:
+    """FSDP2 on each transformer block (the model's `_no_split_modules`), then on the model."""
+    if not rank.sharded:
+        return
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = rank.strategy == "fsdp"
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    for module in list(model.modules())[1:]:
+        if type(module).__name__ in blocks:
+            fully_shard(module, reshard_after_forward=reshard)
+    fully_shard(model, reshard_after_forward=reshard)
+
+
+def local_parameters(model: torch.nn.Module) -> int:
+    """The parameters this rank holds: a shard's local part for sharded ones."""
+    return sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+               for p in model.parameters())  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Gathered:
+    counts: Counts
+    """What every rank's loader gave the timed steps, summed."""
+    peak_memory_gib: list[float]
+    params: list[int]
+
+
+def gather(rank: Rank, trainer: Any, counts: Counts, peak_memory_gib: float) -> Gathered:
+    """Every rank's figures, on every rank; raises StrategyNotApplied when the training was
+    not the strategy asked."""
+    mine = (counts.astuple(), peak_memory_gib, local_parameters(trainer.model),
+            sum(p.numel() for p in trainer.model.parameters()), _wrapper(trainer))  # fmt: skip
+    everyone: list[Any] = [None] * rank.world_size
+    dist.all_gather_object(everyone, mine)
+    params = [theirs[2] for theirs in everyone]
+    full = everyone[0][3]
+    _check_applied(rank, params, full, [theirs[4] for theirs in everyone])
+    return Gathered(
+        counts=Counts(*(sum(c) for c in zip(*(theirs[0] for theirs in everyone), strict=True))),
+        peak_memory_gib=[theirs[1] for theirs in everyone],
+        params=params,
+    )
+
+
+def _wrapper(trainer: Any) -> str:
+    return type(trainer.model_wrapped).__name__
+
+
+def _check_applied(rank: Rank, params: list[int], full: int, wrappers: list[str]) -> None:
+    if rank.sharded:
+        if sum(params) != full or max(params) >= full:
+            raise StrategyNotApplied(
+                f"{rank.strategy} asked, but the ranks held {params} of {full} parameters: "
+                "not sharded"
+            )
+    elif any(w != "DistributedDataParallel" for w in wrappers) or any(p != full for p in params):
+        raise StrategyNotApplied(
+            f"ddp asked, but the ranks trained {wrappers} holding {params} of {full} parameters"
+        )
+
+
+def barrier_sync(on_cuda: bool) -> Callable[[], None]:
+    """Before a clock read: the device's work done, on every rank."""
+
+    def sync() -> None:
+        if on_cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+
+    return sync
+
+
+def peak_rss_gib_since(baseline_bytes: int) -> float:
+    return (_vm_hwm_bytes() - baseline_bytes) / GIB
+
+
+def reset_peak_rss() -> int:
+    """Reset this process's peak RSS (VmHWM) to its current size, which it returns: a forked
+    rank starts with its parent's peak."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _vm_hwm_bytes()
+
+
+def _vm_hwm_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise OSError("no VmHWM in /proc/self/status")

@@ -1,0 +1,118 @@
+"""Trials on several devices: real ranks (2 processes, gloo) training the tiny BERT, checked as
+applied, and ended together whichever of them dies or freezes."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autotune.common.models import resolve_model
+from autotune.common.trial import Stage, Status, TrialSpec
+from autotune.study.runner import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
+from tests.conftest import TINY_MODEL
+
+pytestmark = pytest.mark.slow
+
+
+def two_rank_spec(strategy: str, measure_steps: int = 3) -> TrialSpec:
+    model = resolve_model(TINY_MODEL)
+    return TrialSpec(
+        trial_number=0, model_name=model.name, model_config=model.config,
+        task="sequence-classification", seq_len=32, device="cpu",
+        params={"batch_size": 8, "precision": "fp32", "optim": "adamw_torch",
+                "strategy": strategy},
+        warmup_steps=1, measure_steps=measure_steps, seed=0, devices=2,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def launcher():
+    return ForkserverLauncher()
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp_grad_op"])
+def test_each_strategy_trains_on_two_ranks_as_asked(tmp_path, launcher, strategy):
+    result = launch_trial(two_rank_spec(strategy), tmp_path, timeout_s=300, launcher=launcher)
+    assert result.status is Status.OK, result.reason + result.stderr_tail
+    full = result.n_params
+    if strategy == "ddp":
+        assert result.rank_params == [full, full]  # replicated
+    else:
+        assert sum(result.rank_params) == full and max(result.rank_params) < full
+        assert min(result.rank_params) > full // 2 - full // 100  # an even split, give or take
+    assert len(result.rank_peak_memory_gib) == 2
+    assert result.peak_memory_gib == max(result.rank_peak_memory_gib) > 0
+    # Both ranks' batches are counted: 8 samples a step on each.
+    assert result.samples_per_s == pytest.approx(16 / (result.step_time_median_ms / 1e3), rel=0.5)
+
+
+def ranks_of(worker_cmd: str) -> list[psutil.Process]:
+    workers = [p for p in psutil.Process().children()
+               if worker_cmd in " ".join(p.cmdline())]  # fmt: skip
+    return [c for w in workers for c in w.children()]
+
+
+def run_and_hit_a_rank(tmp_path: Path, signum: int, timeout_s: float):
+    """A 2-rank DDP trial started as a cold worker (a child of this process); `signum` goes to
+    rank 1 once the trial measures. Returns the result and every rank's pid."""
+    seen: list[psutil.Process] = []
+
+    def on_progress(progress):
+        if progress.stage is Stage.MEASURING and not seen:
+            seen.extend(ranks_of("autotune.child.worker"))
+            assert len(seen) == 2, seen
+            os.kill(seen[1].pid, signum)
+
+    result = launch_trial(
+        two_rank_spec("ddp", measure_steps=400), tmp_path, timeout_s=timeout_s,
+        launcher=CommandLauncher(WORKER_COMMAND), on_progress=on_progress,
+    )  # fmt: skip
+    assert seen, "the trial never reached its timed steps"
+    return result, seen
+
+
+def gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_rank_killed_mid_step_ends_the_trial_as_crashed_and_leaves_nothing(tmp_path):
+    result, ranks = run_and_hit_a_rank(tmp_path, signal.SIGKILL, timeout_s=600)
+    assert result.status is Status.CRASHED
+    assert result.reason == "rank 1 was killed by SIGKILL"
+    assert all(gone(r) for r in ranks)
+
+
+def test_a_frozen_rank_ends_the_trial_by_its_timeout_and_leaves_nothing(tmp_path):
+    result, ranks = run_and_hit_a_rank(tmp_path, signal.SIGSTOP, timeout_s=60)
+    assert result.status is Status.TIMEOUT
+    assert all(gone(r) for r in ranks)
+
+
+def test_a_search_on_two_devices_a_trial_searches_the_strategy_from_a_ddp_baseline(tmp_path):
+    command = [
+        sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
+        "devices_per_trial=2", "n_trials=3", "warmup_steps=1", "measure_steps=2",
+        "confirm_rounds=0", f"out={tmp_path}", "study=s", "seed=1",
+    ]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    with open(tmp_path / "s" / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0]["baseline"] == "True" and rows[0]["strategy"] == "ddp"
+    assert {r["strategy"] for r in rows} <= {"ddp", "fsdp", "fsdp_grad_op"}
+    for row in rows:  # Adafactor cannot step sharded parameters, and is refused there
+        unshardable = row["strategy"] != "ddp" and row["optim"] == "adafactor"
+        assert row["status"] == ("invalid_config" if unshardable else "ok"), row
+    assert "strategy searched among ddp, fsdp, fsdp_grad_op: 2 devices per trial" in out.stdout
+    recommended = json.loads((tmp_path / "s" / "recommended.json").read_text())
+    assert len(recommended["metrics"]["rank_peak_memory_gib"]) == 2
+    assert len(recommended["metrics"]["rank_params"]) == 2

@@ -1,0 +1,42 @@
+"""How a trial on several ranks is judged: the strategy asked must be the one that trained, and
+the first rank to end badly names the trial."""
+
+import json
+
+import pytest
+
+from autotune.child.ranks import Rank, StrategyNotApplied, _check_applied, _rank_failure
+from autotune.common.trial import Status, TrialResult
+
+FULL = 1001
+
+
+def test_ddp_is_each_rank_holding_every_parameter_inside_distributed_data_parallel():
+    _check_applied(Rank(0, 2, "ddp"), [FULL, FULL], FULL, ["DistributedDataParallel"] * 2)
+
+
+def test_a_trainer_that_did_not_wrap_the_model_is_no_ddp():
+    # What the stock Trainer does on CPU when asked for FSDP: a plain, unwrapped model.
+    with pytest.raises(StrategyNotApplied, match=r"ddp asked, but the ranks trained"):
+        _check_applied(Rank(0, 2, "ddp"), [FULL, FULL], FULL, ["BertModel"] * 2)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp_grad_op"])
+def test_sharding_is_the_ranks_holding_the_parameters_between_them(strategy):
+    _check_applied(Rank(1, 2, strategy), [501, 500], FULL, ["FSDPBertModel"] * 2)
+    with pytest.raises(StrategyNotApplied, match=r"held \[1001, 1001\] of 1001 parameters"):
+        _check_applied(Rank(1, 2, strategy), [FULL, FULL], FULL, ["BertModel"] * 2)
+
+
+def test_a_rank_that_wrote_its_failure_names_the_trial_with_its_number(tmp_path):
+    oom = TrialResult(status=Status.OOM, reason="OutOfMemoryError: 2 GiB", stderr_tail="trace")
+    (tmp_path / "rank1.json").write_text(json.dumps(oom.to_dict()))
+    result = _rank_failure(1, 1, tmp_path)
+    assert (result.status, result.reason) == (Status.OOM, "rank 1: OutOfMemoryError: 2 GiB")
+    assert result.stderr_tail == "trace"
+
+
+@pytest.mark.parametrize(("code", "says"), [(-9, "was killed by SIGKILL"), (3, "exited with 3")])
+def test_a_rank_that_died_silently_is_a_crash_named_by_its_end(tmp_path, code, says):
+    result = _rank_failure(0, code, tmp_path)
+    assert (result.status, result.reason) == (Status.CRASHED, f"rank 0 {says}")

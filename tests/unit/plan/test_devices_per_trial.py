@@ -1,0 +1,78 @@
+"""`devices_per_trial=N`: the strategy becomes a searched knob, the baseline is DDP, the
+effective batch is split between the ranks, and what cannot run is named before anything is."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from autotune.common.errors import ConfigError, SpaceError
+from autotune.plan.capabilities import fit_to_devices
+from autotune.plan.config import load_config
+from autotune.plan.plan import make_plan
+from autotune.plan.space import SearchSpace, SpaceKnob
+from tests.conftest import TINY_MODEL
+from tests.unit.stand_ins import GPUS, plan_for
+
+
+def space_with(*strategies: str) -> SearchSpace:
+    knobs = {"batch_size": SpaceKnob(name="batch_size", choices=(8, 16))}
+    if strategies:
+        knobs["strategy"] = SpaceKnob(name="strategy", choices=strategies)
+    return SearchSpace(name="s", description="", device="any", knobs=knobs)
+
+
+def test_one_device_a_trial_has_no_strategy_to_search():
+    space, notes = fit_to_devices(space_with(), 1)
+    assert "strategy" not in space.knobs and notes == []
+    space, notes = fit_to_devices(space_with("single", "ddp"), 1)
+    assert "strategy" not in space.knobs
+    assert notes == ["strategy fixed at single: one device per trial"]
+
+
+def test_several_devices_search_every_multi_device_strategy_unless_the_space_names_some():
+    space, notes = fit_to_devices(space_with(), 2)
+    assert space.knobs["strategy"].choices == ("ddp", "fsdp", "fsdp_grad_op")
+    assert notes == ["strategy searched among ddp, fsdp, fsdp_grad_op: 2 devices per trial"]
+    space, notes = fit_to_devices(space_with("single", "fsdp"), 2)
+    assert space.knobs["strategy"].choices == ("fsdp",)
+    assert notes == ["removed strategy=single: a trial has 2 devices"]
+
+
+@pytest.mark.parametrize(("strategies", "devices", "says"), [
+    (("ddp", "fsdp"), 1, "need devices_per_trial of 2 or more"),
+    (("single",), 2, "single is one device, and a trial has 2"),
+])  # fmt: skip
+def test_a_space_whose_strategies_cannot_run_is_refused(strategies, devices, says):
+    with pytest.raises(SpaceError, match=says):
+        fit_to_devices(space_with(*strategies), devices)
+
+
+def test_the_plan_of_a_two_rank_search(tmp_path):
+    plan = plan_for(tmp_path, "devices_per_trial=2", "effective_batch_size=32", "workers=1")
+    assert plan.baseline["strategy"] == "ddp"
+    assert plan.baseline["batch_size"] * plan.baseline["grad_accum"] == 16  # per rank
+    assert plan.rules.effective_batch_size == 16
+    assert plan.info.devices_per_trial == 2
+    assert set(plan.space.knobs["strategy"].choices) == {"ddp", "fsdp", "fsdp_grad_op"}
+
+
+def test_every_problem_of_devices_per_trial_is_named(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    with pytest.raises(ConfigError) as refused:
+        plan_for(tmp_path, f"devices_per_trial={cores + 1}", "effective_batch_size=7")
+    message = str(refused.value)
+    assert (
+        f"effective_batch_size=7 does not split evenly between devices_per_trial={cores + 1}"
+        in message
+    )
+    assert (
+        f"devices_per_trial={cores + 1} with workers=auto: a trial has {cores} core(s)" in message
+    )
+
+
+def test_several_gpus_a_trial_are_refused_until_ranks_start_on_gpus(tmp_path):
+    config = load_config([f"model={TINY_MODEL}", f"out={tmp_path}", "devices_per_trial=2"])
+    with pytest.raises(ConfigError, match="devices_per_trial=2: trials on several GPUs"):
+        make_plan(config, GPUS)
