@@ -16,8 +16,11 @@ from autotune.common.models import resolve_model
 from autotune.common.trial import Stage, Status, TrialSpec
 from autotune.study.runner import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
 from tests.conftest import TINY_MODEL
+from tests.integration import test_hardening
+from tests.integration.test_hardening import LONG, alive, search_command, tree, wait_for
 
 pytestmark = pytest.mark.slow
+start = test_hardening.start  # the fixture: searches in sessions of their own, cleaned up
 
 
 def two_rank_spec(strategy: str, measure_steps: int = 3) -> TrialSpec:
@@ -116,3 +119,15 @@ def test_a_search_on_two_devices_a_trial_searches_the_strategy_from_a_ddp_baseli
     recommended = json.loads((tmp_path / "s" / "recommended.json").read_text())
     assert len(recommended["metrics"]["rank_peak_memory_gib"]) == 2
     assert len(recommended["metrics"]["rank_params"]) == 2
+
+
+def test_kill_9_of_the_search_during_a_two_rank_trial_leaves_nothing_running(tmp_path, start):
+    search = start(search_command(tmp_path, "devices_per_trial=2", "n_trials=1", LONG))
+    # The ranks lead sessions of their own, below the worker.
+    wait_for(lambda: sum(os.getsid(p.pid) == p.pid for p in tree(search.pid)) >= 2, search)
+    processes = {p.pid for p in tree(search.pid)}
+    search.kill()
+    search.wait(timeout=60)
+    psutil.wait_procs([psutil.Process(p) for p in alive(processes)], timeout=60)
+    survivors = [psutil.Process(p).cmdline() for p in alive(processes)]
+    assert not survivors, f"still running after the search died: {survivors}"
