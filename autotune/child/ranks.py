@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from transformers import TrainerCallback
 
 from autotune.child.measure import Counts
 from autotune.common.knobs import SHARDED
@@ -181,10 +182,38 @@ def shard(rank: Rank, model: torch.nn.Module) -> None:
     fully_shard(model, reshard_after_forward=reshard)
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def local_parameters(model: torch.nn.Module) -> int:
     """The parameters this rank holds: a shard's local part for sharded ones."""
-    return sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
-               for p in model.parameters())  # fmt: skip
+    return sum(_local(p).numel() for p in model.parameters())
+
+
+def _bytes(tensors: Any) -> int:
+    return sum(_local(t).numel() * _local(t).element_size() for t in tensors)
+
+
+class ModelStates(TrainerCallback):
+    """Counts what this rank holds of the weights, their gradients and the optimizer's states,
+    tensor by tensor (its local part of a sharded one); DDP's gradient buckets and autocast's
+    16-bit copies are not model states. The gradients are counted before the first optimizer
+    step (a warm-up step, outside the timed window: the Trainer frees them after each step),
+    the rest after training (the optimizer makes its states at its first step)."""
+
+    def __init__(self) -> None:
+        self.gradient_bytes: int | None = None
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.gradient_bytes is None:
+            model = kwargs["model"]
+            self.gradient_bytes = _bytes(p.grad for p in model.parameters() if p.grad is not None)
+
+    def total_bytes(self, model: torch.nn.Module, optimizer: Any) -> int:
+        inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the optimizer
+        states = [v for s in inner.state.values() for v in s.values() if torch.is_tensor(v)]
+        return _bytes(model.parameters()) + (self.gradient_bytes or 0) + _bytes(states)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,13 +222,17 @@ class Gathered:
     """What every rank's loader gave the timed steps, summed."""
     peak_memory_gib: list[float]
     params: list[int]
+    model_state_bytes: list[int]
 
 
-def gather(rank: Rank, trainer: Any, counts: Counts, peak_memory_gib: float) -> Gathered:
+def gather(
+    rank: Rank, trainer: Any, counts: Counts, peak_memory_gib: float, states: ModelStates
+) -> Gathered:
     """Every rank's figures, on every rank; raises StrategyNotApplied when the training was
     not the strategy asked."""
     mine = (counts.astuple(), peak_memory_gib, local_parameters(trainer.model),
-            sum(p.numel() for p in trainer.model.parameters()), _wrapper(trainer))  # fmt: skip
+            sum(p.numel() for p in trainer.model.parameters()), _wrapper(trainer),
+            states.total_bytes(trainer.model, trainer.optimizer))  # fmt: skip
     everyone: list[Any] = [None] * rank.world_size
     dist.all_gather_object(everyone, mine)
     params = [theirs[2] for theirs in everyone]
@@ -209,6 +242,7 @@ def gather(rank: Rank, trainer: Any, counts: Counts, peak_memory_gib: float) -> 
         counts=Counts(*(sum(c) for c in zip(*(theirs[0] for theirs in everyone), strict=True))),
         peak_memory_gib=[theirs[1] for theirs in everyone],
         params=params,
+        model_state_bytes=[theirs[5] for theirs in everyone],
     )
 
 

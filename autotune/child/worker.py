@@ -96,8 +96,10 @@ def train_trial(
             trainer = _users_trainer(spec, tuned_args, model_kwargs, workdir)
         else:
             trainer = _our_trainer(spec, tuned_args, model_kwargs, workdir, rank)
+        states = ranks.ModelStates()
         if rank is not None:
             ranks.shard(rank, trainer.model)
+            trainer.add_callback(states)
         timer.counter = measure.count_batches(trainer)
         # Callbacks run in list order, after the Trainer's and the user's own: the reporter
         # after the timer has read the clock.
@@ -115,13 +117,14 @@ def train_trial(
         counts = None
         if rank is not None:
             gathered = ranks.gather(rank, trainer, timer.measured_counts(),
-                                    memory["peak_memory_gib"])  # fmt: skip
+                                    memory["peak_memory_gib"], states)  # fmt: skip
             if rank.rank != 0:
                 return None
             counts = gathered.counts
             memory["peak_memory_gib"] = max(gathered.peak_memory_gib)
             memory["rank_peak_memory_gib"] = gathered.peak_memory_gib
             memory["rank_params"] = gathered.params
+            memory["rank_model_state_bytes"] = gathered.model_state_bytes
         device_name = torch.cuda.get_device_name() if on_cuda else "cpu"
         step_times_s = timer.measured_step_times_s()
         measured: dict[str, Any] = {

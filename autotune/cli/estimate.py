@@ -22,6 +22,7 @@ from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolv
 from autotune.common.units import GIB, format_bytes
 from autotune.outputs.view import console
 from autotune.plan import hardware, software_cache
+from autotune.plan.capabilities import SEVERAL_DEVICES
 from autotune.plan.config import EstimateConfig, help_rows, make_config, parse_overrides
 from autotune.plan.estimate import PARTS, Estimate, estimate
 from autotune.plan.plan import input_problems
@@ -57,15 +58,20 @@ def run(args: argparse.Namespace) -> int:
     budget = int(config.memory_budget or free_bytes)
     parameters = catalogue_parameter_counts().get(model.name)
     default_optim = facts.default_optim or TRANSFORMERS_DEFAULT_OPTIM
-    fixed = baseline_params(default_optim, None) | {"attn_implementation": "sdpa"} | knobs
+    devices = config.devices_per_trial
+    fixed = baseline_params(default_optim, None, devices=devices)
+    fixed |= {"attn_implementation": "sdpa"} | knobs
     free = {k: v for k, v in FREE_KNOBS.items() if k not in knobs}
+    if devices > 1 and "strategy" not in knobs:  # how the ranks share it moves memory most
+        free = {"strategy": SEVERAL_DEVICES} | free
 
     def at(params: dict[str, Any]) -> Estimate:
         return estimate(model.config, task=task, seq_len=config.seq_len, params=params,
-                        device=device, parameters=parameters)  # fmt: skip
+                        device=device, parameters=parameters, devices=devices)  # fmt: skip
 
+    per_rank = f", per rank of {devices}" * (devices > 1)
     console.print(
-        f"{escape(model.name)} ({task}), seq_len {config.seq_len}, {device} "
+        f"{escape(model.name)} ({task}), seq_len {config.seq_len}, {device}{per_rank} "
         f"({escape(device_name)}): budget {format_bytes(budget)}"
         + (
             ""
@@ -99,6 +105,12 @@ def run(args: argparse.Namespace) -> int:
         f"largest batch that fits: {_largest(at, fixed, batches, budget) or 'none'}; "
         f"{at(fixed).flops_per_sample / 1e12:.3g} TFLOP per sample (training)"
     )
+    if devices > 1:
+        states = ", ".join(
+            f"{s} {format_bytes(at(fixed | {'strategy': s}).model_states)}" for s in SEVERAL_DEVICES
+        )
+        console.print(f"model states (weights, gradients, optimizer) per rank of {devices}: "
+                      f"{states}")  # fmt: skip
     if free:
         grid = Table(title="Largest batch that fits, by the knobs left free")
         for name in free:

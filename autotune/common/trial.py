@@ -138,6 +138,9 @@ class TrialResult:
     rank_params: list[int] | None = None
     """Several devices a trial: the parameters each rank held while it trained (all of them
     under DDP, 1/N under a sharding strategy): counted, not inferred from memory."""
+    rank_model_state_bytes: list[int] | None = None
+    """Several devices a trial: the bytes of weights, gradients and optimizer states each rank
+    held after its last step, counted tensor by tensor."""
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     stderr_tail: str = ""
     schema_version: int = SCHEMA_VERSION

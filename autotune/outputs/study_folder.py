@@ -212,7 +212,7 @@ def _record(picks: Picks, number: int) -> TrialRecord | None:
 
 RECOMMENDATION_METRICS = (
     "samples_per_s", "tokens_per_s", "padding_share", "peak_memory_gib", "step_time_median_ms",
-    "step_time_cv", "mfu", "rank_peak_memory_gib", "rank_params",
+    "step_time_cv", "mfu", "rank_peak_memory_gib", "rank_params", "rank_model_state_bytes",
 )  # fmt: skip
 """`rank_*`: each rank's own peak and parameters on several devices a trial; None on one."""
 

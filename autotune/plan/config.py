@@ -470,6 +470,9 @@ class EstimateConfig(_ModelSettings):
     max_batch_size: int = Field(
         4096, gt=0, description="the largest batch size the table goes up to"
     )
+    devices_per_trial: int = Field(
+        1, ge=1, description="ranks a trial trains on: the figures are one rank's, by strategy="
+    )
 
 
 class ReportConfig(_StoredStudy):

@@ -17,6 +17,17 @@ The parts, per parameter P and per micro-batch of b samples of s tokens:
   checkpointing only each layer's input plus one layer recomputed; plus the LM head's logits;
 - temporary: one layer's activation gradients during backward, and the LM head's logits grad;
 - the CUDA context (kernels, cuBLAS workspace) on CUDA; on CPU, the runtime's own memory.
+
+On several devices a trial (`devices`), per rank, by the strategy (ZeRO's accounting,
+Rajbhandari et al. 2020, with Psi parameters and N ranks; mixed-precision AdamW holds 16 B a
+parameter: 4 fp32 weights, 4 gradients, 8 states):
+- ddp: every rank holds all of it (16 Psi), and DDP's gradient buckets copy the gradients
+  once more (4 Psi; PyTorch's default, without `gradient_as_bucket_view`);
+- fsdp (FSDP2 full shard, ZeRO-3): 16 Psi / N, plus the gathered weights of the block that
+  computes and the next one it prefetches, and one block's gradients before they are
+  reduce-scattered;
+- fsdp_grad_op (ZeRO-2-like): the same shards, but a block's gathered weights stay from its
+  forward to its backward: at the peak, every block's.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.common.flops import training_flops
-from autotune.common.knobs import optimizer_family, sixteen_bit
+from autotune.common.knobs import SHARDED, optimizer_family, sixteen_bit
 from autotune.common.units import GIB
 
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)
@@ -126,6 +137,9 @@ class Estimate:
     total: int
     """The peak: not the plain sum, as gradients fill in while activations are freed."""
     flops_per_sample: float
+    model_states: int
+    """What a rank holds of the fp32 weights, their gradients and the optimizer's states: the
+    strategy's formula (16 Psi under DDP, 16 Psi / N under full sharding, for AdamW)."""
 
 
 def optimizer_bytes_per_parameter(optim: str) -> float | None:
@@ -145,7 +159,7 @@ def optimizer_bytes_per_parameter(optim: str) -> float | None:
 
 
 KNOBS_READ = ("precision", "batch_size", "grad_accum", "optim", "attn_implementation",
-              "gradient_checkpointing")  # fmt: skip
+              "gradient_checkpointing", "strategy")  # fmt: skip
 """The knobs `estimate` reads; the others leave it unchanged."""
 
 
@@ -159,20 +173,20 @@ def estimate(
     parameters: int | None = None,
     context_bytes: int | None = None,
     gradients_kept: bool = False,
+    devices: int = 1,
 ) -> Estimate:
     """The peak of one training step with `params` (knob -> value; missing knobs at their HF
     default), on `device`. `context_bytes` replaces the CUDA context's size (CUDA_CONTEXT_BYTES);
     `gradients_kept` is for training loops that zero gradients in place instead of freeing them
     (`zero_grad(set_to_none=False)`, PyTorch's default before 2.0): they then live through
-    every forward, as with gradient accumulation."""
+    every forward, as with gradient accumulation. On several `devices` a trial, the figures are
+    one rank's, under `params["strategy"]`."""
     shape = shape_of(config, parameters)
     p = shape.parameters
     precision = params.get("precision", "fp32")
     mixed = sixteen_bit(precision)
     batch = params.get("batch_size", 8)
     accumulating = params.get("grad_accum", 1) > 1
-    weights = 4 * p + (2 * p if mixed else 0)
-    gradients = 4 * p
     per_param = optimizer_bytes_per_parameter(params.get("optim", "adamw_torch"))
     if per_param is None:  # Adafactor: a row and a column of fp32 per matrix, the rest full
         factored = sum(r + c for r, c in shape.matrices)
@@ -180,6 +194,20 @@ def estimate(
         optimizer = 4 * (factored + max(0, p - in_matrices))
     else:
         optimizer = int(per_param * p)
+    strategy = params.get("strategy", "single") if devices > 1 else "single"
+    buckets = 0  # DDP's gradient buckets: allocated with the wrapper, live throughout
+    block = p // max(shape.layers, 1)  # one transformer block's parameters, about
+    if strategy in SHARDED:
+        gathered = 4 * (p if strategy == "fsdp_grad_op" else 2 * block)
+        weights = 4 * p // devices + gathered + (2 * block if mixed else 0)
+        gradients = 4 * p // devices + 4 * block
+        optimizer //= devices
+        model_states = 8 * p // devices + optimizer
+    else:
+        weights = 4 * p + (2 * p if mixed else 0)
+        gradients = 4 * p
+        buckets = 4 * p if strategy == "ddp" else 0
+        model_states = 8 * p + optimizer
     attention = params.get("attn_implementation", "sdpa")
     # On CPU, SDPA trains through PyTorch's math path (its fused kernel takes no dropout), which
     # keeps the scores as eager attention does; under bf16 autocast it computes in fp32.
@@ -199,6 +227,7 @@ def estimate(
     # of the earlier ones held.
     kept = accumulating or gradients_kept
     live = gradients + activations if kept else max(gradients, activations)
+    gradients += buckets  # shown with the gradients, which they copy
     runtime = CUDA_CONTEXT_BYTES if device == "cuda" else CPU_RUNTIME_BYTES
     context = runtime if context_bytes is None else context_bytes
     return Estimate(
@@ -208,8 +237,9 @@ def estimate(
         activations=activations,
         temporary=temporary,
         context=context,
-        total=weights + optimizer + live + temporary + context,
+        total=weights + optimizer + live + buckets + temporary + context,
         flops_per_sample=flops_per_sample(shape, seq_len, task),
+        model_states=model_states,
     )
 
 

@@ -87,7 +87,8 @@ class SearchPlan:
         parameters = catalogue_parameter_counts().get(self.model.name)
         try:
             return estimate(self.model.config, task=self.info.task, seq_len=self.info.seq_len,
-                            params=params, device=self.device, parameters=parameters)  # fmt: skip
+                            params=params, device=self.device, parameters=parameters,
+                            devices=self.config.devices_per_trial)  # fmt: skip
         except (UnknownShape, TypeError):  # a config of unexpected types: no estimate
             return None
 

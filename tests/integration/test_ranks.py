@@ -14,6 +14,7 @@ import pytest
 
 from autotune.common.models import resolve_model
 from autotune.common.trial import Stage, Status, TrialSpec
+from autotune.plan.estimate import estimate
 from autotune.study.runner import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
 from tests.conftest import TINY_MODEL
 from tests.integration import test_hardening
@@ -49,6 +50,13 @@ def test_each_strategy_trains_on_two_ranks_as_asked(tmp_path, launcher, strategy
     else:
         assert sum(result.rank_params) == full and max(result.rank_params) < full
         assert min(result.rank_params) > full // 2 - full // 100  # an even split, give or take
+    # The model states each rank counted are the estimate's formula (16 Psi under DDP, 16 Psi
+    # / 2 sharded, for AdamW), plus AdamW's step counters.
+    spec = two_rank_spec(strategy)
+    expected = estimate(spec.model_config, task=spec.task, seq_len=spec.seq_len,
+                        params=spec.params, device="cpu", parameters=full, devices=2)  # fmt: skip
+    assert expected.model_states == 16 * full // (1 if strategy == "ddp" else 2)
+    assert all(0 <= b - expected.model_states <= 1024 for b in result.rank_model_state_bytes)
     assert len(result.rank_peak_memory_gib) == 2
     assert result.peak_memory_gib == max(result.rank_peak_memory_gib) > 0
     # Both ranks' batches are counted: 8 samples a step on each.

@@ -107,3 +107,29 @@ def test_calibration_uses_the_closest_evidence_there_is():
     assert calibrated_gib(params, 4.0, line) == pytest.approx(4.5), "the mode's straight line"
     other_mode = [measured(8, 1.0, 2.0, precision="bf16")]
     assert calibrated_gib(params, 4.0, other_mode) == pytest.approx(5.0), "the study's shift"
+
+
+def per_rank(strategy: str | None, devices: int):
+    params = {"optim": "adamw_torch", "batch_size": 8} | (
+        {"strategy": strategy} if strategy else {}
+    )
+    return estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
+                    params=params, device="cuda", parameters=PARAMETERS,
+                    devices=devices)  # fmt: skip
+
+
+def test_per_rank_model_states_follow_zeros_accounting():
+    p = PARAMETERS
+    assert per_rank(None, 1).model_states == 16 * p  # AdamW: weights, gradients, two states
+    assert per_rank("ddp", 8).model_states == 16 * p  # replicated on every rank
+    assert per_rank("fsdp", 8).model_states == pytest.approx(16 * p / 8, abs=16)
+    assert per_rank("fsdp_grad_op", 8).model_states == per_rank("fsdp", 8).model_states
+
+
+def test_per_rank_peaks_order_the_strategies_by_what_each_rank_holds():
+    single, ddp = per_rank(None, 1), per_rank("ddp", 8)
+    grad_op, full_shard = per_rank("fsdp_grad_op", 8), per_rank("fsdp", 8)
+    assert ddp.gradients == 2 * single.gradients  # DDP's buckets copy the gradients
+    assert ddp.total > single.total > grad_op.total > full_shard.total
+    assert full_shard.optimizer == single.optimizer // 8
+    assert grad_op.activations == full_shard.activations == single.activations
