@@ -118,9 +118,19 @@ def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None =
         "DATA_FILES": data_files,
         "COLLATOR_KWARGS": collator,
         "TRAINER": info.trainer,
+        "DEVICES": info.devices_per_trial or 1,
+        "STRATEGY": record.params.get("strategy", "single"),
+        "LAUNCH": launch_command(info.devices_per_trial or 1),
     }
     constants = "".join(f"{name} = {_literal(name, value)}\n" for name, value in facts.items())
     return _SCRIPT_HEAD + constants + _SCRIPT_BODY.replace(_COLLATOR_SLOT, _collator_source())
+
+
+def launch_command(devices: int) -> str:
+    """How the exported script runs as the trial did: one process per device."""
+    if devices == 1:
+        return f"python {RECOMMENDED_PY}"
+    return f"torchrun --standalone --nproc_per_node={devices} {RECOMMENDED_PY}"
 
 
 _COLLATOR_SLOT = "# (autotune's PaddingCollator)\n"
@@ -162,7 +172,8 @@ _SCRIPT_HEAD = '''"""Train a model with the TrainingArguments autotune measured 
 
     python recommended.py [--max-steps N] [--output-dir DIR] [--report-to NAME ...]
 
-The constants below say which model, trial and device; --help says it in words. As the search
+or, where the trial trained on several devices (DEVICES), under the command in LAUNCH. The
+constants below say which model, trial and device; --help says it in words. As the search
 did, the script builds the model from its config with random weights and trains on random
 tokens, or on your data (DATA: tokenized, truncated at SEQ_LEN and padded per batch by the
 collator the trials used), or calls your Trainer factory (TRAINER) with the arguments. For your
@@ -174,6 +185,7 @@ import argparse
 import importlib
 import importlib.util
 import math
+import os
 import pathlib
 import sys
 from typing import Any
@@ -264,6 +276,45 @@ def your_trainer():
     return getattr(module, function)
 
 
+def join_the_ranks():
+    # FSDP2 as the trials ran it: this process joins the group the launcher set up and shards
+    # the model itself, and the Trainer stays undistributed (its own FSDP path trains plain
+    # DDP on CPU). Returns (this rank, the ranks).
+    import torch.distributed as dist
+
+    rank, world = int(os.environ.pop("RANK")), int(os.environ.pop("WORLD_SIZE"))
+    local = int(os.environ.pop("LOCAL_RANK"))
+    os.environ.pop("LOCAL_WORLD_SIZE", None)
+    on_gpu = torch.cuda.is_available() and not TRAINING_ARGS.get("use_cpu")
+    if on_gpu:
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl" if on_gpu else "gloo", rank=rank, world_size=world)
+    return rank, world
+
+
+def shard(model):
+    # fully_shard on each transformer block (the model's _no_split_modules), then the model.
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    reshard = STRATEGY == "fsdp"
+    for module in list(model.modules())[1:]:
+        if type(module).__name__ in blocks:
+            fully_shard(module, reshard_after_forward=reshard)
+    fully_shard(model, reshard_after_forward=reshard)
+
+
+def save_sharded(model, output_dir, rank):
+    # The Trainer's own checkpoints cannot hold a model it did not shard: the full weights,
+    # gathered from every rank, are saved by rank 0 at the end instead.
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state_dict = get_model_state_dict(model, options=options)
+    if rank == 0:
+        model.save_pretrained(output_dir, state_dict=state_dict)
+
+
 def main():
     parser = argparse.ArgumentParser(
         description=description(), formatter_class=argparse.RawDescriptionHelpFormatter
@@ -275,28 +326,41 @@ def main():
         help="experiment trackers to log to (TrainingArguments.report_to) [%(default)s]",
     )
     cli = parser.parse_args()
+    sharded = STRATEGY in ("fsdp", "fsdp_grad_op")
+    rank, world = join_the_ranks() if sharded else (0, 1)
     # autotune's collator reads the columns it needs; the others (length) stay for the sampler.
     data_args = {"remove_unused_columns": False} if DATA else {}
+    saving = {"save_strategy": "no"} if sharded else {}  # see save_sharded
     args = transformers.TrainingArguments(
         output_dir=cli.output_dir, max_steps=cli.max_steps, report_to=cli.report_to,
-        **TRAINING_ARGS, **data_args,
+        **TRAINING_ARGS, **data_args, **saving,
     )
     if TRAINER:
         trainer = your_trainer()(args, dict(MODEL_KWARGS))
+        if sharded:
+            shard(trainer.model)
         trainer.train()
+        if sharded:
+            save_sharded(trainer.model, cli.output_dir, rank)
         return
     config = transformers.AutoConfig.for_model(**MODEL_CONFIG)
     if TASK == "sequence-classification" and config.pad_token_id is None:
         config.pad_token_id = config.eos_token_id
     model = AUTO_CLASS.from_config(config, **MODEL_KWARGS)
+    if sharded:
+        shard(model)
     if DATA:
         dataset, collator = your_data()
     else:
         samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        dataset, collator = RandomTokens(config.vocab_size, samples * cli.max_steps), None
+        dataset, collator = RandomTokens(config.vocab_size, samples * cli.max_steps * world), None
+    if sharded:  # the undistributed Trainer splits nothing: each rank takes its share here
+        dataset = torch.utils.data.Subset(dataset, range(rank, len(dataset), world))
     transformers.Trainer(
         model=model, args=args, train_dataset=dataset, data_collator=collator
     ).train()
+    if sharded:
+        save_sharded(model, cli.output_dir, rank)
 
 
 if __name__ == "__main__":

@@ -126,6 +126,9 @@ def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
         "seq_len": info.seq_len,
         "device": info.device,
         "device_name": fastest.result.device_name,
+        "devices_per_trial": info.devices_per_trial or 1,
+        # How recommended.py runs as the trial did: one process per device.
+        "launch": export.launch_command(info.devices_per_trial or 1),
         **_settings_and_metrics(fastest, snapshot),
         "baseline": None if baseline is None else {
             "trial": baseline.number,

@@ -25,6 +25,7 @@ from autotune.common.knobs import describe_params
 from autotune.common.layout import SEARCH_LOG, WORKER_LOG, trial_dir
 from autotune.common.trial import Status, TrialResult
 from autotune.common.units import format_bytes, format_gib
+from autotune.outputs.export import launch_command
 from autotune.outputs.pareto import NOTHING_TO_RECOMMEND
 from autotune.outputs.snapshot import StudySnapshot, trained_note
 from autotune.plan.plan import SearchPlan
@@ -377,6 +378,9 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
         report.line(f"{label}: {picks.describe(record)}: {escape(describe_params(record.params))}")
         if record is picks.recommended:
             report.line(f"  why: {escape(picks.why)}")
+            if (snapshot.info.devices_per_trial or 1) > 1:
+                launch = launch_command(snapshot.info.devices_per_trial or 1)
+                report.line(f"  run it as its trials ran, in the study folder: {escape(launch)}")
         for change in snapshot.math_changes(record):
             report.line(f"  [yellow]changes the training:[/] {escape(change.describe())}")
     shown_picks = (picks.recommended, picks.fastest)

@@ -4,6 +4,7 @@ applied, and ended together whichever of them dies or freezes."""
 import csv
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import transformers
 
 from autotune.common.models import resolve_model
 from autotune.common.trial import Stage, Status, TrialSpec
@@ -139,3 +141,49 @@ def test_kill_9_of_the_search_during_a_two_rank_trial_leaves_nothing_running(tmp
     psutil.wait_procs([psutil.Process(p) for p in alive(processes)], timeout=60)
     survivors = [psutil.Process(p).cmdline() for p in alive(processes)]
     assert not survivors, f"still running after the search died: {survivors}"
+
+
+FSDP_SPACE = """
+description: batch 8, fp32 AdamW, sharded
+device: any
+knobs:
+  batch_size: 8
+  precision: fp32
+  optim: adamw_torch
+  strategy: fsdp
+"""
+
+
+def test_the_exported_launch_command_trains_each_strategy_on_two_ranks(tmp_path):
+    space = tmp_path / "fsdp.yaml"
+    space.write_text(FSDP_SPACE)
+    command = [
+        sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
+        "devices_per_trial=2", "n_trials=2", "warmup_steps=1", "measure_steps=2",
+        "confirm_rounds=0", f"out={tmp_path}", "study=s", f"space={space}",
+    ]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    study = tmp_path / "s"
+    recommended = json.loads((study / "recommended.json").read_text())
+    assert recommended["launch"] == "torchrun --standalone --nproc_per_node=2 recommended.py"
+    assert f"run it as its trials ran, in the study folder: {recommended['launch']}" in out.stdout
+    for trial, strategy in ((0, "ddp"), (1, "fsdp")):
+        script = subprocess.run(
+            [sys.executable, "-m", "autotune", "export", str(study), f"trial={trial}",
+             "format=py"], capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert f"STRATEGY = {strategy!r}" in script
+        (study / "recommended.py").write_text(script)
+        run = subprocess.run(
+            [*shlex.split(recommended["launch"]), "--max-steps", "3", "--output-dir",
+             str(tmp_path / f"run{trial}")],
+            cwd=study, capture_output=True, text=True,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "train_runtime" in run.stdout, run.stdout
+    # Sharded, the trained weights are saved whole at the end, gathered from both ranks.
+    _, loading = transformers.AutoModelForSequenceClassification.from_pretrained(
+        tmp_path / "run1", output_loading_info=True
+    )
+    assert not loading["missing_keys"] and not loading["mismatched_keys"], loading
