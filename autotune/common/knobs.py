@@ -255,6 +255,22 @@ KNOBS: dict[str, Knob] = {
             expected="one of " + ", ".join(STRATEGIES),
         ),  # applied by the worker's ranks (child/ranks.py), not through TrainingArguments
         Knob(
+            name="ddp_find_unused_parameters", kind=bool, check=lambda v: True,
+            expected="true or false", short="find_unused", requires={"strategy": "ddp"},
+            training_args=_same_name("ddp_find_unused_parameters"),
+        ),  # the Trainer's default: on unless checkpointing (a graph walk every backward)
+        Knob(
+            name="ddp_bucket_cap_mb", kind=int, check=lambda v: v > 0,
+            expected="a positive integer (MiB of gradients DDP reduces at a time)",
+            ranges=True, short="bucket_mb", requires={"strategy": "ddp"},
+            training_args=_same_name("ddp_bucket_cap_mb"),
+        ),
+        Knob(
+            name="ddp_static_graph", kind=bool, check=lambda v: True, expected="true or false",
+            short="static_graph", requires={"strategy": "ddp"},
+            training_args=_same_name("ddp_static_graph"),
+        ),
+        Knob(
             name="pad_to_multiple_of", kind=int, check=lambda v: v >= 1,
             expected="an integer >= 1 (1: pad to the longest sample of the batch)", short="pad",
             baseline=1, data_only=True, collator=True,
@@ -264,7 +280,8 @@ KNOBS: dict[str, Knob] = {
 # Sampling order: precision before batch_size (the 64 rule depends on it), batch_size before
 # grad_accum, and each knob after those it requires.
 SAMPLE_ORDER = (
-    "strategy", "precision", "optim", "gradient_checkpointing", "checkpointing_reentrant",
+    "strategy", "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_static_graph",
+    "precision", "optim", "gradient_checkpointing", "checkpointing_reentrant",
     "attn_implementation", "torch_compile", "compile_mode", "batch_size", "grad_accum",
     "torch_empty_cache_steps", "dataloader_num_workers", "dataloader_prefetch_factor",
     "dataloader_persistent_workers", "dataloader_pin_memory", "group_by_length",

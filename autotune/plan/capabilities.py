@@ -122,6 +122,12 @@ def fit_space(
 
 
 SEVERAL_DEVICES = tuple(s for s in STRATEGIES if s != "single")
+DDP_KNOBS = {
+    "ddp_find_unused_parameters": (False, True),
+    "ddp_bucket_cap_mb": (10, 25, 100),
+    "ddp_static_graph": (False, True),
+}
+"""DDP's own settings, searched with it on several devices unless the space names them."""
 
 
 def fit_to_devices(space: SearchSpace, devices: int) -> tuple[SearchSpace, list[str]]:
@@ -129,6 +135,8 @@ def fit_to_devices(space: SearchSpace, devices: int) -> tuple[SearchSpace, list[
     it has one, searched among every multi-device strategy unless the space lists some."""
     knob = space.knobs.get("strategy")
     if devices == 1:
+        # Without several ranks neither the strategy nor DDP's settings have any effect.
+        space = replace(space, knobs={k: v for k, v in space.knobs.items() if k not in DDP_KNOBS})
         if knob is None:
             return space, []
         if "single" not in knob.choices:
@@ -137,6 +145,9 @@ def fit_to_devices(space: SearchSpace, devices: int) -> tuple[SearchSpace, list[
                              f"({values}) need devices_per_trial of 2 or more")  # fmt: skip
         knobs = {k: v for k, v in space.knobs.items() if k != "strategy"}
         return replace(space, knobs=knobs), ["strategy fixed at single: one device per trial"]
+    ddp = {name: SpaceKnob(name=name, choices=values) for name, values in DDP_KNOBS.items()
+           if name not in space.knobs}  # fmt: skip
+    space = replace(space, knobs={**space.knobs, **ddp})
     if knob is None:
         knobs = {**space.knobs, "strategy": SpaceKnob(name="strategy", choices=SEVERAL_DEVICES)}
         return replace(space, knobs=knobs), [

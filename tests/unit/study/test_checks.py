@@ -1,7 +1,13 @@
+import pytest
+
 from autotune.common.knobs import baseline_params
 from autotune.common.trial import Status, TrialResult
 from autotune.store.records import TrialRecord
-from autotune.study.checks import as_hungry_as_an_oom, over_budget_by_estimate
+from autotune.study.checks import (
+    as_hungry_as_an_oom,
+    cannot_run_together,
+    over_budget_by_estimate,
+)
 from tests.unit.stand_ins import OOM
 
 
@@ -46,3 +52,12 @@ def test_the_estimate_check_skips_what_cannot_fit_and_says_why():
     assert skip is not None and skip.repeat_of is None
     assert skip.reason.startswith("estimated at 5.00 GiB (calibrated on 1 trial(s))")
     assert check({"batch_size": 16}, [record], 16 / 8) is None
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp_grad_op"])
+def test_an_optimizer_that_cannot_step_shards_is_skipped_under_sharding_only(strategy):
+    skip = cannot_run_together({"strategy": strategy, "optim": "adafactor"}, [])
+    assert skip is not None and skip.repeat_of is None
+    assert skip.reason == f"adafactor cannot update {strategy}'s sharded parameters (DTensors)"
+    assert cannot_run_together({"strategy": "ddp", "optim": "adafactor"}, []) is None
+    assert cannot_run_together({"strategy": strategy, "optim": "adamw_torch"}, []) is None
