@@ -61,7 +61,7 @@ class Rank:
     def trainer_distributed(self) -> bool:
         """Whether the Trainer itself runs distributed (wraps the model in DDP, splits the
         data): under a sharding strategy FSDP2 syncs the gradients and the Trainer does not."""
-        return not self.sharded
+        return self.strategy == "ddp"
 
 
 Attempt = Callable[[Rank], tuple[TrialResult | None, bool]]
@@ -74,13 +74,16 @@ def rank_file(folder: Path, rank: int) -> Path:
 
 
 def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
-    """In the worker: fork the ranks, wait for them, return the trial's result."""
-    world_size = spec.devices
+    """In the worker: fork the ranks, wait for them, return the trial's result. `single` on
+    several devices is one rank on one of them (its share of the cores): the reference of
+    the others' scaling efficiency."""
+    strategy = spec.params.get("strategy", "ddp")
+    world_size = 1 if strategy == "single" else spec.devices
     cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < world_size:
+    if len(cores) < spec.devices:
         return TrialResult(
             status=Status.INVALID_CONFIG,
-            reason=f"{world_size} ranks need a core each; the trial has {len(cores)}",
+            reason=f"{spec.devices} ranks need a core each; the trial has {len(cores)}",
         )
     store = dist.TCPStore(HOST, 0, world_size, is_master=True, wait_for_workers=False)
     pids = {}
@@ -88,9 +91,9 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
         pid = os.fork()
         if pid == 0:
             _rank_main(
-                Rank(rank, world_size, spec.params.get("strategy", "ddp")),
+                Rank(rank, world_size, strategy),
                 store.port,
-                cores[rank::world_size],
+                cores[rank :: spec.devices],
                 folder,
                 attempt,
             )
@@ -251,7 +254,11 @@ def _wrapper(trainer: Any) -> str:
 
 
 def _check_applied(rank: Rank, params: list[int], full: int, wrappers: list[str]) -> None:
-    if rank.sharded:
+    if rank.strategy == "single":
+        if wrappers != [wrappers[0]] or "DistributedDataParallel" in wrappers or params != [full]:
+            raise StrategyNotApplied(f"single asked, but the rank trained {wrappers} holding "
+                                     f"{params} of {full} parameters")  # fmt: skip
+    elif rank.sharded:
         if sum(params) != full or max(params) >= full:
             raise StrategyNotApplied(
                 f"{rank.strategy} asked, but the ranks held {params} of {full} parameters: "

@@ -120,14 +120,20 @@ def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None =
         "TRAINER": info.trainer,
         "DEVICES": info.devices_per_trial or 1,
         "STRATEGY": record.params.get("strategy", "single"),
-        "LAUNCH": launch_command(info.devices_per_trial or 1),
+        "LAUNCH": launch_command(info, record.params),
     }
     constants = "".join(f"{name} = {_literal(name, value)}\n" for name, value in facts.items())
     return _SCRIPT_HEAD + constants + _SCRIPT_BODY.replace(_COLLATOR_SLOT, _collator_source())
 
 
-def launch_command(devices: int) -> str:
-    """How the exported script runs as the trial did: one process per device."""
+def ranks(info: RunInfo, params: dict[str, Any]) -> int:
+    """The processes a trial trained with: one per device, one under `single`."""
+    return 1 if params.get("strategy", "single") == "single" else info.devices_per_trial or 1
+
+
+def launch_command(info: RunInfo, params: dict[str, Any]) -> str:
+    """How the exported script runs as the trial did: one process per device it used."""
+    devices = ranks(info, params)
     if devices == 1:
         return f"python {RECOMMENDED_PY}"
     return f"torchrun --standalone --nproc_per_node={devices} {RECOMMENDED_PY}"

@@ -62,6 +62,20 @@ class StudySnapshot:
             return None
         return trained_note(self.info, self.records)
 
+    def scaling_efficiency(self, record: TrialRecord) -> float | None:
+        """On several devices a trial: its samples/s over the devices' count times the best
+        `single` trial's (one of those devices, its share of the cores): 1.0 is perfect
+        scaling. None without such a trial, for a `single` trial or on one device."""
+        devices = self.info.devices_per_trial or 1
+        if devices == 1 or record.params.get("strategy") == "single":
+            return None
+        singles = [r.result.samples_per_s for r in self.records
+                   if r.params.get("strategy") == "single" and r.status is Status.OK
+                   and r.result.samples_per_s and not self.other_versions(r)]  # fmt: skip
+        if not singles or not record.result.samples_per_s:
+            return None
+        return record.result.samples_per_s / (devices * max(singles))
+
     def math_changes(self, record: TrialRecord) -> list[MathChange]:
         """What in its settings changes the training itself compared with the baseline trial
         (another optimizer, effective batch or precision); none when no baseline ran."""

@@ -128,7 +128,7 @@ def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
         "device_name": fastest.result.device_name,
         "devices_per_trial": info.devices_per_trial or 1,
         # How recommended.py runs as the trial did: one process per device.
-        "launch": export.launch_command(info.devices_per_trial or 1),
+        "launch": export.launch_command(info, fastest.params),
         **_settings_and_metrics(fastest, snapshot),
         "baseline": None if baseline is None else {
             "trial": baseline.number,
@@ -167,6 +167,8 @@ def _settings_and_metrics(record: TrialRecord, snapshot: StudySnapshot) -> dict[
         "model_kwargs": record.result.model_kwargs,
         "metrics": _metrics(record),
         "noisy": snapshot.is_noisy(record),
+        # samples/s over N times the best one-device (`single`) trial's; None without one.
+        "scaling_efficiency": snapshot.scaling_efficiency(record),
         "speedup_vs_baseline": snapshot.picks.speedup(record),
         # The lowest and highest round's ratio when confirmed; None: one measurement each.
         "speedup_interval": snapshot.picks.speedup_interval(record),

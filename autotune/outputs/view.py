@@ -378,8 +378,12 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
         report.line(f"{label}: {picks.describe(record)}: {escape(describe_params(record.params))}")
         if record is picks.recommended:
             report.line(f"  why: {escape(picks.why)}")
+            if (efficiency := snapshot.scaling_efficiency(record)) is not None:
+                report.line(f"  scaling efficiency {efficiency:.0%}: its samples/s over "
+                            f"{snapshot.info.devices_per_trial} times the best single-device "
+                            "trial's")  # fmt: skip
             if (snapshot.info.devices_per_trial or 1) > 1:
-                launch = launch_command(snapshot.info.devices_per_trial or 1)
+                launch = launch_command(snapshot.info, record.params)
                 report.line(f"  run it as its trials ran, in the study folder: {escape(launch)}")
         for change in snapshot.math_changes(record):
             report.line(f"  [yellow]changes the training:[/] {escape(change.describe())}")

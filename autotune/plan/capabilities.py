@@ -153,14 +153,11 @@ def fit_to_devices(space: SearchSpace, devices: int) -> tuple[SearchSpace, list[
         return replace(space, knobs=knobs), [
             f"strategy searched among {', '.join(SEVERAL_DEVICES)}: {devices} devices per trial"
         ]
-    kept = tuple(v for v in knob.choices if v != "single")
-    if not kept:
-        raise SpaceError(f"space {space.name} cannot run here:\n  - strategy: single is one "
-                         f"device, and a trial has {devices}")  # fmt: skip
-    if kept == knob.choices:
+    if "single" not in knob.choices:
         return space, []
-    return space.with_choices("strategy", kept), [
-        f"removed strategy=single: a trial has {devices} devices"
+    return space, [
+        f"strategy=single trains on one of a trial's {devices} devices: the reference of the "
+        "others' scaling efficiency"
     ]
 
 

@@ -46,7 +46,7 @@ DDP_KNOBS = {"ddp_find_unused_parameters": False, "ddp_bucket_cap_mb": 10, "ddp_
 
 
 @pytest.mark.parametrize(("strategy", "knobs"), [
-    ("ddp", {}), ("ddp", DDP_KNOBS), ("fsdp", {}), ("fsdp_grad_op", {}),
+    ("ddp", {}), ("ddp", DDP_KNOBS), ("fsdp", {}), ("fsdp_grad_op", {}), ("single", {}),
 ])  # fmt: skip
 def test_each_strategy_trains_on_two_ranks_as_asked(tmp_path, launcher, strategy, knobs):
     spec = two_rank_spec(strategy, **knobs)
@@ -54,7 +54,12 @@ def test_each_strategy_trains_on_two_ranks_as_asked(tmp_path, launcher, strategy
     assert result.status is Status.OK, result.reason + result.stderr_tail
     assert knobs.items() <= result.training_args.items()  # DDP's own, through TrainingArguments
     full = result.n_params
-    if strategy == "ddp":
+    ranks = 1 if strategy == "single" else 2  # single: one of the two devices, for reference
+    if strategy == "single":
+        # One device of two: its share of the cores.
+        assert result.rank_params == [full]
+        assert result.cpu_threads == len(sorted(os.sched_getaffinity(0))[::2])
+    elif strategy == "ddp":
         assert result.rank_params == [full, full]  # replicated
     else:
         assert sum(result.rank_params) == full and max(result.rank_params) < full
@@ -63,12 +68,13 @@ def test_each_strategy_trains_on_two_ranks_as_asked(tmp_path, launcher, strategy
     # / 2 sharded, for AdamW), plus AdamW's step counters.
     expected = estimate(spec.model_config, task=spec.task, seq_len=spec.seq_len,
                         params=spec.params, device="cpu", parameters=full, devices=2)  # fmt: skip
-    assert expected.model_states == 16 * full // (1 if strategy == "ddp" else 2)
+    assert expected.model_states == 16 * full // (2 if strategy.startswith("fsdp") else 1)
     assert all(0 <= b - expected.model_states <= 1024 for b in result.rank_model_state_bytes)
-    assert len(result.rank_peak_memory_gib) == 2
+    assert len(result.rank_peak_memory_gib) == ranks
     assert result.peak_memory_gib == max(result.rank_peak_memory_gib) > 0
-    # Both ranks' batches are counted: 8 samples a step on each.
-    assert result.samples_per_s == pytest.approx(16 / (result.step_time_median_ms / 1e3), rel=0.5)
+    # Every rank's batches are counted: 8 samples a step on each.
+    step_s = result.step_time_median_ms / 1e3
+    assert result.samples_per_s == pytest.approx(8 * ranks / step_s, rel=0.5)
 
 
 def ranks_of(worker_cmd: str) -> list[psutil.Process]:
