@@ -15,7 +15,12 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from autotune.common.device import TRANSFORMERS_DEFAULT_OPTIM
+from autotune.common.device import (
+    GPU_MEMORY_MIB,
+    TRANSFORMERS_DEFAULT_OPTIM,
+    gpu_memory_bytes,
+    peak_tflops,
+)
 from autotune.common.errors import AutotuneError, ConfigError
 from autotune.common.knobs import KNOBS, baseline_params, describe_params
 from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolve_model
@@ -51,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
     with console.status("reading the model types and optimizer names transformers accepts"):
         facts = software_cache.software_facts()  # cached per user: no torch in this process
     model, task = check(config, knobs, facts)
-    if config.device == "cuda" and config.memory_budget:  # for a GPU elsewhere: no NVML needed
+    if config.gpu:  # a GPU elsewhere, from the built-in table: no NVML needed
+        device, device_name = "cuda", config.gpu
+        free_bytes = gpu_memory_bytes(config.gpu) or 0
+    elif config.device == "cuda" and config.memory_budget:  # a GPU elsewhere, no NVML needed
         device, device_name, free_bytes = "cuda", "a GPU of memory_budget", 0
     else:
         device, device_name, free_bytes = hardware.memory_without_torch(config.device)
@@ -76,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         + (
             ""
             if config.memory_budget
+            else " (its total memory, from the built-in table)"
+            if config.gpu
             else " (free now)"
             if device == "cuda"
             else " (free RAM now, less what a search keeps for itself and the machine)"
@@ -105,6 +115,14 @@ def run(args: argparse.Namespace) -> int:
         f"largest batch that fits: {_largest(at, fixed, batches, budget) or 'none'}; "
         f"{at(fixed).flops_per_sample / 1e12:.3g} TFLOP per sample (training)"
     )
+    if device == "cuda" and (peak := peak_tflops(device_name, "bf16")):
+        flops = at(fixed).flops_per_sample
+        console.print(
+            f"{escape(device_name)}: datasheet peak {peak_tflops(device_name, 'fp32')} TFLOP/s "
+            f"fp32, {peak:g} 16-bit; a sample's training takes at least "
+            f"{flops / (peak * 1e12) * 1e3:.3g} ms at the 16-bit peak (trials reach a share "
+            "of it: their MFU)"
+        )
     if devices > 1:
         states = ", ".join(
             f"{s} {format_bytes(at(fixed | {'strategy': s}).model_states)}" for s in SEVERAL_DEVICES
@@ -163,6 +181,12 @@ def check(
     compile backend names it offers), so no table answers for what the search refuses.
     ConfigError names every problem, in the search's words."""
     problems = []
+    if config.gpu and gpu_memory_bytes(config.gpu) is None and not config.memory_budget:
+        known = ", ".join(name for name, _ in GPU_MEMORY_MIB)
+        problems.append(f"gpu={config.gpu}: not in the built-in table ({known}); give "
+                        "memory_budget= for it")  # fmt: skip
+    if config.gpu and config.device == "cpu":
+        problems.append(f"gpu={config.gpu} with device=cpu: a GPU plan is for device=cuda")
     for key, value in knobs.items():
         if problem := known_name_problem(key, value, facts):
             problems.append(f"{key}: {problem}")

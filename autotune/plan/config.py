@@ -473,6 +473,11 @@ class EstimateConfig(_ModelSettings):
     devices_per_trial: int = Field(
         1, ge=1, description="ranks a trial trains on: the figures are one rank's, by strategy="
     )
+    gpu: str | None = Field(
+        None,
+        description="plan for a GPU not in hand, by name (H100, A100-80GB, L4, ...): its "
+        "memory is the budget, unless memory_budget= is given",
+    )
 
 
 class ReportConfig(_StoredStudy):

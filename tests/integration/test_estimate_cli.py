@@ -81,3 +81,29 @@ def test_what_the_search_refuses_is_exit_2_without_a_table():
     ):
         assert problem in proc.stderr, proc.stderr
     assert "Peak training memory" not in proc.stdout
+
+
+def estimate_cli(*settings: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autotune", "estimate", *settings],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+
+
+def test_a_run_on_gpus_not_in_hand_is_planned_per_rank_from_the_built_in_table():
+    proc = estimate_cli("model=bert-large-uncased", "seq_len=512", "devices_per_trial=8",
+                        "gpu=A100-80GB")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert ("cuda, per rank of 8 (A100-80GB): budget 80.00 GiB (its total memory, from the "
+            "built-in table)") in proc.stdout  # fmt: skip
+    assert "A100-80GB: datasheet peak 19.5 TFLOP/s fp32, 312 16-bit" in proc.stdout
+    assert ("model states (weights, gradients, optimizer) per rank of 8: ddp 4.99 GiB, fsdp "
+            "0.62 GiB, fsdp_grad_op 0.62 GiB") in proc.stdout  # fmt: skip
+    assert "fsdp_grad_op" in proc.stdout.split("by the knobs left free")[1]  # a free knob
+
+
+def test_a_gpu_not_in_the_table_is_exit_2_naming_the_table():
+    proc = estimate_cli("model=gpt2", "gpu=B200", "device=cpu")
+    assert proc.returncode == 2
+    assert "gpu=B200: not in the built-in table (H200, H100, A100-80GB" in proc.stderr
+    assert "gpu=B200 with device=cpu: a GPU plan is for device=cuda" in proc.stderr
+    assert "Peak training memory" not in proc.stdout
