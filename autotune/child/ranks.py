@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,8 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
             status=Status.INVALID_CONFIG,
             reason=f"{spec.devices} ranks need a core each; the trial has {len(cores)}",
         )
+    for rank in range(spec.devices):  # an earlier attempt's, in a reused folder
+        rank_file(folder, rank).unlink(missing_ok=True)
     store = dist.TCPStore(HOST, 0, world_size, is_master=True, wait_for_workers=False)
     pids = {}
     for rank in range(world_size):
@@ -102,7 +105,21 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
 
 
 def _rank_main(rank: Rank, port: int, cores: list[int], folder: Path, attempt: Attempt) -> None:
+    """A rank's whole life: it never returns into the worker's code it was forked from."""
     failed = True
+    try:
+        result, failed = _join_and_train(rank, port, cores, attempt)
+        if result is not None:
+            write_json_atomic(rank_file(folder, rank.rank), result.to_dict())
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1 if failed else 0)
+
+
+def _join_and_train(
+    rank: Rank, port: int, cores: list[int], attempt: Attempt
+) -> tuple[TrialResult | None, bool]:
     try:
         os.setsid()
         die_with_parent(signal.SIGKILL)
@@ -120,13 +137,11 @@ def _rank_main(rank: Rank, port: int, cores: list[int], folder: Path, attempt: A
             "gloo", store=store, rank=rank.rank, world_size=rank.world_size,
             timeout=GROUP_TIMEOUT,
         )  # fmt: skip
-        result, failed = attempt(rank)
-        if result is not None:
-            write_json_atomic(rank_file(folder, rank.rank), result.to_dict())
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1 if failed else 0)
+    except Exception as exc:  # noqa: BLE001 - the rank could not join: its result says why
+        result = TrialResult(status=Status.ERROR, reason=f"{type(exc).__name__}: {exc}"[:300],
+                             stderr_tail=traceback.format_exc()[-4000:])  # fmt: skip
+        return result, True
+    return attempt(rank)
 
 
 def _wait(pids: dict[int, int], folder: Path) -> TrialResult:
