@@ -65,13 +65,8 @@ def train_trial(
     trial_started_s = time.perf_counter()
     # The Trainer wants an output folder; with saving and logging off it stays empty.
     with tempfile.TemporaryDirectory(prefix="autotune-trainer-") as workdir:
-        if (
-            rank is not None
-            and rank.sharded
-            and spec.params.get("optim") in knobs.UNSHARDABLE_OPTIMIZERS
-        ):
-            raise InvalidConfig(f"{spec.params['optim']} cannot update {rank.strategy}'s sharded "
-                                "parameters (DTensors)")  # fmt: skip
+        if (reason := knobs.conflict(spec.params)) is not None:
+            raise InvalidConfig(reason)
         baseline_rss = _prepare(spec, rank)
         on_cuda = spec.device == "cuda"
         if rank is not None:

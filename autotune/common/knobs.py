@@ -159,6 +159,15 @@ def _precision_math(baseline: str, value: str) -> str | None:
     return "another numeric precision"
 
 
+def conflict(params: dict[str, Any]) -> str | None:
+    """Why these settings cannot train together (an optimizer that cannot update sharded
+    parameters), or None: asked before a trial runs, and by the worker itself."""
+    strategy, optim = params.get("strategy"), params.get("optim")
+    if strategy in SHARDED and optim in UNSHARDABLE_OPTIMIZERS:
+        return f"{optim} cannot update {strategy}'s sharded parameters (DTensors)"
+    return None
+
+
 def positive(value: Any) -> bool:
     """A `requires` test: the knob it names is above 0 (loader workers)."""
     return value > 0

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.common.knobs import SHARDED, UNSHARDABLE_OPTIMIZERS, at_least_as_hungry
+from autotune.common.knobs import at_least_as_hungry, conflict
 from autotune.common.trial import OUT_OF_MEMORY, Status
 from autotune.plan.estimate import Measured, calibrated_gib
 from autotune.store.records import TrialRecord
@@ -90,11 +90,9 @@ def over_budget_by_estimate(
 def cannot_run_together(
     params: dict[str, Any], records: list[TrialRecord], estimate_gib: float | None = None
 ) -> Skip | None:
-    """Settings the worker would refuse: an optimizer that cannot update sharded parameters."""
-    strategy, optim = params.get("strategy"), params.get("optim")
-    if strategy in SHARDED and optim in UNSHARDABLE_OPTIMIZERS:
-        return Skip(reason=f"{optim} cannot update {strategy}'s sharded parameters (DTensors)")
-    return None
+    """Settings the worker would refuse (`knobs.conflict`)."""
+    reason = conflict(params)
+    return None if reason is None else Skip(reason=reason)
 
 
 PRE_TRIAL_CHECKS: tuple[Check, ...] = (already_measured, cannot_run_together, as_hungry_as_an_oom)
