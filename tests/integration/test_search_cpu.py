@@ -142,11 +142,11 @@ def test_effective_batch_search_reports_removed_values(tmp_path):
         "search",
         f"model={TINY_MODEL}",
         "space=memory",
-        "effective_batch_size=32",
+        "effective_batch_size=16",  # micro batches of 1 to 16: up to 16 bf16 passes a step
         "n_trials=3",
         "seq_len=32",
         "warmup_steps=1",
-        "measure_steps=3",
+        "measure_steps=2",
         f"out={tmp_path}",
         "study=eff",
     )
@@ -156,13 +156,13 @@ def test_effective_batch_search_reports_removed_values(tmp_path):
     assert "removed optim=paged_adamw_8bit" in proc.stdout
     table = rows(tmp_path / "eff" / "trials.csv")
     assert len(table) == 3
-    assert all(int(r["batch_size"]) * int(r["grad_accum"]) == 32 for r in table)
+    assert all(int(r["batch_size"]) * int(r["grad_accum"]) == 16 for r in table)
     storage = f"sqlite:///{tmp_path / 'eff' / 'study.db'}"
     notes = run_info(optuna.load_study(study_name="eff", storage=storage)).space_notes
     assert any(n.startswith("removed precision=fp16") for n in notes)
     if (tmp_path / "eff" / "recommended.json").exists():
         recommended = json.loads((tmp_path / "eff" / "recommended.json").read_text())
-        assert recommended["batch_mode"] == "effective batch 32 (grad_accum derived)"
+        assert recommended["batch_mode"] == "effective batch 16 (grad_accum derived)"
 
 
 def test_validate_reports_every_problem_and_passes_shipped_spaces(tmp_path):
