@@ -117,7 +117,7 @@ def test_a_rank_killed_mid_step_ends_the_trial_as_crashed_and_leaves_nothing(tmp
 
 
 def test_a_frozen_rank_ends_the_trial_by_its_timeout_and_leaves_nothing(tmp_path):
-    result, ranks = run_and_hit_a_rank(tmp_path, signal.SIGSTOP, timeout_s=60)
+    result, ranks = run_and_hit_a_rank(tmp_path, signal.SIGSTOP, timeout_s=30)
     assert result.status is Status.TIMEOUT
     assert all(gone(r) for r in ranks)
 
