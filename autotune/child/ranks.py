@@ -89,6 +89,7 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
     for rank in range(spec.devices):  # an earlier attempt's, in a reused folder
         rank_file(folder, rank).unlink(missing_ok=True)
     store = dist.TCPStore(HOST, 0, world_size, is_master=True, wait_for_workers=False)
+    worker = os.getpid()
     pids = {}
     for rank in range(world_size):
         pid = os.fork()
@@ -99,15 +100,22 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
                 cores[rank :: spec.devices],
                 folder,
                 attempt,
+                worker,
             )
         pids[pid] = rank
     return _wait(pids, folder)
 
 
-def _rank_main(rank: Rank, port: int, cores: list[int], folder: Path, attempt: Attempt) -> None:
+def _rank_main(
+    rank: Rank, port: int, cores: list[int], folder: Path, attempt: Attempt, worker: int
+) -> None:
     """A rank's whole life: it never returns into the worker's code it was forked from."""
     failed = True
     try:
+        os.setsid()
+        die_with_parent(signal.SIGKILL)
+        if os.getppid() != worker:  # the worker died before the death signal was asked for
+            return
         result, failed = _join_and_train(rank, port, cores, attempt)
         if result is not None:
             write_json_atomic(rank_file(folder, rank.rank), result.to_dict())
@@ -121,8 +129,6 @@ def _join_and_train(
     rank: Rank, port: int, cores: list[int], attempt: Attempt
 ) -> tuple[TrialResult | None, bool]:
     try:
-        os.setsid()
-        die_with_parent(signal.SIGKILL)
         os.sched_setaffinity(0, cores)
         torch.set_num_threads(len(cores))
         if rank.trainer_distributed:  # what torchrun sets: accelerate reads it

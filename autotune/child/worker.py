@@ -91,7 +91,7 @@ def train_trial(
             trainer = _users_trainer(spec, tuned_args, model_kwargs, workdir)
         else:
             trainer = _our_trainer(spec, tuned_args, model_kwargs, workdir, rank)
-        states = ranks.ModelStates()
+        states = ranks.ModelStates()  # counted on several ranks only
         if rank is not None:
             ranks.shard(rank, trainer.model)
             trainer.add_callback(states)

@@ -288,6 +288,8 @@ def join_the_ranks():
     # DDP on CPU). Returns (this rank, the ranks).
     import torch.distributed as dist
 
+    if "RANK" not in os.environ:
+        sys.exit(f"trial {TRIAL} trained on {DEVICES} devices under {STRATEGY}: run {LAUNCH}")
     rank, world = int(os.environ.pop("RANK")), int(os.environ.pop("WORLD_SIZE"))
     local = int(os.environ.pop("LOCAL_RANK"))
     os.environ.pop("LOCAL_WORLD_SIZE", None)

@@ -145,9 +145,10 @@ def fit_to_devices(space: SearchSpace, devices: int) -> tuple[SearchSpace, list[
                              f"({values}) need devices_per_trial of 2 or more")  # fmt: skip
         knobs = {k: v for k, v in space.knobs.items() if k != "strategy"}
         return replace(space, knobs=knobs), ["strategy fixed at single: one device per trial"]
-    ddp = {name: SpaceKnob(name=name, choices=values) for name, values in DDP_KNOBS.items()
-           if name not in space.knobs}  # fmt: skip
-    space = replace(space, knobs={**space.knobs, **ddp})
+    if knob is None or "ddp" in knob.choices:  # else they could never take effect
+        ddp = {name: SpaceKnob(name=name, choices=values) for name, values in DDP_KNOBS.items()
+               if name not in space.knobs}  # fmt: skip
+        space = replace(space, knobs={**space.knobs, **ddp})
     if knob is None:
         knobs = {**space.knobs, "strategy": SpaceKnob(name="strategy", choices=SEVERAL_DEVICES)}
         return replace(space, knobs=knobs), [

@@ -180,7 +180,7 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
     info = RunInfo(
         study=study_name, model=model.name, model_config=model.config, task=task,
         seq_len=config.seq_len, device=device, device_name=device_name, space=space.name,
-        space_notes=list(space.notes), effective_batch_size=rules.effective_batch_size,
+        space_notes=list(space.notes), effective_batch_size=config.effective_batch_size,
         memory_budget_bytes=int(config.memory_budget or available_bytes),
         headroom=config.headroom, noise_cv=config.noise_cv,
         math_change_min_gain=config.math_change_min_gain, report_to=config.report_to,

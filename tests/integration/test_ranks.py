@@ -83,13 +83,14 @@ def ranks_of(worker_cmd: str) -> list[psutil.Process]:
     return [c for w in workers for c in w.children()]
 
 
-def run_and_hit_a_rank(tmp_path: Path, signum: int, timeout_s: float):
+def run_and_hit_a_rank(tmp_path: Path, signum: int, timeout_s: float, stage: Stage):
     """A 2-rank DDP trial started as a cold worker (a child of this process); `signum` goes to
-    rank 1 once the trial measures. Returns the result and every rank's pid."""
+    rank 1 at the trial's first progress record of `stage` (both ranks have joined the group
+    by the first record of all). Returns the result and every rank's pid."""
     seen: list[psutil.Process] = []
 
     def on_progress(progress):
-        if progress.stage is Stage.MEASURING and not seen:
+        if progress.stage is stage and not seen:
             seen.extend(ranks_of("autotune.child.worker"))
             assert len(seen) == 2, seen
             os.kill(seen[1].pid, signum)
@@ -110,14 +111,15 @@ def gone(process: psutil.Process) -> bool:
 
 
 def test_a_rank_killed_mid_step_ends_the_trial_as_crashed_and_leaves_nothing(tmp_path):
-    result, ranks = run_and_hit_a_rank(tmp_path, signal.SIGKILL, timeout_s=600)
+    result, ranks = run_and_hit_a_rank(tmp_path, signal.SIGKILL, 600, Stage.MEASURING)
     assert result.status is Status.CRASHED
     assert result.reason == "rank 1 was killed by SIGKILL"
     assert all(gone(r) for r in ranks)
 
 
 def test_a_frozen_rank_ends_the_trial_by_its_timeout_and_leaves_nothing(tmp_path):
-    result, ranks = run_and_hit_a_rank(tmp_path, signal.SIGSTOP, timeout_s=30)
+    # Frozen as soon as it exists: the trial cannot end otherwise, however loaded the machine.
+    result, ranks = run_and_hit_a_rank(tmp_path, signal.SIGSTOP, 30, Stage.BUILDING)
     assert result.status is Status.TIMEOUT
     assert all(gone(r) for r in ranks)
 
@@ -194,6 +196,11 @@ def test_the_exported_launch_command_trains_each_strategy_on_two_ranks(tmp_path)
         )  # fmt: skip
         assert run.returncode == 0, run.stdout + run.stderr
         assert "train_runtime" in run.stdout, run.stdout
+    # Without the launcher, the script says how to run it rather than train on one rank.
+    alone = subprocess.run([sys.executable, "recommended.py", "--max-steps", "1"], cwd=study,
+                           capture_output=True, text=True)  # fmt: skip
+    assert alone.returncode == 1
+    assert f"trial 1 trained on 2 devices under fsdp: run {recommended['launch']}" in alone.stderr
     # Sharded, the trained weights are saved whole at the end, gathered from both ranks.
     _, loading = transformers.AutoModelForSequenceClassification.from_pretrained(
         tmp_path / "run1", output_loading_info=True

@@ -35,8 +35,10 @@ def test_several_devices_search_every_multi_device_strategy_unless_the_space_nam
     space, notes = fit_to_devices(space_with(), 2)
     assert space.knobs["strategy"].choices == ("ddp", "fsdp", "fsdp_grad_op")
     assert notes == ["strategy searched among ddp, fsdp, fsdp_grad_op: 2 devices per trial"]
+    assert set(space.knobs) >= {"ddp_find_unused_parameters", "ddp_bucket_cap_mb"}
     space, notes = fit_to_devices(space_with("single", "fsdp"), 2)
     assert space.knobs["strategy"].choices == ("single", "fsdp")
+    assert "ddp_find_unused_parameters" not in space.knobs  # no ddp: they could never act
     assert notes == ["strategy=single trains on one of a trial's 2 devices: the reference of "
                      "the others' scaling efficiency"]  # fmt: skip
 
@@ -51,6 +53,7 @@ def test_the_plan_of_a_two_rank_search(tmp_path):
     assert plan.baseline["strategy"] == "ddp"
     assert plan.baseline["batch_size"] * plan.baseline["grad_accum"] == 16  # per rank
     assert plan.rules.effective_batch_size == 16
+    assert plan.info.batch_mode == "effective batch 32 (grad_accum derived)"  # every rank's
     assert plan.info.devices_per_trial == 2
     assert set(plan.space.knobs["strategy"].choices) == {"ddp", "fsdp", "fsdp_grad_op"}
 
