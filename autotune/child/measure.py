@@ -217,6 +217,12 @@ def peak_rss_bytes() -> int:
 # ---- model FLOPs and MFU ----
 
 
+def numel(parameter: Any) -> int:
+    """A parameter's size, however it is sharded: a DTensor's is its global one; ZeRO-3 keeps
+    it in `ds_numel` (the tensor itself is emptied between uses)."""
+    return getattr(parameter, "ds_numel", None) or parameter.numel()
+
+
 def matmul_parameters(model: Any) -> int:
     """Weights that take part in a matrix multiply per token (Linear and GPT-2's Conv1D).
 
@@ -227,7 +233,7 @@ def matmul_parameters(model: Any) -> int:
     from transformers.pytorch_utils import Conv1D
 
     return sum(
-        module.weight.numel()
+        numel(module.weight)
         for module in model.modules()
         if isinstance(module, torch.nn.Linear | Conv1D)
     )

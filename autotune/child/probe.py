@@ -6,6 +6,7 @@ place that initialises CUDA outside a trial; `autotune.plan.hardware.probe` runs
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import sys
 import time
@@ -25,6 +26,18 @@ def _bitsandbytes_error() -> str | None:
     return None
 
 
+def _deepspeed_error() -> str | None:
+    if importlib.util.find_spec("deepspeed") is None:
+        return "not installed (pip install 'autotune[deepspeed]')"
+    try:
+        # DeepSpeed logs its accelerator's detection at import; keep stdout for the JSON.
+        with contextlib.redirect_stdout(sys.stderr):
+            import deepspeed  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any failure to import means "not usable here"
+        return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+    return None
+
+
 def _software_facts() -> dict[str, Any]:
     import torch
     import torch._dynamo
@@ -36,6 +49,7 @@ def _software_facts() -> dict[str, Any]:
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "bitsandbytes_error": _bitsandbytes_error(),
+        "deepspeed_error": _deepspeed_error(),
         # exclude_tags=() also lists the debugging backends (eager, aot_eager) users may name.
         "compile_backends": sorted(torch._dynamo.list_backends(exclude_tags=())),
         "optimizer_names": [o.value for o in OptimizerNames],

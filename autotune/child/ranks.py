@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from autotune.child.measure import Counts
-from autotune.common.knobs import SHARDED
+from autotune.child.measure import Counts, numel
+from autotune.common.knobs import FSDP, SHARDED, ZERO_STAGES
 from autotune.common.processes import die_with_parent
 from autotune.common.trial import Status, TrialResult, TrialSpec, write_json_atomic
 from autotune.common.units import GIB
@@ -55,14 +55,18 @@ class Rank:
     strategy: str
 
     @property
-    def sharded(self) -> bool:
-        return self.strategy in SHARDED
+    def fsdp(self) -> bool:
+        return self.strategy in FSDP
+
+    @property
+    def deepspeed(self) -> bool:
+        return self.strategy in ZERO_STAGES
 
     @property
     def trainer_distributed(self) -> bool:
-        """Whether the Trainer itself runs distributed (wraps the model in DDP, splits the
-        data): under a sharding strategy FSDP2 syncs the gradients and the Trainer does not."""
-        return self.strategy == "ddp"
+        """Whether the Trainer itself runs distributed (wraps the model in DDP or DeepSpeed's
+        engine, splits the data): under FSDP2 the shards sync the gradients, not the Trainer."""
+        return self.strategy == "ddp" or self.deepspeed
 
 
 Attempt = Callable[[Rank], tuple[TrialResult | None, bool]]
@@ -143,6 +147,12 @@ def _join_and_train(
             "gloo", store=store, rank=rank.rank, world_size=rank.world_size,
             timeout=GROUP_TIMEOUT,
         )  # fmt: skip
+        if rank.deepspeed:
+            # DeepSpeed's communication layer, on the group just made: the model's construction
+            # under ZeRO-3 (`zero.Init`, before the Trainer's own setup) asks it for the ranks.
+            import deepspeed
+
+            deepspeed.init_distributed(dist_backend=dist.get_backend())
     except Exception as exc:  # noqa: BLE001 - the rank could not join: its result says why
         result = TrialResult(status=Status.ERROR, reason=f"{type(exc).__name__}: {exc}"[:300],
                              stderr_tail=traceback.format_exc()[-4000:])  # fmt: skip
@@ -194,7 +204,7 @@ def _rank_failure(rank: int, code: int, folder: Path) -> TrialResult:
 
 def shard(rank: Rank, model: torch.nn.Module) -> None:
     """FSDP2 on each transformer block (the model's `_no_split_modules`), then on the model."""
-    if not rank.sharded:
+    if not rank.fsdp:
         return
     from torch.distributed.fsdp import fully_shard
 
@@ -207,6 +217,10 @@ def shard(rank: Rank, model: torch.nn.Module) -> None:
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of a parameter: FSDP2's local shard of a DTensor, ZeRO-3's
+    partition (`ds_tensor`), or the tensor itself."""
+    if hasattr(tensor, "ds_tensor"):
+        return tensor.ds_tensor
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
@@ -215,29 +229,85 @@ def local_parameters(model: torch.nn.Module) -> int:
     return sum(_local(p).numel() for p in model.parameters())
 
 
+def full_parameters(model: torch.nn.Module) -> int:
+    """The model's parameters, however they are sharded."""
+    return sum(numel(p) for p in model.parameters())
+
+
 def _bytes(tensors: Any) -> int:
-    return sum(_local(t).numel() * _local(t).element_size() for t in tensors)
+    """What this rank holds of these tensors (of each sharded one, its local part)."""
+    local = [_local(t) for t in tensors if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in local)
 
 
 class ModelStates(TrainerCallback):
     """Counts what this rank holds of the weights, their gradients and the optimizer's states,
-    tensor by tensor (its local part of a sharded one); DDP's gradient buckets and autocast's
-    16-bit copies are not model states. The gradients are counted before the first optimizer
-    step (a warm-up step, outside the timed window: the Trainer frees them after each step),
-    the rest after training (the optimizer makes its states at its first step)."""
+    tensor by tensor (its local part of a sharded one); DDP's gradient buckets, DeepSpeed's
+    reduce buffers and autocast's 16-bit copies are not model states. The gradients are counted
+    once, in the first (warm-up) step, where they are all held: before the optimizer step, and
+    under ZeRO-1 at the end of the backward (its full gradients, before they are reduced to
+    this rank's partition); the rest after training (the optimizer makes its states at its
+    first step). Under DeepSpeed, the optimizer's fp32 partition of the weights counts too."""
 
-    def __init__(self) -> None:
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
         self.gradient_bytes: int | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        engine = self.trainer.model_wrapped
+        if type(engine).__name__ != "DeepSpeedEngine":
+            return
+        # DeepSpeed's engine steps inside the Trainer's backward: the Trainer's optimizer
+        # callbacks come after it. Its own calls are wrapped instead, for the first step only.
+        if engine.zero_optimization_stage() == 1:
+            self._count_before(engine, "allreduce_gradients", self._parameter_gradients)
+        else:
+            self._count_before(engine.optimizer, "step", self._deepspeed_partition)
+
+    def _count_before(self, owner: Any, name: str, count: Callable[[], int]) -> None:
+        original = getattr(owner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if self.gradient_bytes is None:
+                self.gradient_bytes = count()
+            return original(*args, **kwargs)
+
+        setattr(owner, name, counted)
+
+    def _parameter_gradients(self) -> int:
+        model = self.trainer.model
+        return _bytes(p.grad for p in model.parameters() if p.grad is not None)
+
+    def _deepspeed_partition(self) -> int:
+        optimizer = self.trainer.model_wrapped.optimizer
+        flat = getattr(optimizer, "grad_partitions_flat_buffer", None)  # ZeRO-3
+        if flat is not None:
+            return _bytes([flat])
+        averaged = getattr(optimizer, "averaged_gradients", {})  # ZeRO-2: group -> partition
+        return _bytes(t for group in averaged.values() for t in group or ())
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.gradient_bytes is None:
-            model = kwargs["model"]
-            self.gradient_bytes = _bytes(p.grad for p in model.parameters() if p.grad is not None)
+            self.gradient_bytes = self._parameter_gradients()
 
-    def total_bytes(self, model: torch.nn.Module, optimizer: Any) -> int:
+    def total_bytes(self) -> int | None:
+        """None where the optimizer's holdings are not known (DeepSpeed's BF16_Optimizer)."""
+        model = self.trainer.model
+        optimizer = self.trainer.optimizer
         inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the optimizer
+        master: list[torch.Tensor] = []
+        if type(self.trainer.model_wrapped).__name__ == "DeepSpeedEngine":
+            inner = self.trainer.model_wrapped.optimizer  # its ZeRO optimizer
+            master = (getattr(inner, "single_partition_of_fp32_groups", None)  # ZeRO-1/2
+                      or getattr(inner, "fp32_partitioned_groups_flat", None) or [])  # fmt: skip
+            if not master:
+                return None
+            inner = inner.optimizer  # the torch optimizer that updates the partition
         states = [v for s in inner.state.values() for v in s.values() if torch.is_tensor(v)]
-        return _bytes(model.parameters()) + (self.gradient_bytes or 0) + _bytes(states)
+        # ZeRO-3 keeps small parameters whole on every rank besides their partition.
+        whole = [p.data for p in model.parameters() if getattr(p, "ds_persist", False)]
+        return (_bytes(model.parameters()) + _bytes(whole) + (self.gradient_bytes or 0)
+                + _bytes(master) + _bytes(states))  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +316,7 @@ class Gathered:
     """What every rank's loader gave the timed steps, summed."""
     peak_memory_gib: list[float]
     params: list[int]
-    model_state_bytes: list[int]
+    model_state_bytes: list[int | None]
 
 
 def gather(
@@ -255,8 +325,7 @@ def gather(
     """Every rank's figures, on every rank; raises StrategyNotApplied when the training was
     not the strategy asked."""
     mine = (counts.astuple(), peak_memory_gib, local_parameters(trainer.model),
-            sum(p.numel() for p in trainer.model.parameters()), _wrapper(trainer),
-            states.total_bytes(trainer.model, trainer.optimizer))  # fmt: skip
+            full_parameters(trainer.model), _applied(trainer), states.total_bytes())  # fmt: skip
     everyone: list[Any] = [None] * rank.world_size
     dist.all_gather_object(everyone, mine)
     params = [theirs[2] for theirs in everyone]
@@ -270,25 +339,41 @@ def gather(
     )
 
 
-def _wrapper(trainer: Any) -> str:
-    return type(trainer.model_wrapped).__name__
+def _applied(trainer: Any) -> str:
+    """What the Trainer trained: its wrapper, with DeepSpeed's ZeRO stage."""
+    wrapped = trainer.model_wrapped
+    name = type(wrapped).__name__
+    if name == "DeepSpeedEngine":
+        return f"{name} ZeRO-{wrapped.zero_optimization_stage()}"
+    return name
 
 
-def _check_applied(rank: Rank, params: list[int], full: int, wrappers: list[str]) -> None:
-    if rank.strategy == "single":
-        if wrappers != [wrappers[0]] or "DistributedDataParallel" in wrappers or params != [full]:
-            raise StrategyNotApplied(f"single asked, but the rank trained {wrappers} holding "
-                                     f"{params} of {full} parameters")  # fmt: skip
-    elif rank.sharded:
-        if sum(params) != full or max(params) >= full:
-            raise StrategyNotApplied(
-                f"{rank.strategy} asked, but the ranks held {params} of {full} parameters: "
-                "not sharded"
-            )
-    elif any(w != "DistributedDataParallel" for w in wrappers) or any(p != full for p in params):
-        raise StrategyNotApplied(
-            f"ddp asked, but the ranks trained {wrappers} holding {params} of {full} parameters"
-        )
+def _expected_wrapper(strategy: str) -> str | None:
+    """The wrapper a strategy trains under; None: the model itself (FSDP2 turns the model's
+    own class into a sharded one)."""
+    if strategy == "ddp":
+        return "DistributedDataParallel"
+    if strategy in ZERO_STAGES:
+        return f"DeepSpeedEngine ZeRO-{ZERO_STAGES[strategy]}"
+    return None
+
+
+def _check_applied(rank: Rank, params: list[int], full: int, applied: list[str]) -> None:
+    """The strategy asked is the strategy run: every rank under its wrapper (none where the
+    strategy has none), holding all the parameters or, sharded, a part of them (ZeRO-3 pads
+    its partitions: they may add up to a little more)."""
+    expected = _expected_wrapper(rank.strategy)
+    if expected is None:
+        wrapped = any(a.startswith(("DistributedDataParallel", "DeepSpeed")) for a in applied)
+    else:
+        wrapped = any(a != expected for a in applied)
+    if rank.strategy in SHARDED:
+        held = sum(params) >= full and max(params) < full
+    else:
+        held = all(p == full for p in params)
+    if wrapped or not held:
+        raise StrategyNotApplied(f"{rank.strategy} asked, but the ranks trained {applied} "
+                                 f"holding {params} of {full} parameters")  # fmt: skip
 
 
 def barrier_sync(on_cuda: bool) -> Callable[[], None]:

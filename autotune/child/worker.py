@@ -91,7 +91,7 @@ def train_trial(
             trainer = _users_trainer(spec, tuned_args, model_kwargs, workdir)
         else:
             trainer = _our_trainer(spec, tuned_args, model_kwargs, workdir, rank)
-        states = ranks.ModelStates()  # counted on several ranks only
+        states = ranks.ModelStates(trainer)  # counted on several ranks only
         if rank is not None:
             ranks.shard(rank, trainer.model)
             trainer.add_callback(states)
@@ -127,7 +127,7 @@ def train_trial(
             "final_loss": output.training_loss,
             "build_s": build_s,
             "train_s": train_s,
-            "n_params": sum(p.numel() for p in model.parameters()),
+            "n_params": ranks.full_parameters(model),
             "device_name": device_name,
             "cpu_threads": None if on_cuda else torch.get_num_threads(),
             "training_args": tuned_args,

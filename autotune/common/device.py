@@ -55,6 +55,8 @@ class DeviceInfo:
     host_total_memory_bytes: int = 0
     bitsandbytes_error: str | None = None
     """Why `import bitsandbytes` failed; None when it imports."""
+    deepspeed_error: str | None = None
+    """Why `import deepspeed` failed (the optional extra); None when it imports."""
     compile_backends: tuple[str, ...] = ()
     """`torch.compile` backends this torch offers (`torch._dynamo.list_backends`)."""
     optimizer_names: tuple[str, ...] = ()
@@ -208,7 +210,8 @@ DEVICE_ONLY = "--device-only"
 
 
 SOFTWARE_FACTS = (
-    "torch_version", "transformers_version", "bitsandbytes_error", "compile_backends",
+    "torch_version", "transformers_version", "bitsandbytes_error", "deepspeed_error",
+    "compile_backends",
     "optimizer_names", "default_optim", "model_types", "task_model_types",
 )  # fmt: skip
 """What the probe reads from the installed packages rather than the device: the same until

@@ -17,18 +17,62 @@ from typing import Any, Literal
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp16+tf32", "bf16+tf32")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 ATTENTION = ("sdpa", "eager")
-STRATEGIES = ("single", "ddp", "fsdp", "fsdp_grad_op")
+STRATEGIES = (
+    "single", "ddp", "fsdp", "fsdp_grad_op", "zero1", "zero2", "zero3", "zero2_offload",
+    "zero3_offload",
+)  # fmt: skip
 """How a trial's ranks share the training (`devices_per_trial`): `single` is one device;
 `ddp` replicates the model and averages gradients (what torchrun + the HF defaults do);
 `fsdp` shards parameters, gradients and optimizer states across the ranks (FSDP2
 `fully_shard`), gathering each block's parameters for its forward and backward;
 `fsdp_grad_op` keeps the gathered parameters from the forward to the backward (one gather
-fewer a step, more memory: ZeRO-2-like)."""
-SHARDED = frozenset({"fsdp", "fsdp_grad_op"})
+fewer a step, more memory: ZeRO-2-like); `zero1`/`zero2`/`zero3` are DeepSpeed's ZeRO stages
+(optimizer states; and gradients; and parameters sharded), `zero2_offload`/`zero3_offload`
+the same with the optimizer (and ZeRO-3's parameters) kept in host memory."""
+FSDP = frozenset({"fsdp", "fsdp_grad_op"})
+"""Strategies applied by FSDP2's `fully_shard`."""
+ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3, "zero2_offload": 2, "zero3_offload": 3}
+"""DeepSpeed's strategies and their ZeRO stage (DeepSpeed is an optional extra)."""
+OFFLOADED = frozenset({"zero2_offload", "zero3_offload"})
+"""Strategies that keep model states in host memory: for a GPU that cannot hold them."""
+SHARDED = FSDP | {"zero3", "zero3_offload"}
 """Strategies under which each rank holds 1/N of the parameters."""
+MEMORY_ORDER = (
+    "ddp", "zero1", "fsdp_grad_op", "zero2", "fsdp", "zero3", "zero2_offload", "zero3_offload",
+)  # fmt: skip
+"""The strategies on several devices from the most device memory a rank holds to the least
+(model states: DDP all of them; ZeRO-1 the optimizer's share; ZeRO-2 and FSDP's grad-op mode
+the gradients' too; full sharding the parameters' too; offload moves states to the host)."""
 UNSHARDABLE_OPTIMIZERS = frozenset({"adafactor"})
 """Optimizers whose update cannot run on FSDP2's sharded parameters (DTensors): transformers'
 Adafactor mixes them with plain tensors ("got mixed torch.Tensor and DTensor")."""
+
+
+def deepspeed_config(strategy: str) -> dict[str, Any]:
+    """The DeepSpeed config of a ZeRO strategy, as the Trainer takes it (`deepspeed=`): the
+    batch, accumulation, clipping and precision follow the TrainingArguments ("auto")."""
+    zero: dict[str, Any] = {"stage": ZERO_STAGES[strategy]}
+    if strategy in OFFLOADED:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if strategy == "zero3_offload":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if ZERO_STAGES[strategy] == 3:  # the sizes HF's ZeRO-3 example derives from the model
+        zero |= {"stage3_param_persistence_threshold": "auto",
+                 "stage3_prefetch_bucket_size": "auto", "reduce_bucket_size": "auto"}  # fmt: skip
+    offload = {}
+    if strategy in OFFLOADED:  # DeepSpeed's own AdamW, which it runs on the host (CPU Adam)
+        offload["optimizer"] = {"type": "AdamW", "params": {
+            "lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}  # fmt: skip
+    return offload | {
+        "zero_optimization": zero,
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+        "gradient_clipping": "auto",
+        "fp16": {"enabled": "auto"},
+        "bf16": {"enabled": "auto"},
+    }
+
 
 MemoryOrder = Literal["larger is hungrier", "off is hungrier", "unordered"]
 Mapping = Callable[[Any, dict[str, Any], Collection[str]], dict[str, Any]]
@@ -163,14 +207,26 @@ def conflict(params: dict[str, Any]) -> str | None:
     """Why these settings cannot train together (an optimizer that cannot update sharded
     parameters), or None: asked before a trial runs, and by the worker itself."""
     strategy, optim = params.get("strategy"), params.get("optim")
-    if strategy in SHARDED and optim in UNSHARDABLE_OPTIMIZERS:
+    if strategy in FSDP and optim in UNSHARDABLE_OPTIMIZERS:
         return f"{optim} cannot update {strategy}'s sharded parameters (DTensors)"
+    if (
+        strategy in OFFLOADED
+        and optim is not None
+        and not optimizer_family(optim).startswith("AdamW")
+    ):
+        return f"{strategy} updates the weights with DeepSpeed's host AdamW, not {optim}"
     return None
 
 
 def positive(value: Any) -> bool:
     """A `requires` test: the knob it names is above 0 (loader workers)."""
     return value > 0
+
+
+def _strategy_args(value: str, params: dict[str, Any], fields: Collection[str]) -> dict[str, Any]:
+    """DeepSpeed's strategies are the Trainer's `deepspeed=` config; the others are set up by
+    the ranks themselves."""
+    return {"deepspeed": deepspeed_config(value)} if value in ZERO_STAGES else {}
 
 
 def _same_name(field_name: str) -> Mapping:
@@ -261,8 +317,8 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob(
             name="strategy", kind=str, check=lambda v: v in STRATEGIES,
-            expected="one of " + ", ".join(STRATEGIES),
-        ),  # applied by the worker's ranks (child/ranks.py), not through TrainingArguments
+            expected="one of " + ", ".join(STRATEGIES), training_args=_strategy_args,
+        ),  # applied by the worker's ranks (child/ranks.py); DeepSpeed through the Trainer
         Knob(
             name="ddp_find_unused_parameters", kind=bool, check=lambda v: True,
             expected="true or false", short="find_unused", requires={"strategy": "ddp"},

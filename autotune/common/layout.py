@@ -24,8 +24,10 @@ TRIALS_CSV = "trials.csv"
 PARETO_CSV = "pareto.csv"
 RECOMMENDED_JSON = "recommended.json"
 RECOMMENDED_PY = "recommended.py"
+DEEPSPEED_JSON = "deepspeed.json"
+"""The recommended trial's DeepSpeed config, where it trained under DeepSpeed."""
 REPORT_HTML = "report.html"
-OUTPUTS = (TRIALS_CSV, PARETO_CSV, RECOMMENDED_JSON, RECOMMENDED_PY, REPORT_HTML)
+OUTPUTS = (TRIALS_CSV, PARETO_CSV, RECOMMENDED_JSON, RECOMMENDED_PY, DEEPSPEED_JSON, REPORT_HTML)
 """What a search writes into the study folder when it ends."""
 
 TRIALS = "trials"

@@ -18,7 +18,7 @@ import yaml
 
 from autotune.common.errors import StudyError
 from autotune.common.knobs import KNOBS
-from autotune.common.layout import RECOMMENDED_JSON, RECOMMENDED_PY
+from autotune.common.layout import DEEPSPEED_JSON, RECOMMENDED_JSON, RECOMMENDED_PY
 from autotune.common.models import TASK_CLASSES
 from autotune.common.output_files import write_atomic
 from autotune.common.trial import write_json_atomic
@@ -31,12 +31,20 @@ if TYPE_CHECKING:  # types only: rendering an export reads no storage (records i
 def write_recommendation(
     study_dir: Path, recommendation: dict[str, Any], script: str
 ) -> list[Path]:
-    """recommended.json and recommended.py; returns the paths written."""
+    """recommended.json and recommended.py, and deepspeed.json where the trial trained under
+    DeepSpeed (its `deepspeed=` config, for `TrainingArguments(deepspeed="deepspeed.json")`
+    or DeepSpeed's own launcher); returns the paths written."""
     json_path = study_dir / RECOMMENDED_JSON
     py_path = study_dir / RECOMMENDED_PY
+    deepspeed_path = study_dir / DEEPSPEED_JSON
     write_json_atomic(json_path, recommendation)
     write_atomic(py_path, script)  # UTF-8: the encoding Python reads source in
-    return [json_path, py_path]
+    config = recommendation["training_args"].get("deepspeed")
+    if config is None:
+        deepspeed_path.unlink(missing_ok=True)  # an earlier pick's
+        return [json_path, py_path]
+    write_json_atomic(deepspeed_path, config)
+    return [json_path, py_path, deepspeed_path]
 
 
 def render(fmt: str, *, info: RunInfo, record: TrialRecord, report_to: str | None = None) -> str:
@@ -288,8 +296,6 @@ def join_the_ranks():
     # DDP on CPU). Returns (this rank, the ranks).
     import torch.distributed as dist
 
-    if "RANK" not in os.environ:
-        sys.exit(f"trial {TRIAL} trained on {DEVICES} devices under {STRATEGY}: run {LAUNCH}")
     rank, world = int(os.environ.pop("RANK")), int(os.environ.pop("WORLD_SIZE"))
     local = int(os.environ.pop("LOCAL_RANK"))
     os.environ.pop("LOCAL_WORLD_SIZE", None)
@@ -334,6 +340,8 @@ def main():
         help="experiment trackers to log to (TrainingArguments.report_to) [%(default)s]",
     )
     cli = parser.parse_args()
+    if STRATEGY != "single" and "RANK" not in os.environ:
+        sys.exit(f"trial {TRIAL} trained on {DEVICES} devices under {STRATEGY}: run {LAUNCH}")
     sharded = STRATEGY in ("fsdp", "fsdp_grad_op")
     rank, world = join_the_ranks() if sharded else (0, 1)
     # autotune's collator reads the columns it needs; the others (length) stay for the sampler.
@@ -343,6 +351,12 @@ def main():
         output_dir=cli.output_dir, max_steps=cli.max_steps, report_to=cli.report_to,
         **TRAINING_ARGS, **data_args, **saving,
     )
+    if "deepspeed" in TRAINING_ARGS:
+        # DeepSpeed's communication on the launcher's ranks before the model is built: under
+        # ZeRO-3 the model is partitioned as it is made, which asks DeepSpeed for the ranks.
+        import deepspeed
+
+        deepspeed.init_distributed()
     if TRAINER:
         trainer = your_trainer()(args, dict(MODEL_KWARGS))
         if sharded:

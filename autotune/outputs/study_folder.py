@@ -19,6 +19,7 @@ from typing import Any
 
 from autotune.common.knobs import KNOBS
 from autotune.common.layout import (
+    DEEPSPEED_JSON,
     PARETO_CSV,
     RECOMMENDED_JSON,
     RECOMMENDED_PY,
@@ -69,7 +70,7 @@ def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
         flags = export.render_cli(result.training_args, result.model_kwargs)
         paths += export.write_recommendation(out, recommendation(snapshot), script)
     else:  # no trial to recommend now: a recommendation left from before would mislead
-        for stale in (out / RECOMMENDED_JSON, out / RECOMMENDED_PY):
+        for stale in (out / RECOMMENDED_JSON, out / RECOMMENDED_PY, out / DEEPSPEED_JSON):
             stale.unlink(missing_ok=True)
     data = build_report_data(snapshot, code=script, cli_flags=flags)
     paths.append(write_report(data, out / REPORT_HTML))

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import SpaceError
-from autotune.common.knobs import KNOBS, STRATEGIES, precision_parts
+from autotune.common.knobs import KNOBS, OFFLOADED, STRATEGIES, ZERO_STAGES, precision_parts
 from autotune.plan.slots import Slot
 from autotune.plan.space import SamplingRules, SearchSpace, SpaceKnob
 
@@ -61,6 +61,14 @@ def _compile_mode(value: str, device: str, info: DeviceInfo) -> str | None:
     return None
 
 
+def _strategy(value: str, device: str, info: DeviceInfo) -> str | None:
+    if value in ZERO_STAGES and info.deepspeed_error:
+        return f"DeepSpeed does not import here ({info.deepspeed_error})"
+    if value in OFFLOADED and device == "cpu":
+        return "offload moves model states from GPU memory to the host's: on CPU they are there"
+    return None
+
+
 def _pin_memory(value: bool, device: str, info: DeviceInfo) -> str | None:
     if value and device == "cpu":
         return "pinned memory only speeds host-to-GPU copies: there are none on CPU"
@@ -73,6 +81,7 @@ DEVICE_LIMITS: dict[str, DeviceLimit] = {
     "torch_compile": _torch_compile,
     "compile_mode": _compile_mode,
     "dataloader_pin_memory": _pin_memory,
+    "strategy": _strategy,
 }
 
 
@@ -91,6 +100,8 @@ def fit_space(
     """The space less what cannot run on `device` with `cores` CPU cores a trial (`trial_cores`;
     None: not fitted to them) and `devices` ranks, or cannot matter for the data trained on;
     the reasons are in the result's notes."""
+    # First: on several devices the strategy joins the space, and is fitted as the rest.
+    space, device_notes = fit_to_devices(space, devices)
     notes = []
     emptied = []
     for name, knob in space.knobs.items():
@@ -116,8 +127,7 @@ def fit_space(
     space, data_notes = _fit_to_data(space, source)
     # After the data: synthetic data fixes the loader at 0 workers, which needs no note here.
     space, core_notes = _fit_to_cores(space, cores)
-    space, device_notes = fit_to_devices(space, devices)
-    notes += data_notes + core_notes + device_notes
+    notes = device_notes + notes + data_notes + core_notes
     return replace(space, notes=space.notes + tuple(notes))
 
 

@@ -28,6 +28,13 @@ parameter: 4 fp32 weights, 4 gradients, 8 states):
   reduce-scattered;
 - fsdp_grad_op (ZeRO-2-like): the same shards, but a block's gathered weights stay from its
   forward to its backward: at the peak, every block's.
+- zero1/zero2/zero3 (DeepSpeed): the model is trained in its precision's own bytes b (2 under
+  fp16/bf16, which DeepSpeed casts the model to; 4 in fp32) and the optimizer holds an fp32
+  copy of its partition besides its states: ZeRO-1 holds b Psi weights + b Psi gradients +
+  12 Psi / N (4 Psi mixed precision + 12 Psi / N), ZeRO-2 b Psi + (b + 12) Psi / N, ZeRO-3
+  (2 b + 12) Psi / N (16 Psi / N) plus two gathered blocks and one block's gradients;
+- zero2_offload/zero3_offload: the optimizer's copy, its states and (ZeRO-2) the gradients'
+  fp32 partition are in host memory (`offloaded`), ZeRO-3's weights too.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.common.flops import training_flops
-from autotune.common.knobs import SHARDED, optimizer_family, sixteen_bit
+from autotune.common.knobs import FSDP, OFFLOADED, ZERO_STAGES, optimizer_family, sixteen_bit
 from autotune.common.units import GIB
 
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)
@@ -138,8 +145,11 @@ class Estimate:
     """The peak: not the plain sum, as gradients fill in while activations are freed."""
     flops_per_sample: float
     model_states: int
-    """What a rank holds of the fp32 weights, their gradients and the optimizer's states: the
-    strategy's formula (16 Psi under DDP, 16 Psi / N under full sharding, for AdamW)."""
+    """What a rank holds of the weights, their gradients and the optimizer's states (wherever:
+    offloaded ones included): the strategy's formula (16 Psi under DDP, 16 Psi / N under full
+    sharding, for AdamW)."""
+    offloaded: int = 0
+    """What of the model states a rank keeps in host memory (ZeRO-Offload): not in `total`."""
 
 
 def optimizer_bytes_per_parameter(optim: str) -> float | None:
@@ -196,13 +206,21 @@ def estimate(
         optimizer = int(per_param * p)
     strategy = params.get("strategy", "single") if devices > 1 else "single"
     buckets = 0  # DDP's gradient buckets: allocated with the wrapper, live throughout
+    offloaded = 0
     block = p // max(shape.layers, 1)  # one transformer block's parameters, about
-    if strategy in SHARDED:
+    if strategy in FSDP:
         gathered = 4 * (p if strategy == "fsdp_grad_op" else 2 * block)
         weights = 4 * p // devices + gathered + (2 * block if mixed else 0)
         gradients = 4 * p // devices + 4 * block
         optimizer //= devices
         model_states = 8 * p // devices + optimizer
+    elif strategy in ZERO_STAGES:
+        weights, gradients, optimizer, offloaded = _zero(strategy, p, block, devices,
+                                                         optimizer, mixed=mixed)  # fmt: skip
+        model_states = weights + gradients + optimizer + offloaded
+        if ZERO_STAGES[strategy] == 3:  # two blocks gathered, one block's gradients unreduced
+            b = 2 if mixed else 4
+            model_states -= 3 * b * block
     else:
         weights = 4 * p + (2 * p if mixed else 0)
         gradients = 4 * p
@@ -240,7 +258,31 @@ def estimate(
         total=weights + optimizer + live + buckets + temporary + context,
         flops_per_sample=flops_per_sample(shape, seq_len, task),
         model_states=model_states,
+        offloaded=offloaded,
     )
+
+
+def _zero(
+    strategy: str, p: int, block: int, devices: int, optimizer: int, *, mixed: bool
+) -> tuple[int, int, int, int]:
+    """DeepSpeed's (weights, gradients, optimizer, offloaded) on a rank: the model in b bytes
+    a parameter, the optimizer's fp32 copy of its partition with its states; ZeRO-3's rank
+    holds two blocks gathered (the one that computes, the one prefetched) and one block's
+    gradients before they are reduced."""
+    b = 2 if mixed else 4
+    stage = ZERO_STAGES[strategy]
+    weights = b * p if stage < 3 else b * p // devices + 2 * b * block
+    gradients = b * p if stage == 1 else b * p // devices + (b * block if stage == 3 else 0)
+    optimizer = 4 * p // devices + optimizer // devices
+    if strategy not in OFFLOADED:
+        return weights, gradients, optimizer, 0
+    # On the host: the optimizer's copy and states, the gradients' fp32 partition it updates
+    # from, and under ZeRO-3 the weights' partition (only gathered blocks stay on the device).
+    host = optimizer + 4 * p // devices
+    if stage == 3:
+        host += weights - 2 * b * block
+        weights = 2 * b * block
+    return weights, gradients, 0, host
 
 
 def _layer_activations(

@@ -2,9 +2,9 @@
 estimate` start no torch, and a search's device probe imports torch alone.
 
 `TrainingArguments.optim` values, `torch.compile` backends, transformers' model types and heads
-and whether bitsandbytes imports change only when the packages do, so the device probe's
-answer is kept under the versions that produced it (read with `importlib.metadata`, which
-imports none of them) and probed again when they differ. Only these software facts are cached,
+and whether bitsandbytes and DeepSpeed import change only when the packages do, so the device
+probe's answer is kept under the versions that produced it (read with `importlib.metadata`,
+which imports none of them) and probed again when they differ. Only these software facts are cached,
 never memory or CUDA state: `autotune search` probes the device afresh every time.
 """
 
@@ -25,7 +25,7 @@ from autotune.plan.space_file import SoftwareFacts
 
 CACHE_DIR_ENV = "AUTOTUNE_CACHE_DIR"
 """Overrides the cache folder (tests point it at a temporary one)."""
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 FILE_NAME = "software-facts.json"
 
 
@@ -43,16 +43,20 @@ def installed_key() -> dict[str, Any]:
     """What the cached names depend on: the torch and transformers versions, and the compile
     backends other packages register (`torch._dynamo.list_backends` lists their entry points)."""
     plugins = metadata.entry_points(group="torch_dynamo_backends")
-    try:
-        bitsandbytes = metadata.version("bitsandbytes")
-    except metadata.PackageNotFoundError:
-        bitsandbytes = None
     return {
         "torch": metadata.version("torch"),
         "transformers": metadata.version("transformers"),
-        "bitsandbytes": bitsandbytes,
+        "bitsandbytes": _version("bitsandbytes"),
+        "deepspeed": _version("deepspeed"),
         "compile_backend_plugins": sorted(plugins.names),
     }
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def software_facts() -> SoftwareFacts:

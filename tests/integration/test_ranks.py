@@ -45,12 +45,20 @@ def launcher():
 DDP_KNOBS = {"ddp_find_unused_parameters": False, "ddp_bucket_cap_mb": 10, "ddp_static_graph": True}
 
 
+PSI_BYTES = {"ddp": 16, "fsdp": 8, "fsdp_grad_op": 8, "zero1": 8 + 6, "zero2": 4 + 8, "zero3": 10}
+"""Model-state bytes a rank holds per parameter at 2 ranks, in fp32 with AdamW (4 B weights,
+4 B gradients, 8 B states; DeepSpeed's optimizer adds an fp32 copy of its partition): DDP all
+of it, FSDP 16 / 2; ZeRO-1 weights and gradients + 12 / 2; ZeRO-2 the weights + 16 / 2; ZeRO-3
+20 / 2."""
+
+
 @pytest.mark.parametrize(("strategy", "knobs"), [
     ("ddp", {}), ("ddp", DDP_KNOBS), ("fsdp", {}), ("fsdp_grad_op", {}), ("single", {}),
+    ("zero1", {}), ("zero2", {}), ("zero3", {}),
 ])  # fmt: skip
 def test_each_strategy_trains_on_two_ranks_as_asked(tmp_path, launcher, strategy, knobs):
     spec = two_rank_spec(strategy, **knobs)
-    result = launch_trial(spec, tmp_path, timeout_s=300, launcher=launcher)
+    result = launch_trial(spec, tmp_path, timeout_s=600, launcher=launcher)
     assert result.status is Status.OK, result.reason + result.stderr_tail
     assert knobs.items() <= result.training_args.items()  # DDP's own, through TrainingArguments
     full = result.n_params
@@ -59,22 +67,29 @@ def test_each_strategy_trains_on_two_ranks_as_asked(tmp_path, launcher, strategy
         # One device of two: its share of the cores.
         assert result.rank_params == [full]
         assert result.cpu_threads == len(sorted(os.sched_getaffinity(0))[::2])
-    elif strategy == "ddp":
+    elif strategy in ("ddp", "zero1", "zero2"):
         assert result.rank_params == [full, full]  # replicated
     else:
-        assert sum(result.rank_params) == full and max(result.rank_params) < full
-        assert min(result.rank_params) > full // 2 - full // 100  # an even split, give or take
-    # The model states each rank counted are the estimate's formula (16 Psi under DDP, 16 Psi
-    # / 2 sharded, for AdamW), plus AdamW's step counters.
-    expected = estimate(spec.model_config, task=spec.task, seq_len=spec.seq_len,
-                        params=spec.params, device="cpu", parameters=full, devices=2)  # fmt: skip
-    assert expected.model_states == 16 * full // (2 if strategy.startswith("fsdp") else 1)
-    assert all(0 <= b - expected.model_states <= 1024 for b in result.rank_model_state_bytes)
+        # Sharded: an even split, give or take (ZeRO-3 pads its partitions to equal sizes).
+        assert full <= sum(result.rank_params) <= full + 2 and max(result.rank_params) < full
+        assert min(result.rank_params) > full // 2 - full // 100
+    if strategy.startswith("zero"):
+        assert result.training_args["deepspeed"]["zero_optimization"]["stage"] == int(strategy[-1])
     assert len(result.rank_peak_memory_gib) == ranks
     assert result.peak_memory_gib == max(result.rank_peak_memory_gib) > 0
     # Every rank's batches are counted: 8 samples a step on each.
     step_s = result.step_time_median_ms / 1e3
     assert result.samples_per_s == pytest.approx(8 * ranks / step_s, rel=0.5)
+    if strategy == "single":
+        return
+    # The model states each rank counted are the formula's, which the estimate gives, plus
+    # AdamW's step counters (and under ZeRO-3 the small parameters it keeps whole on each rank).
+    expected = estimate(spec.model_config, task=spec.task, seq_len=spec.seq_len,
+                        params=spec.params, device="cpu", parameters=full, devices=2)  # fmt: skip
+    assert expected.model_states == pytest.approx(PSI_BYTES[strategy] * full, abs=4)
+    spare = 1024 if strategy != "zero3" else full // 100
+    counted = result.rank_model_state_bytes
+    assert all(0 <= b - expected.model_states <= spare for b in counted), (counted, expected)
 
 
 def ranks_of(worker_cmd: str) -> list[psutil.Process]:
@@ -157,20 +172,21 @@ def test_kill_9_of_the_search_during_a_two_rank_trial_leaves_nothing_running(tmp
     assert not survivors, f"still running after the search died: {survivors}"
 
 
-FSDP_SPACE = """
+SHARDED_SPACE = """
 description: batch 8, fp32 AdamW, sharded
 device: any
 knobs:
   batch_size: 8
   precision: fp32
   optim: adamw_torch
-  strategy: fsdp
+  strategy: {strategy}
 """
 
 
-def test_the_exported_launch_command_trains_each_strategy_on_two_ranks(tmp_path):
-    space = tmp_path / "fsdp.yaml"
-    space.write_text(FSDP_SPACE)
+@pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
+def test_the_exported_launch_command_trains_each_strategy_on_two_ranks(tmp_path, strategy):
+    space = tmp_path / "sharded.yaml"
+    space.write_text(SHARDED_SPACE.format(strategy=strategy))
     command = [
         sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
         "devices_per_trial=2", "n_trials=2", "warmup_steps=1", "measure_steps=2",
@@ -182,12 +198,21 @@ def test_the_exported_launch_command_trains_each_strategy_on_two_ranks(tmp_path)
     recommended = json.loads((study / "recommended.json").read_text())
     assert recommended["launch"] == "torchrun --standalone --nproc_per_node=2 recommended.py"
     assert f"run it as its trials ran, in the study folder: {recommended['launch']}" in out.stdout
-    for trial, strategy in ((0, "ddp"), (1, "fsdp")):
+    deepspeed = study / "deepspeed.json"
+    if recommended["params"]["strategy"] == "zero3":  # DeepSpeed's config, beside
+        config = json.loads(deepspeed.read_text())
+        assert config == recommended["training_args"]["deepspeed"]
+        assert config["zero_optimization"]["stage"] == 3
+    else:
+        assert not deepspeed.exists()
+    # The baseline's DDP once; the strategy asked each time.
+    trials = ((0, "ddp"), (1, strategy)) if strategy == "fsdp" else ((1, strategy),)
+    for trial, trained in trials:
         script = subprocess.run(
             [sys.executable, "-m", "autotune", "export", str(study), f"trial={trial}",
              "format=py"], capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
-        assert f"STRATEGY = {strategy!r}" in script
+        assert f"STRATEGY = {trained!r}" in script
         (study / "recommended.py").write_text(script)
         run = subprocess.run(
             [*shlex.split(recommended["launch"]), "--max-steps", "3", "--output-dir",
@@ -200,7 +225,10 @@ def test_the_exported_launch_command_trains_each_strategy_on_two_ranks(tmp_path)
     alone = subprocess.run([sys.executable, "recommended.py", "--max-steps", "1"], cwd=study,
                            capture_output=True, text=True)  # fmt: skip
     assert alone.returncode == 1
-    assert f"trial 1 trained on 2 devices under fsdp: run {recommended['launch']}" in alone.stderr
+    assert (f"trial 1 trained on 2 devices under {strategy}: run {recommended['launch']}"
+            in alone.stderr)  # fmt: skip
+    if strategy == "zero3":
+        return
     # Sharded, the trained weights are saved whole at the end, gathered from both ranks.
     _, loading = transformers.AutoModelForSequenceClassification.from_pretrained(
         tmp_path / "run1", output_loading_info=True

@@ -17,8 +17,11 @@ CPU = DeviceInfo(
 )  # fmt: skip
 
 
-def plan_for(tmp_path, *overrides):
-    return make_plan(load_config([f"model={TINY_MODEL}", f"out={tmp_path}", *overrides]), CPU)
+def plan_for(tmp_path, *overrides, **device_facts):
+    """The plan of a search with these `key=value` overrides, on the stand-in CPU with these
+    facts changed."""
+    info = dataclasses.replace(CPU, **device_facts)
+    return make_plan(load_config([f"model={TINY_MODEL}", f"out={tmp_path}", *overrides]), info)
 
 
 def machine(available_gib: float, total_gib: float = 24, cuda: bool = False) -> DeviceInfo:

@@ -24,8 +24,40 @@ def test_a_trainer_that_did_not_wrap_the_model_is_no_ddp():
 @pytest.mark.parametrize("strategy", ["fsdp", "fsdp_grad_op"])
 def test_sharding_is_the_ranks_holding_the_parameters_between_them(strategy):
     _check_applied(Rank(1, 2, strategy), [501, 500], FULL, ["FSDPBertModel"] * 2)
-    with pytest.raises(StrategyNotApplied, match=r"held \[1001, 1001\] of 1001 parameters"):
+    with pytest.raises(StrategyNotApplied, match=r"holding \[1001, 1001\] of 1001 parameters"):
         _check_applied(Rank(1, 2, strategy), [FULL, FULL], FULL, ["BertModel"] * 2)
+    # The stock Trainer's FSDP path on CPU: DDP, every parameter on every rank.
+    with pytest.raises(StrategyNotApplied, match=r"trained \['DistributedDataParallel'"):
+        _check_applied(Rank(1, 2, strategy), [FULL, FULL], FULL, ["DistributedDataParallel"] * 2)
+
+
+@pytest.mark.parametrize(("strategy", "stage"), [("zero1", 1), ("zero2", 2), ("zero2_offload", 2)])
+def test_zero_1_and_2_are_deepspeeds_engine_at_the_stage_asked_holding_every_parameter(
+    strategy, stage
+):
+    engine = f"DeepSpeedEngine ZeRO-{stage}"
+    _check_applied(Rank(0, 2, strategy), [FULL, FULL], FULL, [engine] * 2)
+    other = "DeepSpeedEngine ZeRO-1" if stage == 2 else "DeepSpeedEngine ZeRO-2"
+    with pytest.raises(StrategyNotApplied, match=rf"{strategy} asked, but the ranks trained"):
+        _check_applied(Rank(0, 2, strategy), [FULL, FULL], FULL, [engine, other])
+    with pytest.raises(StrategyNotApplied, match=r"trained \['DistributedDataParallel'"):
+        _check_applied(Rank(0, 2, strategy), [FULL, FULL], FULL, ["DistributedDataParallel"] * 2)
+
+
+@pytest.mark.parametrize("strategy", ["zero3", "zero3_offload"])
+def test_zero_3_is_each_rank_holding_a_padded_partition(strategy):
+    engine = "DeepSpeedEngine ZeRO-3"
+    _check_applied(Rank(0, 2, strategy), [501, 501], FULL, [engine] * 2)  # padded: 1002
+    with pytest.raises(StrategyNotApplied, match=r"holding \[1001, 1001\]"):
+        _check_applied(Rank(0, 2, strategy), [FULL, FULL], FULL, [engine] * 2)
+    with pytest.raises(StrategyNotApplied, match=r"holding \[400, 400\]"):  # some lost
+        _check_applied(Rank(0, 2, strategy), [400, 400], FULL, [engine] * 2)
+
+
+def test_single_is_one_rank_under_no_wrapper():
+    _check_applied(Rank(0, 1, "single"), [FULL], FULL, ["BertModel"])
+    with pytest.raises(StrategyNotApplied, match="single asked"):
+        _check_applied(Rank(0, 1, "single"), [FULL], FULL, ["DeepSpeedEngine ZeRO-1"])
 
 
 def test_a_rank_that_wrote_its_failure_names_the_trial_with_its_number(tmp_path):

@@ -33,8 +33,10 @@ def test_one_device_a_trial_has_no_strategy_to_search():
 
 def test_several_devices_search_every_multi_device_strategy_unless_the_space_names_some():
     space, notes = fit_to_devices(space_with(), 2)
-    assert space.knobs["strategy"].choices == ("ddp", "fsdp", "fsdp_grad_op")
-    assert notes == ["strategy searched among ddp, fsdp, fsdp_grad_op: 2 devices per trial"]
+    every = ("ddp", "fsdp", "fsdp_grad_op", "zero1", "zero2", "zero3", "zero2_offload",
+             "zero3_offload")  # fmt: skip
+    assert space.knobs["strategy"].choices == every
+    assert notes == [f"strategy searched among {', '.join(every)}: 2 devices per trial"]
     assert set(space.knobs) >= {"ddp_find_unused_parameters", "ddp_bucket_cap_mb"}
     space, notes = fit_to_devices(space_with("single", "fsdp"), 2)
     assert space.knobs["strategy"].choices == ("single", "fsdp")
@@ -55,7 +57,19 @@ def test_the_plan_of_a_two_rank_search(tmp_path):
     assert plan.rules.effective_batch_size == 16
     assert plan.info.batch_mode == "effective batch 32 (grad_accum derived)"  # every rank's
     assert plan.info.devices_per_trial == 2
+    # What cannot run here is gone, named: offload on CPU (the stand-in has DeepSpeed).
+    assert set(plan.space.knobs["strategy"].choices) == {
+        "ddp", "fsdp", "fsdp_grad_op", "zero1", "zero2", "zero3"}  # fmt: skip
+    assert ("removed strategy=zero3_offload: offload moves model states from GPU memory to the "
+            "host's: on CPU they are there") in plan.space.notes  # fmt: skip
+
+
+def test_deepspeeds_strategies_leave_where_it_does_not_import(tmp_path):
+    missing = "not installed (pip install 'autotune[deepspeed]')"
+    plan = plan_for(tmp_path, "devices_per_trial=2", "workers=1", deepspeed_error=missing)
     assert set(plan.space.knobs["strategy"].choices) == {"ddp", "fsdp", "fsdp_grad_op"}
+    assert ("removed strategy=zero1: DeepSpeed does not import here (not installed (pip install "
+            "'autotune[deepspeed]'))") in plan.space.notes  # fmt: skip
 
 
 def test_every_problem_of_devices_per_trial_is_named(tmp_path):
