@@ -33,7 +33,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from autotune.child.measure import Counts, numel
-from autotune.common.knobs import FSDP, SHARDED, ZERO_STAGES
+from autotune.common.knobs import FSDP, OFFLOADED, SHARDED, ZERO_STAGES
 from autotune.common.processes import die_with_parent
 from autotune.common.trial import Status, TrialResult, TrialSpec, write_json_atomic
 from autotune.common.units import GIB
@@ -53,6 +53,7 @@ class Rank:
     rank: int
     world_size: int
     strategy: str
+    on_cuda: bool = False
 
     @property
     def fsdp(self) -> bool:
@@ -72,6 +73,12 @@ class Rank:
 Attempt = Callable[[Rank], tuple[TrialResult | None, bool]]
 """Runs the trial on one rank: (its result, or None on a rank other than 0; whether it failed
 with an exception)."""
+
+
+def needed(spec: TrialSpec) -> bool:
+    """Whether the trial runs on ranks: on several devices, or offloading on one (DeepSpeed
+    runs in a process group, of one rank there)."""
+    return spec.devices > 1 or spec.params.get("strategy", "single") != "single"
 
 
 def rank_file(folder: Path, rank: int) -> Path:
@@ -99,7 +106,7 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
         pid = os.fork()
         if pid == 0:
             _rank_main(
-                Rank(rank, world_size, strategy),
+                Rank(rank, world_size, strategy, on_cuda=spec.device == "cuda"),
                 store.port,
                 cores[rank :: spec.devices],
                 folder,
@@ -143,9 +150,11 @@ def _join_and_train(
                 OMP_NUM_THREADS=str(len(cores)),  # else accelerate sets threads of its own
             )  # fmt: skip
         store = dist.TCPStore(HOST, port, rank.world_size, is_master=False, timeout=GROUP_TIMEOUT)
+        if rank.on_cuda:  # the rank's own GPU, of those its worker was given
+            torch.cuda.set_device(rank.rank)
         dist.init_process_group(
-            "gloo", store=store, rank=rank.rank, world_size=rank.world_size,
-            timeout=GROUP_TIMEOUT,
+            "nccl" if rank.on_cuda else "gloo", store=store, rank=rank.rank,
+            world_size=rank.world_size, timeout=GROUP_TIMEOUT,
         )  # fmt: skip
         if rank.deepspeed:
             # DeepSpeed's communication layer, on the group just made: the model's construction
@@ -298,8 +307,7 @@ class ModelStates(TrainerCallback):
         master: list[torch.Tensor] = []
         if type(self.trainer.model_wrapped).__name__ == "DeepSpeedEngine":
             inner = self.trainer.model_wrapped.optimizer  # its ZeRO optimizer
-            master = (getattr(inner, "single_partition_of_fp32_groups", None)  # ZeRO-1/2
-                      or getattr(inner, "fp32_partitioned_groups_flat", None) or [])  # fmt: skip
+            master = _master_weights(inner)
             if not master:
                 return None
             inner = inner.optimizer  # the torch optimizer that updates the partition
@@ -340,35 +348,56 @@ def gather(
 
 
 def _applied(trainer: Any) -> str:
-    """What the Trainer trained: its wrapper, with DeepSpeed's ZeRO stage."""
+    """What the Trainer trained: its wrapper, with DeepSpeed's ZeRO stage and, training on a
+    GPU, which model states it kept in host memory (where they are, not what was asked)."""
     wrapped = trainer.model_wrapped
     name = type(wrapped).__name__
-    if name == "DeepSpeedEngine":
-        return f"{name} ZeRO-{wrapped.zero_optimization_stage()}"
-    return name
+    if name != "DeepSpeedEngine":
+        return name
+    applied = f"{name} ZeRO-{wrapped.zero_optimization_stage()}"
+    if wrapped.device.type == "cpu":
+        return applied
+    master = _master_weights(wrapped.optimizer)
+    if master and master[0].device.type == "cpu":
+        applied += " optimizer on host"
+    if any(p.ds_tensor.device.type == "cpu" for p in trainer.model.parameters()
+           if hasattr(p, "ds_tensor")):  # fmt: skip
+        applied += " parameters on host"
+    return applied
 
 
-def _expected_wrapper(strategy: str) -> str | None:
+def _master_weights(optimizer: Any) -> list[torch.Tensor]:
+    """DeepSpeed's fp32 partition of the weights, which its optimizer updates."""
+    return (getattr(optimizer, "single_partition_of_fp32_groups", None)  # ZeRO-1/2
+            or getattr(optimizer, "fp32_partitioned_groups_flat", None) or [])  # fmt: skip
+
+
+def _expected_wrapper(strategy: str, on_cuda: bool) -> str | None:
     """The wrapper a strategy trains under; None: the model itself (FSDP2 turns the model's
     own class into a sharded one)."""
     if strategy == "ddp":
         return "DistributedDataParallel"
-    if strategy in ZERO_STAGES:
-        return f"DeepSpeedEngine ZeRO-{ZERO_STAGES[strategy]}"
-    return None
+    if strategy not in ZERO_STAGES:
+        return None
+    expected = f"DeepSpeedEngine ZeRO-{ZERO_STAGES[strategy]}"
+    if on_cuda and strategy in OFFLOADED:
+        expected += " optimizer on host"
+    if on_cuda and strategy == "zero3_offload":
+        expected += " parameters on host"
+    return expected
 
 
 def _check_applied(rank: Rank, params: list[int], full: int, applied: list[str]) -> None:
     """The strategy asked is the strategy run: every rank under its wrapper (none where the
     strategy has none), holding all the parameters or, sharded, a part of them (ZeRO-3 pads
     its partitions: they may add up to a little more)."""
-    expected = _expected_wrapper(rank.strategy)
+    expected = _expected_wrapper(rank.strategy, rank.on_cuda)
     if expected is None:
         wrapped = any(a.startswith(("DistributedDataParallel", "DeepSpeed")) for a in applied)
     else:
         wrapped = any(a != expected for a in applied)
-    if rank.strategy in SHARDED:
-        held = sum(params) >= full and max(params) < full
+    if rank.strategy in SHARDED:  # of one rank (offloading on one GPU): every parameter
+        held = sum(params) >= full and (len(params) == 1 or max(params) < full)
     else:
         held = all(p == full for p in params)
     if wrapped or not held:

@@ -480,7 +480,7 @@ def main(argv: list[str]) -> int:
             status = Status.OOM if "out of memory" in str(exc).lower() else Status.ERROR
             return _failure(status, exc), True
 
-    if spec.devices > 1:
+    if ranks.needed(spec):
         result = ranks.run(spec, result_path.parent, attempt)
     else:
         result, _ = attempt(None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from rich.markup import escape
@@ -22,12 +23,11 @@ from autotune.common.device import (
     peak_tflops,
 )
 from autotune.common.errors import AutotuneError, ConfigError
-from autotune.common.knobs import KNOBS, baseline_params, describe_params
+from autotune.common.knobs import KNOBS, MEMORY_ORDER, baseline_params, describe_params
 from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolve_model
 from autotune.common.units import GIB, format_bytes
 from autotune.outputs.view import console
 from autotune.plan import hardware, software_cache
-from autotune.plan.capabilities import SEVERAL_DEVICES
 from autotune.plan.config import EstimateConfig, help_rows, make_config, parse_overrides
 from autotune.plan.estimate import PARTS, Estimate, estimate
 from autotune.plan.plan import input_problems
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     fixed |= {"attn_implementation": "sdpa"} | knobs
     free = {k: v for k, v in FREE_KNOBS.items() if k not in knobs}
     if devices > 1 and "strategy" not in knobs:  # how the ranks share it moves memory most
-        free = {"strategy": SEVERAL_DEVICES} | free
+        free = {"strategy": MEMORY_ORDER} | free
 
     def at(params: dict[str, Any]) -> Estimate:
         return estimate(model.config, task=task, seq_len=config.seq_len, params=params,
@@ -124,11 +124,8 @@ def run(args: argparse.Namespace) -> int:
             "of it: their MFU)"
         )
     if devices > 1:
-        states = ", ".join(
-            f"{s} {format_bytes(at(fixed | {'strategy': s}).model_states)}" for s in SEVERAL_DEVICES
-        )
-        console.print(f"model states (weights, gradients, optimizer) per rank of {devices}: "
-                      f"{states}")  # fmt: skip
+        console.print(f"model states (weights, gradients, optimizer) per rank of {devices}, "
+                      f"most to least: {_states(at, fixed)}")  # fmt: skip
     if free:
         grid = Table(title="Largest batch that fits, by the knobs left free")
         for name in free:
@@ -202,3 +199,15 @@ def check(
         raise ConfigError("\n".join(problems))
     assert model is not None and task is not None
     return model, task
+
+
+def _states(at: Callable[[dict[str, Any]], Estimate], fixed: dict[str, Any]) -> str:
+    """Each strategy's model states on a rank, in the catalogue's order (most held first),
+    with what offload keeps in host memory."""
+    parts = []
+    for strategy in MEMORY_ORDER:
+        figures = at(fixed | {"strategy": strategy})
+        held = format_bytes(figures.model_states - figures.offloaded)
+        host = f" (+{format_bytes(figures.offloaded)} on the host)" * bool(figures.offloaded)
+        parts.append(f"{strategy} {held}{host}")
+    return ", ".join(parts)

@@ -38,11 +38,12 @@ OFFLOADED = frozenset({"zero2_offload", "zero3_offload"})
 SHARDED = FSDP | {"zero3", "zero3_offload"}
 """Strategies under which each rank holds 1/N of the parameters."""
 MEMORY_ORDER = (
-    "ddp", "zero1", "fsdp_grad_op", "zero2", "fsdp", "zero3", "zero2_offload", "zero3_offload",
+    "ddp", "zero1", "zero2", "fsdp_grad_op", "fsdp", "zero3", "zero2_offload", "zero3_offload",
 )  # fmt: skip
-"""The strategies on several devices from the most device memory a rank holds to the least
-(model states: DDP all of them; ZeRO-1 the optimizer's share; ZeRO-2 and FSDP's grad-op mode
-the gradients' too; full sharding the parameters' too; offload moves states to the host)."""
+"""The strategies on several devices from the most model states a rank holds in device memory
+to the least: DDP all of them; ZeRO-1 the optimizer's share; ZeRO-2 the gradients' too; full
+sharding (FSDP's two modes, ZeRO-3) the weights' too; offload moves them to the host. At the
+peak FSDP's grad-op mode also holds every block's gathered weights, from forward to backward."""
 UNSHARDABLE_OPTIMIZERS = frozenset({"adafactor"})
 """Optimizers whose update cannot run on FSDP2's sharded parameters (DTensors): transformers'
 Adafactor mixes them with plain tensors ("got mixed torch.Tensor and DTensor")."""

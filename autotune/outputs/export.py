@@ -140,11 +140,12 @@ def ranks(info: RunInfo, params: dict[str, Any]) -> int:
 
 
 def launch_command(info: RunInfo, params: dict[str, Any]) -> str:
-    """How the exported script runs as the trial did: one process per device it used."""
-    devices = ranks(info, params)
-    if devices == 1:
+    """How the exported script runs as the trial did: one process per device it used, under
+    torchrun for any strategy but `single` (ZeRO-Offload on one GPU too: DeepSpeed needs the
+    launcher's environment)."""
+    if params.get("strategy", "single") == "single":
         return f"python {RECOMMENDED_PY}"
-    return f"torchrun --standalone --nproc_per_node={devices} {RECOMMENDED_PY}"
+    return f"torchrun --standalone --nproc_per_node={ranks(info, params)} {RECOMMENDED_PY}"
 
 
 _COLLATOR_SLOT = "# (autotune's PaddingCollator)\n"

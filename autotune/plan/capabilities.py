@@ -101,7 +101,7 @@ def fit_space(
     None: not fitted to them) and `devices` ranks, or cannot matter for the data trained on;
     the reasons are in the result's notes."""
     # First: on several devices the strategy joins the space, and is fitted as the rest.
-    space, device_notes = fit_to_devices(space, devices)
+    space, device_notes = fit_to_devices(space, devices, device)
     notes = []
     emptied = []
     for name, knob in space.knobs.items():
@@ -140,19 +140,29 @@ DDP_KNOBS = {
 """DDP's own settings, searched with it on several devices unless the space names them."""
 
 
-def fit_to_devices(space: SearchSpace, devices: int) -> tuple[SearchSpace, list[str]]:
-    """On one device a trial has no strategy to choose (the knob leaves the space); on several
-    it has one, searched among every multi-device strategy unless the space lists some."""
+def fit_to_devices(
+    space: SearchSpace, devices: int, device: str = "cpu"
+) -> tuple[SearchSpace, list[str]]:
+    """On one device a trial has no strategy to choose (the knob leaves the space) but, on a
+    GPU, offloading model states to the host, where the space names it; on several it has
+    one, searched among every multi-device strategy unless the space lists some."""
     knob = space.knobs.get("strategy")
     if devices == 1:
-        # Without several ranks neither the strategy nor DDP's settings have any effect.
+        # Without several ranks neither DDP's settings nor sharding have any effect.
         space = replace(space, knobs={k: v for k, v in space.knobs.items() if k not in DDP_KNOBS})
         if knob is None:
             return space, []
-        if "single" not in knob.choices:
+        one = ("single", *OFFLOADED) if device == "cuda" else ("single",)
+        kept = tuple(v for v in knob.choices if v in one)
+        if not kept:
             values = ", ".join(knob.choices)
             raise SpaceError(f"space {space.name} cannot run here:\n  - strategy: its values "
                              f"({values}) need devices_per_trial of 2 or more")  # fmt: skip
+        if kept != ("single",):  # offload on one GPU: for a model that does not fit it
+            removed = [v for v in knob.choices if v not in kept]
+            notes = [f"removed strategy={v}: needs devices_per_trial of 2 or more"
+                     for v in removed]  # fmt: skip
+            return space.with_choices("strategy", kept), notes
         knobs = {k: v for k, v in space.knobs.items() if k != "strategy"}
         return replace(space, knobs=knobs), ["strategy fixed at single: one device per trial"]
     if knob is None or "ddp" in knob.choices:  # else they could never take effect

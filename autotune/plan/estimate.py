@@ -204,7 +204,7 @@ def estimate(
         optimizer = 4 * (factored + max(0, p - in_matrices))
     else:
         optimizer = int(per_param * p)
-    strategy = params.get("strategy", "single") if devices > 1 else "single"
+    strategy = params.get("strategy", "single")
     buckets = 0  # DDP's gradient buckets: allocated with the wrapper, live throughout
     offloaded = 0
     block = p // max(shape.layers, 1)  # one transformer block's parameters, about

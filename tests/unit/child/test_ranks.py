@@ -72,3 +72,15 @@ def test_a_rank_that_wrote_its_failure_names_the_trial_with_its_number(tmp_path)
 def test_a_rank_that_died_silently_is_a_crash_named_by_its_end(tmp_path, code, says):
     result = _rank_failure(0, code, tmp_path)
     assert (result.status, result.reason) == (Status.CRASHED, f"rank 0 {says}")
+
+
+def test_offload_on_a_gpu_is_the_states_found_in_host_memory():
+    gpu = Rank(0, 1, "zero3_offload", on_cuda=True)
+    both = "DeepSpeedEngine ZeRO-3 optimizer on host parameters on host"
+    _check_applied(gpu, [FULL], FULL, [both])  # one rank on one GPU holds every parameter
+    with pytest.raises(StrategyNotApplied, match="zero3_offload asked, but the ranks trained"):
+        _check_applied(gpu, [FULL], FULL, ["DeepSpeedEngine ZeRO-3 optimizer on host"])
+    zero2 = Rank(0, 1, "zero2_offload", on_cuda=True)
+    _check_applied(zero2, [FULL], FULL, ["DeepSpeedEngine ZeRO-2 optimizer on host"])
+    with pytest.raises(StrategyNotApplied, match="zero2_offload asked"):
+        _check_applied(zero2, [FULL], FULL, ["DeepSpeedEngine ZeRO-2"])  # kept on the GPU

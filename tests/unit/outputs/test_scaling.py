@@ -49,3 +49,8 @@ def test_without_a_single_device_trial_there_is_no_efficiency():
 def test_the_launch_command_starts_one_process_per_device_the_trial_used(strategy, command):
     assert launch_command(TWO_DEVICES, {"strategy": strategy}) == command
     assert launch_command(INFO, {}) == "python recommended.py"
+
+
+def test_offloading_on_one_gpu_runs_under_the_launcher_deepspeed_needs():
+    command = "torchrun --standalone --nproc_per_node=1 recommended.py"
+    assert launch_command(INFO, {"strategy": "zero3_offload"}) == command

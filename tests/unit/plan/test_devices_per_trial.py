@@ -90,3 +90,12 @@ def test_several_gpus_a_trial_are_refused_until_ranks_start_on_gpus(tmp_path):
     config = load_config([f"model={TINY_MODEL}", f"out={tmp_path}", "devices_per_trial=2"])
     with pytest.raises(ConfigError, match="devices_per_trial=2: trials on several GPUs"):
         make_plan(config, GPUS)
+
+
+def test_one_gpu_keeps_the_offload_strategies_a_space_names():
+    named = space_with("single", "zero3_offload", "zero2_offload", "ddp")
+    space, notes = fit_to_devices(named, 1, "cuda")
+    assert space.knobs["strategy"].choices == ("single", "zero3_offload", "zero2_offload")
+    assert notes == ["removed strategy=ddp: needs devices_per_trial of 2 or more"]
+    space, notes = fit_to_devices(named, 1, "cpu")  # on CPU there is no device memory to spare
+    assert "strategy" not in space.knobs

@@ -133,3 +133,26 @@ def test_per_rank_peaks_order_the_strategies_by_what_each_rank_holds():
     assert ddp.total > single.total > grad_op.total > full_shard.total
     assert full_shard.optimizer == single.optimizer // 8
     assert grad_op.activations == full_shard.activations == single.activations
+
+
+def test_zero_stages_follow_zeros_accounting_in_mixed_precision_and_fp32():
+    p, n = PARAMETERS, 8
+
+    def states(strategy, precision):
+        params = {"optim": "adamw_torch", "batch_size": 8, "precision": precision,
+                  "strategy": strategy}  # fmt: skip
+        return estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
+                        params=params, device="cuda", parameters=p, devices=n)  # fmt: skip
+
+    # Rajbhandari et al.: 16-bit weights and gradients, fp32 copy + AdamW's states (12 Psi).
+    assert states("zero1", "bf16").model_states == pytest.approx(4 * p + 12 * p / n, abs=64)
+    assert states("zero2", "bf16").model_states == pytest.approx(2 * p + 14 * p / n, abs=64)
+    assert states("zero3", "bf16").model_states == pytest.approx(16 * p / n, abs=64)
+    # In fp32 DeepSpeed's copy is 4 more bytes of the partition: 20 Psi in all.
+    assert states("zero3", "fp32").model_states == pytest.approx(20 * p / n, abs=64)
+    assert states("zero1", "fp32").model_states == pytest.approx(8 * p + 12 * p / n, abs=64)
+    # Offload keeps the same states, but the optimizer's part in host memory, out of the peak.
+    on_gpu, offloaded = states("zero2", "bf16"), states("zero2_offload", "bf16")
+    assert offloaded.offloaded > 12 * p / n and offloaded.optimizer == 0
+    assert offloaded.total < on_gpu.total
+    assert states("zero3_offload", "bf16").total < offloaded.total  # the weights too
