@@ -15,17 +15,21 @@
 #   OUT=DIR bash benchmarks/gpu_checks.sh follow-up STUDY_TGZ
 #       (GPU, ~5 min) fork_cuda.json, fidelity.json, guide_table.md, guide_table.json and
 #       follow_up.txt.
+#   OUT=DIR bash benchmarks/gpu_checks.sh offload
+#       (GPU, ~4 min) offload.json and offload.txt: ZeRO-2/3 Offload on one GPU train a model
+#       that does not fit the memory budget without (benchmarks/offload.py).
 #   OUT=DIR bash benchmarks/gpu_checks.sh lease
-#       (GPU, <= 9 min) all of it, smaller, for a lease of 15 minutes: a search of 3.5 minutes
-#       at effective batch 32, fidelity over 60 steps, the guide's table; eight files: the
-#       search stage's first five, fidelity.json, guide_table.md and rest.tgz (the others).
+#       (GPU, <= 9.5 min) all of it, smaller, for a lease of 15 minutes: a search of 3 minutes
+#       at effective batch 32, fidelity over 60 steps, the guide's table, offload; eight files:
+#       the search stage's first four, fidelity.json, guide_table.md, offload.json and rest.tgz
+#       (the others).
 #
 # GPU stages install ./.whl (if present) into /tmp/site first. MODEL and SEQ_LEN pick another
 # model; SEARCH_ARGS (key=value ...) replaces the bounded search settings below. A dry run of
 # the mechanics on CPU: MODEL=google/bert_uncased_L-2_H-128_A-2 SEQ_LEN=64 SEARCH_ARGS=n_trials=4
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?usage: gpu_checks.sh wheels | search [STUDY_TGZ] | follow-up STUDY_TGZ}
+stage=${1:?usage: gpu_checks.sh wheels | search [STUDY_TGZ] | follow-up STUDY_TGZ | offload | lease}
 work=/tmp/gpu-checks
 study=gpu-check
 model=${MODEL:-bert-large-uncased}
@@ -43,13 +47,14 @@ if [ "$stage" = lease ]; then
   OUT=${OUT:?set OUT to the folder for the results}
   rest=$work/lease
   rm -rf "$rest" && mkdir -p "$rest/search" "$rest/follow-up"
-  OUT=$rest/search SEARCH_WALL_S=${SEARCH_WALL_S:-210} SEARCH_ARGS=${SEARCH_ARGS:-\
-effective_batch_size=32 n_trials=40 timeout=150s trial_timeout=90s compile_timeout=60s} \
+  OUT=$rest/search SEARCH_WALL_S=${SEARCH_WALL_S:-180} SEARCH_ARGS=${SEARCH_ARGS:-\
+effective_batch_size=32 n_trials=40 timeout=120s trial_timeout=90s compile_timeout=60s} \
     bash "$0" search || echo "search stage exited with $?"
-  OUT=$rest/follow-up FIDELITY_STEPS=60 FIDELITY_WALL_S=90 GUIDE_WALL_S=150 \
+  OUT=$rest/follow-up FIDELITY_STEPS=60 FIDELITY_WALL_S=90 GUIDE_WALL_S=120 \
     bash "$0" follow-up "$rest/search/study.tgz" || echo "follow-up stage exited with $?"
-  for name in search/probe.json search/env.txt search/search.txt search/trials.csv \
-    search/recommended.json follow-up/fidelity.json follow-up/guide_table.md; do
+  OUT=$rest/offload OFFLOAD_WALL_S=120 bash "$0" offload || echo "offload stage exited with $?"
+  for name in search/probe.json search/env.txt search/search.txt search/recommended.json \
+    follow-up/fidelity.json follow-up/guide_table.md offload/offload.json; do
     mv "$rest/$name" "$OUT/" 2>/dev/null || true  # a stage may have written none
   done
   tar -czf "$OUT/rest.tgz" -C "$rest" .
@@ -62,6 +67,9 @@ if [ "$stage" = wheels ]; then
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .whl -r <(grep -v '^#' benchmarks/gpu_wheels.txt)
+  # DeepSpeed publishes no wheel: build its pure-Python one from the source release.
+  python3 -m pip wheel -q --no-deps -w .whl "$(grep -o 'deepspeed==[0-9.]*' \
+    benchmarks/gpu_wheels.txt | head -1 || echo deepspeed)"
   du -sh .whl
   exit 0
 fi
@@ -110,8 +118,12 @@ follow-up)
       --seq-len "$seq_len" --out "$OUT/guide_table.md" || true
   } 2>&1 | tee "$OUT/follow_up.txt"
   ;;
+offload)
+  timeout -s INT "${OFFLOAD_WALL_S:-300}" python3 benchmarks/offload.py \
+    --out "$OUT/offload.json" 2>&1 | tee "$OUT/offload.txt" || true
+  ;;
 *)
-  echo "unknown stage $stage: wheels | search | follow-up" >&2
+  echo "unknown stage $stage: wheels | search | follow-up | offload | lease" >&2
   exit 2
   ;;
 esac
