@@ -61,7 +61,7 @@ def main() -> None:
             result = launch_trial(spec, Path(work) / str(number), timeout_s=args.timeout_s,
                                   launcher=launcher)  # fmt: skip
             expected = estimate(model.config, task="causal-lm", seq_len=args.seq_len,
-                                params=params, device="cuda", parameters=result.n_params)  # fmt: skip
+                                params=params, device="cuda")  # fmt: skip
             rows.append({
                 "strategy": strategy, "status": result.status.value, "reason": result.reason,
                 "samples_per_s": result.samples_per_s, "peak_memory_gib": result.peak_memory_gib,
