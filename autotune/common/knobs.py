@@ -49,10 +49,14 @@ UNSHARDABLE_OPTIMIZERS = frozenset({"adafactor"})
 Adafactor mixes them with plain tensors ("got mixed torch.Tensor and DTensor")."""
 
 
-def deepspeed_config(strategy: str) -> dict[str, Any]:
+def deepspeed_config(strategy: str, overlap_comm: bool | None = None) -> dict[str, Any]:
     """The DeepSpeed config of a ZeRO strategy, as the Trainer takes it (`deepspeed=`): the
-    batch, accumulation, clipping and precision follow the TrainingArguments ("auto")."""
+    batch, accumulation, clipping and precision follow the TrainingArguments ("auto");
+    `overlap_comm` (the `zero_overlap_comm` knob; None: DeepSpeed's default, on for ZeRO-3
+    only) overlaps the gradients' reduction with the backward."""
     zero: dict[str, Any] = {"stage": ZERO_STAGES[strategy]}
+    if overlap_comm is not None:
+        zero["overlap_comm"] = overlap_comm
     if strategy in OFFLOADED:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if strategy == "zero3_offload":
@@ -227,7 +231,10 @@ def positive(value: Any) -> bool:
 def _strategy_args(value: str, params: dict[str, Any], fields: Collection[str]) -> dict[str, Any]:
     """DeepSpeed's strategies are the Trainer's `deepspeed=` config; the others are set up by
     the ranks themselves."""
-    return {"deepspeed": deepspeed_config(value)} if value in ZERO_STAGES else {}
+    if value not in ZERO_STAGES:
+        return {}
+    overlap = params.get("zero_overlap_comm") if active("zero_overlap_comm", params) else None
+    return {"deepspeed": deepspeed_config(value, overlap)}
 
 
 def _same_name(field_name: str) -> Mapping:
@@ -337,6 +344,10 @@ KNOBS: dict[str, Knob] = {
             training_args=_same_name("ddp_static_graph"),
         ),
         Knob(
+            name="zero_overlap_comm", kind=bool, check=lambda v: True, expected="true or false",
+            short="overlap", requires={"strategy": lambda v: v in ZERO_STAGES},
+        ),  # in the DeepSpeed config the strategy's entry writes (`deepspeed_config`)
+        Knob(
             name="pad_to_multiple_of", kind=int, check=lambda v: v >= 1,
             expected="an integer >= 1 (1: pad to the longest sample of the batch)", short="pad",
             baseline=1, data_only=True, collator=True,
@@ -347,6 +358,7 @@ KNOBS: dict[str, Knob] = {
 # grad_accum, and each knob after those it requires.
 SAMPLE_ORDER = (
     "strategy", "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_static_graph",
+    "zero_overlap_comm",
     "precision", "optim", "gradient_checkpointing", "checkpointing_reentrant",
     "attn_implementation", "torch_compile", "compile_mode", "batch_size", "grad_accum",
     "torch_empty_cache_steps", "dataloader_num_workers", "dataloader_prefetch_factor",

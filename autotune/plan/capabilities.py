@@ -127,6 +127,7 @@ def fit_space(
     space, data_notes = _fit_to_data(space, source)
     # After the data: synthetic data fixes the loader at 0 workers, which needs no note here.
     space, core_notes = _fit_to_cores(space, cores)
+    space = with_strategy_knobs(space)  # less those of strategies removed here
     notes = device_notes + notes + data_notes + core_notes
     return replace(space, notes=space.notes + tuple(notes))
 
@@ -138,6 +139,12 @@ DDP_KNOBS = {
     "ddp_static_graph": (False, True),
 }
 """DDP's own settings, searched with it on several devices unless the space names them."""
+ZERO_KNOBS = {"zero_overlap_comm": (False, True)}
+"""DeepSpeed's own settings, searched with its strategies unless the space names them."""
+STRATEGY_KNOBS = (
+    (DDP_KNOBS, lambda strategy: strategy == "ddp"),
+    (ZERO_KNOBS, lambda strategy: strategy in ZERO_STAGES),
+)
 
 
 def fit_to_devices(
@@ -145,11 +152,31 @@ def fit_to_devices(
 ) -> tuple[SearchSpace, list[str]]:
     """On one device a trial has no strategy to choose (the knob leaves the space) but, on a
     GPU, offloading model states to the host, where the space names it; on several it has
-    one, searched among every multi-device strategy unless the space lists some."""
+    one, searched among every multi-device strategy unless the space lists some. A
+    strategy's own settings (DDP's, DeepSpeed's) are searched with it."""
+    space, notes = _fit_strategy(space, devices, device)
+    return with_strategy_knobs(space), notes
+
+
+def with_strategy_knobs(space: SearchSpace) -> SearchSpace:
+    """The space with the settings of its strategies (at their values unless the space names
+    them) and without those of strategies it cannot run, which could never take effect."""
+    knob = space.knobs.get("strategy")
+    strategies = knob.choices if knob is not None else ("single",)
+    knobs = dict(space.knobs)
+    for settings, applies in STRATEGY_KNOBS:
+        used = any(applies(s) for s in strategies)
+        for name, values in settings.items():
+            if not used:
+                knobs.pop(name, None)
+            elif name not in knobs:
+                knobs[name] = SpaceKnob(name=name, choices=values)
+    return replace(space, knobs=knobs)
+
+
+def _fit_strategy(space: SearchSpace, devices: int, device: str) -> tuple[SearchSpace, list[str]]:
     knob = space.knobs.get("strategy")
     if devices == 1:
-        # Without several ranks neither DDP's settings nor sharding have any effect.
-        space = replace(space, knobs={k: v for k, v in space.knobs.items() if k not in DDP_KNOBS})
         if knob is None:
             return space, []
         one = ("single", *OFFLOADED) if device == "cuda" else ("single",)
@@ -165,10 +192,6 @@ def fit_to_devices(
             return space.with_choices("strategy", kept), notes
         knobs = {k: v for k, v in space.knobs.items() if k != "strategy"}
         return replace(space, knobs=knobs), ["strategy fixed at single: one device per trial"]
-    if knob is None or "ddp" in knob.choices:  # else they could never take effect
-        ddp = {name: SpaceKnob(name=name, choices=values) for name, values in DDP_KNOBS.items()
-               if name not in space.knobs}  # fmt: skip
-        space = replace(space, knobs={**space.knobs, **ddp})
     if knob is None:
         knobs = {**space.knobs, "strategy": SpaceKnob(name="strategy", choices=SEVERAL_DEVICES)}
         return replace(space, knobs=knobs), [

@@ -8,6 +8,7 @@ from autotune.common.knobs import (
     active,
     at_least_as_hungry,
     baseline_params,
+    conflict,
     describe_params,
     is_compiled,
     math_changes,
@@ -242,3 +243,23 @@ def test_on_several_devices_the_baseline_is_ddp_and_the_effective_batch_counts_e
     (change,) = math_changes(baseline | {"batch_size": 16, "strategy": "fsdp"}, baseline, 2)
     assert (change.setting, change.baseline, change.value) == ("effective_batch_size", 16, 32)
     assert "keep it with effective_batch_size=16" in change.why
+
+
+def test_deepspeeds_strategies_are_the_trainers_deepspeed_config_with_their_own_settings():
+    args = training_args({"strategy": "zero3", "zero_overlap_comm": False}, device="cpu",
+                         fields=())  # fmt: skip
+    zero = args["deepspeed"]["zero_optimization"]
+    assert zero["stage"] == 3 and zero["overlap_comm"] is False
+    assert zero["stage3_param_persistence_threshold"] == "auto"  # HF's sizes from the model
+    assert args["deepspeed"]["train_micro_batch_size_per_gpu"] == "auto"  # the args' batch
+    offload = training_args({"strategy": "zero3_offload"}, device="cuda", fields=())["deepspeed"]
+    assert offload["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert offload["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert offload["optimizer"]["type"] == "AdamW"  # DeepSpeed's, run on the host
+    # Without a DeepSpeed strategy its setting has no effect, and sets nothing.
+    assert "deepspeed" not in training_args({"strategy": "ddp", "zero_overlap_comm": True},
+                                            device="cpu", fields=())  # fmt: skip
+    assert conflict({"strategy": "zero2_offload", "optim": "adafactor"}) == (
+        "zero2_offload updates the weights with DeepSpeed's host AdamW, not adafactor"
+    )
+    assert conflict({"strategy": "zero2_offload", "optim": "adamw_torch_fused"}) is None

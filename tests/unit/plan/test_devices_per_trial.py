@@ -37,10 +37,13 @@ def test_several_devices_search_every_multi_device_strategy_unless_the_space_nam
              "zero3_offload")  # fmt: skip
     assert space.knobs["strategy"].choices == every
     assert notes == [f"strategy searched among {', '.join(every)}: 2 devices per trial"]
-    assert set(space.knobs) >= {"ddp_find_unused_parameters", "ddp_bucket_cap_mb"}
+    # Each strategy's own settings with it: DDP's, and DeepSpeed's overlap of communication.
+    assert set(space.knobs) >= {"ddp_find_unused_parameters", "ddp_bucket_cap_mb",
+                                "zero_overlap_comm"}  # fmt: skip
     space, notes = fit_to_devices(space_with("single", "fsdp"), 2)
     assert space.knobs["strategy"].choices == ("single", "fsdp")
     assert "ddp_find_unused_parameters" not in space.knobs  # no ddp: they could never act
+    assert "zero_overlap_comm" not in space.knobs
     assert notes == ["strategy=single trains on one of a trial's 2 devices: the reference of "
                      "the others' scaling efficiency"]  # fmt: skip
 
@@ -68,6 +71,7 @@ def test_deepspeeds_strategies_leave_where_it_does_not_import(tmp_path):
     missing = "not installed (pip install 'autotune[deepspeed]')"
     plan = plan_for(tmp_path, "devices_per_trial=2", "workers=1", deepspeed_error=missing)
     assert set(plan.space.knobs["strategy"].choices) == {"ddp", "fsdp", "fsdp_grad_op"}
+    assert "zero_overlap_comm" not in plan.space.knobs  # DeepSpeed's own setting goes with it
     assert ("removed strategy=zero1: DeepSpeed does not import here (not installed (pip install "
             "'autotune[deepspeed]'))") in plan.space.notes  # fmt: skip
 
