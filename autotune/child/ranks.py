@@ -18,6 +18,7 @@ Ranks end with `os._exit`: a normal return after `destroy_process_group` can han
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 import signal
@@ -211,18 +212,25 @@ def _rank_failure(rank: int, code: int, folder: Path) -> TrialResult:
 # ---- inside a rank ----
 
 
-def shard(rank: Rank, model: torch.nn.Module) -> None:
-    """FSDP2 on each transformer block (the model's `_no_split_modules`), then on the model."""
+def shard(rank: Rank, model: torch.nn.Module, prefetch: bool = False) -> None:
+    """FSDP2 on each transformer block (the model's `_no_split_modules`), then on the model;
+    with `prefetch` (the `fsdp_prefetch` knob) each block also starts gathering the next
+    one's parameters in its forward and the previous one's in its backward (FSDP2 otherwise
+    prefetches in the backward only)."""
     if not rank.fsdp:
         return
     from torch.distributed.fsdp import fully_shard
 
     reshard = rank.strategy == "fsdp"
-    blocks = set(getattr(model, "_no_split_modules", None) or ())
-    for module in list(model.modules())[1:]:
-        if type(module).__name__ in blocks:
-            fully_shard(module, reshard_after_forward=reshard)
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in list(model.modules())[1:] if type(m).__name__ in names]
+    for block in blocks:
+        fully_shard(block, reshard_after_forward=reshard)
     fully_shard(model, reshard_after_forward=reshard)
+    if prefetch:
+        for before, after in itertools.pairwise(blocks):
+            before.set_modules_to_forward_prefetch([after])
+            after.set_modules_to_backward_prefetch([before])
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -344,6 +344,10 @@ KNOBS: dict[str, Knob] = {
             training_args=_same_name("ddp_static_graph"),
         ),
         Knob(
+            name="fsdp_prefetch", kind=bool, check=lambda v: True, expected="true or false",
+            short="prefetch_blocks", requires={"strategy": lambda v: v in FSDP},
+        ),  # applied by the ranks' fully_shard (child/ranks.py) and recommended.py
+        Knob(
             name="zero_overlap_comm", kind=bool, check=lambda v: True, expected="true or false",
             short="overlap", requires={"strategy": lambda v: v in ZERO_STAGES},
         ),  # in the DeepSpeed config the strategy's entry writes (`deepspeed_config`)
@@ -358,7 +362,7 @@ KNOBS: dict[str, Knob] = {
 # grad_accum, and each knob after those it requires.
 SAMPLE_ORDER = (
     "strategy", "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_static_graph",
-    "zero_overlap_comm",
+    "fsdp_prefetch", "zero_overlap_comm",
     "precision", "optim", "gradient_checkpointing", "checkpointing_reentrant",
     "attn_implementation", "torch_compile", "compile_mode", "batch_size", "grad_accum",
     "torch_empty_cache_steps", "dataloader_num_workers", "dataloader_prefetch_factor",

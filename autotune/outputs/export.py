@@ -128,6 +128,7 @@ def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None =
         "TRAINER": info.trainer,
         "DEVICES": info.devices_per_trial or 1,
         "STRATEGY": record.params.get("strategy", "single"),
+        "FSDP_PREFETCH": bool(record.params.get("fsdp_prefetch", False)),
         "LAUNCH": launch_command(info, record.params),
     }
     constants = "".join(f"{name} = {_literal(name, value)}\n" for name, value in facts.items())
@@ -308,15 +309,21 @@ def join_the_ranks():
 
 
 def shard(model):
-    # fully_shard on each transformer block (the model's _no_split_modules), then the model.
+    # fully_shard on each transformer block (the model's _no_split_modules), then the model;
+    # with FSDP_PREFETCH each block prefetches the next one's parameters in its forward and
+    # the previous one's in its backward.
     from torch.distributed.fsdp import fully_shard
 
-    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in list(model.modules())[1:] if type(m).__name__ in names]
     reshard = STRATEGY == "fsdp"
-    for module in list(model.modules())[1:]:
-        if type(module).__name__ in blocks:
-            fully_shard(module, reshard_after_forward=reshard)
+    for block in blocks:
+        fully_shard(block, reshard_after_forward=reshard)
     fully_shard(model, reshard_after_forward=reshard)
+    if FSDP_PREFETCH:
+        for before, after in zip(blocks, blocks[1:]):
+            before.set_modules_to_forward_prefetch([after])
+            after.set_modules_to_backward_prefetch([before])
 
 
 def save_sharded(model, output_dir, rank):

@@ -13,7 +13,14 @@ from typing import Any, Literal
 
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import SpaceError
-from autotune.common.knobs import KNOBS, OFFLOADED, STRATEGIES, ZERO_STAGES, precision_parts
+from autotune.common.knobs import (
+    FSDP,
+    KNOBS,
+    OFFLOADED,
+    STRATEGIES,
+    ZERO_STAGES,
+    precision_parts,
+)
 from autotune.plan.slots import Slot
 from autotune.plan.space import SamplingRules, SearchSpace, SpaceKnob
 
@@ -139,10 +146,13 @@ DDP_KNOBS = {
     "ddp_static_graph": (False, True),
 }
 """DDP's own settings, searched with it on several devices unless the space names them."""
+FSDP_KNOBS = {"fsdp_prefetch": (False, True)}
+"""FSDP2's, searched with its strategies unless the space names them."""
 ZERO_KNOBS = {"zero_overlap_comm": (False, True)}
 """DeepSpeed's own settings, searched with its strategies unless the space names them."""
 STRATEGY_KNOBS = (
     (DDP_KNOBS, lambda strategy: strategy == "ddp"),
+    (FSDP_KNOBS, lambda strategy: strategy in FSDP),
     (ZERO_KNOBS, lambda strategy: strategy in ZERO_STAGES),
 )
 

@@ -53,7 +53,8 @@ of it, FSDP 16 / 2; ZeRO-1 weights and gradients + 12 / 2; ZeRO-2 the weights + 
 
 
 @pytest.mark.parametrize(("strategy", "knobs"), [
-    ("ddp", {}), ("ddp", DDP_KNOBS), ("fsdp", {}), ("fsdp_grad_op", {}), ("single", {}),
+    ("ddp", {}), ("ddp", DDP_KNOBS), ("fsdp", {"fsdp_prefetch": True}), ("fsdp_grad_op", {}),
+    ("single", {}),
     ("zero1", {}), ("zero2", {"zero_overlap_comm": True}), ("zero3", {}),
 ])  # fmt: skip
 def test_each_strategy_trains_on_two_ranks_as_asked(tmp_path, launcher, strategy, knobs):

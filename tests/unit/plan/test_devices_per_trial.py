@@ -39,11 +39,11 @@ def test_several_devices_search_every_multi_device_strategy_unless_the_space_nam
     assert notes == [f"strategy searched among {', '.join(every)}: 2 devices per trial"]
     # Each strategy's own settings with it: DDP's, and DeepSpeed's overlap of communication.
     assert set(space.knobs) >= {"ddp_find_unused_parameters", "ddp_bucket_cap_mb",
-                                "zero_overlap_comm"}  # fmt: skip
+                                "fsdp_prefetch", "zero_overlap_comm"}  # fmt: skip
     space, notes = fit_to_devices(space_with("single", "fsdp"), 2)
     assert space.knobs["strategy"].choices == ("single", "fsdp")
     assert "ddp_find_unused_parameters" not in space.knobs  # no ddp: they could never act
-    assert "zero_overlap_comm" not in space.knobs
+    assert "zero_overlap_comm" not in space.knobs and "fsdp_prefetch" in space.knobs
     assert notes == ["strategy=single trains on one of a trial's 2 devices: the reference of "
                      "the others' scaling efficiency"]  # fmt: skip
 
