@@ -199,7 +199,10 @@ def device_info(landscape: Landscape) -> DeviceInfo:
     device = {"cuda_available": landscape.device == "cuda", "name": landscape.device_name,
               "total_memory_bytes": memory, "free_memory_bytes": memory,
               "host_available_memory_bytes": host, "host_total_memory_bytes": memory}  # fmt: skip
-    return dataclasses.replace(_here(), **device, **landscape.device_facts)
+    # The landscape's space as it was recorded: a CPU landscape holds the bf16 points it ran,
+    # which a search on such a CPU now leaves out (emulated, slow) unless told otherwise.
+    recorded = {"bf16_supported": True} if landscape.device == "cpu" else {}
+    return dataclasses.replace(_here(), **device, **(recorded | landscape.device_facts))
 
 
 @functools.cache

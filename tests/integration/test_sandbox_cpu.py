@@ -90,23 +90,26 @@ def test_batches_the_estimate_puts_over_budget_are_skipped_without_running(tmp_p
     """With the estimate on (the default margin): batches that cannot fit whatever the other
     knobs leave the space before the search, a proposal estimated over the budget never
     starts, and every trial that ran keeps its estimate beside its measured peak. Estimated
-    (eager attention, SGD): batch 320 at 1.37 GiB in fp32 and 0.91 in bf16, 1024 at 2.6 in
-    bf16; the limit is 0.98 GiB. Precision has no memory order, so an out-of-memory bf16 trial
-    does not stand for the fp32 one: only the estimate can skip it."""
+    (eager attention, SGD, fp32): batch 320 at 1.37 GiB without checkpointing and 1.00 with,
+    1024 at 2.9 with; the limit is 1.10 GiB. Checkpointing has a memory order: had batch 320
+    with it run out of memory first, the one without would be skipped for that (a check that
+    comes first); the grid's order (its seed) proposes the one without first."""
     space = tmp_path / "batches.yaml"
     text = SPACE.replace("[8, 16, 256]", "[8, 320, 1024, 2048]")
-    text = text.replace("precision: fp32", "precision: {choices: [fp32, bf16]}")
+    text = text.replace("gradient_checkpointing: false",
+                        "gradient_checkpointing: {choices: [false, true]}")  # fmt: skip
     space.write_text(text + "  attn_implementation: eager\n")
     proc = subprocess.run(search_command(tmp_path, space, "n_trials=5", "sampler=grid",
-                                         "memory_budget=800MiB"),
+                                         "seed=1", "memory_budget=900MiB"),
                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "batch_size above 320 removed: estimated over the 0.98 GiB" in proc.stdout
+    assert "batch_size above 320 removed: estimated over the 1.10 GiB" in proc.stdout
     table = rows(tmp_path / "s" / "trials.csv")
-    by_point = {(int(r["batch_size"]), r["precision"]): r
+    by_point = {(int(r["batch_size"]), r["gradient_checkpointing"]): r
                 for r in table if r["baseline"] == "False"}  # fmt: skip
     assert {batch for batch, _ in by_point} == {8, 320}, "1024 and 2048 never proposed"
-    skipped = by_point[320, "fp32"]
+    skipped = by_point[320, "False"]
+    assert int(skipped["number"]) < int(by_point[320, "True"]["number"]), "the grid's order"
     assert skipped["status"] == "skipped", skipped
     assert skipped["reason"].startswith("estimated at"), skipped["reason"]
     assert not (tmp_path / "s" / "trials" / f"{int(skipped['number']):04d}").exists()

@@ -100,10 +100,12 @@ def test_recommendation_builds_training_arguments(search, tmp_path):
     assert recommended["speedup_vs_baseline"] == confirmed["speedup_vs_baseline"]["median"]
     low, high = recommended["speedup_interval"]
     assert low <= recommended["speedup_vs_baseline"] <= high
-    assert (
-        recommended["memory_saver"]["metrics"]["samples_per_s"]
-        >= 0.9 * (recommended["metrics"]["samples_per_s"])
-    )
+    # A memory saver, where one is named, gives up at most a tenth of the pick's samples/s
+    # (none is named when no trial within that holds less memory than the pick).
+    saver = recommended["memory_saver"]
+    if saver is not None:
+        assert saver["metrics"]["samples_per_s"] >= 0.9 * recommended["metrics"]["samples_per_s"]
+        assert saver["metrics"]["peak_memory_gib"] <= recommended["metrics"]["peak_memory_gib"]
 
 
 def test_report_is_self_contained(search):

@@ -12,6 +12,7 @@ from tests.conftest import TINY_MODEL
 CPU = DeviceInfo(
     cuda_available=False, name="cpu", total_memory_bytes=2**34, free_memory_bytes=2**34,
     cpu_name="cpu", host_available_memory_bytes=2**34, transformers_version="5.x",
+    bf16_supported=True,  # a CPU with bf16 instructions (AVX-512 BF16 or AMX)
     model_types=("bert", "gpt2", "t5"),
     task_model_types={"seq2seq": ("t5",), "sequence-classification": ("bert", "gpt2", "t5")},
 )  # fmt: skip

@@ -235,3 +235,13 @@ def test_extreme_configs_build_training_arguments_without_warnings(
             warnings.simplefilter("error", DeprecationWarning)
             args = installed.transformers().TrainingArguments(output_dir=str(tmp_path), **kwargs)
         assert args.per_device_train_batch_size == params["batch_size"]
+
+
+def test_bf16_leaves_a_cpu_space_where_the_cpu_has_no_bf16_instructions():
+    device, info = profiles()["cpu"]
+    emulating = dataclasses.replace(info, bf16_supported=False)
+    space = fit_space(load_space("cpu", FACTS()), device, emulating)
+    assert space.knobs["precision"].choices == ("fp32",)
+    assert any(n.startswith("removed precision=bf16: this CPU has no bf16 instructions")
+               for n in space.notes)  # fmt: skip
+    assert "bf16" in fit_space(load_space("cpu", FACTS()), device, info).knobs["precision"].choices
