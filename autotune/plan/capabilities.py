@@ -113,6 +113,7 @@ def fit_space(
     None: not fitted to them) and `devices` ranks, or cannot matter for the data trained on;
     the reasons are in the result's notes."""
     # First: on several devices the strategy joins the space, and is fitted as the rest.
+    added = devices > 1 and "strategy" not in space.knobs
     space, device_notes = fit_to_devices(space, devices, device)
     notes = []
     emptied = []
@@ -140,6 +141,8 @@ def fit_space(
     # After the data: synthetic data fixes the loader at 0 workers, which needs no note here.
     space, core_notes = _fit_to_cores(space, cores)
     space = with_strategy_knobs(space)  # less those of strategies removed here
+    if added:  # the strategies searched: those left after the rules above
+        device_notes = [_searched(space.knobs["strategy"].choices, devices)]
     notes = device_notes + notes + data_notes + core_notes
     return replace(space, notes=space.notes + tuple(notes))
 
@@ -171,6 +174,10 @@ def fit_to_devices(
     strategy's own settings (DDP's, DeepSpeed's) are searched with it."""
     space, notes = _fit_strategy(space, devices, device)
     return with_strategy_knobs(space), notes
+
+
+def _searched(strategies: Sequence[str], devices: int) -> str:
+    return f"strategy searched among {', '.join(strategies)}: {devices} devices per trial"
 
 
 def with_strategy_knobs(space: SearchSpace) -> SearchSpace:
@@ -209,9 +216,7 @@ def _fit_strategy(space: SearchSpace, devices: int, device: str) -> tuple[Search
         return replace(space, knobs=knobs), ["strategy fixed at single: one device per trial"]
     if knob is None:
         knobs = {**space.knobs, "strategy": SpaceKnob(name="strategy", choices=SEVERAL_DEVICES)}
-        return replace(space, knobs=knobs), [
-            f"strategy searched among {', '.join(SEVERAL_DEVICES)}: {devices} devices per trial"
-        ]
+        return replace(space, knobs=knobs), [_searched(SEVERAL_DEVICES, devices)]
     if "single" not in knob.choices:
         return space, []
     return space, [

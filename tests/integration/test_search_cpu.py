@@ -139,12 +139,26 @@ def test_a_study_made_for_another_run_is_not_resumed(search):
     assert "seq_len: the study's 64, this run's 32" in err and "another study= name" in err
 
 
+SMALL_BATCHES = """
+description: the memory space's shape in fp32 (a CPU without bf16 instructions has no bf16)
+device: any
+knobs:
+  precision: {choices: [fp32, fp16]}
+  batch_size: {choices: [1, 2, 4, 8, 16]}
+  gradient_checkpointing: true
+  optim: {choices: [adafactor, paged_adamw_8bit, adamw_torch_fused]}
+  dataloader_num_workers: 0
+"""
+
+
 def test_effective_batch_search_reports_removed_values(tmp_path):
+    space = tmp_path / "small-batches.yaml"
+    space.write_text(SMALL_BATCHES)
     proc = autotune(
         "search",
         f"model={TINY_MODEL}",
-        "space=memory",
-        "effective_batch_size=16",  # micro batches of 1 to 16: up to 16 bf16 passes a step
+        f"space={space}",
+        "effective_batch_size=16",  # micro batches of 1 to 16: up to 16 passes a step
         "n_trials=3",
         "seq_len=32",
         "warmup_steps=1",
@@ -153,7 +167,7 @@ def test_effective_batch_search_reports_removed_values(tmp_path):
         "study=eff",
     )
     assert proc.returncode == 0, proc.stderr
-    # On CPU the memory space loses fp16 (a silent no-op in the Trainer) and paged optimizers.
+    # On CPU the space loses fp16 (a silent no-op in the Trainer) and paged optimizers.
     assert "removed precision=fp16: the Trainer ignores fp16 on CPU" in proc.stdout
     assert "removed optim=paged_adamw_8bit" in proc.stdout
     table = rows(tmp_path / "eff" / "trials.csv")
