@@ -4,12 +4,15 @@ dies together, one result.
 The worker holds a TCP store on a port the kernel picked (so concurrent trials never race for
 one), forks `spec.devices` ranks and waits. Each rank starts a session of its own, dies with
 the worker (parent-death signal), takes its share of the worker's cores, joins the process
-group (gloo) with a bounded timeout and trains the trial with the strategy its settings name:
-`ddp` through the Trainer's own DistributedDataParallel (the environment torchrun would set),
-`fsdp`/`fsdp_grad_op` by FSDP2's `fully_shard` on each transformer block and the model, with
-the Trainer left undistributed (on CPU the Trainer's FSDP path silently trains DDP). Steps are
+group (gloo; NCCL on GPUs) with a bounded timeout and trains the trial with the strategy its
+settings name: `ddp` through the Trainer's own DistributedDataParallel (the environment
+torchrun would set), DeepSpeed's `zero*` through the Trainer's `deepspeed=` config in that same
+environment, `fsdp`/`fsdp_grad_op` by FSDP2's `fully_shard` on each transformer block and the
+model, with the Trainer left undistributed (on CPU the Trainer's FSDP path silently trains
+DDP). Offloading on one GPU is a group of one rank. Steps are
 timed after a barrier, so rank 0's clock is every rank's. Each rank checks that it trained
-with the strategy asked (the wrapper, the share of parameters it held); the figures of all
+with the strategy asked (the wrapper, DeepSpeed's stage and where its states are, the share of
+parameters it held); the figures of all
 ranks are gathered on rank 0, which writes the trial's result. A rank that fails writes its
 own and exits 1; the first rank to end badly ends the others at once and names the trial.
 Ranks end with `os._exit`: a normal return after `destroy_process_group` can hang.
