@@ -81,9 +81,11 @@ def test_each_strategy_trains_on_two_ranks_as_asked(tmp_path, launcher, strategy
         assert zero.get("overlap_comm") == knobs.get("zero_overlap_comm")
     assert len(result.rank_peak_memory_gib) == ranks
     assert result.peak_memory_gib == max(result.rank_peak_memory_gib) > 0
-    # Every rank's batches are counted: 8 samples a step on each.
-    step_s = result.step_time_median_ms / 1e3
-    assert result.samples_per_s == pytest.approx(8 * ranks / step_s, rel=0.5)
+    # Every rank's batches are counted: 8 samples a step on each, over the timed steps' sum
+    # (one slow step, as DeepSpeed's overlapped reduction may make on CPU, moves no count).
+    timed_s = sum(result.step_times_ms) / 1e3
+    assert result.samples_per_s == pytest.approx(8 * ranks * len(result.step_times_ms) / timed_s,
+                                                 rel=0.01)  # fmt: skip
     if strategy == "single":
         return
     # The model states each rank counted are the formula's, which the estimate gives, plus
