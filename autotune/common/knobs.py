@@ -57,18 +57,17 @@ def deepspeed_config(strategy: str, overlap_comm: bool | None = None) -> dict[st
     zero: dict[str, Any] = {"stage": ZERO_STAGES[strategy]}
     if overlap_comm is not None:
         zero["overlap_comm"] = overlap_comm
-    if strategy in OFFLOADED:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if strategy == "zero3_offload":
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if ZERO_STAGES[strategy] == 3:  # the sizes HF's ZeRO-3 example derives from the model
         zero |= {"stage3_param_persistence_threshold": "auto",
                  "stage3_prefetch_bucket_size": "auto", "reduce_bucket_size": "auto"}  # fmt: skip
-    offload = {}
+    optimizer = {}
     if strategy in OFFLOADED:  # DeepSpeed's own AdamW, which it runs on the host (CPU Adam)
-        offload["optimizer"] = {"type": "AdamW", "params": {
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        optimizer["optimizer"] = {"type": "AdamW", "params": {
             "lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}  # fmt: skip
-    return offload | {
+    if strategy == "zero3_offload":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return optimizer | {
         "zero_optimization": zero,
         "train_micro_batch_size_per_gpu": "auto",
         "gradient_accumulation_steps": "auto",

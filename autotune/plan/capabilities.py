@@ -114,7 +114,7 @@ def fit_space(
     the reasons are in the result's notes."""
     # First: on several devices the strategy joins the space, and is fitted as the rest.
     added = devices > 1 and "strategy" not in space.knobs
-    space, device_notes = fit_to_devices(space, devices, device)
+    space, device_notes = _fit_strategy(space, devices, device)
     notes = []
     emptied = []
     for name, knob in space.knobs.items():
@@ -140,7 +140,7 @@ def fit_space(
     space, data_notes = _fit_to_data(space, source)
     # After the data: synthetic data fixes the loader at 0 workers, which needs no note here.
     space, core_notes = _fit_to_cores(space, cores)
-    space = with_strategy_knobs(space)  # less those of strategies removed here
+    space = with_strategy_knobs(space)  # of the strategies the rules above left
     if added:  # the strategies searched: those left after the rules above
         device_notes = [_searched(space.knobs["strategy"].choices, devices)]
     notes = device_notes + notes + data_notes + core_notes
