@@ -7,9 +7,11 @@ the worker (parent-death signal), takes its share of the worker's cores, joins t
 group (gloo; NCCL on GPUs) with a bounded timeout and trains the trial with the strategy its
 settings name: `ddp` through the Trainer's own DistributedDataParallel (the environment
 torchrun would set), DeepSpeed's `zero*` through the Trainer's `deepspeed=` config in that same
-environment, `fsdp`/`fsdp_grad_op` by FSDP2's `fully_shard` on each transformer block and the
+environment, the `fsdp*` strategies by FSDP2's `fully_shard` on each transformer block and the
 model, with the Trainer left undistributed (on CPU the Trainer's FSDP path silently trains
-DDP). Offloading on one GPU is a group of one rank. Steps are
+DDP). On GPUs every rank sees all of its worker's devices, as under torchrun (NCCL's copies
+between GPUs need their peers visible): a rank under FSDP lists its own first, since the
+undistributed Trainer trains on `cuda:0`. Offloading on one GPU is a group of one rank. Steps are
 timed after a barrier, so rank 0's clock is every rank's. Each rank checks that it trained
 with the strategy asked (the wrapper, DeepSpeed's stage and where its states are, the share of
 parameters it held); the figures of all
@@ -34,7 +36,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainingArguments
 
 from autotune.child.measure import Counts, numel
 from autotune.common.knobs import FSDP, OFFLOADED, SHARDED, ZERO_STAGES
@@ -66,6 +68,14 @@ class Rank:
     @property
     def deepspeed(self) -> bool:
         return self.strategy in ZERO_STAGES
+
+    @property
+    def backend(self) -> str:
+        """The process group's: gloo on CPU, NCCL on GPUs; FSDP's offload also reduces
+        tensors on the host (the gradients' norm, for clipping), over gloo."""
+        if not self.on_cuda:
+            return "gloo"
+        return "cpu:gloo,cuda:nccl" if self.strategy == "fsdp_offload" else "nccl"
 
     @property
     def trainer_distributed(self) -> bool:
@@ -155,10 +165,10 @@ def _join_and_train(
             )  # fmt: skip
         store = dist.TCPStore(HOST, port, rank.world_size, is_master=False, timeout=GROUP_TIMEOUT)
         if rank.on_cuda:  # the rank's own GPU, of those its worker was given
-            torch.cuda.set_device(rank.rank)
+            torch.cuda.set_device(own_device_first(rank) if rank.fsdp else rank.rank)
         dist.init_process_group(
-            "nccl" if rank.on_cuda else "gloo", store=store, rank=rank.rank,
-            world_size=rank.world_size, timeout=GROUP_TIMEOUT,
+            rank.backend, store=store, rank=rank.rank, world_size=rank.world_size,
+            timeout=GROUP_TIMEOUT,
         )  # fmt: skip
         if rank.deepspeed:
             # DeepSpeed's communication layer, on the group just made: the model's construction
@@ -171,6 +181,16 @@ def _join_and_train(
                              stderr_tail=traceback.format_exc()[-4000:])  # fmt: skip
         return result, True
     return attempt(rank)
+
+
+def own_device_first(rank: Rank) -> int:
+    """Reorder this rank's `CUDA_VISIBLE_DEVICES` (its worker's devices) so that its own comes
+    first, the others still visible; returns its index then, 0. Called before CUDA starts in
+    the rank (the worker never starts it: its ranks are forked)."""
+    visible = os.environ["CUDA_VISIBLE_DEVICES"].split(",")
+    own = visible[rank.rank]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join([own, *(v for v in visible if v != own)])
+    return 0
 
 
 def _wait(pids: dict[int, int], folder: Path) -> TrialResult:
@@ -215,6 +235,22 @@ def _rank_failure(rank: int, code: int, folder: Path) -> TrialResult:
 # ---- inside a rank ----
 
 
+class ShardedArguments(TrainingArguments):
+    """The TrainingArguments of a rank whose model FSDP2 shards, with the Trainer left
+    undistributed: the model stays where it was built (the host) until `fully_shard` moves
+    each block's shard to the rank's device, one block at a time (so no rank ever holds the
+    whole model there; offloaded, the shards stay on the host), and the Trainer trains on its
+    one device, never DataParallel over its worker's others."""
+
+    @property
+    def place_model_on_device(self) -> bool:
+        return False
+
+    @property
+    def n_gpu(self) -> int:
+        return 0 if self.use_cpu else 1
+
+
 def shard(rank: Rank, model: torch.nn.Module, prefetch: bool = False) -> None:
     """FSDP2 on each transformer block (the model's `_no_split_modules`), then on the model;
     with `prefetch` (the `fsdp_prefetch` knob) each block also starts gathering the next
@@ -222,14 +258,16 @@ def shard(rank: Rank, model: torch.nn.Module, prefetch: bool = False) -> None:
     prefetches in the backward only)."""
     if not rank.fsdp:
         return
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-    reshard = rank.strategy == "fsdp"
+    reshard = rank.strategy != "fsdp_grad_op"
+    # Offloaded, each shard lives in pinned host memory and the optimizer steps there.
+    offload = {"offload_policy": CPUOffloadPolicy()} if rank.strategy == "fsdp_offload" else {}
     names = set(getattr(model, "_no_split_modules", None) or ())
     blocks = [m for m in list(model.modules())[1:] if type(m).__name__ in names]
     for block in blocks:
-        fully_shard(block, reshard_after_forward=reshard)
-    fully_shard(model, reshard_after_forward=reshard)
+        fully_shard(block, reshard_after_forward=reshard, **offload)
+    fully_shard(model, reshard_after_forward=reshard, **offload)
     if prefetch:
         for before, after in itertools.pairwise(blocks):
             before.set_modules_to_forward_prefetch([after])
@@ -344,7 +382,8 @@ def gather(
     """Every rank's figures, on every rank; raises StrategyNotApplied when the training was
     not the strategy asked."""
     mine = (counts.astuple(), peak_memory_gib, local_parameters(trainer.model),
-            full_parameters(trainer.model), _applied(trainer), states.total_bytes())  # fmt: skip
+            full_parameters(trainer.model), _applied(trainer, rank.on_cuda),
+            states.total_bytes())  # fmt: skip
     everyone: list[Any] = [None] * rank.world_size
     dist.all_gather_object(everyone, mine)
     params = [theirs[2] for theirs in everyone]
@@ -358,15 +397,18 @@ def gather(
     )
 
 
-def _applied(trainer: Any) -> str:
+def _applied(trainer: Any, on_cuda: bool) -> str:
     """What the Trainer trained: its wrapper, with DeepSpeed's ZeRO stage and, training on a
     GPU, which model states it kept in host memory (where they are, not what was asked)."""
     wrapped = trainer.model_wrapped
     name = type(wrapped).__name__
     if name != "DeepSpeedEngine":
+        sharded = [p for p in trainer.model.parameters() if hasattr(p, "to_local")]
+        if on_cuda and sharded and all(_local(p).device.type == "cpu" for p in sharded):
+            name += " parameters on host"  # FSDP2's offload
         return name
     applied = f"{name} ZeRO-{wrapped.zero_optimization_stage()}"
-    if wrapped.device.type == "cpu":
+    if not on_cuda:
         return applied
     master = _master_weights(wrapped.optimizer)
     if master and master[0].device.type == "cpu":
@@ -400,11 +442,14 @@ def _expected_wrapper(strategy: str, on_cuda: bool) -> str | None:
 
 def _check_applied(rank: Rank, params: list[int], full: int, applied: list[str]) -> None:
     """The strategy asked is the strategy run: every rank under its wrapper (none where the
-    strategy has none), holding all the parameters or, sharded, a part of them (ZeRO-3 pads
-    its partitions: they may add up to a little more)."""
+    strategy has none), its shards on the host where it offloads them, holding all the
+    parameters or, sharded, a part of them (ZeRO-3 pads its partitions: they may add up to a
+    little more)."""
     expected = _expected_wrapper(rank.strategy, rank.on_cuda)
     if expected is None:
-        wrapped = any(a.startswith(("DistributedDataParallel", "DeepSpeed")) for a in applied)
+        host = rank.on_cuda and rank.strategy == "fsdp_offload"
+        wrapped = any(a.startswith(("DistributedDataParallel", "DeepSpeed"))
+                      or a.endswith(" parameters on host") != host for a in applied)  # fmt: skip
     else:
         wrapped = any(a != expected for a in applied)
     if rank.strategy in SHARDED:  # of one rank (offloading on one GPU): every parameter

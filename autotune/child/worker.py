@@ -88,7 +88,7 @@ def train_trial(
         tuned_args = knobs.training_args(spec.params, device=spec.device, fields=_ARG_FIELDS)
         model_kwargs = knobs.model_kwargs(spec.params)
         if spec.trainer:
-            trainer = _users_trainer(spec, tuned_args, model_kwargs, workdir)
+            trainer = _users_trainer(spec, tuned_args, model_kwargs, workdir, rank)
         else:
             trainer = _our_trainer(spec, tuned_args, model_kwargs, workdir, rank)
         states = ranks.ModelStates(trainer)  # counted on several ranks only
@@ -153,7 +153,7 @@ def _our_trainer(
     run_only = {"remove_unused_columns": False} if spec.data_dir else {}
     # The collator reads only the columns it needs; kept, the `length` column spares
     # group_by_length a pass over every sample to measure it.
-    args = _training_arguments(spec, tuned_args | run_only, workdir)
+    args = _training_arguments(spec, tuned_args | run_only, workdir, rank)
     model = build_model(
         ModelSpec(name=spec.model_name, source="spec", config=spec.model_config),
         spec.task,
@@ -187,10 +187,14 @@ def _our_trainer(
 
 
 def _users_trainer(
-    spec: TrialSpec, tuned_args: dict[str, Any], model_kwargs: dict[str, Any], workdir: str
+    spec: TrialSpec,
+    tuned_args: dict[str, Any],
+    model_kwargs: dict[str, Any],
+    workdir: str,
+    rank: ranks.Rank | None = None,
 ) -> transformers.Trainer:
     """The Trainer the user's factory (`trainer=`) makes with the tuned arguments."""
-    args = _training_arguments(spec, tuned_args, workdir)
+    args = _training_arguments(spec, tuned_args, workdir, rank)
     factory = factories.load(spec.trainer, spec.trainer_dir)
     # A copy taken before the call: the factory may change the very object it is given.
     expected = _set_by_autotune(args, spec, tuned_args)
@@ -336,12 +340,15 @@ def _cap_cuda_memory(budget_bytes: int | None) -> None:
 
 
 def _training_arguments(
-    spec: TrialSpec, tuned_args: dict[str, Any], workdir: str
+    spec: TrialSpec, tuned_args: dict[str, Any], workdir: str, rank: ranks.Rank | None = None
 ) -> transformers.TrainingArguments:
     """The tuned arguments plus what every trial runs with: a fixed number of steps, no saving,
-    logging, progress bars or trackers."""
+    logging, progress bars or trackers; on a rank that FSDP2 shards, its kind of them."""
+    kind = (
+        ranks.ShardedArguments if rank is not None and rank.fsdp else transformers.TrainingArguments
+    )
     try:
-        return transformers.TrainingArguments(output_dir=workdir, **_run_args(spec), **tuned_args)
+        return kind(output_dir=workdir, **_run_args(spec), **tuned_args)
     except (ValueError, ImportError) as exc:  # TrainingArguments validates combinations here
         raise InvalidConfig(f"TrainingArguments refused the settings: {exc}") from exc
 

@@ -18,32 +18,44 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp16+tf32", "bf16+tf32")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 ATTENTION = ("sdpa", "eager")
 STRATEGIES = (
-    "single", "ddp", "fsdp", "fsdp_grad_op", "zero1", "zero2", "zero3", "zero2_offload",
-    "zero3_offload",
+    "single", "ddp", "fsdp", "fsdp_grad_op", "fsdp_offload", "zero1", "zero2", "zero3",
+    "zero2_offload", "zero3_offload",
 )  # fmt: skip
 """How a trial's ranks share the training (`devices_per_trial`): `single` is one device;
 `ddp` replicates the model and averages gradients (what torchrun + the HF defaults do);
 `fsdp` shards parameters, gradients and optimizer states across the ranks (FSDP2
 `fully_shard`), gathering each block's parameters for its forward and backward;
 `fsdp_grad_op` keeps the gathered parameters from the forward to the backward (one gather
-fewer a step, more memory: ZeRO-2-like); `zero1`/`zero2`/`zero3` are DeepSpeed's ZeRO stages
-(optimizer states; and gradients; and parameters sharded), `zero2_offload`/`zero3_offload`
-the same with the optimizer (and ZeRO-3's parameters) kept in host memory."""
-FSDP = frozenset({"fsdp", "fsdp_grad_op"})
+fewer a step, more memory: ZeRO-2-like); `fsdp_offload` is `fsdp` with every shard (weights,
+gradients, optimizer states) in host memory and the optimizer stepping there (FSDP2's
+`CPUOffloadPolicy`): the device holds only the blocks that compute. `zero1`/`zero2`/`zero3`
+are DeepSpeed's ZeRO stages (optimizer states; and gradients; and parameters sharded),
+`zero2_offload`/`zero3_offload` the same with the optimizer (and ZeRO-3's parameters) kept in
+host memory."""
+FSDP = frozenset({"fsdp", "fsdp_grad_op", "fsdp_offload"})
 """Strategies applied by FSDP2's `fully_shard`."""
 ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3, "zero2_offload": 2, "zero3_offload": 3}
 """DeepSpeed's strategies and their ZeRO stage (DeepSpeed is an optional extra)."""
-OFFLOADED = frozenset({"zero2_offload", "zero3_offload"})
+OFFLOADED = frozenset({"fsdp_offload", "zero2_offload", "zero3_offload"})
 """Strategies that keep model states in host memory: for a GPU that cannot hold them."""
 SHARDED = FSDP | {"zero3", "zero3_offload"}
 """Strategies under which each rank holds 1/N of the parameters."""
 MEMORY_ORDER = (
-    "ddp", "zero1", "zero2", "fsdp_grad_op", "fsdp", "zero3", "zero2_offload", "zero3_offload",
+    "ddp", "zero1", "zero2", "fsdp_grad_op", "fsdp", "zero3", "zero2_offload", "fsdp_offload",
+    "zero3_offload",
 )  # fmt: skip
 """The strategies on several devices from the most model states a rank holds in device memory
 to the least: DDP all of them; ZeRO-1 the optimizer's share; ZeRO-2 the gradients' too; full
 sharding (FSDP's two modes, ZeRO-3) the weights' too; offload moves them to the host. At the
-peak FSDP's grad-op mode also holds every block's gathered weights, from forward to backward."""
+peak FSDP's grad-op mode also holds every block's gathered weights, from forward to backward;
+FSDP's offload gathers its blocks in fp32, ZeRO-3's in the training precision."""
+BNB_OPTIMIZERS = frozenset({
+    "adamw_bnb_8bit", "adamw_8bit", "ademamix", "ademamix_8bit", "lion_8bit", "lion_32bit",
+    "paged_adamw_32bit", "paged_adamw_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit",
+    "paged_lion_32bit", "paged_lion_8bit", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
+})  # fmt: skip
+"""TrainingArguments.optim values backed by bitsandbytes: their kernels update tensors on a
+GPU."""
 UNSHARDABLE_OPTIMIZERS = frozenset({"adafactor"})
 """Optimizers whose update cannot run on FSDP2's sharded parameters (DTensors): transformers'
 Adafactor mixes them with plain tensors ("got mixed torch.Tensor and DTensor")."""
@@ -215,10 +227,13 @@ def conflict(params: dict[str, Any]) -> str | None:
         return f"{optim} cannot update {strategy}'s sharded parameters (DTensors)"
     if (
         strategy in OFFLOADED
+        and strategy in ZERO_STAGES
         and optim is not None
         and not optimizer_family(optim).startswith("AdamW")
     ):
         return f"{strategy} updates the weights with DeepSpeed's host AdamW, not {optim}"
+    if strategy == "fsdp_offload" and optim in BNB_OPTIMIZERS:
+        return f"fsdp_offload steps the optimizer on the host, where {optim}'s kernels cannot run"
     return None
 
 

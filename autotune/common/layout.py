@@ -26,8 +26,11 @@ RECOMMENDED_JSON = "recommended.json"
 RECOMMENDED_PY = "recommended.py"
 DEEPSPEED_JSON = "deepspeed.json"
 """The recommended trial's DeepSpeed config, where it trained under DeepSpeed."""
+ACCELERATE_YAML = "accelerate_config.yaml"
+"""`accelerate launch --config_file` for the recommended trial, where it trained on ranks."""
 REPORT_HTML = "report.html"
-OUTPUTS = (TRIALS_CSV, PARETO_CSV, RECOMMENDED_JSON, RECOMMENDED_PY, DEEPSPEED_JSON, REPORT_HTML)
+OUTPUTS = (TRIALS_CSV, PARETO_CSV, RECOMMENDED_JSON, RECOMMENDED_PY, DEEPSPEED_JSON,
+           ACCELERATE_YAML, REPORT_HTML)  # fmt: skip
 """What a search writes into the study folder when it ends."""
 
 TRIALS = "trials"

@@ -18,7 +18,12 @@ import yaml
 
 from autotune.common.errors import StudyError
 from autotune.common.knobs import KNOBS
-from autotune.common.layout import DEEPSPEED_JSON, RECOMMENDED_JSON, RECOMMENDED_PY
+from autotune.common.layout import (
+    ACCELERATE_YAML,
+    DEEPSPEED_JSON,
+    RECOMMENDED_JSON,
+    RECOMMENDED_PY,
+)
 from autotune.common.models import TASK_CLASSES
 from autotune.common.output_files import write_atomic
 from autotune.common.trial import write_json_atomic
@@ -31,20 +36,31 @@ if TYPE_CHECKING:  # types only: rendering an export reads no storage (records i
 def write_recommendation(
     study_dir: Path, recommendation: dict[str, Any], script: str
 ) -> list[Path]:
-    """recommended.json and recommended.py, and deepspeed.json where the trial trained under
+    """recommended.json and recommended.py; deepspeed.json where the trial trained under
     DeepSpeed (its `deepspeed=` config, for `TrainingArguments(deepspeed="deepspeed.json")`
-    or DeepSpeed's own launcher); returns the paths written."""
+    or DeepSpeed's own launcher) and accelerate_config.yaml where it trained on ranks (for
+    `accelerate launch`); returns the paths written. An earlier pick's files that this one
+    has none of are removed."""
     json_path = study_dir / RECOMMENDED_JSON
     py_path = study_dir / RECOMMENDED_PY
-    deepspeed_path = study_dir / DEEPSPEED_JSON
     write_json_atomic(json_path, recommendation)
     write_atomic(py_path, script)  # UTF-8: the encoding Python reads source in
-    config = recommendation["training_args"].get("deepspeed")
-    if config is None:
-        deepspeed_path.unlink(missing_ok=True)  # an earlier pick's
-        return [json_path, py_path]
-    write_json_atomic(deepspeed_path, config)
-    return [json_path, py_path, deepspeed_path]
+    written = [json_path, py_path]
+    deepspeed = recommendation["training_args"].get("deepspeed")
+    on_ranks = recommendation["params"].get("strategy", "single") != "single"
+    processes = recommendation["devices_per_trial"] if on_ranks else None
+    accelerate = accelerate_config(recommendation["training_args"], processes)
+    for name, content in ((DEEPSPEED_JSON, deepspeed), (ACCELERATE_YAML, accelerate)):
+        path = study_dir / name
+        if content is None:
+            path.unlink(missing_ok=True)
+        elif name == DEEPSPEED_JSON:
+            write_json_atomic(path, content)
+            written.append(path)
+        else:
+            write_atomic(path, content)
+            written.append(path)
+    return written
 
 
 def render(fmt: str, *, info: RunInfo, record: TrialRecord, report_to: str | None = None) -> str:
@@ -147,6 +163,39 @@ def launch_command(info: RunInfo, params: dict[str, Any]) -> str:
     if params.get("strategy", "single") == "single":
         return f"python {RECOMMENDED_PY}"
     return f"torchrun --standalone --nproc_per_node={ranks(info, params)} {RECOMMENDED_PY}"
+
+
+def accelerate_command(info: RunInfo, params: dict[str, Any]) -> str | None:
+    """`launch_command` through `accelerate launch` and accelerate_config.yaml; None where
+    the trial ran as one process."""
+    if params.get("strategy", "single") == "single":
+        return None
+    return f"accelerate launch --config_file {ACCELERATE_YAML} {RECOMMENDED_PY}"
+
+
+def accelerate_config(training_args: dict[str, Any], processes: int | None) -> str | None:
+    """accelerate_config.yaml for a trial on `processes` ranks (None: one process, no file):
+    accelerate's multi-process launcher (torchrun's, which it runs), on CPU too, and the
+    trial's mixed precision. Everything else is the script's: its TrainingArguments, and FSDP2
+    sharding by the script itself (accelerate's own FSDP would wrap the model a second time)."""
+    if processes is None:
+        return None
+    precision = next((p for p in ("bf16", "fp16") if training_args.get(p)), "no")
+    config = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "MULTI_GPU",
+        "num_machines": 1,
+        "machine_rank": 0,
+        "num_processes": processes,
+        "mixed_precision": precision,
+        "use_cpu": False,  # true would run one process; the script's arguments pick the CPU
+    }
+    return (
+        f"# accelerate launch --config_file {ACCELERATE_YAML} {RECOMMENDED_PY}: one process "
+        "a rank, as its trial ran.\n"
+        "# The training settings are the script's own (TrainingArguments, FSDP2 sharding).\n"
+        + yaml.safe_dump(config, sort_keys=False)
+    )
 
 
 _COLLATOR_SLOT = "# (autotune's PaddingCollator)\n"
@@ -295,31 +344,53 @@ def your_trainer():
 def join_the_ranks():
     # FSDP2 as the trials ran it: this process joins the group the launcher set up and shards
     # the model itself, and the Trainer stays undistributed (its own FSDP path trains plain
-    # DDP on CPU). Returns (this rank, the ranks).
+    # DDP on CPU). On GPUs the undistributed Trainer trains on cuda:0: this rank's own device
+    # is listed first, before CUDA starts, the others still visible for NCCL's copies between
+    # them. Offloaded, the host's shards are reduced over gloo. Returns (this rank, the ranks).
     import torch.distributed as dist
 
     rank, world = int(os.environ.pop("RANK")), int(os.environ.pop("WORLD_SIZE"))
     local = int(os.environ.pop("LOCAL_RANK"))
-    os.environ.pop("LOCAL_WORLD_SIZE", None)
-    on_gpu = torch.cuda.is_available() and not TRAINING_ARGS.get("use_cpu")
-    if on_gpu:
-        torch.cuda.set_device(local)
-    dist.init_process_group("nccl" if on_gpu else "gloo", rank=rank, world_size=world)
+    local_world = int(os.environ.pop("LOCAL_WORLD_SIZE", world))
+    backend = "gloo"
+    if not TRAINING_ARGS.get("use_cpu"):
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+        if visible == [""]:
+            visible = [str(i) for i in range(local_world)]
+        own = visible[local]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join([own] + [v for v in visible if v != own])
+        torch.cuda.set_device(0)
+        backend = "cpu:gloo,cuda:nccl" if STRATEGY == "fsdp_offload" else "nccl"
+    dist.init_process_group(backend, rank=rank, world_size=world)
     return rank, world
+
+
+class ShardedArguments(transformers.TrainingArguments):
+    # The model stays on the host until fully_shard moves each block's shard to this rank's
+    # device (offloaded, the shards stay on the host), and the Trainer trains on that one
+    # device, never DataParallel over the others.
+    @property
+    def place_model_on_device(self):
+        return False
+
+    @property
+    def n_gpu(self):
+        return 0 if self.use_cpu else 1
 
 
 def shard(model):
     # fully_shard on each transformer block (the model's _no_split_modules), then the model;
     # with FSDP_PREFETCH each block prefetches the next one's parameters in its forward and
-    # the previous one's in its backward.
-    from torch.distributed.fsdp import fully_shard
+    # the previous one's in its backward; fsdp_offload keeps every shard in host memory.
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     names = set(getattr(model, "_no_split_modules", None) or ())
     blocks = [m for m in list(model.modules())[1:] if type(m).__name__ in names]
-    reshard = STRATEGY == "fsdp"
+    reshard = STRATEGY != "fsdp_grad_op"
+    offload = {"offload_policy": CPUOffloadPolicy()} if STRATEGY == "fsdp_offload" else {}
     for block in blocks:
-        fully_shard(block, reshard_after_forward=reshard)
-    fully_shard(model, reshard_after_forward=reshard)
+        fully_shard(block, reshard_after_forward=reshard, **offload)
+    fully_shard(model, reshard_after_forward=reshard, **offload)
     if FSDP_PREFETCH:
         for before, after in zip(blocks, blocks[1:]):
             before.set_modules_to_forward_prefetch([after])
@@ -350,12 +421,13 @@ def main():
     cli = parser.parse_args()
     if STRATEGY != "single" and "RANK" not in os.environ:
         sys.exit(f"trial {TRIAL} trained on {DEVICES} devices under {STRATEGY}: run {LAUNCH}")
-    sharded = STRATEGY in ("fsdp", "fsdp_grad_op")
+    sharded = STRATEGY in ("fsdp", "fsdp_grad_op", "fsdp_offload")
     rank, world = join_the_ranks() if sharded else (0, 1)
     # autotune's collator reads the columns it needs; the others (length) stay for the sampler.
     data_args = {"remove_unused_columns": False} if DATA else {}
     saving = {"save_strategy": "no"} if sharded else {}  # see save_sharded
-    args = transformers.TrainingArguments(
+    arguments = ShardedArguments if sharded else transformers.TrainingArguments
+    args = arguments(
         output_dir=cli.output_dir, max_steps=cli.max_steps, report_to=cli.report_to,
         **TRAINING_ARGS, **data_args, **saving,
     )

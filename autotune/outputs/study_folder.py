@@ -19,6 +19,7 @@ from typing import Any
 
 from autotune.common.knobs import KNOBS
 from autotune.common.layout import (
+    ACCELERATE_YAML,
     DEEPSPEED_JSON,
     PARETO_CSV,
     RECOMMENDED_JSON,
@@ -70,7 +71,8 @@ def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
         flags = export.render_cli(result.training_args, result.model_kwargs)
         paths += export.write_recommendation(out, recommendation(snapshot), script)
     else:  # no trial to recommend now: a recommendation left from before would mislead
-        for stale in (out / RECOMMENDED_JSON, out / RECOMMENDED_PY, out / DEEPSPEED_JSON):
+        for stale in (out / RECOMMENDED_JSON, out / RECOMMENDED_PY, out / DEEPSPEED_JSON,
+                      out / ACCELERATE_YAML):  # fmt: skip
             stale.unlink(missing_ok=True)
     data = build_report_data(snapshot, code=script, cli_flags=flags)
     paths.append(write_report(data, out / REPORT_HTML))
@@ -130,6 +132,7 @@ def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
         "devices_per_trial": info.devices_per_trial or 1,
         # How recommended.py runs as the trial did: one process per device.
         "launch": export.launch_command(info, fastest.params),
+        "accelerate_launch": export.accelerate_command(info, fastest.params),
         **_settings_and_metrics(fastest, snapshot),
         "baseline": None if baseline is None else {
             "trial": baseline.number,

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import SpaceError
 from autotune.common.knobs import (
+    BNB_OPTIMIZERS,
     FSDP,
     KNOBS,
     OFFLOADED,
@@ -23,13 +24,6 @@ from autotune.common.knobs import (
 )
 from autotune.plan.slots import Slot
 from autotune.plan.space import SamplingRules, SearchSpace, SpaceKnob
-
-# TrainingArguments.optim values backed by bitsandbytes.
-BNB_OPTIMIZERS = frozenset({
-    "adamw_bnb_8bit", "adamw_8bit", "ademamix", "ademamix_8bit", "lion_8bit", "lion_32bit",
-    "paged_adamw_32bit", "paged_adamw_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit",
-    "paged_lion_32bit", "paged_lion_8bit", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
-})  # fmt: skip
 
 DeviceLimit = Callable[[Any, str, DeviceInfo], str | None]
 """(value, device, facts) -> why the value cannot run there, or None."""

@@ -62,6 +62,16 @@ def check_workers(value: Any) -> Any:
 
 
 Workers = Annotated[int | Literal["auto"], BeforeValidator(check_workers)]
+
+
+def check_devices_per_trial(value: Any) -> Any:
+    """`auto` or a whole number of ranks, 1 or more."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError("expected auto or a number of devices, 1 or more")
+
+
+DevicesPerTrial = Annotated[int | Literal["auto"], BeforeValidator(check_devices_per_trial)]
 MIN_STALE_AFTER_S = 3
 
 
@@ -256,22 +266,23 @@ class RunConfig(_ModelSettings):
     workers: Workers = Field(
         "auto",
         description="search processes sharing the study, each running its own trials; on "
-        "cuda each owns one device of devices=, on cpu each gets its share of the cores; "
-        "auto = one per device on cuda, 1 on cpu",
+        "cuda each owns devices_per_trial devices of devices=, on cpu each gets its share of "
+        "the cores; auto = as many as the devices give on cuda, 1 on cpu",
         json_schema_extra={"metavar": "N|auto"},
     )
     devices: Devices = Field(
         "auto",
-        description="cuda: the devices workers use, one each, as indices among the visible "
-        "ones (e.g. 0,1,3); auto = every visible GPU",
+        description="cuda: the devices workers use, as indices among the visible ones (e.g. "
+        "0,1,3); auto = every visible GPU",
         json_schema_extra={"metavar": "LIST|auto"},
     )
-    devices_per_trial: int = Field(
-        1,
-        ge=1,
+    devices_per_trial: DevicesPerTrial = Field(
+        "auto",
         description="ranks one trial trains on, sharing it as the searched strategy says "
-        "(ddp, fsdp, fsdp_grad_op); on cpu each rank is a process with its share of the "
-        "trial's cores",
+        "(ddp, fsdp, zero3, ...): on cuda one GPU each, on cpu a process each with its share "
+        "of the trial's cores; auto = on cuda every device of a worker's share of devices= "
+        "(1 with workers=auto), 1 on cpu",
+        json_schema_extra={"metavar": "N|auto"},
     )
     stale_after: Duration = Field(
         60.0,

@@ -28,6 +28,8 @@ parameter: 4 fp32 weights, 4 gradients, 8 states):
   reduce-scattered;
 - fsdp_grad_op (ZeRO-2-like): the same shards, but a block's gathered weights stay from its
   forward to its backward: at the peak, every block's.
+- fsdp_offload: the 16 Psi / N of shards in host memory (`offloaded`); the device holds the
+  gathered blocks and one block's gradients.
 - zero1/zero2/zero3 (DeepSpeed): the model is trained in its precision's own bytes b (2 under
   fp16/bf16, which DeepSpeed casts the model to; 4 in fp32) and the optimizer holds an fp32
   copy of its partition besides its states: ZeRO-1 holds b Psi weights + b Psi gradients +
@@ -149,7 +151,8 @@ class Estimate:
     offloaded ones included): the strategy's formula (16 Psi under DDP, 16 Psi / N under full
     sharding, for AdamW)."""
     offloaded: int = 0
-    """What of the model states a rank keeps in host memory (ZeRO-Offload): not in `total`."""
+    """What of the model states a rank keeps in host memory (ZeRO-Offload, FSDP2's offload):
+    not in `total`."""
 
 
 def optimizer_bytes_per_parameter(optim: str) -> float | None:
@@ -214,6 +217,9 @@ def estimate(
         gradients = 4 * p // devices + 4 * block
         optimizer //= devices
         model_states = 8 * p // devices + optimizer
+        if strategy == "fsdp_offload":  # every shard on the host; the blocks that compute here
+            offloaded = model_states
+            weights, gradients, optimizer = weights - 4 * p // devices, 4 * block, 0
     elif strategy in ZERO_STAGES:
         weights, gradients, optimizer, offloaded = _zero(strategy, p, block, devices,
                                                          optimizer, mixed=mixed)  # fmt: skip

@@ -149,13 +149,15 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         problems.append(str(exc))
     facts = SoftwareFacts.from_probe(dataclasses.asdict(device_info))
     source = "trainer" if config.trainer else "data" if config.data else "synthetic"
+    slots, slot_problems = assign(config.workers, config.devices, device, device_info,
+                                  config.devices_per_trial)  # fmt: skip
+    problems += slot_problems
+    config = config.model_copy(update={"devices_per_trial": _ranks(config, slots)})
     per_device_batch = _per_device_batch(config, problems)
     rules = SamplingRules(
         effective_batch_size=per_device_batch,
         tensor_core_64=device == "cuda" and device_info.tensor_core_64,
     )
-    slots, slot_problems = assign(config.workers, config.devices, device, device_info)
-    problems += slot_problems
     problems += _devices_problems(config, device, trial_cores(slots))
     space = _fitted_space(config, device, device_info, facts, rules, source, slots, problems)
     study_name = study_dir = data = data_info = None
@@ -170,7 +172,7 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
                 problems.append(str(exc))
     search_dir = Path.cwd()
     trainer = trainer_info(config.trainer, search_dir) if config.trainer else None
-    cuda_indices = [s.cuda_index for s in slots if s.cuda_index is not None]
+    cuda_indices = [i for s in slots for i in s.cuda_indices]
     device_name, available_bytes = device_info.memory_for(device, cuda_indices, len(slots))
     if not config.memory_budget and available_bytes <= 0:
         problems.append(_no_memory_left(device, device_info, len(slots)))
@@ -235,13 +237,17 @@ def _per_device_batch(config: RunConfig, problems: list[str]) -> int | None:
     return total // ranks
 
 
+def _ranks(config: RunConfig, slots: list[Slot]) -> int:
+    """`devices_per_trial` resolved: a worker's GPUs on cuda; auto is 1 on cpu."""
+    if slots and slots[0].cuda_indices:
+        return len(slots[0].cuda_indices)
+    return 1 if config.devices_per_trial == "auto" else int(config.devices_per_trial)
+
+
 def _devices_problems(config: RunConfig, device: str, cores: int | None) -> list[str]:
     ranks = config.devices_per_trial
-    if ranks == 1:
+    if ranks == 1 or device == "cuda":  # GPUs: one a rank, counted by `assign`
         return []
-    if device == "cuda":
-        return [f"devices_per_trial={ranks}: trials on several GPUs are not started yet; "
-                "ranks run on CPU (device=cpu)"]  # fmt: skip
     if cores is not None and cores < ranks:
         return [f"devices_per_trial={ranks} with workers={config.workers}: a trial has {cores} "
                 f"core(s) and each rank needs one; lower one of them"]  # fmt: skip

@@ -1,5 +1,5 @@
-"""What each worker of a search owns: a CUDA device or a set of CPU cores (`Slot`), assigned once
-by the plan (`assign`) from `workers=` and `devices=`."""
+"""What each worker of a search owns: CUDA devices or a set of CPU cores (`Slot`), assigned once
+by the plan (`assign`) from `workers=`, `devices=` and `devices_per_trial=`."""
 
 from __future__ import annotations
 
@@ -13,17 +13,19 @@ from autotune.common.device import DeviceInfo
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Slot:
-    """What one worker owns: a CUDA device, or a set of CPU cores (None: no restriction)."""
+    """What one worker owns: CUDA devices (one per rank of its trials), or a set of CPU cores
+    (None: no restriction)."""
 
-    cuda_device: str | None = None
-    """Its `CUDA_VISIBLE_DEVICES`: an entry of this process's (an index or a UUID)."""
-    cuda_index: int | None = None
-    """Its device's index among the devices this process sees."""
+    cuda_devices: tuple[str, ...] = ()
+    """Its `CUDA_VISIBLE_DEVICES`: entries of this process's (indices or UUIDs)."""
+    cuda_indices: tuple[int, ...] = ()
+    """Its devices' indices among the devices this process sees."""
     cpus: tuple[int, ...] | None = None
 
     def describe(self) -> str:
-        if self.cuda_device is not None:
-            return f"cuda device {self.cuda_device}"
+        if self.cuda_devices:
+            many = "s" * (len(self.cuda_devices) > 1)
+            return f"cuda device{many} {','.join(self.cuda_devices)}"
         if self.cpus is not None:
             return f"cores {_ranges(self.cpus)}"
         return "every core"
@@ -35,8 +37,8 @@ class Slot:
         old_env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")}
         old_cpus = os.sched_getaffinity(0) if self.cpus is not None else None
         try:
-            if self.cuda_device is not None:
-                os.environ["CUDA_VISIBLE_DEVICES"] = self.cuda_device
+            if self.cuda_devices:
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(self.cuda_devices)
             if self.cpus is not None:
                 os.sched_setaffinity(0, self.cpus)
                 # torch sizes its thread pool from this when the fork server imports it.
@@ -52,14 +54,30 @@ class Slot:
                     os.environ[key] = value
 
 
-def assign(
-    workers: int | str, devices: str, device: str, device_info: DeviceInfo
-) -> tuple[list[Slot], list[str]]:
-    """What each worker owns, and the problems with `workers=` and `devices=` (all of them).
+def devices_each(workers: int | str, per_trial: int | str, devices: int) -> int:
+    """The GPUs each worker owns (its trials' ranks) of `devices`: `devices_per_trial`, or
+    where it is auto every device of the worker's share (one each with `workers=auto`)."""
+    if per_trial != "auto":
+        return int(per_trial)
+    if workers == "auto":
+        return 1
+    return max(1, devices // int(workers))
 
-    CUDA: one device each, from `devices=` (indices among the visible devices; auto = all);
-    `workers=auto` is one per device. CPU: `workers=auto` is one worker on every core; N
-    workers split this process's cores into N disjoint sets."""
+
+def assign(
+    workers: int | str,
+    devices: str,
+    device: str,
+    device_info: DeviceInfo,
+    per_trial: int | str = 1,
+) -> tuple[list[Slot], list[str]]:
+    """What each worker owns, and the problems with `workers=`, `devices=` and
+    `devices_per_trial=` (all of them).
+
+    CUDA: `devices=` names the GPUs (indices among the visible devices; auto = all); each
+    worker owns `devices_each` of them, in order; `workers=auto` is as many workers as the
+    devices give. CPU: `workers=auto` is one worker on every core; N workers split this
+    process's cores into N disjoint sets (a trial's ranks split its worker's again)."""
     problems: list[str] = []
     if device == "cpu":
         if devices != "auto":
@@ -86,14 +104,16 @@ def assign(
                 f"({len(names)} visible: 0-{len(names) - 1})"
             )
             return [], problems
-    if workers != "auto":
-        if workers > len(indices):
-            problems.append(
-                f"workers={workers}: each worker owns one GPU, and devices={devices} gives "
-                f"{len(indices)}"
-            )
-            return [], problems
-        indices = indices[:workers]
+    each = devices_each(workers, per_trial, len(indices))
+    count = len(indices) // each if workers == "auto" else int(workers)
+    if count == 0 or count * each > len(indices):
+        owns = "one GPU" if each == 1 else f"devices_per_trial={each} GPUs"
+        problems.append(
+            f"workers={workers} x devices_per_trial={per_trial}: each worker owns {owns}, and "
+            f"devices={devices} gives {len(indices)}; lower one of them"
+        )
+        return [], problems
+    indices = indices[: count * each]
     kinds = sorted({names[i] for i in indices})
     if len(kinds) > 1:
         problems.append(
@@ -102,7 +122,9 @@ def assign(
         )
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     entries = [e.strip() for e in visible.split(",")] if visible else None
-    slots = [Slot(cuda_device=entries[i] if entries else str(i), cuda_index=i) for i in indices]
+    groups = [indices[k * each : (k + 1) * each] for k in range(count)]
+    slots = [Slot(cuda_devices=tuple(entries[i] if entries else str(i) for i in group),
+                  cuda_indices=tuple(group)) for group in groups]  # fmt: skip
     return slots, problems
 
 

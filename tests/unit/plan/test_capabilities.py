@@ -143,7 +143,7 @@ def test_a_trial_has_its_workers_cores_or_a_share_of_the_hosts():
     host = len(os.sched_getaffinity(0))
     assert trial_cores([Slot(cpus=(0, 1, 2)), Slot(cpus=(3, 4))]) == 2  # the smaller set
     assert trial_cores([Slot()]) == host  # one worker: every core
-    gpus = [Slot(cuda_device=str(i), cuda_index=i) for i in range(host + 1)]
+    gpus = [Slot(cuda_devices=(str(i),), cuda_indices=(i,)) for i in range(host + 1)]
     assert trial_cores(gpus) == 1  # GPU workers share the host's cores, one at least
     assert trial_cores([]) is None
 

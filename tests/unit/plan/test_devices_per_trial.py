@@ -33,8 +33,8 @@ def test_one_device_a_trial_has_no_strategy_to_search():
 
 def test_several_devices_search_every_multi_device_strategy_unless_the_space_names_some():
     space, notes = fit_to_devices(space_with(), 2)
-    every = ("ddp", "fsdp", "fsdp_grad_op", "zero1", "zero2", "zero3", "zero2_offload",
-             "zero3_offload")  # fmt: skip
+    every = ("ddp", "fsdp", "fsdp_grad_op", "fsdp_offload", "zero1", "zero2", "zero3",
+             "zero2_offload", "zero3_offload")  # fmt: skip
     assert space.knobs["strategy"].choices == every
     assert notes == [f"strategy searched among {', '.join(every)}: 2 devices per trial"]
     # Each strategy's own settings with it: DDP's, and DeepSpeed's overlap of communication.
@@ -90,16 +90,30 @@ def test_every_problem_of_devices_per_trial_is_named(tmp_path):
     )
 
 
-def test_several_gpus_a_trial_are_refused_until_ranks_start_on_gpus(tmp_path):
-    config = load_config([f"model={TINY_MODEL}", f"out={tmp_path}", "devices_per_trial=2"])
-    with pytest.raises(ConfigError, match="devices_per_trial=2: trials on several GPUs"):
+def test_several_gpus_a_trial(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    config = load_config([f"model={TINY_MODEL}", f"out={tmp_path}", "workers=2"])
+    plan = make_plan(config, GPUS)  # devices_per_trial=auto: a worker's share of the 4 GPUs
+    assert plan.info.devices_per_trial == plan.config.devices_per_trial == 2
+    assert [s.cuda_indices for s in plan.slots] == [(0, 1), (2, 3)]
+    assert plan.baseline["strategy"] == "ddp"
+    # Offload stays on GPUs; the least free memory of the devices in use is the budget.
+    assert "zero3_offload" in plan.space.knobs["strategy"].choices
+    assert plan.info.memory_budget_bytes == 70 * 2**30
+    config = load_config([f"model={TINY_MODEL}", f"out={tmp_path}", "devices_per_trial=3"])
+    assert [s.cuda_indices for s in make_plan(config, GPUS).slots] == [(0, 1, 2)]
+    config = load_config([f"model={TINY_MODEL}", f"out={tmp_path}"])
+    assert make_plan(config, GPUS).info.devices_per_trial == 1  # workers=auto: one GPU each
+    config = load_config([f"model={TINY_MODEL}", f"out={tmp_path}", "devices_per_trial=8"])
+    with pytest.raises(ConfigError, match="workers=auto x devices_per_trial=8: each worker"):
         make_plan(config, GPUS)
 
 
 def test_one_gpu_keeps_the_offload_strategies_a_space_names():
-    named = space_with("single", "zero3_offload", "zero2_offload", "ddp")
+    named = space_with("single", "zero3_offload", "zero2_offload", "fsdp_offload", "ddp")
     space, notes = fit_to_devices(named, 1, "cuda")
-    assert space.knobs["strategy"].choices == ("single", "zero3_offload", "zero2_offload")
+    assert space.knobs["strategy"].choices == (
+        "single", "zero3_offload", "zero2_offload", "fsdp_offload")  # fmt: skip
     assert notes == ["removed strategy=ddp: needs devices_per_trial of 2 or more"]
     space, notes = fit_to_devices(named, 1, "cpu")  # on CPU there is no device memory to spare
     assert "strategy" not in space.knobs
