@@ -16,8 +16,9 @@
 #       (GPU, ~5 min) fork_cuda.json, fidelity.json, guide_table.md, guide_table.json and
 #       follow_up.txt.
 #   OUT=DIR bash benchmarks/gpu_checks.sh offload
-#       (GPU, ~4 min) offload.json and offload.txt: ZeRO-2/3 Offload on one GPU train a model
-#       that does not fit the memory budget without (benchmarks/offload.py).
+#       (GPU, ~4 min) offload.json and offload.txt: FSDP2's offload and ZeRO-2/3 Offload on
+#       one GPU train a model that does not fit the memory budget without
+#       (benchmarks/offload.py).
 #   OUT=DIR bash benchmarks/gpu_checks.sh lease
 #       (GPU, <= 9.5 min) all of it, smaller, for a lease of 15 minutes: a search of 3 minutes
 #       at effective batch 32, fidelity over 60 steps, the guide's table, offload; eight files:
@@ -52,7 +53,7 @@ effective_batch_size=32 n_trials=40 timeout=120s trial_timeout=90s compile_timeo
     bash "$0" search || echo "search stage exited with $?"
   OUT=$rest/follow-up FIDELITY_STEPS=60 FIDELITY_WALL_S=90 GUIDE_WALL_S=120 \
     bash "$0" follow-up "$rest/search/study.tgz" || echo "follow-up stage exited with $?"
-  OUT=$rest/offload OFFLOAD_WALL_S=120 bash "$0" offload || echo "offload stage exited with $?"
+  OUT=$rest/offload OFFLOAD_WALL_S=130 bash "$0" offload || echo "offload stage exited with $?"
   for name in search/probe.json search/env.txt search/search.txt search/recommended.json \
     follow-up/fidelity.json follow-up/guide_table.md offload/offload.json; do
     mv "$rest/$name" "$OUT/" 2>/dev/null || true  # a stage may have written none

@@ -1,7 +1,8 @@
-"""ZeRO-Offload on one GPU: a model that does not fit the memory budget trains when its
-optimizer (ZeRO-2) and its weights (ZeRO-3) live in host memory.
+"""Offload on one GPU: a model that does not fit the memory budget trains when its optimizer
+(ZeRO-2) and its weights (ZeRO-3, FSDP2) live in host memory.
 
-Runs a trial per strategy (`single`, `zero2_offload`, `zero3_offload`) under an allocator cap
+Runs a trial per strategy (`single`, `fsdp_offload`, `zero2_offload`, `zero3_offload`) under
+an allocator cap
 (`memory_budget_bytes`, as `memory_budget=` does in a search), through the search's own worker
 and ranks, and writes each trial's status, samples/s, peak GPU memory, the model states each
 rank counted (host ones included) and the estimate beside them.
@@ -10,9 +11,10 @@ rank counted (host ones included) and the estimate beside them.
         [--budget-gib 10] [--out offload.json]
 
 Expected on a GPU: `single` is `oom` (AdamW's 16 bytes a parameter alone exceed the budget);
-both offload strategies are `ok` with their peak under the budget, checked by each rank as
-applied (DeepSpeed's fp32 partition, and under ZeRO-3 the weights' partition, on the host).
-The first offload trial compiles DeepSpeed's CPU Adam (about a minute, cached after).
+the offload strategies are `ok` with their peak under the budget, checked by each rank as
+applied (FSDP2's shards, DeepSpeed's fp32 partition, and under ZeRO-3 the weights'
+partition, on the host). The first DeepSpeed trial compiles its CPU Adam (about a minute,
+cached after), so FSDP2's runs first.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from autotune.plan.estimate import estimate
 from autotune.plan.hardware import probe
 from autotune.study.runner import ForkserverLauncher, launch_trial
 
-STRATEGIES = ("single", "zero2_offload", "zero3_offload")
+STRATEGIES = ("single", "fsdp_offload", "zero2_offload", "zero3_offload")
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from autotune.common.knobs import describe_params
 from autotune.common.layout import SEARCH_LOG, WORKER_LOG, trial_dir
 from autotune.common.trial import Status, TrialResult
 from autotune.common.units import format_bytes, format_gib
-from autotune.outputs.export import launch_command
+from autotune.outputs.export import accelerate_command, launch_command
 from autotune.outputs.pareto import NOTHING_TO_RECOMMEND
 from autotune.outputs.snapshot import StudySnapshot, trained_note
 from autotune.plan.plan import SearchPlan
@@ -382,9 +382,10 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
                 report.line(f"  scaling efficiency {efficiency:.0%}: its samples/s over "
                             f"{snapshot.info.devices_per_trial} times the best single-device "
                             "trial's")  # fmt: skip
-            if (snapshot.info.devices_per_trial or 1) > 1:
+            if (accelerate := accelerate_command(snapshot.info, record.params)) is not None:
                 launch = launch_command(snapshot.info, record.params)
                 report.line(f"  run it as its trials ran, in the study folder: {escape(launch)}")
+                report.line(f"  or through accelerate: {escape(accelerate)}")
         for change in snapshot.math_changes(record):
             report.line(f"  [yellow]changes the training:[/] {escape(change.describe())}")
     shown_picks = (picks.recommended, picks.fastest)

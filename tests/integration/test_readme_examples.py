@@ -85,6 +85,13 @@ NOT_VERBATIM = {
     "autotune search model=bert-large-uncased devices=0,1": NotVerbatim(
         reason="needs two GPUs (test_workers.py checks it is refused on CPU)",
     ),
+    "autotune search model=bert-large-uncased workers=1": NotVerbatim(
+        reason="needs several GPUs, a trial on all of them (test_devices_per_trial.py plans "
+        "it on four stand-in GPUs; test_ranks.py trains each strategy on two CPU ranks)",
+    ),
+    "autotune search model=bert-large-uncased devices_per_trial=4": NotVerbatim(
+        reason="needs four GPUs (test_devices_per_trial.py plans it on four stand-in GPUs)",
+    ),
     "autotune search model=bert-large-uncased storage=postgresql://": NotVerbatim(
         reason="a GPU host's bert-large search on db-host; test_workers.py runs this command on "
         "the tests' PostgreSQL server with the tiny model and fake trials",

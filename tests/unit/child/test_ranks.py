@@ -2,10 +2,17 @@
 the first rank to end badly names the trial."""
 
 import json
+import os
 
 import pytest
 
-from autotune.child.ranks import Rank, StrategyNotApplied, _check_applied, _rank_failure
+from autotune.child.ranks import (
+    Rank,
+    StrategyNotApplied,
+    _check_applied,
+    _rank_failure,
+    own_device_first,
+)
 from autotune.common.trial import Status, TrialResult
 
 FULL = 1001
@@ -84,3 +91,24 @@ def test_offload_on_a_gpu_is_the_states_found_in_host_memory():
     _check_applied(zero2, [FULL], FULL, ["DeepSpeedEngine ZeRO-2 optimizer on host"])
     with pytest.raises(StrategyNotApplied, match="zero2_offload asked"):
         _check_applied(zero2, [FULL], FULL, ["DeepSpeedEngine ZeRO-2"])  # kept on the GPU
+
+
+def test_fsdp_offload_on_a_gpu_is_every_rank_holding_its_shards_in_host_memory():
+    gpu = Rank(1, 2, "fsdp_offload", on_cuda=True)
+    _check_applied(gpu, [501, 500], FULL, ["FSDPBertModel parameters on host"] * 2)
+    with pytest.raises(StrategyNotApplied, match="fsdp_offload asked, but the ranks trained"):
+        _check_applied(gpu, [501, 500], FULL, ["FSDPBertModel parameters on host", "FSDPBertModel"])
+    # fsdp keeps its shards on the GPU: shards found on the host are not what it asked.
+    with pytest.raises(StrategyNotApplied, match="fsdp asked"):
+        _check_applied(Rank(1, 2, "fsdp", on_cuda=True), [501, 500], FULL,
+                       ["FSDPBertModel parameters on host"] * 2)  # fmt: skip
+    # Its group reduces on the host too (the gradients' norm), over gloo beside NCCL.
+    assert gpu.backend == "cpu:gloo,cuda:nccl"
+    assert Rank(0, 2, "fsdp", on_cuda=True).backend == "nccl"
+    assert Rank(0, 2, "fsdp").backend == "gloo"
+
+
+def test_a_sharding_rank_lists_its_own_gpu_first_and_keeps_the_others_visible(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert own_device_first(Rank(2, 4, "fsdp", on_cuda=True)) == 0
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "6,4,5,7"

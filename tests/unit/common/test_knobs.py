@@ -263,3 +263,13 @@ def test_deepspeeds_strategies_are_the_trainers_deepspeed_config_with_their_own_
         "zero2_offload updates the weights with DeepSpeed's host AdamW, not adafactor"
     )
     assert conflict({"strategy": "zero2_offload", "optim": "adamw_torch_fused"}) is None
+    # FSDP2's offload steps the optimizer on the host: any torch optimizer, no bitsandbytes.
+    assert conflict({"strategy": "fsdp_offload", "optim": "adafactor"}) == (
+        "adafactor cannot update fsdp_offload's sharded parameters (DTensors)"
+    )
+    assert conflict({"strategy": "fsdp_offload", "optim": "paged_adamw_8bit"}) == (
+        "fsdp_offload steps the optimizer on the host, where paged_adamw_8bit's kernels cannot run"
+    )
+    assert conflict({"strategy": "fsdp_offload", "optim": "sgd"}) is None
+    assert training_args({"strategy": "fsdp_offload"}, device="cuda", fields=()) == {
+        "fp16": False, "bf16": False}  # fmt: skip  # applied by the ranks, not the Trainer

@@ -5,9 +5,10 @@ import dataclasses
 
 import optuna
 import pytest
+import yaml
 
 from autotune.common.trial import Status, TrialResult
-from autotune.outputs.export import launch_command
+from autotune.outputs.export import accelerate_command, accelerate_config, launch_command
 from autotune.outputs.snapshot import read_snapshot
 from autotune.store.records import BASELINE_ATTR, PARAMS_ATTR, store_run_info, tell_result
 from tests.unit.outputs.report.test_data import INFO
@@ -54,3 +55,15 @@ def test_the_launch_command_starts_one_process_per_device_the_trial_used(strateg
 def test_offloading_on_one_gpu_runs_under_the_launcher_deepspeed_needs():
     command = "torchrun --standalone --nproc_per_node=1 recommended.py"
     assert launch_command(INFO, {"strategy": "zero3_offload"}) == command
+
+
+def test_the_accelerate_config_launches_as_many_processes_in_the_trials_precision():
+    config = yaml.safe_load(accelerate_config({"bf16": True, "fp16": False}, 4))
+    assert config["num_processes"] == 4 and config["mixed_precision"] == "bf16"
+    # accelerate's torchrun launcher, also on CPU (use_cpu would start one process).
+    assert config["distributed_type"] == "MULTI_GPU" and config["use_cpu"] is False
+    assert yaml.safe_load(accelerate_config({"use_cpu": True}, 2))["mixed_precision"] == "no"
+    assert accelerate_config({}, None) is None  # one process: python recommended.py
+    command = "accelerate launch --config_file accelerate_config.yaml recommended.py"
+    assert accelerate_command(INFO, {"strategy": "fsdp_offload"}) == command
+    assert accelerate_command(TWO_DEVICES, {"strategy": "single"}) is None

@@ -156,3 +156,15 @@ def test_zero_stages_follow_zeros_accounting_in_mixed_precision_and_fp32():
     assert offloaded.offloaded > 12 * p / n and offloaded.optimizer == 0
     assert offloaded.total < on_gpu.total
     assert states("zero3_offload", "bf16").total < offloaded.total  # the weights too
+
+
+def test_fsdp_offload_keeps_every_shard_on_the_host():
+    p, n = PARAMETERS, 8
+    sharded, offloaded = per_rank("fsdp", n), per_rank("fsdp_offload", n)
+    assert offloaded.model_states == sharded.model_states  # the same 16 Psi / N, elsewhere
+    assert offloaded.offloaded == offloaded.model_states == pytest.approx(16 * p / n, abs=16)
+    assert offloaded.optimizer == 0 and offloaded.total < sharded.total
+    # What stays on the device: the gathered blocks and one block's gradients, not the 8 Psi / N
+    # of weight and gradient shards.
+    on_device = sharded.weights + sharded.gradients - 8 * p / n
+    assert offloaded.weights + offloaded.gradients == pytest.approx(on_device, abs=16)
