@@ -60,6 +60,8 @@ class Rank:
     world_size: int
     strategy: str
     on_cuda: bool = False
+    bucket_view: bool = False
+    """DDP's gradients as views into its buckets (the `gradient_as_bucket_view` knob)."""
 
     @property
     def fsdp(self) -> bool:
@@ -120,7 +122,13 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
         pid = os.fork()
         if pid == 0:
             _rank_main(
-                Rank(rank, world_size, strategy, on_cuda=spec.device == "cuda"),
+                Rank(
+                    rank,
+                    world_size,
+                    strategy,
+                    on_cuda=spec.device == "cuda",
+                    bucket_view=bool(spec.params.get("gradient_as_bucket_view")),
+                ),
                 store.port,
                 cores[rank :: spec.devices],
                 folder,
@@ -249,6 +257,13 @@ class ShardedArguments(TrainingArguments):
     @property
     def n_gpu(self) -> int:
         return 0 if self.use_cpu else 1
+
+
+def set_ddp(rank: Rank, trainer: Any) -> None:
+    """DDP's settings that TrainingArguments has no field for, on the Trainer's accelerator
+    before it wraps the model (at `train()`)."""
+    if rank.strategy == "ddp" and rank.bucket_view:
+        trainer.accelerator.ddp_handler.gradient_as_bucket_view = True
 
 
 def shard(rank: Rank, model: torch.nn.Module, prefetch: bool = False) -> None:
@@ -402,6 +417,8 @@ def _applied(trainer: Any, on_cuda: bool) -> str:
     GPU, which model states it kept in host memory (where they are, not what was asked)."""
     wrapped = trainer.model_wrapped
     name = type(wrapped).__name__
+    if getattr(wrapped, "gradient_as_bucket_view", False):  # DDP's
+        return f"{name} gradients as bucket views"
     if name != "DeepSpeedEngine":
         sharded = [p for p in trainer.model.parameters() if hasattr(p, "to_local")]
         if on_cuda and sharded and all(_local(p).device.type == "cpu" for p in sharded):
@@ -425,11 +442,11 @@ def _master_weights(optimizer: Any) -> list[torch.Tensor]:
             or getattr(optimizer, "fp32_partitioned_groups_flat", None) or [])  # fmt: skip
 
 
-def _expected_wrapper(strategy: str, on_cuda: bool) -> str | None:
+def _expected_wrapper(strategy: str, on_cuda: bool, bucket_view: bool = False) -> str | None:
     """The wrapper a strategy trains under; None: the model itself (FSDP2 turns the model's
     own class into a sharded one)."""
     if strategy == "ddp":
-        return "DistributedDataParallel"
+        return "DistributedDataParallel" + " gradients as bucket views" * bucket_view
     if strategy not in ZERO_STAGES:
         return None
     expected = f"DeepSpeedEngine ZeRO-{ZERO_STAGES[strategy]}"
@@ -445,7 +462,7 @@ def _check_applied(rank: Rank, params: list[int], full: int, applied: list[str])
     strategy has none), its shards on the host where it offloads them, holding all the
     parameters or, sharded, a part of them (ZeRO-3 pads its partitions: they may add up to a
     little more)."""
-    expected = _expected_wrapper(rank.strategy, rank.on_cuda)
+    expected = _expected_wrapper(rank.strategy, rank.on_cuda, rank.bucket_view)
     if expected is None:
         host = rank.on_cuda and rank.strategy == "fsdp_offload"
         wrapped = any(a.startswith(("DistributedDataParallel", "DeepSpeed"))

@@ -93,6 +93,7 @@ def train_trial(
             trainer = _our_trainer(spec, tuned_args, model_kwargs, workdir, rank)
         states = ranks.ModelStates(trainer)  # counted on several ranks only
         if rank is not None:
+            ranks.set_ddp(rank, trainer)
             ranks.shard(rank, trainer.model, prefetch=spec.params.get("fsdp_prefetch", False))
             trainer.add_callback(states)
         timer.counter = measure.count_batches(trainer)

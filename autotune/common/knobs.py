@@ -358,6 +358,12 @@ KNOBS: dict[str, Knob] = {
             training_args=_same_name("ddp_static_graph"),
         ),
         Knob(
+            name="gradient_as_bucket_view", kind=bool, check=lambda v: True,
+            expected="true or false", short="bucket_view", memory="off is hungrier",
+            requires={"strategy": "ddp"},
+        ),  # no TrainingArguments field: set on the Trainer's DDP settings (child/ranks.py,
+        # recommended.py); the gradients are views into DDP's buckets, not a second copy
+        Knob(
             name="fsdp_prefetch", kind=bool, check=lambda v: True, expected="true or false",
             short="prefetch_blocks", requires={"strategy": lambda v: v in FSDP},
         ),  # applied by the ranks' fully_shard (child/ranks.py) and recommended.py
@@ -376,7 +382,7 @@ KNOBS: dict[str, Knob] = {
 # grad_accum, and each knob after those it requires.
 SAMPLE_ORDER = (
     "strategy", "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_static_graph",
-    "fsdp_prefetch", "zero_overlap_comm",
+    "gradient_as_bucket_view", "fsdp_prefetch", "zero_overlap_comm",
     "precision", "optim", "gradient_checkpointing", "checkpointing_reentrant",
     "attn_implementation", "torch_compile", "compile_mode", "batch_size", "grad_accum",
     "torch_empty_cache_steps", "dataloader_num_workers", "dataloader_prefetch_factor",

@@ -145,6 +145,7 @@ def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None =
         "DEVICES": info.devices_per_trial or 1,
         "STRATEGY": record.params.get("strategy", "single"),
         "FSDP_PREFETCH": bool(record.params.get("fsdp_prefetch", False)),
+        "DDP_GRADIENT_AS_BUCKET_VIEW": bool(record.params.get("gradient_as_bucket_view", False)),
         "LAUNCH": launch_command(info, record.params),
     }
     constants = "".join(f"{name} = {_literal(name, value)}\n" for name, value in facts.items())
@@ -397,6 +398,14 @@ def shard(model):
             after.set_modules_to_backward_prefetch([before])
 
 
+def set_ddp(trainer):
+    # DDP's settings that TrainingArguments has no field for, set on the Trainer's accelerator
+    # before it wraps the model: DDP_GRADIENT_AS_BUCKET_VIEW makes the gradients views into
+    # DDP's buckets instead of a second copy.
+    if DDP_GRADIENT_AS_BUCKET_VIEW:
+        trainer.accelerator.ddp_handler.gradient_as_bucket_view = True
+
+
 def save_sharded(model, output_dir, rank):
     # The Trainer's own checkpoints cannot hold a model it did not shard: the full weights,
     # gathered from every rank, are saved by rank 0 at the end instead.
@@ -441,6 +450,7 @@ def main():
         trainer = your_trainer()(args, dict(MODEL_KWARGS))
         if sharded:
             shard(trainer.model)
+        set_ddp(trainer)
         trainer.train()
         if sharded:
             save_sharded(trainer.model, cli.output_dir, rank)
@@ -458,9 +468,11 @@ def main():
         dataset, collator = RandomTokens(config.vocab_size, samples * cli.max_steps * world), None
     if sharded:  # the undistributed Trainer splits nothing: each rank takes its share here
         dataset = torch.utils.data.Subset(dataset, range(rank, len(dataset), world))
-    transformers.Trainer(
+    trainer = transformers.Trainer(
         model=model, args=args, train_dataset=dataset, data_collator=collator
-    ).train()
+    )
+    set_ddp(trainer)
+    trainer.train()
     if sharded:
         save_sharded(model, cli.output_dir, rank)
 

@@ -146,6 +146,7 @@ DDP_KNOBS = {
     "ddp_find_unused_parameters": (False, True),
     "ddp_bucket_cap_mb": (10, 25, 100),
     "ddp_static_graph": (False, True),
+    "gradient_as_bucket_view": (False, True),
 }
 """DDP's own settings, searched with it on several devices unless the space names them."""
 FSDP_KNOBS = {"fsdp_prefetch": (False, True)}

@@ -22,7 +22,8 @@ On several devices a trial (`devices`), per rank, by the strategy (ZeRO's accoun
 Rajbhandari et al. 2020, with Psi parameters and N ranks; mixed-precision AdamW holds 16 B a
 parameter: 4 fp32 weights, 4 gradients, 8 states):
 - ddp: every rank holds all of it (16 Psi), and DDP's gradient buckets copy the gradients
-  once more (4 Psi; PyTorch's default, without `gradient_as_bucket_view`);
+  once more (4 Psi; PyTorch's default: none with `gradient_as_bucket_view`, where the
+  gradients are views into the buckets);
 - fsdp (FSDP2 full shard, ZeRO-3): 16 Psi / N, plus the gathered weights of the block that
   computes and the next one it prefetches, and one block's gradients before they are
   reduce-scattered;
@@ -230,7 +231,8 @@ def estimate(
     else:
         weights = 4 * p + (2 * p if mixed else 0)
         gradients = 4 * p
-        buckets = 4 * p if strategy == "ddp" else 0
+        bucket_view = params.get("gradient_as_bucket_view", False)
+        buckets = 4 * p if strategy == "ddp" and not bucket_view else 0
         model_states = 8 * p + optimizer
     attention = params.get("attn_implementation", "sdpa")
     # On CPU, SDPA trains through PyTorch's math path (its fused kernel takes no dropout), which

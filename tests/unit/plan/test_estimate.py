@@ -168,3 +168,13 @@ def test_fsdp_offload_keeps_every_shard_on_the_host():
     # of weight and gradient shards.
     on_device = sharded.weights + sharded.gradients - 8 * p / n
     assert offloaded.weights + offloaded.gradients == pytest.approx(on_device, abs=16)
+
+
+def test_ddps_gradients_as_bucket_views_drop_the_buckets_copy():
+    params = {"optim": "adamw_torch", "batch_size": 8, "strategy": "ddp",
+              "gradient_as_bucket_view": True}  # fmt: skip
+    viewed = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
+                      params=params, device="cuda", parameters=PARAMETERS, devices=8)  # fmt: skip
+    copied, single = per_rank("ddp", 8), per_rank(None, 1)
+    assert viewed.gradients == single.gradients == copied.gradients // 2
+    assert viewed.total == copied.total - 4 * PARAMETERS
