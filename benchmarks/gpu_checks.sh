@@ -19,6 +19,10 @@
 #       (GPU, ~4 min) offload.json and offload.txt: FSDP2's offload and ZeRO-2/3 Offload on
 #       one GPU train a model that does not fit the memory budget without
 #       (benchmarks/offload.py).
+#   OUT=DIR DEVICES=N bash benchmarks/gpu_checks.sh ranks
+#       (N GPUs, ~5 min; not in lease, whose machines have one) ranks_gpu.json and
+#       ranks_gpu.txt: each strategy trains a trial on N GPUs, checked as applied
+#       (benchmarks/ranks_gpu.py).
 #   OUT=DIR bash benchmarks/gpu_checks.sh lease
 #       (GPU, <= 9.5 min) all of it, smaller, for a lease of 15 minutes: a search of 3 minutes
 #       at effective batch 32, fidelity over 60 steps, the guide's table, offload; eight files:
@@ -30,7 +34,7 @@
 # the mechanics on CPU: MODEL=google/bert_uncased_L-2_H-128_A-2 SEQ_LEN=64 SEARCH_ARGS=n_trials=4
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?usage: gpu_checks.sh wheels | search [STUDY_TGZ] | follow-up STUDY_TGZ | offload | lease}
+stage=${1:?usage: gpu_checks.sh wheels | search [STUDY_TGZ] | follow-up STUDY_TGZ | offload | ranks | lease}
 work=/tmp/gpu-checks
 study=gpu-check
 model=${MODEL:-bert-large-uncased}
@@ -123,8 +127,12 @@ offload)
   timeout -s INT "${OFFLOAD_WALL_S:-300}" python3 benchmarks/offload.py \
     --out "$OUT/offload.json" 2>&1 | tee "$OUT/offload.txt" || true
   ;;
+ranks)
+  timeout -s INT "${RANKS_WALL_S:-420}" python3 benchmarks/ranks_gpu.py \
+    --devices "${DEVICES:-2}" --out "$OUT/ranks_gpu.json" 2>&1 | tee "$OUT/ranks_gpu.txt" || true
+  ;;
 *)
-  echo "unknown stage $stage: wheels | search | follow-up | offload | lease" >&2
+  echo "unknown stage $stage: wheels | search | follow-up | offload | ranks | lease" >&2
   exit 2
   ;;
 esac

@@ -1,0 +1,77 @@
+"""Trials on several GPUs: each strategy trains one trial on N GPUs through the search's own
+worker and ranks, checked as applied by each rank, with every rank's peak and held parameters.
+
+    python benchmarks/ranks_gpu.py [--devices 2] [--model google/bert_uncased_L-4_H-256_A-4]
+        [--seq-len 128] [--out ranks_gpu.json]
+
+Needs `--devices` GPUs (a one-GPU machine exits saying so). Expected: every strategy `ok`;
+`ddp`, `zero1`, `zero2` hold every parameter on each rank, the sharded ones about 1/N each;
+the per-rank peaks ordered roughly as `knobs.MEMORY_ORDER` says (the offloaded ones least);
+samples/s of `ddp` near N times `single`'s (its scaling efficiency). A strategy whose NCCL
+group cannot form, or whose ranks share one GPU, shows here as `error` or as every rank's
+peak on one device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from autotune.common.models import resolve_model
+from autotune.common.trial import TrialSpec
+from autotune.plan.hardware import probe
+from autotune.study.runner import ForkserverLauncher, launch_trial
+
+STRATEGIES = ("single", "ddp", "fsdp", "fsdp_offload", "zero1", "zero2", "zero3")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--model", default="google/bert_uncased_L-4_H-256_A-4")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--timeout-s", type=float, default=180)
+    parser.add_argument("--out", type=Path, default=Path("ranks_gpu.json"))
+    args = parser.parse_args()
+
+    info = probe()
+    gpus = len(info.cuda_device_names) if info.cuda_available else 0
+    if gpus < args.devices:
+        raise SystemExit(f"{args.devices} ranks need {args.devices} GPUs; this machine has {gpus}")
+    # What a worker owning the first N GPUs sets before its fork server starts.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(args.devices)))
+    model = resolve_model(args.model)
+    launcher = ForkserverLauncher(cuda=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ranks-gpu-") as work:
+        for number, strategy in enumerate(STRATEGIES):
+            params = {"batch_size": 16, "precision": "bf16", "optim": "adamw_torch",
+                      "strategy": strategy}  # fmt: skip
+            spec = TrialSpec(
+                trial_number=number, model_name=model.name, model_config=model.config,
+                task="sequence-classification", seq_len=args.seq_len, device="cuda",
+                params=params, warmup_steps=3, measure_steps=10, seed=0, devices=args.devices,
+            )  # fmt: skip
+            result = launch_trial(spec, Path(work) / str(number), timeout_s=args.timeout_s,
+                                  launcher=launcher)  # fmt: skip
+            rows.append({
+                "strategy": strategy, "status": result.status.value, "reason": result.reason,
+                "samples_per_s": result.samples_per_s,
+                "rank_peak_memory_gib": result.rank_peak_memory_gib,
+                "rank_params": result.rank_params, "n_params": result.n_params,
+                "rank_model_state_bytes": result.rank_model_state_bytes,
+                "stderr_tail": result.stderr_tail[-1500:],
+            })  # fmt: skip
+            print(f"{strategy}: {result.status.value} {result.samples_per_s} samples/s, rank "
+                  f"peaks {result.rank_peak_memory_gib} GiB, params {result.rank_params} "
+                  f"{result.reason}", flush=True)  # fmt: skip
+    summary = {"devices": args.devices, "device": info.name, "model": args.model,
+               "seq_len": args.seq_len, "trials": rows}  # fmt: skip
+    args.out.write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
