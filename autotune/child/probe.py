@@ -38,6 +38,16 @@ def _deepspeed_error() -> str | None:
     return None
 
 
+def _torchao_error() -> str | None:
+    if importlib.util.find_spec("torchao") is None:
+        return "not installed (pip install 'autotune[torchao]')"
+    try:
+        from torchao.optim import AdamW8bit  # noqa: F401 - what adamw_torch_8bit/4bit build
+    except Exception as exc:  # noqa: BLE001 - any failure to import means "not usable here"
+        return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+    return None
+
+
 def _software_facts() -> dict[str, Any]:
     import torch
     import torch._dynamo
@@ -50,6 +60,7 @@ def _software_facts() -> dict[str, Any]:
         "transformers_version": transformers.__version__,
         "bitsandbytes_error": _bitsandbytes_error(),
         "deepspeed_error": _deepspeed_error(),
+        "torchao_error": _torchao_error(),
         # exclude_tags=() also lists the debugging backends (eager, aot_eager) users may name.
         "compile_backends": sorted(torch._dynamo.list_backends(exclude_tags=())),
         "optimizer_names": [o.value for o in OptimizerNames],

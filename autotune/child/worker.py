@@ -87,6 +87,8 @@ def train_trial(
         started = time.perf_counter()
         tuned_args = knobs.training_args(spec.params, device=spec.device, fields=_ARG_FIELDS)
         model_kwargs = knobs.model_kwargs(spec.params)
+        environment = knobs.environment(spec.params)
+        os.environ.update(environment)  # read as the Trainer builds its accelerator
         if spec.trainer:
             trainer = _users_trainer(spec, tuned_args, model_kwargs, workdir, rank)
         else:
@@ -133,6 +135,7 @@ def train_trial(
             "cpu_threads": None if on_cuda else torch.get_num_threads(),
             "training_args": tuned_args,
             "model_kwargs": model_kwargs,
+            "environment": environment,
             "step_times_ms": [t * 1e3 for t in step_times_s],
             # What a user's factory really trains, which `model=` and `seq_len=` only name.
             "trained_model": getattr(model.config, "name_or_path", "") or model.config.model_type,

@@ -57,6 +57,8 @@ class DeviceInfo:
     """Why `import bitsandbytes` failed; None when it imports."""
     deepspeed_error: str | None = None
     """Why `import deepspeed` failed (the optional extra); None when it imports."""
+    torchao_error: str | None = None
+    """Why torchao's low-bit optimizers do not import (the optional extra); None when they do."""
     compile_backends: tuple[str, ...] = ()
     """`torch.compile` backends this torch offers (`torch._dynamo.list_backends`)."""
     optimizer_names: tuple[str, ...] = ()
@@ -211,7 +213,7 @@ DEVICE_ONLY = "--device-only"
 
 SOFTWARE_FACTS = (
     "torch_version", "transformers_version", "bitsandbytes_error", "deepspeed_error",
-    "compile_backends",
+    "torchao_error", "compile_backends",
     "optimizer_names", "default_optim", "model_types", "task_model_types",
 )  # fmt: skip
 """What the probe reads from the installed packages rather than the device: the same until

@@ -56,6 +56,9 @@ BNB_OPTIMIZERS = frozenset({
 })  # fmt: skip
 """TrainingArguments.optim values backed by bitsandbytes: their kernels update tensors on a
 GPU."""
+TORCHAO_OPTIMIZERS = frozenset({"adamw_torch_8bit", "adamw_torch_4bit"})
+"""TrainingArguments.optim values backed by torchao's low-bit AdamW (an optional extra): its
+states quantised to 8 or 4 bits, on CPU and GPU."""
 UNSHARDABLE_OPTIMIZERS = frozenset({"adafactor"})
 """Optimizers whose update cannot run on FSDP2's sharded parameters (DTensors): transformers'
 Adafactor mixes them with plain tensors ("got mixed torch.Tensor and DTensor")."""
@@ -121,6 +124,9 @@ class Knob:
     data_only: bool = False
     """Matters only on the user's data: synthetic samples are in memory and of one length, so
     loader and padding settings are fixed there (and not part of the baseline)."""
+    environment: str | None = None
+    """The environment variable it is set by (`true`/`false`), which accelerate reads when the
+    Trainer builds its accelerator: no TrainingArguments field carries it."""
     math: Callable[[Any, Any], str | None] = lambda baseline, value: None
     """(baseline value, value) -> how the change alters what training computes, in words; None
     when it changes only speed and memory (checkpointing recomputes the same activations)."""
@@ -237,6 +243,11 @@ def conflict(params: dict[str, Any]) -> str | None:
     return None
 
 
+def _on(value: str) -> bool:
+    """A `requires` test: torch_compile names a backend."""
+    return value != "off"
+
+
 def positive(value: Any) -> bool:
     """A `requires` test: the knob it names is above 0 (loader workers)."""
     return value > 0
@@ -249,6 +260,23 @@ def _strategy_args(value: str, params: dict[str, Any], fields: Collection[str]) 
         return {}
     overlap = params.get("zero_overlap_comm") if active("zero_overlap_comm", params) else None
     return {"deepspeed": deepspeed_config(value, overlap)}
+
+
+def _checkpointing_args(
+    value: bool, params: dict[str, Any], fields: Collection[str]
+) -> dict[str, Any]:
+    """Checkpointing on or off, and its kwargs from the knobs that shape it: re-entrant or not
+    (torch's `use_reentrant`) and `every_n_layers` (transformers checkpoints the blocks whose
+    index is a multiple of n; the others keep their activations)."""
+    args: dict[str, Any] = {_checkpointing_field(fields): value}
+    kwargs = {}
+    if value and "checkpointing_reentrant" in params:
+        kwargs["use_reentrant"] = params["checkpointing_reentrant"]
+    if value and params.get("checkpointing_every_n_layers", 1) != 1:
+        kwargs["every_n_layers"] = params["checkpointing_every_n_layers"]
+    if kwargs:
+        args[_checkpointing_field(fields, "_kwargs")] = kwargs
+    return args
 
 
 def _same_name(field_name: str) -> Mapping:
@@ -272,16 +300,19 @@ KNOBS: dict[str, Knob] = {
         Knob(
             name="gradient_checkpointing", kind=bool, check=lambda v: True,
             expected="true or false", short="gc", baseline=False, memory="off is hungrier",
-            training_args=lambda v, params, fields: {_checkpointing_field(fields): v},
+            training_args=_checkpointing_args,
         ),
         Knob(
             name="checkpointing_reentrant", kind=bool, check=lambda v: True,
             expected="true or false", short="reentrant",
             requires={"gradient_checkpointing": True},
-            training_args=lambda v, params, fields: {
-                _checkpointing_field(fields, "_kwargs"): {"use_reentrant": v}
-            },
-        ),
+        ),  # in the checkpointing kwargs (`_checkpointing_args`)
+        Knob(
+            name="checkpointing_every_n_layers", kind=int, check=lambda v: v >= 1,
+            expected="an integer >= 1 (1: every layer; n: every n-th, the others keep their "
+            "activations)", ranges=True, short="gc_every", memory="larger is hungrier",
+            requires={"gradient_checkpointing": True},
+        ),  # in the checkpointing kwargs (`_checkpointing_args`)
         Knob(
             name="precision", kind=str, check=lambda v: v in PRECISIONS,
             expected="one of " + ", ".join(PRECISIONS), baseline="fp32",
@@ -300,6 +331,21 @@ KNOBS: dict[str, Knob] = {
             name="compile_mode", kind=str, check=lambda v: v in COMPILE_MODES,
             expected="one of " + ", ".join(COMPILE_MODES), short="mode",
         ),  # read by torch_compile's mapping
+        Knob(
+            name="compile_dynamic", kind=bool, check=lambda v: True, expected="true or false",
+            short="dynamic", requires={"torch_compile": _on},
+            environment="ACCELERATE_DYNAMO_USE_DYNAMIC",
+        ),  # dynamic shapes: one graph for every batch shape, instead of one per shape
+        Knob(
+            name="compile_fullgraph", kind=bool, check=lambda v: True, expected="true or false",
+            short="fullgraph", requires={"torch_compile": _on},
+            environment="ACCELERATE_DYNAMO_USE_FULLGRAPH",
+        ),  # one graph for the whole forward, or an error where it breaks
+        Knob(
+            name="compile_regional", kind=bool, check=lambda v: True, expected="true or false",
+            short="regional", requires={"torch_compile": _on},
+            environment="ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION",
+        ),  # compile one block and reuse it for its repeats: far shorter compiles
         Knob(
             name="attn_implementation", kind=str, check=lambda v: v in ATTENTION,
             expected="one of " + ", ".join(ATTENTION), short="attn", baseline="sdpa",
@@ -384,7 +430,9 @@ SAMPLE_ORDER = (
     "strategy", "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_static_graph",
     "gradient_as_bucket_view", "fsdp_prefetch", "zero_overlap_comm",
     "precision", "optim", "gradient_checkpointing", "checkpointing_reentrant",
-    "attn_implementation", "torch_compile", "compile_mode", "batch_size", "grad_accum",
+    "checkpointing_every_n_layers",
+    "attn_implementation", "torch_compile", "compile_mode", "compile_dynamic",
+    "compile_fullgraph", "compile_regional", "batch_size", "grad_accum",
     "torch_empty_cache_steps", "dataloader_num_workers", "dataloader_prefetch_factor",
     "dataloader_persistent_workers", "dataloader_pin_memory", "group_by_length",
     "pad_to_multiple_of",
@@ -415,6 +463,16 @@ def training_args(
         # Without it the Trainer picks a GPU when one exists, and refuses bf16 on CPU.
         kwargs["use_cpu"] = True
     return kwargs
+
+
+def environment(params: dict[str, Any]) -> dict[str, str]:
+    """The environment variables the knobs set (accelerate reads them as the Trainer builds
+    its accelerator): set in the trial before the Trainer, recorded, exported."""
+    return {
+        KNOBS[name].environment: str(bool(value)).lower()
+        for name, value in params.items()
+        if KNOBS[name].environment and active(name, params)
+    }
 
 
 def model_kwargs(params: dict[str, Any]) -> dict[str, Any]:

@@ -68,23 +68,30 @@ def render(fmt: str, *, info: RunInfo, record: TrialRecord, report_to: str | Non
     payload = {
         "training_args": record.result.training_args,
         "model_kwargs": record.result.model_kwargs,
+        "environment": record.result.environment,
     }
     if fmt == "json":
         return json.dumps(payload, indent=2) + "\n"
     if fmt == "yaml":
         return yaml.safe_dump(payload, sort_keys=False)
     if fmt == "cli":
-        return render_cli(record.result.training_args, record.result.model_kwargs) + "\n"
+        result = record.result
+        return render_cli(result.training_args, result.model_kwargs, result.environment) + "\n"
     return render_script(info, record, report_to=report_to)
 
 
-def render_cli(training_args: dict[str, Any], model_kwargs: dict[str, Any] | None = None) -> str:
+def render_cli(
+    training_args: dict[str, Any],
+    model_kwargs: dict[str, Any] | None = None,
+    environment: dict[str, str] | None = None,
+) -> str:
     """Flags for the HF example scripts (HfArgumentParser): `--bf16`, `--optim adamw_torch`.
 
     Shell-quoted, so a pasted command line passes each value as one argument and runs nothing.
     The model kwargs the trial measured with (the attention kernel) are no TrainingArguments
     field, and the examples (run_clm.py, run_glue.py, ...) have no flag for them: a comment
-    line above the flags says so, rather than leave them out unsaid.
+    line above the flags says so, rather than leave them out unsaid; so does one for the
+    environment variables the trial set (torch.compile's modes, which accelerate reads).
     """
     comment = ""
     if model_kwargs:
@@ -95,6 +102,13 @@ def render_cli(training_args: dict[str, Any], model_kwargs: dict[str, Any] | Non
             f"# not a flag of the HF example scripts: the trials built the model with {kwargs}; "
             "pass it to from_pretrained/from_config (recommended.py does)\n"
         )
+    if environment:
+        odd = [f"{k!r}={v!r}" for k, v in environment.items()
+               if not (k.isidentifier() and v in ("true", "false"))]  # fmt: skip
+        if odd:  # a study.db from elsewhere may hold anything: none of it reaches a shell line
+            raise StudyError(f"environment {', '.join(odd)}: not a setting autotune makes")
+        assignments = " ".join(f"{k}={v}" for k, v in environment.items())
+        comment += f"# run the script with these set in its environment: {assignments}\n"
     flags = []
     for key, value in training_args.items():
         if value is True:
@@ -136,6 +150,7 @@ def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None =
         "MODEL_CONFIG": info.model_config,
         "TRAINING_ARGS": metrics.training_args,
         "MODEL_KWARGS": metrics.model_kwargs,
+        "ENVIRONMENT": metrics.environment,
         "REPORT_TO": (report_to or info.report_to).split(","),
         "DATA": data,
         "DATA_FORMAT": data_format,
@@ -428,6 +443,8 @@ def main():
         help="experiment trackers to log to (TrainingArguments.report_to) [%(default)s]",
     )
     cli = parser.parse_args()
+    # torch.compile's modes as the trial set them (accelerate reads them from the environment).
+    os.environ.update(ENVIRONMENT)
     if STRATEGY != "single" and "RANK" not in os.environ:
         sys.exit(f"trial {TRIAL} trained on {DEVICES} devices under {STRATEGY}: run {LAUNCH}")
     sharded = STRATEGY in ("fsdp", "fsdp_grad_op", "fsdp_offload")

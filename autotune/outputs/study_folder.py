@@ -68,7 +68,7 @@ def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
     if picks.recommended is not None:
         script = export.render_script(info, picks.recommended)
         result = picks.recommended.result
-        flags = export.render_cli(result.training_args, result.model_kwargs)
+        flags = export.render_cli(result.training_args, result.model_kwargs, result.environment)
         paths += export.write_recommendation(out, recommendation(snapshot), script)
     else:  # no trial to recommend now: a recommendation left from before would mislead
         for stale in (out / RECOMMENDED_JSON, out / RECOMMENDED_PY, out / DEEPSPEED_JSON,
@@ -169,6 +169,7 @@ def _settings_and_metrics(record: TrialRecord, snapshot: StudySnapshot) -> dict[
         "params": record.params,
         "training_args": record.result.training_args,
         "model_kwargs": record.result.model_kwargs,
+        "environment": record.result.environment,
         "metrics": _metrics(record),
         "noisy": snapshot.is_noisy(record),
         # samples/s over N times the best one-device (`single`) trial's; None without one.

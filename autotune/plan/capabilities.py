@@ -19,6 +19,7 @@ from autotune.common.knobs import (
     KNOBS,
     OFFLOADED,
     STRATEGIES,
+    TORCHAO_OPTIMIZERS,
     ZERO_STAGES,
     precision_parts,
 )
@@ -50,6 +51,8 @@ def _precision(value: str, device: str, info: DeviceInfo) -> str | None:
 def _optim(value: str, device: str, info: DeviceInfo) -> str | None:
     if value in BNB_OPTIMIZERS and info.bitsandbytes_error:
         return f"bitsandbytes does not import here ({info.bitsandbytes_error})"
+    if value in TORCHAO_OPTIMIZERS and info.torchao_error:
+        return f"torchao does not import here ({info.torchao_error})"
     if value.startswith("paged_") and device == "cpu":
         return "paged optimizers page their state between GPU and host memory: CUDA only"
     return None

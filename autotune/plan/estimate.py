@@ -173,7 +173,7 @@ def optimizer_bytes_per_parameter(optim: str) -> float | None:
 
 
 KNOBS_READ = ("precision", "batch_size", "grad_accum", "optim", "attn_implementation",
-              "gradient_checkpointing", "strategy")  # fmt: skip
+              "gradient_checkpointing", "checkpointing_every_n_layers", "strategy")  # fmt: skip
 """The knobs `estimate` reads; the others leave it unchanged."""
 
 
@@ -241,8 +241,12 @@ def estimate(
     upcast = device == "cpu" and attention == "sdpa" and mixed
     layer = _layer_activations(shape, batch, seq_len, mixed=mixed, eager=eager, upcast=upcast)
     if params.get("gradient_checkpointing"):
-        # Each block's input (fp32 residual stream) is kept; one block is recomputed at a time.
-        stored = shape.layers * 4 * batch * seq_len * shape.hidden + layer
+        # A checkpointed block keeps its input (fp32 residual stream) and is recomputed one at
+        # a time; with every_n_layers=n only blocks 0, n, 2n, ... are, the others keep theirs.
+        every = params.get("checkpointing_every_n_layers", 1)
+        checkpointed = -(-shape.layers // every)
+        stored = (checkpointed * 4 * batch * seq_len * shape.hidden + layer
+                  + (shape.layers - checkpointed) * layer)  # fmt: skip
     else:
         stored = shape.layers * layer
     head = _head_activations(shape, task, batch, seq_len, mixed=mixed)

@@ -25,7 +25,7 @@ from autotune.plan.space_file import SoftwareFacts
 
 CACHE_DIR_ENV = "AUTOTUNE_CACHE_DIR"
 """Overrides the cache folder (tests point it at a temporary one)."""
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 FILE_NAME = "software-facts.json"
 
 
@@ -48,6 +48,7 @@ def installed_key() -> dict[str, Any]:
         "transformers": metadata.version("transformers"),
         "bitsandbytes": _version("bitsandbytes"),
         "deepspeed": _version("deepspeed"),
+        "torchao": _version("torchao"),
         "compile_backend_plugins": sorted(plugins.names),
     }
 

@@ -43,6 +43,23 @@ def test_checkpointing_reentrant_does_nothing_without_checkpointing():
     assert "activation_checkpointing_kwargs" not in kwargs
 
 
+def test_partial_checkpointing_joins_the_checkpointing_kwargs():
+    fields = installed_fields()
+    params = {"gradient_checkpointing": True, "checkpointing_reentrant": False,
+              "checkpointing_every_n_layers": 2}  # fmt: skip
+    assert training_args(params, device="cuda", fields=fields) == {
+        "fp16": False, "bf16": False, "activation_checkpointing": True,
+        "activation_checkpointing_kwargs": {"use_reentrant": False, "every_n_layers": 2},
+    }  # fmt: skip
+    every = {"gradient_checkpointing": True, "checkpointing_every_n_layers": 1}
+    assert "activation_checkpointing_kwargs" not in training_args(every, device="cuda",
+                                                                  fields=fields)  # fmt: skip
+    off = {"gradient_checkpointing": False, "checkpointing_every_n_layers": 3}
+    assert "activation_checkpointing_kwargs" not in training_args(off, device="cuda",
+                                                                  fields=fields)  # fmt: skip
+    assert describe_params(params) == "gc=on reentrant=off gc_every=2"
+
+
 @pytest.mark.parametrize(("steps", "expected"), [(0, None), (8, 8)])
 def test_torch_empty_cache_steps_zero_means_never(steps, expected):
     kwargs = training_args(

@@ -6,6 +6,7 @@ import shlex
 import pytest
 
 from autotune.common.errors import StudyError
+from autotune.common.knobs import environment as knobs_environment
 from autotune.common.knobs import training_args
 from autotune.common.trial import Status, TrialResult
 from autotune.outputs.export import render, render_cli, render_script
@@ -219,3 +220,28 @@ def test_cli_export_says_which_model_kwargs_the_example_scripts_cannot_set():
     hostile = render_cli({"bf16": True}, {"attn_implementation": "eager\ntouch PWNED"})
     assert shlex.split(hostile, comments=True) == ["--bf16"]
     assert render_cli({"bf16": True}, {}) == "--bf16"  # nothing set on the model: no comment
+
+
+def test_compile_modes_set_in_the_environment_are_exported_as_they_ran():
+    params = {"torch_compile": "inductor", "compile_regional": True, "compile_dynamic": False}
+    environment = knobs_environment(params)
+    assert environment == {"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "true",
+                           "ACCELERATE_DYNAMO_USE_DYNAMIC": "false"}  # fmt: skip
+    assert knobs_environment({"torch_compile": "off", "compile_regional": True}) == {}
+    comment, flags = render_cli({"torch_compile": True}, {}, environment).splitlines()
+    assert comment == ("# run the script with these set in its environment: "
+                       "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=true "
+                       "ACCELERATE_DYNAMO_USE_DYNAMIC=false")  # fmt: skip
+    assert flags == "--torch_compile"
+    record = trial_record("x")
+    record = dataclasses.replace(
+        record, result=dataclasses.replace(record.result, environment=environment)
+    )
+    script = render_script(run_info("x"), record)
+    assigned = [n for n in ast.parse(script).body if isinstance(n, ast.Assign)]
+    constants = {n.targets[0].id: n.value for n in assigned if isinstance(n.targets[0], ast.Name)}
+    assert ast.literal_eval(constants["ENVIRONMENT"]) == environment
+    assert "os.environ.update(ENVIRONMENT)" in script
+    # A study.db from elsewhere may hold anything: none of it reaches a shell line.
+    with pytest.raises(StudyError, match="not a setting autotune makes"):
+        render_cli({}, {}, {"X": "1\ntouch PWNED"})

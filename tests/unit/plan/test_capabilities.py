@@ -92,6 +92,23 @@ def test_bitsandbytes_optimizers_go_when_it_does_not_import():
     assert "bitsandbytes does not import here (ImportError: no libcudart)" in "\n".join(space.notes)
 
 
+def test_torchaos_optimizers_go_when_it_does_not_import(tmp_path):
+    path = tmp_path / "lowbit.yaml"
+    path.write_text(
+        "knobs:\n  optim: {choices: [adamw_torch, adamw_torch_8bit, adamw_torch_4bit]}\n"
+    )
+    device, info = profiles()["cpu"]
+    assert fit_space(load_space(str(path)), device, info).knobs["optim"].choices == (
+        "adamw_torch", "adamw_torch_8bit", "adamw_torch_4bit")  # fmt: skip
+    missing = dataclasses.replace(
+        info, torchao_error="not installed (pip install 'autotune[torchao]')"
+    )
+    space = fit_space(load_space(str(path)), device, missing)
+    assert space.knobs["optim"].choices == ("adamw_torch",)
+    assert ("removed optim=adamw_torch_4bit: torchao does not import here (not installed (pip "
+            "install 'autotune[torchao]'))") in space.notes  # fmt: skip
+
+
 def test_a_knob_left_without_values_is_an_error_naming_the_reasons(tmp_path):
     path = tmp_path / "fp16only.yaml"
     path.write_text("knobs:\n  precision: {choices: [fp16, tf32]}\n")

@@ -178,3 +178,16 @@ def test_ddps_gradients_as_bucket_views_drop_the_buckets_copy():
     copied, single = per_rank("ddp", 8), per_rank(None, 1)
     assert viewed.gradients == single.gradients == copied.gradients // 2
     assert viewed.total == copied.total - 4 * PARAMETERS
+
+
+def test_partial_checkpointing_keeps_the_activations_of_the_blocks_it_skips():
+    def activations(**knobs) -> int:
+        return estimate(BERT_LARGE.config, task="masked-lm", seq_len=256, device="cuda",
+                        params={"batch_size": 8, **knobs}).activations  # fmt: skip
+
+    none, full = activations(), activations(gradient_checkpointing=True)
+    half = activations(gradient_checkpointing=True, checkpointing_every_n_layers=2)
+    assert full < half < none
+    # 24 blocks, every second checkpointed: 12 keep their activations, 12 their input.
+    assert half - full == pytest.approx((none - full) / 2, rel=0.05)
+    assert activations(gradient_checkpointing=True, checkpointing_every_n_layers=1) == full
