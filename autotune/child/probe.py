@@ -48,6 +48,28 @@ def _torchao_error() -> str | None:
     return None
 
 
+def _package_error(module: str, install: str) -> str | None:
+    """Why `module` (an optional GPU kernel package) cannot be imported; None when it can."""
+    if importlib.util.find_spec(module) is None:
+        return f"not installed ({install})"
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any failure to import means "not usable here"
+        return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+    return None
+
+
+def _liger_model_types() -> list[str]:
+    """The model types Liger patches (empty where it does not import)."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except Exception:  # noqa: BLE001 - the error itself is `liger_error`
+        return []
+    return sorted(MODEL_TYPE_TO_APPLY_LIGER_FN)
+
+
 def _software_facts() -> dict[str, Any]:
     import torch
     import torch._dynamo
@@ -61,6 +83,12 @@ def _software_facts() -> dict[str, Any]:
         "bitsandbytes_error": _bitsandbytes_error(),
         "deepspeed_error": _deepspeed_error(),
         "torchao_error": _torchao_error(),
+        "flash_attn_error": _package_error("flash_attn", "pip install flash-attn"),
+        "flash_attn_3_error": _package_error(
+            "flash_attn_interface", "FlashAttention 3: the flash-attn repository's hopper build"
+        ),
+        "liger_error": _package_error("liger_kernel", "pip install liger-kernel"),
+        "liger_model_types": _liger_model_types(),
         # exclude_tags=() also lists the debugging backends (eager, aot_eager) users may name.
         "compile_backends": sorted(torch._dynamo.list_backends(exclude_tags=())),
         "optimizer_names": [o.value for o in OptimizerNames],

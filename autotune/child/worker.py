@@ -136,12 +136,20 @@ def train_trial(
             "training_args": tuned_args,
             "model_kwargs": model_kwargs,
             "environment": environment,
+            "compiled_modules": _compiled_modules(trainer)
+            if knobs.is_compiled(spec.params)
+            else None,
             "step_times_ms": [t * 1e3 for t in step_times_s],
             # What a user's factory really trains, which `model=` and `seq_len=` only name.
             "trained_model": getattr(model.config, "name_or_path", "") or model.config.model_type,
             "trained_seq_len": timer.counter.longest or None,
         }
         return _result(spec, timer, model, output.training_loss, measured, counts)
+
+
+def _compiled_modules(trainer: transformers.Trainer) -> int:
+    """The modules torch.compile wrapped in what the Trainer trained (whole or regional)."""
+    return sum(type(m).__name__ == "OptimizedModule" for m in trainer.model_wrapped.modules())
 
 
 def _our_trainer(
@@ -172,6 +180,8 @@ def _our_trainer(
             pad_token_id=read_ready(Path(spec.data_dir))["pad_token_id"],
             pad_to_multiple_of=spec.params.get("pad_to_multiple_of", 1),
         )
+        if spec.params.get("packing"):  # a batch's samples in one row, none padded
+            collator = transformers.DataCollatorWithFlattening()
     else:
         samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         # A distributed Trainer splits one dataset between the ranks; under sharding each rank

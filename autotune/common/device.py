@@ -59,6 +59,14 @@ class DeviceInfo:
     """Why `import deepspeed` failed (the optional extra); None when it imports."""
     torchao_error: str | None = None
     """Why torchao's low-bit optimizers do not import (the optional extra); None when they do."""
+    flash_attn_error: str | None = "not probed"
+    """Why `import flash_attn` (FlashAttention 2) failed; None when it imports."""
+    flash_attn_3_error: str | None = "not probed"
+    """Why `import flash_attn_interface` (FlashAttention 3) failed; None when it imports."""
+    liger_error: str | None = "not probed"
+    """Why `import liger_kernel` failed; None when it imports."""
+    liger_model_types: tuple[str, ...] = ()
+    """The model types Liger's kernels patch."""
     compile_backends: tuple[str, ...] = ()
     """`torch.compile` backends this torch offers (`torch._dynamo.list_backends`)."""
     optimizer_names: tuple[str, ...] = ()
@@ -84,6 +92,12 @@ class DeviceInfo:
         if device == "cuda":
             return peak_tflops(self.name, precision)
         return self.matmul_tflops
+
+    def capability_at_least(self, major: int, minor: int = 0) -> bool:
+        """A CUDA device of this compute capability or newer (False without one)."""
+        if self.compute_capability is None:
+            return False
+        return tuple(int(p) for p in self.compute_capability.split(".")) >= (major, minor)
 
     @property
     def tensor_core_64(self) -> bool:
@@ -213,7 +227,8 @@ DEVICE_ONLY = "--device-only"
 
 SOFTWARE_FACTS = (
     "torch_version", "transformers_version", "bitsandbytes_error", "deepspeed_error",
-    "torchao_error", "compile_backends",
+    "torchao_error", "flash_attn_error", "flash_attn_3_error", "liger_error", "liger_model_types",
+    "compile_backends",
     "optimizer_names", "default_optim", "model_types", "task_model_types",
 )  # fmt: skip
 """What the probe reads from the installed packages rather than the device: the same until

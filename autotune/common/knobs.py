@@ -14,9 +14,13 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp16+tf32", "bf16+tf32")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp16+tf32", "bf16+tf32", "fp8")
+"""`fp8`: accelerate's fp8 training (torchao's Float8Linear for the linear layers' matmuls,
+bf16 autocast for the rest), set through its environment: GPUs of compute capability 8.9+."""
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-ATTENTION = ("sdpa", "eager")
+ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
+FLASH_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3"})
+"""The `flash-attn` package's kernels (FlashAttention 2; 3 on Hopper): CUDA, fp16/bf16."""
 STRATEGIES = (
     "single", "ddp", "fsdp", "fsdp_grad_op", "fsdp_offload", "zero1", "zero2", "zero3",
     "zero2_offload", "zero3_offload",
@@ -124,9 +128,9 @@ class Knob:
     data_only: bool = False
     """Matters only on the user's data: synthetic samples are in memory and of one length, so
     loader and padding settings are fixed there (and not part of the baseline)."""
-    environment: str | None = None
-    """The environment variable it is set by (`true`/`false`), which accelerate reads when the
-    Trainer builds its accelerator: no TrainingArguments field carries it."""
+    environment: Callable[[Any, dict[str, Any]], dict[str, str]] | None = None
+    """(value, all params) -> the environment variables that set it, which accelerate reads
+    when the Trainer builds its accelerator: no TrainingArguments field carries them."""
     math: Callable[[Any, Any], str | None] = lambda baseline, value: None
     """(baseline value, value) -> how the change alters what training computes, in words; None
     when it changes only speed and memory (checkpointing recomputes the same activations)."""
@@ -148,8 +152,9 @@ def precision_parts(precision: str) -> set[str]:
 
 
 def sixteen_bit(precision: str | None) -> bool:
-    """Mixed precision with 16-bit matmuls (fp16 or bf16 autocast)."""
-    return precision is not None and bool({"fp16", "bf16"} & precision_parts(precision))
+    """Mixed precision with 16-bit matmuls (fp16 or bf16 autocast); fp8 counts too (its
+    activations and the matmuls outside the linear layers are bf16)."""
+    return precision is not None and bool({"fp16", "bf16", "fp8"} & precision_parts(precision))
 
 
 def is_compiled(params: dict[str, Any]) -> bool:
@@ -175,6 +180,11 @@ def _precision_args(value: str, params: dict[str, Any], fields: Collection[str])
     return {"bf16": "bf16" in parts, "fp16": "fp16" in parts} | (
         {"tf32": True} if "tf32" in parts else {}
     )
+
+
+FP8_ENVIRONMENT = {"ACCELERATE_MIXED_PRECISION": "fp8", "ACCELERATE_FP8_BACKEND": "AO"}
+"""accelerate's fp8 training on torchao's Float8Linear: TrainingArguments has no fp8 field and
+takes the mixed precision from this environment when fp16 and bf16 are off."""
 
 
 def _compile_args(value: str, params: dict[str, Any], fields: Collection[str]) -> dict:
@@ -218,6 +228,8 @@ def _optim_math(baseline: str, value: str) -> str | None:
 
 def _precision_math(baseline: str, value: str) -> str | None:
     added = precision_parts(value) - precision_parts(baseline)
+    if value == "fp8" and baseline != "fp8":
+        return "fp8 matmuls in the linear layers (e4m3, dynamically scaled), bf16 elsewhere"
     if sixteen_bit(value) and not sixteen_bit(baseline):
         return "16-bit mixed precision: fp32 master weights, 16-bit matmuls and activations"
     if added == {"tf32"}:
@@ -238,9 +250,17 @@ def conflict(params: dict[str, Any]) -> str | None:
         and not optimizer_family(optim).startswith("AdamW")
     ):
         return f"{strategy} updates the weights with DeepSpeed's host AdamW, not {optim}"
+    attention, precision = params.get("attn_implementation"), params.get("precision", "fp32")
+    if attention in FLASH_ATTENTION and not sixteen_bit(precision):
+        return f"{attention} runs in fp16 or bf16, not {precision}"
     if strategy == "fsdp_offload" and optim in BNB_OPTIMIZERS:
         return f"fsdp_offload steps the optimizer on the host, where {optim}'s kernels cannot run"
     return None
+
+
+def _flag(variable: str) -> Callable[[Any, dict[str, Any]], dict[str, str]]:
+    """A boolean knob set by one environment variable, `true` or `false`."""
+    return lambda value, params: {variable: str(bool(value)).lower()}
 
 
 def _on(value: str) -> bool:
@@ -266,14 +286,17 @@ def _checkpointing_args(
     value: bool, params: dict[str, Any], fields: Collection[str]
 ) -> dict[str, Any]:
     """Checkpointing on or off, and its kwargs from the knobs that shape it: re-entrant or not
-    (torch's `use_reentrant`) and `every_n_layers` (transformers checkpoints the blocks whose
-    index is a multiple of n; the others keep their activations)."""
+    (torch's `use_reentrant`), `every_n_layers` (transformers checkpoints the blocks whose
+    index is a multiple of n; the others keep their activations) and `offload` (the inputs
+    the checkpointed blocks keep go to pinned host memory)."""
     args: dict[str, Any] = {_checkpointing_field(fields): value}
     kwargs = {}
     if value and "checkpointing_reentrant" in params:
         kwargs["use_reentrant"] = params["checkpointing_reentrant"]
     if value and params.get("checkpointing_every_n_layers", 1) != 1:
         kwargs["every_n_layers"] = params["checkpointing_every_n_layers"]
+    if value and params.get("activation_offload"):
+        kwargs["offload"] = True
     if kwargs:
         args[_checkpointing_field(fields, "_kwargs")] = kwargs
     return args
@@ -314,9 +337,19 @@ KNOBS: dict[str, Knob] = {
             requires={"gradient_checkpointing": True},
         ),  # in the checkpointing kwargs (`_checkpointing_args`)
         Knob(
+            name="activation_offload", kind=bool, check=lambda v: True,
+            expected="true or false", short="act_offload", memory="off is hungrier",
+            requires={"gradient_checkpointing": True},
+        ),  # in the checkpointing kwargs (`_checkpointing_args`); CUDA only
+        Knob(
+            name="use_liger_kernel", kind=bool, check=lambda v: True, expected="true or false",
+            short="liger", training_args=_same_name("use_liger_kernel"),
+        ),  # Liger's Triton kernels patched into the model's modules (CUDA, some decoders)
+        Knob(
             name="precision", kind=str, check=lambda v: v in PRECISIONS,
             expected="one of " + ", ".join(PRECISIONS), baseline="fp32",
             training_args=_precision_args, math=_precision_math,
+            environment=lambda value, params: FP8_ENVIRONMENT if value == "fp8" else {},
         ),
         Knob(
             name="optim", kind=str, check=bool, expected="a TrainingArguments.optim name",
@@ -334,17 +367,17 @@ KNOBS: dict[str, Knob] = {
         Knob(
             name="compile_dynamic", kind=bool, check=lambda v: True, expected="true or false",
             short="dynamic", requires={"torch_compile": _on},
-            environment="ACCELERATE_DYNAMO_USE_DYNAMIC",
+            environment=_flag("ACCELERATE_DYNAMO_USE_DYNAMIC"),
         ),  # dynamic shapes: one graph for every batch shape, instead of one per shape
         Knob(
             name="compile_fullgraph", kind=bool, check=lambda v: True, expected="true or false",
             short="fullgraph", requires={"torch_compile": _on},
-            environment="ACCELERATE_DYNAMO_USE_FULLGRAPH",
+            environment=_flag("ACCELERATE_DYNAMO_USE_FULLGRAPH"),
         ),  # one graph for the whole forward, or an error where it breaks
         Knob(
             name="compile_regional", kind=bool, check=lambda v: True, expected="true or false",
             short="regional", requires={"torch_compile": _on},
-            environment="ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION",
+            environment=_flag("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"),
         ),  # compile one block and reuse it for its repeats: far shorter compiles
         Knob(
             name="attn_implementation", kind=str, check=lambda v: v in ATTENTION,
@@ -418,6 +451,12 @@ KNOBS: dict[str, Knob] = {
             short="overlap", requires={"strategy": lambda v: v in ZERO_STAGES},
         ),  # in the DeepSpeed config the strategy's entry writes (`deepspeed_config`)
         Knob(
+            name="packing", kind=bool, check=lambda v: True, expected="true or false",
+            short="packing", memory="off is hungrier", data_only=True, collator=True,
+            requires={"attn_implementation": lambda v: v in FLASH_ATTENTION},
+        ),  # DataCollatorWithFlattening: one row of every sample, no padding, exact only under
+        # FlashAttention's variable-length kernel (with SDPA or eager, samples attend across)
+        Knob(
             name="pad_to_multiple_of", kind=int, check=lambda v: v >= 1,
             expected="an integer >= 1 (1: pad to the longest sample of the batch)", short="pad",
             baseline=1, data_only=True, collator=True,
@@ -430,8 +469,8 @@ SAMPLE_ORDER = (
     "strategy", "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_static_graph",
     "gradient_as_bucket_view", "fsdp_prefetch", "zero_overlap_comm",
     "precision", "optim", "gradient_checkpointing", "checkpointing_reentrant",
-    "checkpointing_every_n_layers",
-    "attn_implementation", "torch_compile", "compile_mode", "compile_dynamic",
+    "checkpointing_every_n_layers", "activation_offload", "use_liger_kernel",
+    "attn_implementation", "packing", "torch_compile", "compile_mode", "compile_dynamic",
     "compile_fullgraph", "compile_regional", "batch_size", "grad_accum",
     "torch_empty_cache_steps", "dataloader_num_workers", "dataloader_prefetch_factor",
     "dataloader_persistent_workers", "dataloader_pin_memory", "group_by_length",
@@ -468,11 +507,12 @@ def training_args(
 def environment(params: dict[str, Any]) -> dict[str, str]:
     """The environment variables the knobs set (accelerate reads them as the Trainer builds
     its accelerator): set in the trial before the Trainer, recorded, exported."""
-    return {
-        KNOBS[name].environment: str(bool(value)).lower()
-        for name, value in params.items()
-        if KNOBS[name].environment and active(name, params)
-    }
+    variables: dict[str, str] = {}
+    for name, value in params.items():
+        setter = KNOBS[name].environment
+        if setter is not None and active(name, params):
+            variables |= setter(value, params)
+    return variables
 
 
 def model_kwargs(params: dict[str, Any]) -> dict[str, Any]:

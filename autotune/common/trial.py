@@ -142,6 +142,9 @@ class TrialResult:
     """Several devices a trial: the bytes of weights, gradients and optimizer states each rank
     held after its last step, counted tensor by tensor."""
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    compiled_modules: int | None = None
+    """torch.compile's compiled modules in what the Trainer trained: 1 for the whole model,
+    one per repeated block (and the rest) under regional compilation; None: not compiled."""
     environment: dict[str, str] = field(default_factory=dict)
     """The environment variables the knobs set (torch.compile's dynamic, full-graph and
     regional modes, which accelerate reads), as the trial trained with them."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import pprint
+import re
 import shlex
 from importlib import resources
 from pathlib import Path
@@ -104,7 +105,7 @@ def render_cli(
         )
     if environment:
         odd = [f"{k!r}={v!r}" for k, v in environment.items()
-               if not (k.isidentifier() and v in ("true", "false"))]  # fmt: skip
+               if not (k.isidentifier() and re.fullmatch(r"[\w.-]+", v, re.ASCII))]  # fmt: skip
         if odd:  # a study.db from elsewhere may hold anything: none of it reaches a shell line
             raise StudyError(f"environment {', '.join(odd)}: not a setting autotune makes")
         assignments = " ".join(f"{k}={v}" for k, v in environment.items())
@@ -340,7 +341,10 @@ def your_data():
     pad_token_id = next(
         (t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0
     )
-    return dataset, PaddingCollator(task=TASK, pad_token_id=pad_token_id, **COLLATOR_KWARGS)
+    if COLLATOR_KWARGS.get("packing"):  # a batch's samples in one row (FlashAttention)
+        return dataset, transformers.DataCollatorWithFlattening()
+    padding = {k: v for k, v in COLLATOR_KWARGS.items() if k != "packing"}
+    return dataset, PaddingCollator(task=TASK, pad_token_id=pad_token_id, **padding)
 
 
 def your_trainer():

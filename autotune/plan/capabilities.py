@@ -15,6 +15,7 @@ from autotune.common.device import DeviceInfo
 from autotune.common.errors import SpaceError
 from autotune.common.knobs import (
     BNB_OPTIMIZERS,
+    FLASH_ATTENTION,
     FSDP,
     KNOBS,
     OFFLOADED,
@@ -40,6 +41,12 @@ def _precision(value: str, device: str, info: DeviceInfo) -> str | None:
         return f"tf32 needs an Ampere or newer GPU (this one is {info.compute_capability})"
     if device == "cuda" and "bf16" in parts and not info.bf16_supported:
         return f"bf16 needs an Ampere or newer GPU (this one is {info.compute_capability})"
+    if "fp8" in parts and not info.capability_at_least(8, 9):
+        this = f" (this one is {info.compute_capability})" if device == "cuda" else ""
+        return f"fp8 matmuls need a GPU of compute capability 8.9 or newer (Ada, Hopper){this}"
+    if "fp8" in parts and info.torchao_error:
+        return (f"fp8 trains through torchao's Float8Linear; torchao does not import here "
+                f"({info.torchao_error})")  # fmt: skip
     if device == "cpu" and "bf16" in parts and not info.bf16_supported:
         return (
             "this CPU has no bf16 instructions (AVX-512 BF16, AMX; oneDNN's test): autocast "
@@ -78,6 +85,77 @@ def _strategy(value: str, device: str, info: DeviceInfo) -> str | None:
     return None
 
 
+def _attention(value: str, device: str, info: DeviceInfo) -> str | None:
+    if value not in FLASH_ATTENTION:
+        return None
+    if device == "cpu":
+        return "FlashAttention's kernels run on CUDA GPUs only"
+    version, error, (major, generation) = (
+        ("2", info.flash_attn_error, (8, "Ampere")) if value == "flash_attention_2"
+        else ("3", info.flash_attn_3_error, (9, "Hopper"))
+    )  # fmt: skip
+    if not info.capability_at_least(major):
+        return (f"FlashAttention {version} needs a{'n' * (generation == 'Ampere')} {generation} "
+                f"or newer GPU (this one is {info.compute_capability})")  # fmt: skip
+    if error:
+        return f"FlashAttention {version} does not import here ({error})"
+    return None
+
+
+def _liger(value: bool, device: str, info: DeviceInfo) -> str | None:
+    if value and device == "cpu":
+        return "Liger's kernels are Triton kernels for CUDA GPUs"
+    if value and info.liger_error:
+        return f"liger-kernel does not import here ({info.liger_error})"
+    return None
+
+
+def _activation_offload(value: bool, device: str, info: DeviceInfo) -> str | None:
+    if value and device == "cpu":
+        return "it moves saved activations from GPU memory to the host's: on CPU they are there"
+    return None
+
+
+def _packing(value: bool, device: str, info: DeviceInfo) -> str | None:
+    if value and device == "cpu":
+        return ("packed samples stay apart only under FlashAttention's variable-length kernel, "
+                "a CUDA one (under SDPA or eager attention they attend to each other)")  # fmt: skip
+    return None
+
+
+def _model_limits(
+    space: SearchSpace, info: DeviceInfo, model: tuple[str, str] | None
+) -> list[tuple[str, Any, str]]:
+    """(knob, value, why) for values this model cannot train with: Liger's kernels exist for
+    some model types only; packing flattens a causal LM's samples into one row, which a head
+    with a label per sample cannot take."""
+    if model is None:
+        return []
+    model_type, task = model
+    limits = []
+    liger = space.knobs.get("use_liger_kernel")
+    if liger and True in liger.choices and model_type not in info.liger_model_types:
+        patched = ", ".join(info.liger_model_types) or "none here"
+        limits.append(
+            (
+                "use_liger_kernel",
+                True,
+                f"Liger has no kernels for {model_type} models (it patches: {patched})",
+            )
+        )
+    packing = space.knobs.get("packing")
+    if packing and True in packing.choices and task != "causal-lm":
+        limits.append(
+            (
+                "packing",
+                True,
+                f"packing flattens causal-lm samples into one row; a "
+                f"{task} model keeps its samples apart",
+            )
+        )
+    return limits  # fmt: skip
+
+
 def _pin_memory(value: bool, device: str, info: DeviceInfo) -> str | None:
     if value and device == "cpu":
         return "pinned memory only speeds host-to-GPU copies: there are none on CPU"
@@ -91,6 +169,10 @@ DEVICE_LIMITS: dict[str, DeviceLimit] = {
     "compile_mode": _compile_mode,
     "dataloader_pin_memory": _pin_memory,
     "strategy": _strategy,
+    "attn_implementation": _attention,
+    "use_liger_kernel": _liger,
+    "activation_offload": _activation_offload,
+    "packing": _packing,
 }
 
 
@@ -105,10 +187,12 @@ def fit_space(
     source: DataSource = "synthetic",
     cores: int | None = None,
     devices: int = 1,
+    model: tuple[str, str] | None = None,
 ) -> SearchSpace:
     """The space less what cannot run on `device` with `cores` CPU cores a trial (`trial_cores`;
-    None: not fitted to them) and `devices` ranks, or cannot matter for the data trained on;
-    the reasons are in the result's notes."""
+    None: not fitted to them) and `devices` ranks, or for `model` (its model type and task;
+    None: not fitted to it), or cannot matter for the data trained on; the reasons are in the
+    result's notes."""
     # First: on several devices the strategy joins the space, and is fitted as the rest.
     added = devices > 1 and "strategy" not in space.knobs
     space, device_notes = _fit_strategy(space, devices, device)
@@ -121,8 +205,9 @@ def fit_space(
         kept, removed = [], []
         for value in knob.choices:
             reason = limit(value, device, info)
-            if reason:
-                removed.append(f"{name}={value}: {reason}")
+            if reason:  # a boolean as a space file writes it
+                removed.append(f"{name}={str(value).lower() if value in (True, False) else value}: "
+                               f"{reason}")  # fmt: skip
             else:
                 kept.append(value)
         if removed and not kept:
@@ -130,6 +215,13 @@ def fit_space(
         elif removed:
             notes += [f"removed {r}" for r in removed]
             space = space.with_choices(name, tuple(kept))
+    for name, value, reason in _model_limits(space, info, model):
+        if space.knobs[name].choices == (value,):
+            emptied.append(f"{name}: its only value {str(value).lower()} is removed: {reason}")
+        else:
+            notes.append(f"removed {name}={str(value).lower()}: {reason}")
+            space = space.with_choices(name, tuple(v for v in space.knobs[name].choices
+                                                   if v != value))  # fmt: skip
     if emptied:
         raise SpaceError(f"space {space.name} cannot run here:\n" + "\n".join(
             f"  - {e}" for e in emptied

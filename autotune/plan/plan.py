@@ -159,10 +159,13 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         tensor_core_64=device == "cuda" and device_info.tensor_core_64,
     )
     problems += _devices_problems(config, device, trial_cores(slots))
-    space = _fitted_space(config, device, device_info, facts, rules, source, slots, problems)
-    study_name = study_dir = data = data_info = None
     if model is not None:
         task = model.default_task if config.task == "auto" else config.task
+    fitted_for = (model.config.get("model_type", ""), task) if model and task else None
+    space = _fitted_space(config, device, device_info, facts, rules, source, slots, problems,
+                          fitted_for)  # fmt: skip
+    study_name = study_dir = data = data_info = None
+    if model is not None:
         problems += input_problems(model, task, config.seq_len, facts)
         study_name, study_dir = _study_folder(config, model, device, problems)
         if config.data:
@@ -206,9 +209,10 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
 
 def _fitted_space(config: RunConfig, device: str, device_info: DeviceInfo,
                   facts: SoftwareFacts, rules: SamplingRules, source: str, slots: list[Slot],
-                  problems: list[str]) -> SearchSpace | None:  # fmt: skip
-    """The space `space=` names, fitted to the device, the data source and the cores each
-    trial has; None, with the problem added to `problems`, when it cannot be."""
+                  problems: list[str], model_type_and_task: tuple[str, str] | None = None,
+                  ) -> SearchSpace | None:  # fmt: skip
+    """The space `space=` names, fitted to the device, the model, the data source and the cores
+    each trial has; None, with the problem added to `problems`, when it cannot be."""
     auto_space = "default" if device == "cuda" else "cpu"
     space_name = auto_space if config.space == "auto" else config.space
     try:
@@ -218,7 +222,8 @@ def _fitted_space(config: RunConfig, device: str, device_info: DeviceInfo,
                 f"space={space.name} is for device={space.device}, but this search runs on {device}"
             )
         cores = trial_cores(slots)  # loader workers beyond them are taken out of the space
-        fitted = fit_space(space, device, device_info, source, cores, config.devices_per_trial)
+        fitted = fit_space(space, device, device_info, source, cores, config.devices_per_trial,
+                           model_type_and_task)  # fmt: skip
         return apply_sampling_rules(fitted, rules)
     except AutotuneError as exc:
         problems.append(str(exc))

@@ -49,6 +49,8 @@ def installed_key() -> dict[str, Any]:
         "bitsandbytes": _version("bitsandbytes"),
         "deepspeed": _version("deepspeed"),
         "torchao": _version("torchao"),
+        "flash_attn": _version("flash_attn"),
+        "liger_kernel": _version("liger_kernel"),
         "compile_backend_plugins": sorted(plugins.names),
     }
 

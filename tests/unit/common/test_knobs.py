@@ -5,13 +5,16 @@ import pytest
 
 from autotune.common.errors import SpaceError
 from autotune.common.knobs import (
+    KNOBS,
     active,
     at_least_as_hungry,
     baseline_params,
     conflict,
     describe_params,
+    environment,
     is_compiled,
     math_changes,
+    model_kwargs,
     optimizer_family,
     sixteen_bit,
     training_args,
@@ -290,3 +293,26 @@ def test_deepspeeds_strategies_are_the_trainers_deepspeed_config_with_their_own_
     assert conflict({"strategy": "fsdp_offload", "optim": "sgd"}) is None
     assert training_args({"strategy": "fsdp_offload"}, device="cuda", fields=()) == {
         "fp16": False, "bf16": False}  # fmt: skip  # applied by the ranks, not the Trainer
+
+
+def test_todays_gpu_knobs_map_to_their_arguments_environment_and_collator():
+    fields = installed_fields()
+    args = training_args({"use_liger_kernel": True, "gradient_checkpointing": True,
+                          "activation_offload": True}, device="cuda", fields=fields)  # fmt: skip
+    assert args["use_liger_kernel"] is True
+    assert args["activation_checkpointing_kwargs"] == {"offload": True}
+    # fp8: accelerate's, from the environment TrainingArguments reads with fp16 and bf16 off.
+    fp8 = {"precision": "fp8"}
+    assert training_args(fp8, device="cuda", fields=fields) == {"bf16": False, "fp16": False}
+    assert environment(fp8) == {"ACCELERATE_MIXED_PRECISION": "fp8",
+                                "ACCELERATE_FP8_BACKEND": "AO"}  # fmt: skip
+    assert environment({"precision": "bf16"}) == {}
+    assert model_kwargs({"attn_implementation": "flash_attention_2"}) == {
+        "attn_implementation": "flash_attention_2"}  # fmt: skip
+    # FlashAttention computes in 16 bits only; packing is set on the collator, with it alone.
+    assert conflict({"attn_implementation": "flash_attention_2", "precision": "fp32"}) == (
+        "flash_attention_2 runs in fp16 or bf16, not fp32")  # fmt: skip
+    assert conflict({"attn_implementation": "flash_attention_3", "precision": "bf16"}) is None
+    assert KNOBS["packing"].collator and not active("packing", {"attn_implementation": "sdpa",
+                                                                 "packing": True})  # fmt: skip
+    assert active("packing", {"attn_implementation": "flash_attention_2", "packing": True})

@@ -262,3 +262,78 @@ def test_bf16_leaves_a_cpu_space_where_the_cpu_has_no_bf16_instructions():
     assert any(n.startswith("removed precision=bf16: this CPU has no bf16 instructions")
                for n in space.notes)  # fmt: skip
     assert "bf16" in fit_space(load_space("cpu", FACTS()), device, info).knobs["precision"].choices
+
+
+GPU_KNOBS = """knobs:
+  precision: {choices: [bf16, fp8]}
+  attn_implementation: {choices: [sdpa, flash_attention_2, flash_attention_3]}
+  use_liger_kernel: {choices: [false, true]}
+  gradient_checkpointing: true
+  activation_offload: {choices: [false, true]}
+  packing: {choices: [false, true]}
+"""
+KERNELS = {"flash_attn_error": None, "flash_attn_3_error": None, "liger_error": None,
+           "liger_model_types": ("llama", "qwen2")}  # fmt: skip
+
+
+def gpu_knobs(tmp_path, profile, model=("llama", "causal-lm"), **facts):
+    path = tmp_path / "gpu.yaml"
+    path.write_text(GPU_KNOBS)
+    device, info = profiles()[profile]
+    info = dataclasses.replace(info, **{**KERNELS, **facts})
+    space = fit_space(load_space(str(path)), device, info, "data", model=model)
+    return {name: knob.choices for name, knob in space.knobs.items()}, "\n".join(space.notes)
+
+
+def test_gpu_kernels_stay_on_a_hopper_gpu_with_their_packages(tmp_path):
+    choices, notes = gpu_knobs(tmp_path, "h100", compute_capability="9.0")
+    assert choices["attn_implementation"] == ("sdpa", "flash_attention_2", "flash_attention_3")
+    assert choices["precision"] == ("bf16", "fp8")
+    assert choices["use_liger_kernel"] == choices["activation_offload"] == (False, True)
+    assert choices["packing"] == (False, True) and notes == ""
+
+
+def test_gpu_kernels_leave_by_device_capability_and_package_each_with_its_reason(tmp_path):
+    choices, notes = gpu_knobs(tmp_path, "h100", compute_capability="8.0",
+                               flash_attn_3_error="not installed")  # fmt: skip
+    assert choices["attn_implementation"] == ("sdpa", "flash_attention_2")
+    assert "removed attn_implementation=flash_attention_3: FlashAttention 3 needs a Hopper or " \
+           "newer GPU (this one is 8.0)" in notes  # fmt: skip
+    assert "removed precision=fp8: fp8 matmuls need a GPU of compute capability 8.9 or newer " \
+           "(Ada, Hopper) (this one is 8.0)" in notes  # fmt: skip
+    choices, notes = gpu_knobs(tmp_path, "h100", compute_capability="7.5",
+                               flash_attn_error="not installed (pip install flash-attn)",
+                               liger_error="ModuleNotFoundError: triton")  # fmt: skip
+    assert choices["attn_implementation"] == ("sdpa",) and "use_liger_kernel" in choices
+    assert choices["use_liger_kernel"] == (False,)
+    assert "FlashAttention 2 needs an Ampere or newer GPU (this one is 7.5)" in notes
+    assert "removed use_liger_kernel=true: liger-kernel does not import here " \
+           "(ModuleNotFoundError: triton)" in notes  # fmt: skip
+    choices, notes = gpu_knobs(tmp_path, "h100", torchao_error="not installed")
+    assert choices["precision"] == ("bf16",)
+    assert "fp8 trains through torchao's Float8Linear; torchao does not import here" in notes
+
+
+def test_gpu_kernels_leave_a_cpu_search_each_with_its_reason(tmp_path):
+    choices, notes = gpu_knobs(tmp_path, "cpu")
+    assert choices["attn_implementation"] == ("sdpa",) and choices["precision"] == ("bf16",)
+    assert choices["use_liger_kernel"] == choices["activation_offload"] == (False,)
+    for reason in (
+        "removed attn_implementation=flash_attention_2: FlashAttention's kernels run on CUDA "
+        "GPUs only",
+        "removed use_liger_kernel=true: Liger's kernels are Triton kernels for CUDA GPUs",
+        "removed activation_offload=true: it moves saved activations from GPU memory to the "
+        "host's: on CPU they are there",
+        "removed packing=true: packed samples stay apart only under FlashAttention's "
+        "variable-length kernel",
+    ):
+        assert reason in notes
+
+
+def test_liger_and_packing_leave_the_models_they_cannot_train(tmp_path):
+    choices, notes = gpu_knobs(tmp_path, "h100", model=("bert", "sequence-classification"))
+    assert choices["use_liger_kernel"] == choices["packing"] == (False,)
+    assert ("removed use_liger_kernel=true: Liger has no kernels for bert models (it patches: "
+            "llama, qwen2)") in notes  # fmt: skip
+    assert ("removed packing=true: packing flattens causal-lm samples into one row; a "
+            "sequence-classification model keeps its samples apart") in notes  # fmt: skip

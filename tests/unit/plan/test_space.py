@@ -115,7 +115,7 @@ def test_every_mistake_in_a_file_is_reported_with_its_line(tmp_path):
     path.write_text(
         "device: cuda\n"
         "knobs:\n"
-        "  precision: {choices: [fp32, fp8]}\n"
+        "  precision: {choices: [fp32, fp4]}\n"
         "  batch_size: {choices: [8, 12]}\n"
         "  optim: {choices: [adamw_torh]}\n"
         "  compile_mode: {choices: [default], when: {torch_compile: inductor}}\n"
@@ -126,7 +126,7 @@ def test_every_mistake_in_a_file_is_reported_with_its_line(tmp_path):
         load_space(str(path), FACTS)
     message = str(error.value)
     for part in (
-        f"{path}:3: knobs.precision: 'fp8' is not one of",
+        f"{path}:3: knobs.precision: 'fp4' is not one of",
         f"{path}:4: knobs.batch_size: batch size 12 breaks the rule",
         f"{path}:5: knobs.optim: 'adamw_torh' is not a TrainingArguments.optim name here; "
         "did you mean adamw_torch?",
