@@ -104,6 +104,60 @@ class _CountedLoader:
         return getattr(self._loader, name)
 
 
+class _LongestFirst:
+    """A training loader whose first `count` batches (the warm-up step's) are replaced by the
+    longest batch it could ever give: its `size` longest samples, collated by its own collator.
+    The peak then covers the longest batch of the whole run, whatever the sampler (random or
+    grouped by length) would have met in a few steps. Its length is the loader's."""
+
+    def __init__(self, loader: Any, size: int, count: int) -> None:
+        self._loader = loader
+        self._size = size
+        self._count = count
+
+    def __iter__(self) -> Any:
+        batches = iter(self._loader)
+        longest = longest_indices(self._loader.dataset, self._size)
+        if longest is None:  # lengths unknown (no input_ids column): as the loader gives them
+            yield from batches
+            return
+        for _ in range(self._count):
+            if next(batches, None) is None:  # the batch it stands in for
+                return
+            yield self._loader.collate_fn([self._loader.dataset[i] for i in longest])
+        yield from batches
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+def longest_indices(dataset: Any, size: int) -> list[int] | None:
+    """The indices of the `size` longest samples of a datasets.Dataset (by its `length`
+    column, else its `input_ids`); None where the lengths cannot be read."""
+    if not hasattr(dataset, "__len__"):  # an iterable dataset: no sample to pick
+        return None
+    columns = getattr(dataset, "column_names", None) or ()
+    if "length" in columns:
+        lengths = dataset["length"]
+    elif "input_ids" in columns:
+        lengths = [len(ids) for ids in dataset["input_ids"]]
+    else:
+        return None
+    return sorted(range(len(lengths)), key=lambda i: -lengths[i])[:size]
+
+
+def longest_first(trainer: Any, steps: int = 1) -> None:
+    """Train the first `steps` optimizer steps (warm-up, outside the timed window) on the
+    longest batch the data holds, so the trial's peak memory includes it."""
+    size = trainer.args.per_device_train_batch_size
+    count = steps * trainer.args.gradient_accumulation_steps
+    make_loader = trainer.get_train_dataloader
+    trainer.get_train_dataloader = lambda: _LongestFirst(make_loader(), size, count)
+
+
 def count_batches(trainer: Any) -> BatchCounter:
     """Count the batches `trainer.train()` takes (see `BatchCounter`)."""
     counter = BatchCounter()

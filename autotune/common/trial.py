@@ -130,7 +130,8 @@ class TrialResult:
     trained_model: str | None = None
     """What the Trainer trained: its model's `name_or_path`, else its `model_type`."""
     trained_seq_len: int | None = None
-    """The longest batch row the Trainer trained on (padding included)."""
+    """The longest batch row the Trainer trained on (padding included): on data of many
+    lengths the first step's, of the longest samples, so the peak covers the run's longest."""
     training_args: dict[str, Any] = field(default_factory=dict)
     """The tuned `TrainingArguments` kwargs the worker trained with (no run-only fields)."""
     rank_peak_memory_gib: list[float] | None = None

@@ -49,6 +49,7 @@ METRIC_COLUMNS = (
     "step_time_median_ms",
     "step_time_cv",
     "compile_s",
+    "trained_seq_len",
     "wall_s",
     "overhead_s",
     "cpu_threads",
