@@ -51,8 +51,8 @@ def test_the_peak_covers_the_longest_batch_of_the_data(tmp_path, corpus):
                               tokenizer)  # fmt: skip
     long = peak_and_longest(tmp_path, "long", write_lines(tmp_path / "l.jsonl", [200] * 64),
                             tokenizer)  # fmt: skip
-    short = peak_and_longest(tmp_path, "short",
-                             write_lines(tmp_path / "s.jsonl", [rng.randint(5, 20) for _ in range(64)]),
+    few = [rng.randint(5, 20) for _ in range(64)]
+    short = peak_and_longest(tmp_path, "short", write_lines(tmp_path / "s.jsonl", few),
                              tokenizer)  # fmt: skip
     # trials.csv names the longest row the peak covered: 200 words and [CLS], [SEP].
     assert varied[1] == long[1] == 202 and short[1] <= 22
