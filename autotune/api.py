@@ -20,15 +20,16 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from autotune import workers
-from autotune.common.errors import AutotuneError, DataError
+from autotune.common.errors import AutotuneError, DataError, StudyError
 from autotune.common.knobs import MathChange, describe_params
 from autotune.common.layout import OUTPUTS
-from autotune.common.trial import TrialResult
+from autotune.common.trial import Status, TrialResult
 from autotune.common.urls import safe_url
 from autotune.common.user_data import read_ready
-from autotune.outputs import confirm
+from autotune.outputs import confirm, verify
 from autotune.outputs.snapshot import StudySnapshot, read_snapshot
 from autotune.outputs.study_folder import table, write_study_folder
+from autotune.outputs.verify import Verification
 from autotune.plan import conditions, factories, software_cache, user_data
 from autotune.plan.config import RunConfig, WorkerConfig, make_config
 from autotune.plan.plan import SearchPlan, make_plan
@@ -347,6 +348,56 @@ def confirm_study(
     return SearchResult(snapshot=snapshot, study_dir=plan.study_dir, paths=paths)
 
 
+def verify_study(
+    study_dir: str | Path,
+    *,
+    trial: int | None = None,
+    steps: int = 200,
+    storage: str | None = None,
+    study: str | None = None,
+    observer: SearchObserver | None = None,
+    launcher: Launcher | None = None,
+    command: str | None = None,
+) -> tuple[Verification, SearchResult]:
+    """Train the recommended trial's settings (or trial `trial`'s) for `steps` optimizer steps
+    in a trial process (`autotune verify`), under the settings the study was searched with
+    and its lock; store the comparison and write the outputs anew."""
+    observer = observer or SearchObserver()
+    study_dir = Path(study_dir)
+    stored = load_study_dir(study_dir, storage, study)
+    record = _record_to_verify(read_snapshot(stored), trial)
+    same = {k: v for k, v in stored.user_attrs.get(SETTINGS_ATTR, {}).items()
+            if k in ("workers", "devices")}  # fmt: skip
+    config = join_config(WorkerConfig(out=study_dir.parent, study=stored.study_name,
+                                      storage=storage, **same))  # fmt: skip
+    with observer.busy("probing the device"):
+        device_info = software_cache.probe_device()
+    plan = make_plan(config, device_info)
+    prepare_inputs(plan, observer)
+    with locked_study(plan) as (optuna_study, plan), stop_signals() as signals:
+        this_run = _start_run(optuna_study, plan, "verify", command, observer)
+        try:
+            with plan.slots[0].applied():  # the cores (or device) the trials had
+                verified = verify.verify(plan, optuna_study, record, steps, observer=observer,
+                                         launcher=launcher)  # fmt: skip
+        except KeyboardInterrupt as exc:
+            raise signals.interrupted(exc) from None
+        with signals.deferred():
+            snapshot, paths = _write_outputs(optuna_study, plan, this_run)
+    return verified, SearchResult(snapshot=snapshot, study_dir=plan.study_dir, paths=paths)
+
+
+def _record_to_verify(snapshot: StudySnapshot, trial: int | None) -> TrialRecord:
+    if trial is None:
+        if snapshot.picks.recommended is None:
+            raise StudyError("no trial to recommend in this study; pick one with trial=N")
+        return snapshot.picks.recommended
+    record = snapshot.record(trial)
+    if record is None or record.status is not Status.OK:
+        raise StudyError(f"trial={trial}: no successful trial with that number")
+    return record
+
+
 def _write_outputs(
     study: optuna.Study, plan: SearchPlan, this_run: tuple[str, dict[str, Any]] | None = None
 ) -> tuple[StudySnapshot, list[Path]]:
@@ -386,7 +437,8 @@ def join(
             end_run(study, *this_run)
 
 
-_CALLED_AS = {"search": "run", "worker": "join", "confirm": "confirm_study"}
+_CALLED_AS = {"search": "run", "worker": "join", "confirm": "confirm_study",
+              "verify": "verify_study"}  # fmt: skip
 
 
 def _start_run(

@@ -3,7 +3,7 @@ exit codes (2 for a problem the user can fix; 75 when the study's database serve
 74 when the study's SQLite file was deleted under the search; 130, 143, 129 for a search
 stopped by Ctrl-C, SIGTERM, SIGHUP). One module per subcommand group: `search` (search,
 worker), `catalog` (models, spaces, validate), `estimate`, and `results` (report, confirm,
-export)."""
+verify, export)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,14 @@ from autotune.cli import catalog, estimate, results, search
 from autotune.common.errors import AutotuneError, ConfigError
 from autotune.common.version import __version__
 from autotune.outputs.view import errors
-from autotune.plan.config import ConfirmConfig, ExportConfig, ReportConfig, RunConfig, WorkerConfig
+from autotune.plan.config import (
+    ConfirmConfig,
+    ExportConfig,
+    ReportConfig,
+    RunConfig,
+    VerifyConfig,
+    WorkerConfig,
+)
 from autotune.store.storage_file import STUDY_FILE_LOST_EXIT_CODE, StudyFileLost
 from autotune.store.storage_outage import OUTAGE_EXIT_CODE, StorageUnavailable
 from autotune.study.interrupts import SearchInterrupted
@@ -30,6 +37,7 @@ _SETTINGS = {
     "report": ReportConfig,
     "export": ExportConfig,
     "confirm": ConfirmConfig,
+    "verify": VerifyConfig,
 }
 """The key=value settings of each command, for the hint on a `--KEY value` typed instead."""
 

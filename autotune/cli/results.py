@@ -17,7 +17,14 @@ from autotune.outputs.snapshot import StudySnapshot, read_snapshot
 from autotune.outputs.study_folder import write_study_folder
 from autotune.outputs.view import Reporter, TerminalView, console, print_outcome, print_paths
 from autotune.plan import conditions
-from autotune.plan.config import ConfirmConfig, ExportConfig, ReportConfig, help_rows, load_config
+from autotune.plan.config import (
+    ConfirmConfig,
+    ExportConfig,
+    ReportConfig,
+    VerifyConfig,
+    help_rows,
+    load_config,
+)
 from autotune.store.records import Ending
 from autotune.store.storage import load_study_dir
 from autotune.study.interrupts import SearchInterrupted
@@ -29,6 +36,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         ("export", ExportConfig, _export, "print a trial's settings as json, yaml, py or cli"),
         ("confirm", ConfirmConfig, _confirm,
          "measure a study's baseline and picks again, interleaved, and rebuild its outputs"),
+        ("verify", VerifyConfig, _verify,
+         "train the recommended settings for many steps, compare with their trial, and rebuild "
+         "the study's outputs"),
     ):  # fmt: skip
         parser = commands.add_parser(
             name,
@@ -76,6 +86,19 @@ def _confirm(args: argparse.Namespace) -> int:
     print_outcome(view.report, result.snapshot)
     print_paths(view.report, result.paths)
     return 0 if result.recommended is not None else NOTHING_TO_RECOMMEND
+
+
+def _verify(args: argparse.Namespace) -> int:
+    config = load_config(args.overrides, VerifyConfig)
+    view = TerminalView(quiet=config.quiet)
+    verified, result = api.verify_study(
+        args.study_dir, trial=config.trial, steps=config.steps, storage=config.storage,
+        study=config.study, observer=view, launcher=args.launcher,
+        command=conditions.cli_command(args.argv),
+    )  # fmt: skip
+    view.report.line(f"verified: {verified.describe()}")
+    print_paths(view.report, result.paths)
+    return 0 if verified.status == Status.OK.value else 1
 
 
 def _export(args: argparse.Namespace) -> int:

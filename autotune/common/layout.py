@@ -43,6 +43,8 @@ INTERRUPTED_RESULT = "result.interrupted.json"
 """What a worker wrote for a trial whose search died before recording it: set aside, not used."""
 
 CONFIRM = "confirm"
+VERIFY = "verify"
+"""`autotune verify`'s runs: `verify/tNNNN/`, one folder per trial verified."""
 DATA_CACHE = "data"
 """One prepared entry per fingerprint of the user's data."""
 WORKERS = "workers"

@@ -5,7 +5,7 @@ folder's tables, the report, the exports and the confirmation share."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -13,6 +13,7 @@ import optuna
 from autotune.common.knobs import MathChange, math_changes
 from autotune.common.trial import Status
 from autotune.outputs.pareto import Confirmed, Picks, non_dominated, pick
+from autotune.outputs.verify import Verification, read_verifications
 from autotune.plan import conditions
 from autotune.plan.run_info import RunInfo
 from autotune.store.records import (
@@ -42,6 +43,8 @@ class StudySnapshot:
     """How the study's last search ended; None while one runs, or for older studies."""
     runs: tuple[dict[str, Any], ...] = ()
     """Each run's provenance (`conditions.run_record`), oldest first."""
+    verifications: dict[int, Verification] = field(default_factory=dict)
+    """Trials whose settings `autotune verify` trained for many steps, by number."""
 
     def other_versions(self, record: TrialRecord) -> str | None:
         """How the versions it was measured under differ from the study's; None: they do not.
@@ -146,4 +149,5 @@ def read_snapshot(study: optuna.Study) -> StudySnapshot:
         search_s=search_s,
         ended=RunEnd.of(study),
         runs=read_runs(study),
+        verifications=read_verifications(study),
     )

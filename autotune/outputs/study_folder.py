@@ -122,6 +122,7 @@ def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
     fastest = picks.recommended
     assert fastest is not None
     baseline = picks.baseline
+    verified = snapshot.verifications.get(fastest.number)
     return {
         "study": info.study,
         "trial": fastest.number,
@@ -134,6 +135,8 @@ def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
         # How recommended.py runs as the trial did: one process per device.
         "launch": export.launch_command(info, fastest.params),
         "accelerate_launch": export.accelerate_command(info, fastest.params),
+        # Its settings trained for many steps (`autotune verify`), against its trial's figures.
+        "verification": None if verified is None else verified.to_json(),
         **_settings_and_metrics(fastest, snapshot),
         "baseline": None if baseline is None else {
             "trial": baseline.number,

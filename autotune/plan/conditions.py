@@ -133,7 +133,7 @@ def now() -> str:
 
 def run_record(*, kind: str, command: str, settings: dict[str, Any], info: RunInfo,
                versions: dict[str, str]) -> dict[str, Any]:  # fmt: skip
-    """One run's provenance as stored: `kind` is search, worker or confirm; `settings` are
+    """One run's provenance as stored: `kind` is search, worker, confirm or verify; `settings` are
     every setting the run had (credentials masked by the caller)."""
     return {
         "kind": kind,

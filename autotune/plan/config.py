@@ -504,6 +504,16 @@ class ConfirmConfig(ReportConfig):
     quiet: bool = Field(False, description="print only errors")
 
 
+class VerifyConfig(ReportConfig):
+    """`autotune verify STUDY_DIR key=value ...`"""
+
+    trial: int | None = Field(None, ge=0, description="trial number; null = the recommended one")
+    steps: int = Field(
+        200, ge=2, description="optimizer steps to train, the study's warm-up steps included"
+    )
+    quiet: bool = Field(False, description="print only errors")
+
+
 def load_config(overrides: list[str], schema: type[BaseModel] = RunConfig) -> Any:
     """Parse and validate command-line overrides into `schema` (RunConfig by default)."""
     values, problems = parse_overrides(overrides, schema)

@@ -54,6 +54,9 @@ PROVENANCE_PREFIX = "provenance:"
 so that runs on several hosts never write the same attr."""
 CONFIRMATION_ATTR = "confirmation"
 """Study: the picks measured again after the search (`pareto.Confirmed.to_json`)."""
+VERIFICATION_PREFIX = "verification:"
+"""Study: a trial's settings trained for many steps (`verify.Verification.to_json`), one attr
+per trial, keyed by this prefix and its number."""
 CONSTRAINT = "peak_over_budget_gib"
 """Trial constraint, feasible when <= 0: peak memory less the budget."""
 

@@ -207,6 +207,11 @@ def _summary(snapshot: StudySnapshot) -> dict[str, str]:
         summary["fastest (not recommended)"] = picks.describe(picks.fastest)
         summary["fastest: changes the training"] = _changes_text(snapshot, picks.fastest)
     summary["confirmation"] = _confirmation_text(picks)
+    verified = snapshot.verifications.get(picks.recommended.number)
+    summary["recommended: verified"] = (
+        verified.describe() if verified is not None
+        else "not yet: `autotune verify STUDY_DIR` trains it for 200 steps and compares"
+    )  # fmt: skip
     summary["memory saver"] = picks.describe_saver()
     if picks.saver.number != picks.recommended.number:
         summary["memory saver: changes the training"] = _changes_text(snapshot, picks.saver)
