@@ -190,7 +190,7 @@ def test_validate_reports_every_problem_and_passes_shipped_spaces(tmp_path):
     assert ok.returncode == 0, ok.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text(
-        "knobs:\n  precision: {choices: [fp8]}\n  batch_size: {choices: [12]}\n"
+        "knobs:\n  precision: {choices: [fp4]}\n  batch_size: {choices: [12]}\n"
         "  warp_drive: {choices: [1]}\n"
     )
     proc = autotune("validate", str(bad))
