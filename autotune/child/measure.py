@@ -104,28 +104,25 @@ class _CountedLoader:
         return getattr(self._loader, name)
 
 
-class _LongestFirst:
-    """A training loader whose first `count` batches (the warm-up step's) are replaced by the
-    longest batch it could ever give: its `size` longest samples, collated by its own collator.
-    The peak then covers the longest batch of the whole run, whatever the sampler (random or
-    grouped by length) would have met in a few steps. Its length is the loader's."""
+class _LongestBatches:
+    """A training loader whose batches `start` to `start + count - 1` (a warm-up step's) are
+    replaced by the longest batch it could ever give: its `size` longest samples, collated by
+    its own collator. The peak then covers the longest batch of the whole run, whatever the
+    sampler (random or grouped by length) would have met in a few steps. Its length is the
+    loader's."""
 
-    def __init__(self, loader: Any, size: int, count: int) -> None:
+    def __init__(self, loader: Any, size: int, start: int, count: int) -> None:
         self._loader = loader
         self._size = size
-        self._count = count
+        self._replaced = range(start, start + count)
 
     def __iter__(self) -> Any:
-        batches = iter(self._loader)
         longest = longest_indices(self._loader.dataset, self._size)
-        if longest is None:  # lengths unknown (no input_ids column): as the loader gives them
-            yield from batches
-            return
-        for _ in range(self._count):
-            if next(batches, None) is None:  # the batch it stands in for
-                return
-            yield self._loader.collate_fn([self._loader.dataset[i] for i in longest])
-        yield from batches
+        for index, batch in enumerate(self._loader):
+            if longest is not None and index in self._replaced:
+                yield self._loader.collate_fn([self._loader.dataset[i] for i in longest])
+            else:
+                yield batch
 
     def __len__(self) -> int:
         return len(self._loader)
@@ -149,13 +146,15 @@ def longest_indices(dataset: Any, size: int) -> list[int] | None:
     return sorted(range(len(lengths)), key=lambda i: -lengths[i])[:size]
 
 
-def longest_first(trainer: Any, steps: int = 1) -> None:
-    """Train the first `steps` optimizer steps (warm-up, outside the timed window) on the
-    longest batch the data holds, so the trial's peak memory includes it."""
+def longest_at(trainer: Any, step: int) -> None:
+    """Train optimizer step `step` (1-based; the last warm-up step, outside the timed window)
+    on the longest batch the data holds, so the trial's peak memory includes it. From the
+    second step on the optimizer's states exist beside it, as in the rest of the run."""
     size = trainer.args.per_device_train_batch_size
-    count = steps * trainer.args.gradient_accumulation_steps
+    accumulation = trainer.args.gradient_accumulation_steps
+    start = (step - 1) * accumulation
     make_loader = trainer.get_train_dataloader
-    trainer.get_train_dataloader = lambda: _LongestFirst(make_loader(), size, count)
+    trainer.get_train_dataloader = lambda: _LongestBatches(make_loader(), size, start, accumulation)
 
 
 def count_batches(trainer: Any) -> BatchCounter:

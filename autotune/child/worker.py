@@ -99,7 +99,7 @@ def train_trial(
             ranks.shard(rank, trainer.model, prefetch=spec.params.get("fsdp_prefetch", False))
             trainer.add_callback(states)
         if spec.data_dir or spec.trainer:  # samples of many lengths: the peak covers the longest
-            measure.longest_first(trainer)
+            measure.longest_at(trainer, step=spec.warmup_steps)
         timer.counter = measure.count_batches(trainer)
         # Callbacks run in list order, after the Trainer's and the user's own: the reporter
         # after the timer has read the clock.

@@ -34,18 +34,24 @@ def run(folder: Path, launcher, model: str, seq_len: int, **params) -> TrialResu
 def test_checkpointing_every_second_block_keeps_memory_between_none_and_every_block(
     tmp_path, launcher
 ):
-    # 4 blocks at seq 256, batch 8: a block's activations are ~60 MB, its input 2 MB.
-    model, seq_len = "google/bert_uncased_L-4_H-256_A-4", 256
+    # 4 blocks at seq 512, batch 8: a block's activations are ~0.1 GiB, its input 4 MB.
+    model, seq_len = "google/bert_uncased_L-4_H-256_A-4", 512
     none = run(tmp_path / "none", launcher, model, seq_len, gradient_checkpointing=False)
     every = run(tmp_path / "every", launcher, model, seq_len, gradient_checkpointing=True)
     half = run(tmp_path / "half", launcher, model, seq_len, gradient_checkpointing=True,
                checkpointing_every_n_layers=2)  # fmt: skip
     assert half.training_args["activation_checkpointing_kwargs"] == {"every_n_layers": 2}
-    # Two of four blocks keep their activations: about half of what full checkpointing saves.
+    peaks = none.peak_memory_gib, half.peak_memory_gib, every.peak_memory_gib
+    print(f"\npeak GiB: none {peaks[0]:.3f}, every 2nd block {peaks[1]:.3f}, every block "
+          f"{peaks[2]:.3f}; samples/s {none.samples_per_s:.1f}, {half.samples_per_s:.1f}, "
+          f"{every.samples_per_s:.1f}")  # fmt: skip
+    # Blocks 1 and 3 keep their activations: the peak holds two blocks' where full
+    # checkpointing holds the one it recomputes, and none all four.
     saved = none.peak_memory_gib - every.peak_memory_gib
-    assert saved > 0.05, (none.peak_memory_gib, every.peak_memory_gib)
-    assert every.peak_memory_gib + saved / 4 < half.peak_memory_gib
-    assert half.peak_memory_gib < none.peak_memory_gib - saved / 4
+    assert saved > 0.15, peaks
+    assert (
+        every.peak_memory_gib + saved / 8 < half.peak_memory_gib < none.peak_memory_gib - saved / 4
+    )
 
 
 @pytest.mark.parametrize("optim", ["adamw_torch_8bit", "adamw_torch_4bit"])

@@ -1,4 +1,4 @@
-"""On data of many lengths a trial's peak covers the longest batch the run can meet: its
+"""On data of many lengths a trial's peak covers the longest batch the run can meet: its last
 warm-up step trains on the longest samples, whatever the few steps of a trial would have drawn."""
 
 import csv
@@ -28,7 +28,7 @@ def write_lines(path: Path, lengths: list[int]) -> Path:
 def peak_and_longest(tmp_path: Path, name: str, data: Path, tokenizer: Path) -> tuple[float, int]:
     command = [
         sys.executable, "-m", "autotune", "search", f"model={MODEL}", "seq_len=256",
-        f"data={data}", f"tokenizer={tokenizer}", "n_trials=1", "warmup_steps=1",
+        f"data={data}", f"tokenizer={tokenizer}", "n_trials=1", "warmup_steps=2",
         "measure_steps=2", "confirm_rounds=0", f"out={tmp_path}", f"study={name}",
     ]  # fmt: skip
     out = subprocess.run(command, capture_output=True, text=True)
@@ -42,8 +42,8 @@ def peak_and_longest(tmp_path: Path, name: str, data: Path, tokenizer: Path) -> 
 def test_the_peak_covers_the_longest_batch_of_the_data(tmp_path, corpus):
     _, tokenizer = corpus
     rng = random.Random(1)
-    # 1000 samples of 5-20 words, 8 of them 200: three steps of 8 random samples would most
-    # likely meet none of the 8 (a 1 in 6 chance to meet one).
+    # 1000 samples of 5-20 words, 8 of them 200: four steps of 8 random samples would most
+    # likely meet none of the 8 (about a 1 in 4 chance to meet one).
     lengths = [rng.randint(5, 20) for _ in range(1000)]
     for i in rng.sample(range(1000), 8):
         lengths[i] = 200
@@ -58,5 +58,5 @@ def test_the_peak_covers_the_longest_batch_of_the_data(tmp_path, corpus):
     assert varied[1] == long[1] == 202 and short[1] <= 22
     print(f"\npeak GiB: varied {varied[0]:.3f}, every batch longest {long[0]:.3f}, "
           f"short only {short[0]:.3f}")  # fmt: skip
-    assert varied[0] == pytest.approx(long[0], abs=0.05)
+    assert varied[0] == pytest.approx(long[0], abs=0.06)  # RSS: the allocator keeps some
     assert short[0] < varied[0] - 0.08
