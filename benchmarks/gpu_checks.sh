@@ -19,6 +19,10 @@
 #       (GPU, ~4 min) offload.json and offload.txt: FSDP2's offload and ZeRO-2/3 Offload on
 #       one GPU train a model that does not fit the memory budget without
 #       (benchmarks/offload.py).
+#   OUT=DIR bash benchmarks/gpu_checks.sh knobs
+#       (GPU, ~7 min) knobs.txt, knobs_trials.csv, knobs_recommended.json: a search of today's
+#       GPU knobs (benchmarks/gpu_knobs.yaml) on Qwen2.5-0.5B, its notes saying which left
+#       and why, and its pick verified over 100 steps (autotune verify).
 #   OUT=DIR DEVICES=N bash benchmarks/gpu_checks.sh ranks
 #       (N GPUs, ~5 min; not in lease, whose machines have one) ranks_gpu.json and
 #       ranks_gpu.txt: each strategy trains a trial on N GPUs, checked as applied
@@ -34,7 +38,7 @@
 # the mechanics on CPU: MODEL=google/bert_uncased_L-2_H-128_A-2 SEQ_LEN=64 SEARCH_ARGS=n_trials=4
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?usage: gpu_checks.sh wheels | search [STUDY_TGZ] | follow-up STUDY_TGZ | offload | ranks | lease}
+stage=${1:?usage: gpu_checks.sh wheels | search [STUDY_TGZ] | follow-up STUDY_TGZ | offload | knobs | ranks | lease}
 work=/tmp/gpu-checks
 study=gpu-check
 model=${MODEL:-bert-large-uncased}
@@ -127,12 +131,24 @@ offload)
   timeout -s INT "${OFFLOAD_WALL_S:-300}" python3 benchmarks/offload.py \
     --out "$OUT/offload.json" 2>&1 | tee "$OUT/offload.txt" || true
   ;;
+knobs)
+  # Today's GPU knobs (FlashAttention, Liger, fp8, torchao's 8-bit AdamW, activation offload,
+  # partial checkpointing, regional compile) on a small causal LM, then its pick verified.
+  timeout -s INT "${KNOBS_WALL_S:-420}" python3 -m autotune search model=Qwen/Qwen2.5-0.5B \
+    seq_len=512 space=benchmarks/gpu_knobs.yaml n_trials=16 timeout=4m trial_timeout=90s \
+    compile_timeout=60s confirm_rounds=0 "out=$work/reports" study=knobs 2>&1 \
+    | tee "$OUT/knobs.txt" || true
+  cp "$work/reports/knobs/trials.csv" "$OUT/knobs_trials.csv" || true
+  timeout -s INT 150 python3 -m autotune verify "$work/reports/knobs" steps=100 2>&1 \
+    | tee -a "$OUT/knobs.txt" || true
+  cp "$work/reports/knobs/recommended.json" "$OUT/knobs_recommended.json" || true
+  ;;
 ranks)
   timeout -s INT "${RANKS_WALL_S:-420}" python3 benchmarks/ranks_gpu.py \
     --devices "${DEVICES:-2}" --out "$OUT/ranks_gpu.json" 2>&1 | tee "$OUT/ranks_gpu.txt" || true
   ;;
 *)
-  echo "unknown stage $stage: wheels | search | follow-up | offload | ranks | lease" >&2
+  echo "unknown stage $stage: wheels | search | follow-up | offload | knobs | ranks | lease" >&2
   exit 2
   ;;
 esac
