@@ -134,16 +134,20 @@ class _LongestBatches:
 def longest_indices(dataset: Any, size: int) -> list[int] | None:
     """The indices of the `size` longest samples of a datasets.Dataset (by its `length`
     column, else its `input_ids`); None where the lengths cannot be read."""
-    if not hasattr(dataset, "__len__"):  # an iterable dataset: no sample to pick
-        return None
     columns = getattr(dataset, "column_names", None) or ()
+    if not (hasattr(dataset, "with_format") and hasattr(dataset, "__len__")) or not (
+        {"length", "input_ids"} & set(columns)
+    ):
+        return None  # not a datasets.Dataset with token ids (an iterable one has no length)
+    import pyarrow.compute as pc
+
+    # Arrow's own columns, no transform applied and no row built: a pass over the lengths.
+    table = dataset.with_format("arrow")
     if "length" in columns:
-        lengths = dataset["length"]
-    elif "input_ids" in columns:
-        lengths = [len(ids) for ids in dataset["input_ids"]]
+        lengths = table["length"]
     else:
-        return None
-    return sorted(range(len(lengths)), key=lambda i: -lengths[i])[:size]
+        lengths = pc.list_value_length(table["input_ids"])
+    return pc.sort_indices(lengths, sort_keys=[("", "descending")])[:size].to_pylist()
 
 
 def longest_at(trainer: Any, step: int) -> None:

@@ -236,17 +236,19 @@ def test_the_exported_launch_command_trains_each_strategy_on_two_ranks(tmp_path,
         )  # fmt: skip
         assert run.returncode == 0, run.stdout + run.stderr
         assert "train_runtime" in run.stdout, run.stdout
-    # The same through accelerate launch and the accelerate config written beside.
+    # The same through accelerate launch and the accelerate config written beside (once: the
+    # README's example runs it for its own pick too).
     accelerate = yaml.safe_load((study / "accelerate_config.yaml").read_text())
     assert accelerate["num_processes"] == 2 and accelerate["mixed_precision"] == "no"
     assert recommended["accelerate_launch"] == (
         "accelerate launch --config_file accelerate_config.yaml recommended.py")  # fmt: skip
-    run = subprocess.run(
-        [*shlex.split(recommended["accelerate_launch"]), "--max-steps", "3", "--output-dir",
-         str(tmp_path / "run1")], cwd=study, capture_output=True, text=True,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "train_runtime" in run.stdout, run.stdout
+    if strategy == "fsdp":
+        run = subprocess.run(
+            [*shlex.split(recommended["accelerate_launch"]), "--max-steps", "3", "--output-dir",
+             str(tmp_path / "run1")], cwd=study, capture_output=True, text=True,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "train_runtime" in run.stdout, run.stdout
     # Without the launcher, the script says how to run it rather than train on one rank.
     alone = subprocess.run([sys.executable, "recommended.py", "--max-steps", "1"], cwd=study,
                            capture_output=True, text=True)  # fmt: skip

@@ -213,6 +213,8 @@ def run_command(example: Example, command: str, cwd: Path, env: dict) -> None:
             check_two_workers(study_dir, proc)
     elif argv[:2] == ["autotune", "estimate"]:
         assert "largest batch that fits:" in proc.stdout, failure(example, command, proc)
+    elif argv[:2] == ["autotune", "verify"]:
+        check_verification(cwd / argv[2], proc)
 
 
 def run_python_block(example: Example, code: str, cwd: Path, env: dict) -> None:
@@ -289,6 +291,21 @@ def check_two_workers(study_dir: Path, proc: subprocess.CompletedProcess) -> Non
     assert {r.result.cpu_threads for r in ok} == {1}, "each trial trained on its worker's core"
     owners = {t.user_attrs[OWNER_ATTR]["pid"] for t in study.trials if is_recorded(t)}
     assert len(owners) == 2, "both workers ran trials"
+
+
+def check_verification(study_dir: Path, proc: subprocess.CompletedProcess) -> None:
+    """`autotune verify`: a real 200-step run of the recommended trial, its ratios stored with
+    the study and shown in recommended.json, the report and the terminal."""
+    recommended = json.loads((study_dir / "recommended.json").read_text())
+    verified = recommended["verification"]
+    assert (verified["trial"], verified["steps"], verified["status"]) == (
+        recommended["trial"], 200, "ok"), verified  # fmt: skip
+    assert verified["searched_samples_per_s"] == recommended["metrics"]["samples_per_s"]
+    ratio = verified["samples_per_s"] / verified["searched_samples_per_s"]
+    assert verified["samples_per_s_ratio"] == pytest.approx(ratio)
+    assert verified["fragmentation"] is None  # CPU: no allocator cache to weigh
+    assert f"verified: trial {verified['trial']} over 200 steps: " in proc.stdout, proc.stdout
+    assert "recommended: verified" in (study_dir / "report.html").read_text()
 
 
 def expect_success(example: Example, command: str, proc: subprocess.CompletedProcess) -> None:

@@ -276,27 +276,6 @@ def test_report_is_rebuilt_from_the_study_storage_alone(search, tmp_path):
     assert (copy / "trials.csv").read_text() == (study_dir / "trials.csv").read_text()
 
 
-def test_verify_trains_the_recommendation_for_200_steps_and_stores_the_ratio(search, tmp_path):
-    _, _, study_dir = search
-    copy = tmp_path / study_dir.name  # the module's study stays as the search left it
-    shutil.copytree(study_dir, copy, ignore=shutil.ignore_patterns("inductor-cache"))
-    proc = autotune("verify", str(copy))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    recommended = json.loads((copy / "recommended.json").read_text())
-    verified = recommended["verification"]
-    assert (verified["trial"], verified["steps"], verified["status"]) == (
-        recommended["trial"], 200, "ok")  # fmt: skip
-    assert verified["searched_samples_per_s"] == recommended["metrics"]["samples_per_s"]
-    ratio = verified["samples_per_s"] / verified["searched_samples_per_s"]
-    assert verified["samples_per_s_ratio"] == pytest.approx(ratio)
-    assert verified["fragmentation"] is None  # CPU: no allocator cache to weigh
-    said = f"verified: trial {verified['trial']} over 200 steps: "
-    assert said in proc.stdout
-    assert "recommended: verified" in (copy / "report.html").read_text()
-    print(f"\nverify: {ratio:.2f}x the trial's samples/s, "
-          f"{verified['peak_memory_ratio']:.2f}x its peak")  # fmt: skip
-
-
 @pytest.mark.benchmark
 @up_to_three_attempts
 def test_fidelity_script_reruns_the_recommendation_in_a_plain_trainer(search, tmp_path):

@@ -156,3 +156,20 @@ def test_eta_is_steps_left_times_the_median_step_after_the_first():
 
 def test_eta_is_zero_at_the_last_step():
     assert measure.eta_s([3.0, 4.0, 5.0], total_steps=3) == 0.0
+
+
+def test_the_longest_batch_is_read_from_arrow_lengths_without_building_rows():
+    import datasets
+
+    rows = {"input_ids": [[1] * n for n in (3, 9, 1, 7, 9, 2)], "label": [0] * 6}
+    data = datasets.Dataset.from_dict(rows)
+    assert measure.longest_indices(data, 3) == [1, 4, 3]
+    # The prepared data's `length` column, through a shuffle's index mapping.
+    shuffled = data.add_column("length", [3, 9, 1, 7, 9, 2]).shuffle(seed=1)
+    longest = measure.longest_indices(shuffled, 2)
+    assert sorted(shuffled["length"][i] for i in longest) == [9, 9]
+    # Lengths a transform would make, or an iterable dataset: not read (no batch replaced).
+    transformed = datasets.Dataset.from_dict({"text": ["a", "b"]})
+    transformed.set_transform(lambda batch: {"input_ids": [[1]] * len(batch["text"])})
+    assert measure.longest_indices(transformed, 1) is None
+    assert measure.longest_indices(data.to_iterable_dataset(), 1) is None
