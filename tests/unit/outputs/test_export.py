@@ -245,3 +245,19 @@ def test_compile_modes_set_in_the_environment_are_exported_as_they_ran():
     # A study.db from elsewhere may hold anything: none of it reaches a shell line.
     with pytest.raises(StudyError, match="not a setting autotune makes"):
         render_cli({}, {}, {"X": "1\ntouch PWNED"})
+
+
+def test_packing_is_exported_as_the_flattening_collator_its_trial_used():
+    record = trial_record("x")
+    params = {"attn_implementation": "flash_attention_2", "packing": True, "pad_to_multiple_of": 8}
+    script = render_script(run_info("x"), dataclasses.replace(record, params=params))
+    assigned = [n for n in ast.parse(script).body if isinstance(n, ast.Assign)]
+    constants = {n.targets[0].id: n.value for n in assigned if isinstance(n.targets[0], ast.Name)}
+    assert ast.literal_eval(constants["COLLATOR_KWARGS"]) == {"packing": True,
+                                                              "pad_to_multiple_of": 8}  # fmt: skip
+    # your_data() picks the collator by it: the flattening one, never padding kwargs it lacks.
+    body = next(n for n in ast.parse(script).body
+                if isinstance(n, ast.FunctionDef) and n.name == "your_data")  # fmt: skip
+    source = ast.get_source_segment(script, body)
+    assert 'if COLLATOR_KWARGS.get("packing"):' in source
+    assert "transformers.DataCollatorWithFlattening()" in source
