@@ -313,6 +313,24 @@ def _confirm(
                         launcher=launcher)  # fmt: skip
 
 
+def _plan_of_stored(
+    study_dir: Path, storage: str | None, study: str | None, observer: SearchObserver
+) -> tuple[optuna.Study, SearchPlan]:
+    """A stored study and the plan of its settings on the cores (or devices) its trials had,
+    the measurement conditions of the study, with its inputs prepared: for measuring its
+    trials' settings again (`autotune confirm`, `autotune verify`)."""
+    stored = load_study_dir(study_dir, storage, study)
+    same = {k: v for k, v in stored.user_attrs.get(SETTINGS_ATTR, {}).items()
+            if k in ("workers", "devices")}  # fmt: skip
+    config = join_config(WorkerConfig(out=study_dir.parent, study=stored.study_name,
+                                      storage=storage, **same))  # fmt: skip
+    with observer.busy("probing the device"):
+        device_info = software_cache.probe_device()
+    plan = make_plan(config, device_info)
+    prepare_inputs(plan, observer)
+    return stored, plan
+
+
 def confirm_study(
     study_dir: str | Path,
     *,
@@ -326,17 +344,7 @@ def confirm_study(
     """Measure a study's picks again (`autotune confirm`), under the settings it was searched
     with and its lock, and write its outputs anew."""
     observer = observer or SearchObserver()
-    study_dir = Path(study_dir)
-    stored = load_study_dir(study_dir, storage, study)
-    # The cores (or devices) each trial had: the measurement conditions of the study.
-    same = {k: v for k, v in stored.user_attrs.get(SETTINGS_ATTR, {}).items()
-            if k in ("workers", "devices")}  # fmt: skip
-    config = join_config(WorkerConfig(out=study_dir.parent, study=stored.study_name,
-                                      storage=storage, **same))  # fmt: skip
-    with observer.busy("probing the device"):
-        device_info = software_cache.probe_device()
-    plan = make_plan(config, device_info)
-    prepare_inputs(plan, observer)
+    _, plan = _plan_of_stored(Path(study_dir), storage, study, observer)
     with locked_study(plan) as (optuna_study, plan), stop_signals() as signals:
         this_run = _start_run(optuna_study, plan, "confirm", command, observer)
         try:
@@ -363,17 +371,8 @@ def verify_study(
     in a trial process (`autotune verify`), under the settings the study was searched with
     and its lock; store the comparison and write the outputs anew."""
     observer = observer or SearchObserver()
-    study_dir = Path(study_dir)
-    stored = load_study_dir(study_dir, storage, study)
+    stored, plan = _plan_of_stored(Path(study_dir), storage, study, observer)
     record = _record_to_verify(read_snapshot(stored), trial)
-    same = {k: v for k, v in stored.user_attrs.get(SETTINGS_ATTR, {}).items()
-            if k in ("workers", "devices")}  # fmt: skip
-    config = join_config(WorkerConfig(out=study_dir.parent, study=stored.study_name,
-                                      storage=storage, **same))  # fmt: skip
-    with observer.busy("probing the device"):
-        device_info = software_cache.probe_device()
-    plan = make_plan(config, device_info)
-    prepare_inputs(plan, observer)
     with locked_study(plan) as (optuna_study, plan), stop_signals() as signals:
         this_run = _start_run(optuna_study, plan, "verify", command, observer)
         try:
