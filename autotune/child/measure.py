@@ -105,21 +105,27 @@ class _CountedLoader:
 
 
 class _LongestBatches:
-    """A training loader whose batches `start` to `start + count - 1` (a warm-up step's) are
-    replaced by the longest batch it could ever give: its `size` longest samples, collated by
-    its own collator. The peak then covers the longest batch of the whole run, whatever the
-    sampler (random or grouped by length) would have met in a few steps. Its length is the
-    loader's."""
+    """A training loader whose batches `start` to `start + count - 1` of the run (a warm-up
+    step's; counted over its epochs, once) are replaced by the longest batch it could ever
+    give: its `size` longest samples, collated by its own collator. The peak then covers the
+    longest batch of the whole run, whatever the sampler (random or grouped by length) would
+    have met in a few steps. Its length is the loader's."""
 
     def __init__(self, loader: Any, size: int, start: int, count: int) -> None:
         self._loader = loader
         self._size = size
         self._replaced = range(start, start + count)
+        self._taken = 0
+        """Batches the run took so far, over every epoch's pass."""
 
     def __iter__(self) -> Any:
-        longest = longest_indices(self._loader.dataset, self._size)
-        for index, batch in enumerate(self._loader):
-            if longest is not None and index in self._replaced:
+        longest = None
+        if self._taken < self._replaced.stop:
+            longest = longest_indices(self._loader.dataset, self._size)
+        for batch in self._loader:
+            replaced = longest is not None and self._taken in self._replaced
+            self._taken += 1
+            if replaced:
                 yield self._loader.collate_fn([self._loader.dataset[i] for i in longest])
             else:
                 yield batch

@@ -26,33 +26,12 @@ def _bitsandbytes_error() -> str | None:
     return None
 
 
-def _deepspeed_error() -> str | None:
-    if importlib.util.find_spec("deepspeed") is None:
-        return "not installed (pip install 'autotune[deepspeed]')"
-    try:
-        # DeepSpeed logs its accelerator's detection at import; keep stdout for the JSON.
-        with contextlib.redirect_stdout(sys.stderr):
-            import deepspeed  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - any failure to import means "not usable here"
-        return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-    return None
-
-
-def _torchao_error() -> str | None:
-    if importlib.util.find_spec("torchao") is None:
-        return "not installed (pip install 'autotune[torchao]')"
-    try:
-        from torchao.optim import AdamW8bit  # noqa: F401 - what adamw_torch_8bit/4bit build
-    except Exception as exc:  # noqa: BLE001 - any failure to import means "not usable here"
-        return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-    return None
-
-
 def _package_error(module: str, install: str) -> str | None:
-    """Why `module` (an optional GPU kernel package) cannot be imported; None when it can."""
-    if importlib.util.find_spec(module) is None:
+    """Why `module` (of an optional package) cannot be imported; None when it can."""
+    if importlib.util.find_spec(module.split(".")[0]) is None:
         return f"not installed ({install})"
     try:
+        # Some log at import (DeepSpeed its accelerator's detection): stdout is the JSON's.
         with contextlib.redirect_stdout(sys.stderr):
             importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - any failure to import means "not usable here"
@@ -81,8 +60,9 @@ def _software_facts() -> dict[str, Any]:
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "bitsandbytes_error": _bitsandbytes_error(),
-        "deepspeed_error": _deepspeed_error(),
-        "torchao_error": _torchao_error(),
+        "deepspeed_error": _package_error("deepspeed", "pip install 'autotune[deepspeed]'"),
+        # What adamw_torch_8bit/4bit (and fp8) build on.
+        "torchao_error": _package_error("torchao.optim", "pip install 'autotune[torchao]'"),
         "flash_attn_error": _package_error("flash_attn", "pip install flash-attn"),
         "flash_attn_3_error": _package_error(
             "flash_attn_interface", "FlashAttention 3: the flash-attn repository's hopper build"

@@ -195,7 +195,9 @@ def own_device_first(rank: Rank) -> int:
     """Reorder this rank's `CUDA_VISIBLE_DEVICES` (its worker's devices) so that its own comes
     first, the others still visible; returns its index then, 0. Called before CUDA starts in
     the rank (the worker never starts it: its ranks are forked)."""
-    visible = os.environ["CUDA_VISIBLE_DEVICES"].split(",")
+    # The worker's slot sets it; unset, the worker saw every GPU, its ranks the first ones.
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = listed.split(",") if listed else [str(i) for i in range(rank.world_size)]
     own = visible[rank.rank]
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join([own, *(v for v in visible if v != own)])
     return 0

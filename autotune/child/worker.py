@@ -177,13 +177,14 @@ def _our_trainer(
         import datasets
 
         dataset = datasets.load_from_disk(spec.data_dir)
-        collator = data.PaddingCollator(
-            task=spec.task,
-            pad_token_id=read_ready(Path(spec.data_dir))["pad_token_id"],
-            pad_to_multiple_of=spec.params.get("pad_to_multiple_of", 1),
-        )
         if spec.params.get("packing"):  # a batch's samples in one row, none padded
             collator = transformers.DataCollatorWithFlattening()
+        else:
+            collator = data.PaddingCollator(
+                task=spec.task,
+                pad_token_id=read_ready(Path(spec.data_dir))["pad_token_id"],
+                pad_to_multiple_of=spec.params.get("pad_to_multiple_of", 1),
+            )
     else:
         samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         # A distributed Trainer splits one dataset between the ranks; under sharding each rank

@@ -7,6 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
+from rich.markup import escape
+
 from autotune import api
 from autotune.common.errors import StudyError
 from autotune.common.trial import Status
@@ -96,7 +98,7 @@ def _verify(args: argparse.Namespace) -> int:
         study=config.study, observer=view, launcher=args.launcher,
         command=conditions.cli_command(args.argv),
     )  # fmt: skip
-    view.report.line(f"verified: {verified.describe()}")
+    view.report.line(f"verified: {escape(verified.describe())}")
     print_paths(view.report, result.paths)
     return 0 if verified.status == Status.OK.value else 1
 

@@ -123,6 +123,11 @@ def _packing(value: bool, device: str, info: DeviceInfo) -> str | None:
     return None
 
 
+def _shown(value: Any) -> str:
+    """A value as a space file writes it (booleans `true`/`false`)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _model_limits(
     space: SearchSpace, info: DeviceInfo, model: tuple[str, str] | None
 ) -> list[tuple[str, Any, str]]:
@@ -136,24 +141,14 @@ def _model_limits(
     liger = space.knobs.get("use_liger_kernel")
     if liger and True in liger.choices and model_type not in info.liger_model_types:
         patched = ", ".join(info.liger_model_types) or "none here"
-        limits.append(
-            (
-                "use_liger_kernel",
-                True,
-                f"Liger has no kernels for {model_type} models (it patches: {patched})",
-            )
-        )
+        why = f"Liger has no kernels for {model_type} models (it patches: {patched})"
+        limits.append(("use_liger_kernel", True, why))
     packing = space.knobs.get("packing")
     if packing and True in packing.choices and task != "causal-lm":
-        limits.append(
-            (
-                "packing",
-                True,
-                f"packing flattens causal-lm samples into one row; a "
-                f"{task} model keeps its samples apart",
-            )
-        )
-    return limits  # fmt: skip
+        why = (f"packing flattens causal-lm samples into one row; a {task} model keeps its "
+               "samples apart")  # fmt: skip
+        limits.append(("packing", True, why))
+    return limits
 
 
 def _pin_memory(value: bool, device: str, info: DeviceInfo) -> str | None:
@@ -205,9 +200,8 @@ def fit_space(
         kept, removed = [], []
         for value in knob.choices:
             reason = limit(value, device, info)
-            if reason:  # a boolean as a space file writes it
-                removed.append(f"{name}={str(value).lower() if value in (True, False) else value}: "
-                               f"{reason}")  # fmt: skip
+            if reason:
+                removed.append(f"{name}={_shown(value)}: {reason}")
             else:
                 kept.append(value)
         if removed and not kept:
@@ -217,9 +211,9 @@ def fit_space(
             space = space.with_choices(name, tuple(kept))
     for name, value, reason in _model_limits(space, info, model):
         if space.knobs[name].choices == (value,):
-            emptied.append(f"{name}: its only value {str(value).lower()} is removed: {reason}")
+            emptied.append(f"{name}: its only value {_shown(value)} is removed: {reason}")
         else:
-            notes.append(f"removed {name}={str(value).lower()}: {reason}")
+            notes.append(f"removed {name}={_shown(value)}: {reason}")
             space = space.with_choices(name, tuple(v for v in space.knobs[name].choices
                                                    if v != value))  # fmt: skip
     if emptied:

@@ -173,3 +173,14 @@ def test_the_longest_batch_is_read_from_arrow_lengths_without_building_rows():
     transformed.set_transform(lambda batch: {"input_ids": [[1]] * len(batch["text"])})
     assert measure.longest_indices(transformed, 1) is None
     assert measure.longest_indices(data.to_iterable_dataset(), 1) is None
+
+
+def test_the_longest_batch_stands_in_for_one_steps_batches_once_in_the_run():
+    import datasets
+
+    data = datasets.Dataset.from_dict({"input_ids": [[1] * n for n in (2, 5, 3, 4)]})
+    loader = torch.utils.data.DataLoader(data, batch_size=2, collate_fn=lambda rows: rows)
+    # Step 2 of a run at grad_accum 1: its batch is the longest two, in the first pass only.
+    replaced = measure._LongestBatches(loader, size=2, start=1, count=1)
+    lengths = [[len(row["input_ids"]) for row in batch] for _ in range(2) for batch in replaced]
+    assert lengths == [[2, 5], [5, 4], [2, 5], [3, 4]]
