@@ -29,7 +29,6 @@ from autotune.common.user_data import read_ready
 from autotune.outputs import confirm, verify
 from autotune.outputs.snapshot import StudySnapshot, read_snapshot
 from autotune.outputs.study_folder import table, write_study_folder
-from autotune.outputs.verify import Verification
 from autotune.plan import conditions, factories, software_cache, user_data
 from autotune.plan.config import RunConfig, WorkerConfig, make_config
 from autotune.plan.plan import SearchPlan, make_plan
@@ -39,6 +38,7 @@ from autotune.store.records import (
     Ending,
     RunEnd,
     TrialRecord,
+    Verification,
     end_run,
     start_run,
     store_run_end,

@@ -50,16 +50,15 @@ def write_recommendation(
     deepspeed = recommendation["training_args"].get("deepspeed")
     on_ranks = recommendation["params"].get("strategy", "single") != "single"
     processes = recommendation["devices_per_trial"] if on_ranks else None
-    accelerate = accelerate_config(recommendation["training_args"], processes)
-    for name, content in ((DEEPSPEED_JSON, deepspeed), (ACCELERATE_YAML, accelerate)):
+    accelerate = accelerate_config(recommendation["training_args"], processes,
+                                   recommendation["environment"])  # fmt: skip
+    for name, content, write in ((DEEPSPEED_JSON, deepspeed, write_json_atomic),
+                                 (ACCELERATE_YAML, accelerate, write_atomic)):  # fmt: skip
         path = study_dir / name
         if content is None:
             path.unlink(missing_ok=True)
-        elif name == DEEPSPEED_JSON:
-            write_json_atomic(path, content)
-            written.append(path)
         else:
-            write_atomic(path, content)
+            write(path, content)
             written.append(path)
     return written
 
@@ -190,14 +189,19 @@ def accelerate_command(info: RunInfo, params: dict[str, Any]) -> str | None:
     return f"accelerate launch --config_file {ACCELERATE_YAML} {RECOMMENDED_PY}"
 
 
-def accelerate_config(training_args: dict[str, Any], processes: int | None) -> str | None:
+def accelerate_config(
+    training_args: dict[str, Any], processes: int | None, environment: dict[str, str] | None = None
+) -> str | None:
     """accelerate_config.yaml for a trial on `processes` ranks (None: one process, no file):
     accelerate's multi-process launcher (torchrun's, which it runs), on CPU too, and the
-    trial's mixed precision. Everything else is the script's: its TrainingArguments, and FSDP2
-    sharding by the script itself (accelerate's own FSDP would wrap the model a second time)."""
+    trial's mixed precision (fp8 from its `environment`). Everything else is the script's: its
+    TrainingArguments, and FSDP2 sharding by the script itself (accelerate's own FSDP would
+    wrap the model a second time)."""
     if processes is None:
         return None
-    precision = next((p for p in ("bf16", "fp16") if training_args.get(p)), "no")
+    precision = (environment or {}).get("ACCELERATE_MIXED_PRECISION") or next(
+        (p for p in ("bf16", "fp16") if training_args.get(p)), "no"
+    )
     config = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": "MULTI_GPU",

@@ -13,16 +13,17 @@ import optuna
 from autotune.common.knobs import MathChange, math_changes
 from autotune.common.trial import Status
 from autotune.outputs.pareto import Confirmed, Picks, non_dominated, pick
-from autotune.outputs.verify import Verification, read_verifications
 from autotune.plan import conditions
 from autotune.plan.run_info import RunInfo
 from autotune.store.records import (
     CONFIRMATION_ATTR,
     RunEnd,
     TrialRecord,
+    Verification,
     interrupted_records,
     is_recorded,
     read_runs,
+    read_verifications,
     record_of,
     run_info,
 )

@@ -14,81 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-from dataclasses import dataclass
-from typing import Any
 
 import optuna
 
 from autotune.common.layout import VERIFY
 from autotune.common.trial import Status, TrialResult
 from autotune.plan.plan import SearchPlan
-from autotune.store.records import VERIFICATION_PREFIX, TrialRecord
+from autotune.store.records import VERIFICATION_PREFIX, TrialRecord, Verification
 from autotune.study import runner
 from autotune.study.loop import launch
 from autotune.study.observer import SearchObserver
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Verification:
-    trial: int
-    steps: int
-    """Optimizer steps trained, warm-up included."""
-    status: str
-    reason: str
-    samples_per_s: float | None
-    peak_memory_gib: float | None
-    peak_allocated_gib: float | None
-    """CUDA: the allocator's peak of live tensors (the peak reserved is `peak_memory_gib`)."""
-    step_time_cv: float | None
-    searched_samples_per_s: float
-    searched_peak_memory_gib: float
-
-    @property
-    def samples_per_s_ratio(self) -> float | None:
-        """The long run's samples/s over the trial's: 1.0 when the short trial told the truth."""
-        return _ratio(self.samples_per_s, self.searched_samples_per_s)
-
-    @property
-    def peak_memory_ratio(self) -> float | None:
-        return _ratio(self.peak_memory_gib, self.searched_peak_memory_gib)
-
-    @property
-    def fragmentation(self) -> float | None:
-        """CUDA: peak reserved over peak allocated over the whole run (1.0: no cache beyond
-        the live tensors); None on CPU."""
-        return _ratio(self.peak_memory_gib, self.peak_allocated_gib)
-
-    def describe(self) -> str:
-        if self.status != Status.OK.value:
-            return f"trial {self.trial} over {self.steps} steps: {self.status} ({self.reason})"
-        text = (
-            f"trial {self.trial} over {self.steps} steps: {self.samples_per_s:.1f} samples/s "
-            f"({self.samples_per_s_ratio:.2f}x the trial's {self.searched_samples_per_s:.1f}), "
-            f"peak {self.peak_memory_gib:.2f} GiB ({self.peak_memory_ratio:.2f}x the trial's "
-            f"{self.searched_peak_memory_gib:.2f})"
-        )
-        if self.fragmentation is not None:
-            text += f", reserved/allocated {self.fragmentation:.2f} over the run"
-        return text
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {
-            "samples_per_s_ratio": self.samples_per_s_ratio,
-            "peak_memory_ratio": self.peak_memory_ratio,
-            "fragmentation": self.fragmentation,
-        }
-
-    @classmethod
-    def from_json(cls, stored: dict[str, Any]) -> Verification:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in stored.items() if k in names})
-
-
-def _ratio(value: float | None, reference: float | None) -> float | None:
-    if value is None or not reference or not math.isfinite(value):
-        return None
-    return value / reference
 
 
 def verify(
@@ -136,12 +71,3 @@ def of(record: TrialRecord, result: TrialResult, steps: int) -> Verification:
         searched_samples_per_s=record.result.samples_per_s,
         searched_peak_memory_gib=record.result.peak_memory_gib,
     )
-
-
-def read_verifications(study: optuna.Study) -> dict[int, Verification]:
-    """Every trial's verification stored with the study, by trial number."""
-    return {
-        int(key.removeprefix(VERIFICATION_PREFIX)): Verification.from_json(value)
-        for key, value in study.user_attrs.items()
-        if key.startswith(VERIFICATION_PREFIX)
-    }

@@ -63,6 +63,8 @@ def test_the_accelerate_config_launches_as_many_processes_in_the_trials_precisio
     # accelerate's torchrun launcher, also on CPU (use_cpu would start one process).
     assert config["distributed_type"] == "MULTI_GPU" and config["use_cpu"] is False
     assert yaml.safe_load(accelerate_config({"use_cpu": True}, 2))["mixed_precision"] == "no"
+    fp8 = accelerate_config({"bf16": False}, 2, {"ACCELERATE_MIXED_PRECISION": "fp8"})
+    assert yaml.safe_load(fp8)["mixed_precision"] == "fp8"
     assert accelerate_config({}, None) is None  # one process: python recommended.py
     command = "accelerate launch --config_file accelerate_config.yaml recommended.py"
     assert accelerate_command(INFO, {"strategy": "fsdp_offload"}) == command
