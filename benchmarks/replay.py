@@ -50,13 +50,16 @@ from landscapes import cost_model  # noqa: E402
 from autotune.common.trial import OUT_OF_MEMORY, Status  # noqa: E402
 from autotune.plan.estimate import Measured, calibrated_gib  # noqa: E402
 from autotune.replay import Landscape, plan_for, replay  # noqa: E402
+from autotune.study.effects import confidence  # noqa: E402
 from autotune.study.sampler import quiet_optuna  # noqa: E402
 
 RECORDED = sorted((HERE / "landscapes").glob("*.json"))
 COST_MODEL = "cost-model-h100"
+AUTO = "autotune (sampler=auto)"
 SEARCHES: dict[str, dict[str, Any]] = {
-    "autotune (sampler=auto)": {"sampler": "auto"},
+    AUTO: {"sampler": "auto"},
     "auto without the estimate": {"sampler": "auto", "estimate_margin": None},
+    "tpe (multivariate; auto before)": {"sampler": "tpe"},
     "gp": {"sampler": "gp"},
     "nsga2": {"sampler": "nsga2"},
     "random": {"sampler": "random"},
@@ -82,13 +85,19 @@ def landscape(name: str) -> Landscape:
     return Landscape.load(HERE / "landscapes" / f"{name}.json")
 
 
-def search(name: str, policy: str, seed: int, trials: int) -> list[Trial]:
+def search(name: str, policy: str, seed: int, trials: int) -> tuple[list[Trial], int | None]:
+    """The trials a search ran, and (for `sampler=auto`) how many untried settings its
+    confidence said could still beat the best by 2%."""
     land = landscape(name)
     settings = dict(SEARCHES[policy])
     n_trials = len(land.points) + 1 if settings["sampler"] == "grid" else trials
     replayed = replay(land, n_trials=n_trials, seed=seed, **settings)
+    could_beat = None
+    if policy == AUTO:
+        said = confidence(replayed.plan, replayed.records)
+        could_beat = None if said is None else said.could_beat
     # Skipped proposals run nothing, cost no time and use up no trial: the trials are the runs.
-    return [_as_trial(land, point) for point in replayed.answered]
+    return [_as_trial(land, point) for point in replayed.answered], could_beat
 
 
 # The peers' strategies: batch size only, other knobs at the HF defaults.
@@ -189,8 +198,13 @@ def _wall(trials: list[Trial]) -> float | None:
     return None if any(w is None for w in walls) else sum(walls)
 
 
-def summarise(trials_by_seed: list[list[Trial]], optimum: float, marks: list[int]) -> dict:
-    """Median (and min) found/optimum at each mark, trials to within 2%, OOM trials, wall."""
+def summarise(
+    trials_by_seed: list[list[Trial]], optimum: float, marks: list[int],
+    could_beat: list[int | None] | None = None,
+) -> dict:  # fmt: skip
+    """Median (and min) found/optimum at each mark, trials to within 2%, OOM trials, wall;
+    and whether the confidence said more trials may pay where the search missed the optimum
+    by more than 2% (and where it did not)."""
 
     def best(trials: list[Trial]) -> float:
         return max((t.samples_per_s or 0.0 for t in trials), default=0.0) / optimum
@@ -208,6 +222,16 @@ def summarise(trials_by_seed: list[list[Trial]], optimum: float, marks: list[int
         )
         walls = [_wall(t[:mark]) for t in trials_by_seed]
         out[f"wall_s@{mark}"] = None if None in walls else statistics.median(walls)
+    if could_beat is not None:
+        at_end = [best(t) >= WITHIN for t in trials_by_seed]
+        out["confidence"] = {
+            "missed_said_may_pay": sum(not r and bool(c) for r, c in zip(at_end, could_beat,
+                                                                       strict=True)),
+            "missed": at_end.count(False),
+            "reached_said_unlikely": sum(r and not c for r, c in zip(at_end, could_beat,
+                                                                     strict=True)),
+            "reached": at_end.count(True),
+        }  # fmt: skip
     reached = [to_within(t) for t in trials_by_seed]
     out["trials_to_2pct"] = {
         "median": statistics.median(r if r is not None else float("inf") for r in reached),
@@ -260,12 +284,13 @@ def estimate_table(errors: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run(task: tuple[str, str, int, int]) -> tuple[str, str, int, list[Trial], float]:
+def _run(task: tuple[str, str, int, int]) -> tuple[str, str, int, list[Trial], int | None, float]:
     quiet_optuna()
     warnings.simplefilter("ignore")
     name, policy, seed, trials = task
     started = time.perf_counter()
-    return name, policy, seed, search(name, policy, seed, trials), time.perf_counter() - started
+    ran, could_beat = search(name, policy, seed, trials)
+    return name, policy, seed, ran, could_beat, time.perf_counter() - started
 
 
 def main() -> None:
@@ -284,13 +309,14 @@ def main() -> None:
             if policy == "grid" and len(landscape(name).points) > GRID_LIMIT:
                 continue
             tasks += [(name, policy, seed, args.trials) for seed in range(args.seeds)]
-    runs: dict[tuple[str, str], list[list[Trial]]] = {}
+    runs: dict[tuple[str, str], list[tuple[int, list[Trial], int | None]]] = {}
     cpu_s: dict[tuple[str, str], float] = {}
+    started = time.perf_counter()
     with multiprocessing.get_context("forkserver").Pool(args.jobs) as pool:
-        for done, (name, policy, seed, trials, took) in enumerate(
+        for done, (name, policy, seed, trials, could_beat, took) in enumerate(
             pool.imap_unordered(_run, tasks), 1
         ):
-            runs.setdefault((name, policy), []).append(trials)
+            runs.setdefault((name, policy), []).append((seed, trials, could_beat))
             cpu_s[name, policy] = cpu_s.get((name, policy), 0.0) + took
             print(f"[{done}/{len(tasks)}] {name} {policy} seed {seed}: {took:.1f} s", flush=True)
     results: dict[str, dict[str, Any]] = {}
@@ -307,16 +333,27 @@ def main() -> None:
             if policy in PEERS:
                 results[name]["policies"][policy] = {"peer": True, **peer(name, policy)}
             elif (name, policy) in runs:
-                summary = summarise(runs[name, policy], land.optimum(), marks)
+                by_seed = sorted(runs[name, policy], key=lambda run: run[0])
+                summary = summarise(
+                    [t for _, t, _ in by_seed],
+                    land.optimum(),
+                    marks,
+                    [c for _, _, c in by_seed] if policy == AUTO else None,
+                )
                 summary["replay_s_per_seed"] = cpu_s[name, policy] / args.seeds
                 results[name]["policies"][policy] = summary
     out = HERE / "results"
     errors = {n: estimate_errors(n) for n in args.landscapes if n != COST_MODEL}
+    wall_s = time.perf_counter() - started
     summary = {"seeds": args.seeds, "trials": args.trials, "landscapes": results,
-               "estimate": errors}  # fmt: skip
+               "estimate": errors, "wall_s": wall_s, "jobs": args.jobs}  # fmt: skip
     (out / "replay.json").write_text(json.dumps(summary, indent=1) + "\n")
     text = (
-        tables(results, args.trials) + "\nThe memory estimate on CPU:\n\n" + estimate_table(errors)
+        tables(results, args.trials)
+        + confidence_table(results)
+        + f"\nReplayed in {wall_s:.0f} s ({args.jobs} processes).\n"
+        + "\nThe memory estimate on CPU:\n\n"
+        + estimate_table(errors)
     )
     (out / "replay.md").write_text(text)
     print(text)
@@ -368,6 +405,20 @@ def tables(results: dict[str, dict[str, Any]], trials: int) -> str:
                 f"| {p['oom_trials@20']:g} | {'-' if wall is None else f'{wall / 60:.1f} min'} |\n"
             )
     return text
+
+
+def confidence_table(results: dict[str, dict[str, Any]]) -> str:
+    """Whether `sampler=auto`'s confidence at the end told the seeds that missed the optimum by
+    more than 2% that more trials may pay, and the others that they are unlikely to."""
+    lines = ["", f"The confidence at the end of `{AUTO}`'s searches:", "",
+             "| landscape | missed by >2%: said more trials may pay "
+             "| within 2%: said unlikely to pay |", "|---|---|---|"]  # fmt: skip
+    for name, r in results.items():
+        said = r["policies"].get(AUTO, {}).get("confidence")
+        if said is not None:
+            lines.append(f"| `{name}` | {said['missed_said_may_pay']} of {said['missed']} "
+                         f"| {said['reached_said_unlikely']} of {said['reached']} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def _cell(summary: dict, mark: int) -> str:

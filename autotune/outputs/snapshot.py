@@ -18,6 +18,7 @@ from autotune.plan.run_info import RunInfo
 from autotune.store.records import (
     CONFIRMATION_ATTR,
     RunEnd,
+    SearchConfidence,
     TrialRecord,
     Verification,
     interrupted_records,
@@ -46,6 +47,9 @@ class StudySnapshot:
     """Each run's provenance (`conditions.run_record`), oldest first."""
     verifications: dict[int, Verification] = field(default_factory=dict)
     """Trials whose settings `autotune verify` trained for many steps, by number."""
+    confidence: SearchConfidence | None = None
+    """What the last search's model thinks is left to find; None when trials were recorded
+    since (or none was worked out)."""
 
     def other_versions(self, record: TrialRecord) -> str | None:
         """How the versions it was measured under differ from the study's; None: they do not.
@@ -128,6 +132,9 @@ def read_snapshot(study: optuna.Study) -> StudySnapshot:
         confirmed = Confirmed.from_json(stored)
         if confirmed.records_seen != len(records):
             confirmed = None  # trials were recorded since: it measured other picks
+    confidence = SearchConfidence.of(study)
+    if confidence is not None and confidence.records_seen != len(records):
+        confidence = None
     done = [t for t in trials if t.datetime_complete and t.datetime_start]
     search_s = None
     if done:
@@ -151,4 +158,5 @@ def read_snapshot(study: optuna.Study) -> StudySnapshot:
         ended=RunEnd.of(study),
         runs=read_runs(study),
         verifications=read_verifications(study),
+        confidence=confidence,
     )

@@ -117,6 +117,11 @@ def table(
     return columns, rows
 
 
+def _confidence(snapshot: StudySnapshot) -> dict[str, Any] | None:
+    found = snapshot.confidence
+    return None if found is None else {**dataclasses.asdict(found), "says": found.describe()}
+
+
 def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
     info, picks = snapshot.info, snapshot.picks
     fastest = picks.recommended
@@ -137,6 +142,8 @@ def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
         "accelerate_launch": export.accelerate_command(info, fastest.params),
         # Its settings trained for many steps (`autotune verify`), against its trial's figures.
         "verification": None if verified is None else verified.to_json(),
+        # How many untried settings the search's model thinks could still beat this one.
+        "search_confidence": _confidence(snapshot),
         **_settings_and_metrics(fastest, snapshot),
         "baseline": None if baseline is None else {
             "trial": baseline.number,

@@ -347,6 +347,8 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
     if (ended := snapshot.ended) is not None and ended.how is not Ending.COMPLETE:
         resume = "; the same command resumes it" if ended.how is Ending.INTERRUPTED else ""
         report.line(f"[yellow]the search was {escape(ended.describe())}{resume}[/]")
+    if snapshot.confidence is not None:
+        report.line(f"search confidence: {escape(snapshot.confidence.describe())}")
     report.line(f"baseline (HF defaults): {escape(picks.describe_baseline())}")
     if picks.baseline is not None and picks.baseline.result.samples_per_s is None:
         report.line("[yellow]the HF defaults did not run here, so there is no speedup figure[/]")

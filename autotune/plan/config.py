@@ -49,7 +49,7 @@ def parse_duration_s(value: Any) -> Any:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0)]
-Sampler = Literal["auto", "tpe", "gp", "nsga2", "random", "grid"]
+Sampler = Literal["auto", "effects", "tpe", "gp", "nsga2", "random", "grid"]
 Task = Literal["auto", "sequence-classification", "causal-lm", "masked-lm", "seq2seq"]
 Device = Literal["auto", "cuda", "cpu"]
 
@@ -224,8 +224,9 @@ class RunConfig(_ModelSettings):
     )
     sampler: Sampler = Field(
         "auto",
-        description="Optuna sampler; auto = TPE (multivariate), the best on the recorded "
-        "landscapes (benchmarks/replay.py)",
+        description="how trials are chosen; auto = effects: a designed start, then a model "
+        "of each knob's effect fitted to the trials (the best on every recorded landscape, "
+        "benchmarks/replay.py); tpe (multivariate), gp, nsga2, random and grid are Optuna's",
     )
     noise_cv: float = Field(
         0.1, gt=0, description="flag a trial as noisy when its step-time CV is above this"

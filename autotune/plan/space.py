@@ -20,9 +20,11 @@ allowed only when a space lists them in `choices`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import optuna
 
 from autotune.common.knobs import KNOBS, SAMPLE_ORDER, active, sixteen_bit
@@ -136,6 +138,33 @@ class SearchSpace:
             params["grad_accum"] = rules.effective_batch_size // params["batch_size"]
         return {k: params[k] for k in KNOBS if k in params}
 
+    def points(
+        self, rules: SamplingRules, *, limit: int, rng: np.random.Generator | None = None
+    ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Every setting `sample` can suggest, with its Optuna parameters: (settings,
+        {parameter: value}). A space of more than `limit` settings gives `limit` of them drawn
+        at random (each parameter's value drawn in turn; repeats dropped)."""
+        found: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        stack: list[dict[str, Any]] = [{}]
+        while stack and len(found) <= limit:
+            fixed = stack.pop()
+            try:
+                params = self.sample(_Walker(fixed), rules)  # type: ignore[arg-type]
+            except _Branch as branch:
+                stack += [{**fixed, branch.name: c} for c in reversed(branch.choices)]
+                continue
+            found[json.dumps(params, sort_keys=True)] = (params, fixed)
+        if len(found) <= limit:
+            return list(found.values())
+        found, rng = {}, rng or np.random.default_rng(0)
+        for _ in range(limit * 2):
+            walker = _Walker({}, rng)
+            params = self.sample(walker, rules)  # type: ignore[arg-type]
+            found.setdefault(json.dumps(params, sort_keys=True), (params, walker.fixed))
+            if len(found) == limit:
+                break
+        return list(found.values())
+
     def optuna_params(
         self, params: dict[str, Any], rules: SamplingRules
     ) -> dict[str, tuple[optuna.distributions.BaseDistribution, Any]]:
@@ -177,6 +206,30 @@ def _holds(distribution: optuna.distributions.BaseDistribution, value: Any) -> b
     if isinstance(distribution, optuna.distributions.CategoricalDistribution):
         return value in distribution.choices
     return distribution.low <= value <= distribution.high
+
+
+class _Branch(Exception):
+    def __init__(self, name: str, choices: tuple[Any, ...]) -> None:
+        self.name, self.choices = name, choices
+
+
+class _Walker:
+    """Stands in for an Optuna trial in `SearchSpace.sample` to enumerate the space: answers
+    the parameters in `fixed` and branches on the first other one (or, with `rng`, draws it)."""
+
+    def __init__(self, fixed: dict[str, Any], rng: np.random.Generator | None = None) -> None:
+        self.fixed = fixed
+        self.rng = rng
+
+    def suggest_categorical(self, name: str, choices: tuple[Any, ...]) -> Any:
+        if name not in self.fixed:
+            if self.rng is None:
+                raise _Branch(name, tuple(choices))
+            self.fixed[name] = choices[int(self.rng.integers(len(choices)))]
+        return self.fixed[name]
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        return self.suggest_categorical(name, tuple(range(low, high + 1)))
 
 
 class _Recorder:

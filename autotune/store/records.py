@@ -254,6 +254,55 @@ def store_run_end(study: optuna.Study, end: RunEnd | None) -> None:
     study.set_user_attr(RUN_END_ATTR, None if end is None else asdict(end))
 
 
+# --- What the search thinks is left to find --------------------------------------------------
+CONFIDENCE_ATTR = "search_confidence"
+"""Study: the `SearchConfidence` of its last search's end."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchConfidence:
+    """How many settings the search left untried could still beat the fastest trial, by the
+    model of the knobs' effects fitted to every trial (`study.effects.confidence`): whether
+    more trials would pay."""
+
+    trials: int
+    """Measured trials the model was fitted to."""
+    best_samples_per_s: float
+    """The fastest trial within the budget."""
+    untried: int
+    """Settings of the space not run that would run (no pre-trial check skips them)."""
+    could_beat: int
+    """Of them, those with a chance of at least `chance` to beat the best by `gain`."""
+    upper_samples_per_s: float | None
+    """The highest 95% upper bound the model gives an untried setting; None: none is left."""
+    gain: float
+    chance: float
+    sampled: bool = False
+    """The space was too large to enumerate: `untried` counts a random sample of it."""
+    records_seen: int = 0
+    """The study's records when it was worked out: trials recorded since make it stale."""
+
+    def describe(self) -> str:
+        if not self.untried:
+            return "every setting of the space that fits was tried"
+        of = f"{self.could_beat} of {self.untried} untried settings{' sampled' * self.sampled}"
+        verdict = "more trials may pay" if self.could_beat else "more trials are unlikely to pay"
+        return (
+            f"{of} could beat the best by {self.gain:.0%} (a chance of {self.chance:.0%} or "
+            f"more each; the model's 95% bound {self.upper_samples_per_s:.1f} samples/s, "
+            f"fastest found {self.best_samples_per_s:.1f}): {verdict}"
+        )
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> SearchConfidence | None:
+        stored = study.user_attrs.get(CONFIDENCE_ATTR)
+        return None if stored is None else cls(**stored)
+
+
+def store_confidence(study: optuna.Study, confidence: SearchConfidence | None) -> None:
+    study.set_user_attr(CONFIDENCE_ATTR, None if confidence is None else asdict(confidence))
+
+
 def interrupted_records(trials: list[FrozenTrial]) -> list[TrialRecord]:
     """A record (status `interrupted`, no figures) for each trial whose search stopped while
     it ran. A retried one stays, pointing at its retry: the study holds it (Optuna's tools

@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.common.knobs import at_least_as_hungry, conflict
 from autotune.common.trial import OUT_OF_MEMORY, Status
 from autotune.plan.estimate import Measured, calibrated_gib
 from autotune.store.records import TrialRecord
+
+if TYPE_CHECKING:
+    from autotune.plan.plan import SearchPlan
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,6 +99,14 @@ def cannot_run_together(
 
 
 PRE_TRIAL_CHECKS: tuple[Check, ...] = (already_measured, cannot_run_together, as_hungry_as_an_oom)
+
+
+def for_plan(plan: SearchPlan) -> tuple[Check, ...]:
+    """The checks a search of this plan runs before each trial."""
+    if plan.estimate_limit_gib is None:
+        return PRE_TRIAL_CHECKS
+    by_estimate = over_budget_by_estimate(plan.estimate_limit_gib, plan.estimate_limit_source)
+    return (*PRE_TRIAL_CHECKS, by_estimate)
 
 
 def first_skip(

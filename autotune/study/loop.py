@@ -130,11 +130,6 @@ class _Loop:
     def start(cls, plan: SearchPlan, study: optuna.Study, observer: SearchObserver,
               launcher: runner.Launcher) -> _Loop:  # fmt: skip
         config = plan.config
-        pre_trial = checks.PRE_TRIAL_CHECKS
-        if plan.estimate_limit_gib is not None:
-            pre_trial += (
-                checks.over_budget_by_estimate(plan.estimate_limit_gib, plan.estimate_limit_source),
-            )
         return cls(
             plan=plan,
             study=study,
@@ -144,7 +139,7 @@ class _Loop:
             deadline=time.monotonic() + config.timeout if config.timeout else float("inf"),
             baseline=plan.space.optuna_params(plan.baseline, plan.rules),
             baseline_in_space=plan.space.holds(plan.baseline, plan.rules),
-            pre_trial=pre_trial,
+            pre_trial=checks.for_plan(plan),
         )
 
     # --- refresh and the reasons to stop ---------------------------------------------------

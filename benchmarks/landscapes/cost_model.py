@@ -4,27 +4,26 @@ Memory follows the HF single-GPU guide's anatomy, speed rough factors (16-bit an
 rates, fused optimizers, checkpointing's recompute, compile, 64-multiple batches). It is crude:
 it stands for the shape of a GPU landscape (speed rising with the batch until memory runs out,
 precision worth most), not for real speeds; the recorded CPU landscapes are the measurements.
-Every point of the `default` space (H100 capabilities) is answered; noise is a fixed 3%
+Every point of `cost_model_space.yaml` (the HF guide's knobs, which the factors cover; H100
+capabilities) is answered; noise is a fixed 3%
 log-normal draw per point, so the landscape is the same on every replay.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import random
 import tempfile
 from pathlib import Path
 
-import optuna
 import yaml
 
 from autotune.common.trial import Status
 from autotune.replay import Landscape, plan_for
 from autotune.study.checks import settings_key
 
-SPACE = Path(__file__).parents[2] / "search_spaces" / "default.yaml"
+SPACE = Path(__file__).parent / "cost_model_space.yaml"
 PARAMS = 335e6
 BUDGET_GB = 80.0
 H100 = {"compute_capability": "9.0", "bf16_supported": True, "tf32_supported": True}
@@ -72,7 +71,7 @@ def answer(params: dict) -> dict:
 
 
 def landscape() -> Landscape:
-    """Every distinct configuration of the `default` space on the H100 is a point."""
+    """Every distinct configuration of the space on the H100 is a point."""
     knobs = yaml.safe_load(SPACE.read_text())["knobs"]
     empty = Landscape(
         name="cost-model-h100",
@@ -89,12 +88,8 @@ def landscape() -> Landscape:
     with tempfile.TemporaryDirectory() as work:
         plan = plan_for(empty, Path(work), n_trials=1, seed=0)
     seen: dict[str, dict] = {}
-    grid = plan.space.grid(plan.rules)
-    names = list(grid)
-    for values in itertools.product(*(grid[n] for n in names)):
-        fixed = optuna.trial.FixedTrial(dict(zip(names, values, strict=True)))
-        params = plan.space.sample(fixed, plan.rules)
-        seen.setdefault(settings_key(params), {"params": params, **answer(params)})
+    for params, _ in plan.space.points(plan.rules, limit=10**6, rng=None):
+        seen[settings_key(params)] = {"params": params, **answer(params)}
     baseline = plan.baseline
     seen.setdefault(settings_key(baseline), {"params": baseline, **answer(baseline)})
     return dataclasses.replace(empty, points=list(seen.values()))

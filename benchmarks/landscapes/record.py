@@ -1,7 +1,11 @@
 """Record a landscape: every point of `space.yaml` measured once on this machine, by a real
 search (`sampler=grid`, real worker processes, the memory budget's watchdog), written as JSON.
 
-    python benchmarks/landscapes/record.py NAME model=MODEL seq_len=N memory_budget=SIZE
+    python benchmarks/landscapes/record.py NAME model=MODEL seq_len=N memory_budget=SIZE \
+        [space=FILE]
+
+`space=` defaults to `space.yaml` beside this file (the landscapes whose budget binds);
+`needle-*.yaml` are the spaces of the landscapes recorded with a budget that does not.
 
 Every grid point runs: the pre-trial rule that skips settings at least as memory-hungry as a
 known out-of-memory trial is turned off here (a landscape holds measurements, not inferences),
@@ -28,18 +32,22 @@ from autotune.study import checks
 
 HERE = Path(__file__).parent
 SETTINGS = {
-    "space": str(HERE / "space.yaml"),
     "sampler": "grid",
     "n_trials": 1000,  # the grid ends the search
     "warmup_steps": 2,
     "measure_steps": 5,
     "estimate_margin": None,
+    "confirm_rounds": 0,  # a landscape keeps each point's one measurement
 }
 
 
 def main() -> None:
     name, *pairs = sys.argv[1:]
-    settings = {**dict(pair.split("=", 1) for pair in pairs), **SETTINGS}
+    settings = {
+        "space": str(HERE / "space.yaml"),
+        **dict(p.split("=", 1) for p in pairs),
+        **SETTINGS,
+    }
     checks.PRE_TRIAL_CHECKS = (checks.already_measured,)  # every grid point is measured
     with tempfile.TemporaryDirectory() as out:
         result = autotune.search(out=out, **settings)
@@ -68,8 +76,8 @@ def main() -> None:
         "seq_len": info.seq_len,
         "device": info.device,
         "memory_budget_gib": info.memory_budget_gib,
-        "settings": {k: v for k, v in SETTINGS.items() if k != "space"},
-        "space": json.loads(json.dumps(_knobs(HERE / "space.yaml"))),
+        "settings": SETTINGS,
+        "space": json.loads(json.dumps(_knobs(Path(settings["space"])))),
         "points": points,
     }
     path = HERE / f"{name}.json"

@@ -6,6 +6,7 @@ benchmark wrote."""
 import importlib.util
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -31,25 +32,66 @@ def benchmark_module():
     return module
 
 
+def knobs_varied(name):
+    """The knobs a space file varies, with their values."""
+    space = yaml.safe_load((ROOT / "benchmarks/landscapes" / name).read_text())["knobs"]
+    return {k: v["choices"] for k, v in space.items() if isinstance(v, dict)}
+
+
+def space_of(land):
+    """needle-*.json were recorded on needle-*.yaml (no binding budget), the others on
+    space.yaml (a budget that puts the largest batches out of memory)."""
+    data = json.loads((ROOT / "benchmarks/landscapes" / f"{land.name}.json").read_text())
+    assert data["command"].startswith("python benchmarks/landscapes/record.py")
+    if not land.name.startswith("needle-"):
+        assert "space=" not in data["command"]
+        return "space.yaml"
+    space = data["command"].split("space=benchmarks/landscapes/")[1].split()[0]
+    assert knobs_varied(space) == {k: v["choices"] for k, v in land.knobs.items()
+                                   if isinstance(v, dict)}  # fmt: skip
+    return space
+
+
+def distinct(land, varied):
+    return {json.dumps({k: p["params"].get(k) for k in varied}, sort_keys=True)
+            for p in land.points}  # fmt: skip
+
+
 def test_three_landscapes_are_recorded_with_a_memory_edge_each_point_once():
-    assert len(RECORDED) >= 3
-    assert len({land.model for land in RECORDED}) >= 2, "two models of different size"
-    space = yaml.safe_load((ROOT / "benchmarks/landscapes/space.yaml").read_text())["knobs"]
-    varied = {k: v["choices"] for k, v in space.items() if isinstance(v, dict)}
-    for land in RECORDED:
-        data = json.loads((ROOT / "benchmarks/landscapes" / f"{land.name}.json").read_text())
-        assert data["command"].startswith("python benchmarks/landscapes/record.py")
+    edged = [land for land in RECORDED if space_of(land) == "space.yaml"]
+    assert len(edged) >= 3
+    assert len({land.model for land in edged}) >= 2, "two models of different size"
+    varied = knobs_varied("space.yaml")
+    for land in edged:
         statuses = {p["status"] for p in land.points}
         assert statuses <= {"ok", "oom"}, statuses
         assert "oom" in statuses and "ok" in statuses, f"{land.name}: no memory edge"
-        grid = {json.dumps({k: p["params"][k] for k in varied}, sort_keys=True)
-                for p in land.points}  # fmt: skip
-        assert len(grid) == math.prod(len(v) for v in varied.values()), land.name
+        assert len(distinct(land, varied)) == math.prod(len(v) for v in varied.values())
         for point in land.points:
             if point["status"] == "ok":  # a few MiB past the budget, between two looks
                 assert point["peak_memory_gib"] <= land.memory_budget_gib * 1.02
                 assert point["samples_per_s"] > 0 and point["wall_s"] > 0
         assert sum(land.feasible(p) for p in land.points) > len(land.points) / 2
+
+
+def test_two_landscapes_without_a_memory_edge_where_the_optimum_is_a_needle():
+    """Every point measured and within a budget that does not bind; six knobs or more, with
+    grad_accum and at least three optimizers; 150-300 settings; two models; few settings
+    (at most 1 in 20) within 2% of the optimum."""
+    needles = [land for land in RECORDED if space_of(land) != "space.yaml"]
+    assert len(needles) >= 2
+    assert len({land.model for land in needles}) >= 2
+    for land in needles:
+        varied = knobs_varied(space_of(land))
+        assert len(varied) >= 6 and "grad_accum" in varied and len(varied["optim"]) >= 3
+        assert 150 <= len(distinct(land, varied)) <= 300, land.name
+        assert len(land.points) == len(distinct(land, varied)) + 1, "each once, and the baseline"
+        assert all(land.feasible(p) for p in land.points), "no binding budget"
+        peak = max(p["peak_memory_gib"] for p in land.points)
+        assert peak < land.memory_budget_gib / 4
+        speeds = sorted((p["samples_per_s"] for p in land.points), reverse=True)
+        near = sum(s >= 0.98 * speeds[0] for s in speeds)
+        assert near <= len(speeds) / 20, f"{near} settings within 2% of the optimum: no needle"
 
 
 @pytest.mark.parametrize("land", RECORDED, ids=lambda land: land.name)
@@ -81,9 +123,23 @@ def test_the_skip_by_estimate_keeps_the_optimum(land):
     assert best["params"] not in skipped
 
 
+@pytest.mark.parametrize("land", RECORDED, ids=lambda land: land.name)
+def test_auto_comes_within_2pct_of_the_optimum_in_20_trials_on_every_landscape(land):
+    """The acceptance of `sampler=auto`, replayed: over seeds 0-9, the median search's best
+    feasible trial after 20 trials is at least 0.98 of the optimum, the worst at least 0.90."""
+    optimum = land.optimum()
+    found = []
+    for seed in range(10):
+        ran = replay(land, n_trials=20, seed=seed).answered
+        assert len(ran) == 20
+        found.append(max(p["samples_per_s"] for p in ran if land.feasible(p)) / optimum)
+    assert statistics.median(found) >= 0.98 and min(found) >= 0.90, [round(f, 3) for f in found]
+
+
 def test_a_replay_runs_the_loop_on_the_recorded_answers_and_skips_use_up_no_trial():
     land = RECORDED[0]
-    replayed = replay(land, n_trials=15, seed=1)
+    # TPE proposes settings the loop skips (`auto` passes over them: every proposal runs).
+    replayed = replay(land, n_trials=15, seed=1, sampler="tpe")
     assert replayed.records[0].baseline
     ran = [r for r in replayed.records if r.status is not Status.SKIPPED]
     assert len(ran) == 15 < len(replayed.records), "skipped proposals ran nothing: not counted"
@@ -92,7 +148,11 @@ def test_a_replay_runs_the_loop_on_the_recorded_answers_and_skips_use_up_no_tria
         point = land.answer(record.params)
         assert record.status.value == point["status"]
         assert record.result.samples_per_s == point.get("samples_per_s")
-    assert replay(land, n_trials=15, seed=1).answered == replayed.answered, "seeded: repeatable"
+    again = replay(land, n_trials=15, seed=1, sampler="tpe")
+    assert again.answered == replayed.answered, "seeded: repeatable"
+    auto = replay(land, n_trials=15, seed=1)
+    assert [r.status for r in auto.records].count(Status.SKIPPED) == 0
+    assert replay(land, n_trials=15, seed=1).answered == auto.answered, "seeded: repeatable"
 
 
 def test_relative_samplers_learn_from_the_baseline_on_and_differ_from_random():

@@ -1,6 +1,7 @@
 """Real searches on CPU: real worker processes, the real HF Trainer, a tiny BERT."""
 
 import csv
+import html
 import json
 import os
 import re
@@ -66,6 +67,20 @@ def test_search_writes_every_output(search):
     for name in OUTPUT_FILES:
         assert (study_dir / name).is_file(), name
     assert "Pareto front" in proc.stdout and "recommended (*)" in proc.stdout
+
+
+def test_the_search_says_how_many_untried_settings_could_still_beat_its_best(search):
+    """The confidence, worked out at the end from the study's own trials: on the terminal,
+    in recommended.json and in the report, the same words."""
+    _, proc, study_dir = search
+    said = json.loads((study_dir / "recommended.json").read_text())["search_confidence"]
+    assert said["trials"] >= 2 and said["records_seen"] == 6
+    assert said["untried"] > 0 and 0 <= said["could_beat"] <= said["untried"]
+    table = rows(study_dir / "trials.csv")
+    fastest = max(float(r["samples_per_s"]) for r in table if r["status"] == "ok")
+    assert said["best_samples_per_s"] == pytest.approx(fastest, abs=0.01)  # csv: 3 decimals
+    assert f"search confidence: {said['says']}" in " ".join(proc.stdout.split())
+    assert html.escape(said["says"]) in (study_dir / "report.html").read_text()
 
 
 def test_trials_are_measured_each_in_a_process_of_its_own(search):

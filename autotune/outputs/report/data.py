@@ -182,6 +182,8 @@ def _summary(snapshot: StudySnapshot) -> dict[str, str]:
     }
     if (ended := snapshot.ended) is not None:
         summary["search ended"] = ended.describe()
+    if snapshot.confidence is not None:
+        summary["search confidence"] = snapshot.confidence.describe()
     summary["baseline (HF defaults)"] = picks.describe_baseline()
     if picks.baseline is not None and (caveat := picks.noise_caveat(picks.baseline)):
         summary["baseline (HF defaults)"] += f"; {caveat}"

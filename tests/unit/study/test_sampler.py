@@ -5,6 +5,7 @@ from autotune.common.device import DeviceInfo
 from autotune.common.errors import ConfigError
 from autotune.plan.config import load_config
 from autotune.plan.plan import make_plan
+from autotune.study.effects import EffectsSampler
 from autotune.study.sampler import make_sampler
 from tests.conftest import TINY_MODEL
 
@@ -17,7 +18,8 @@ CPU = DeviceInfo(
 @pytest.mark.parametrize(
     ("name", "kind"),
     [
-        ("auto", optuna.samplers.TPESampler),
+        ("auto", EffectsSampler),
+        ("effects", EffectsSampler),
         ("gp", optuna.samplers.GPSampler),
         ("tpe", optuna.samplers.TPESampler),
         ("nsga2", optuna.samplers.NSGAIISampler),

@@ -1,0 +1,206 @@
+"""`sampler=effects`: the space's settings enumerated, the designed start, the model of the
+knobs' effects, what it passes over, and the confidence it reports at the end."""
+
+import math
+
+import numpy as np
+import optuna
+import pytest
+
+from autotune.common.device import DeviceInfo
+from autotune.common.trial import Status, TrialResult
+from autotune.plan.config import load_config
+from autotune.plan.plan import make_plan
+from autotune.store.records import PARAMS_ATTR, SearchConfidence, TrialRecord, tell_result
+from autotune.study import effects
+from autotune.study.effects import EffectsSampler, Points, confidence, predict
+from tests.conftest import TINY_MODEL
+
+CPU = DeviceInfo(
+    cuda_available=False, name="cpu", total_memory_bytes=2**34, free_memory_bytes=2**34,
+    cpu_name="cpu", host_available_memory_bytes=2**34,
+)  # fmt: skip
+SPACE = """
+device: cpu
+knobs:
+  batch_size: {choices: [8, 16, 32, 64]}
+  grad_accum: {choices: [1, 2]}
+  gradient_checkpointing: {choices: [false, true]}
+  checkpointing_reentrant: {choices: [false, true]}
+  optim: {choices: [adamw_torch, adamw_torch_fused, adafactor, sgd]}
+  attn_implementation: {choices: [sdpa, eager]}
+"""
+SETTINGS = 4 * 2 * (1 + 2) * 4 * 2
+"""Checkpointing off, or on with either re-entrance: 192 settings."""
+EFFECTS = {
+    "batch_size": {8: 0.0, 16: 0.25, 32: 0.4, 64: 0.35},
+    "grad_accum": {1: 0.0, 2: 0.06},
+    "gradient_checkpointing": {False: 0.0, True: -0.3},
+    "checkpointing_reentrant": {False: 0.0, True: -0.04},
+    "optim": {"adamw_torch": 0.0, "adamw_torch_fused": 0.1, "adafactor": -0.05, "sgd": 0.14},
+    "attn_implementation": {"sdpa": 0.08, "eager": 0.0},
+}
+"""log samples/s, one effect per knob value: the best setting is unique."""
+
+
+def speed(params):
+    effect = sum(EFFECTS[k][v] for k, v in params.items() if k in EFFECTS)
+    return 100 * math.exp(effect)
+
+
+BEST = {"batch_size": 32, "grad_accum": 2, "gradient_checkpointing": False,
+        "optim": "sgd", "attn_implementation": "sdpa"}  # fmt: skip
+
+
+@pytest.fixture
+def plan(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    config = load_config([f"model={TINY_MODEL}", f"space={space}", f"out={tmp_path}",
+                          "sampler=effects", "n_trials=20", "memory_budget=8GiB"])  # fmt: skip
+    return make_plan(config, CPU)
+
+
+def search(plan, trials, answer=speed, seed=0):
+    """The loop's ask, publish and tell, by hand: each trial answered by `answer` (samples/s,
+    or None for out of memory)."""
+    study = optuna.create_study(directions=["maximize", "minimize"],
+                                sampler=EffectsSampler(plan, seed=seed))  # fmt: skip
+    for _ in range(trials):
+        trial = study.ask()
+        params = plan.space.sample(trial, plan.rules)
+        trial.set_user_attr(PARAMS_ATTR, params)
+        samples = answer(params)
+        result = (TrialResult(status=Status.OK, samples_per_s=samples, peak_memory_gib=1.0)
+                  if samples else TrialResult(status=Status.OOM))  # fmt: skip
+        tell_result(study, trial, result, plan.info.memory_budget_gib, noise_cv=0.1)
+    return study
+
+
+def ran(study):
+    return [t.user_attrs[PARAMS_ATTR] for t in study.trials]
+
+
+def test_points_are_every_setting_the_space_suggests_with_its_optuna_parameters(plan):
+    points = plan.space.points(plan.rules, limit=1000)
+    settings = [p for p, _ in points]
+    assert len(points) == SETTINGS
+    assert len({str(sorted(p.items())) for p in settings}) == SETTINGS
+    for params, parameters in points:
+        assert plan.space.sample(optuna.trial.FixedTrial(parameters), plan.rules) == params
+        assert ("checkpointing_reentrant" in params) == params["gradient_checkpointing"]
+
+
+def test_a_space_past_the_limit_gives_a_random_sample_of_its_settings(plan):
+    points = plan.space.points(plan.rules, limit=50, rng=np.random.default_rng(1))
+    assert len(points) == 50
+    assert len({str(sorted(p.items())) for p, _ in points}) == 50
+    for params, parameters in points:
+        assert plan.space.sample(optuna.trial.FixedTrial(parameters), plan.rules) == params
+    again = plan.space.points(plan.rules, limit=50, rng=np.random.default_rng(1))
+    assert again == points, "seeded"
+
+
+def test_the_designed_start_measures_every_value_of_every_knob(plan):
+    study = search(plan, effects.START_TRIALS - 1)  # no baseline here: one trial less
+    seen = {k: {p.get(k) for p in ran(study)} for k in EFFECTS}
+    for knob, values in EFFECTS.items():
+        assert set(values) <= seen[knob], knob
+
+
+def test_on_multiplicative_effects_the_best_of_192_is_found_within_20_trials(plan):
+    for seed in range(3):
+        settings = ran(search(plan, 20, seed=seed))
+        assert BEST in settings, seed
+        assert len({str(sorted(p.items())) for p in settings}) == 20, "nothing twice"
+
+
+def test_a_measurement_the_others_contradict_loses_its_weight(plan, monkeypatch):
+    points = Points.of(plan, np.random.default_rng(0))
+    rng = np.random.default_rng(2)
+    observed = [int(i) for i in rng.choice(len(points.params), 16, replace=False)]
+    y = np.log([speed(points.params[i]) for i in observed])
+    at = [i for i in range(len(points.params)) if i not in observed]
+    truth = np.log([speed(points.params[i]) for i in at])
+    clean, _ = predict(points, observed, y, at)
+    assert np.abs(clean - truth).max() < 0.05
+    disturbed = y.copy()
+    disturbed[0] -= math.log(3)  # one run three times slower than its settings are
+    kept, _ = predict(points, observed, disturbed, at)
+    monkeypatch.setattr(effects, "OUTLIER_Z", math.inf)
+    trusted, _ = predict(points, observed, disturbed, at)
+    assert np.abs(trusted - truth).max() > 0.5, "believed, it misleads the model"
+    assert np.abs(kept - truth).max() < 0.2
+    assert np.median(np.abs(kept - truth)) < 0.05
+
+
+def test_settings_running_elsewhere_or_skipped_by_the_loop_are_passed_over(plan):
+    sampler = EffectsSampler(plan, seed=0)
+    # Filled by hand (another sampler: this one would fit its model at each of 190 asks).
+    study = optuna.create_study(directions=["maximize", "minimize"],
+                                sampler=optuna.samplers.RandomSampler(seed=0))  # fmt: skip
+    small = {"gradient_checkpointing": False, "grad_accum": 1, "optim": "sgd",
+             "attn_implementation": "sdpa"}  # fmt: skip
+    # Every setting tried but batch 16 and 64 of `small`; 32 ran out of memory.
+    for i, params in enumerate(sampler.points.params):
+        if params in ({**small, "batch_size": 16}, {**small, "batch_size": 64}):
+            continue
+        trial = study.ask({})
+        trial.set_user_attr(PARAMS_ATTR, params)
+        oom = params == {**small, "batch_size": 32}
+        result = (TrialResult(status=Status.OOM) if oom else
+                  TrialResult(status=Status.OK, samples_per_s=speed(params) + i * 1e-6,
+                              peak_memory_gib=1.0))  # fmt: skip
+        tell_result(study, trial, result, 8.0, noise_cv=0.1)
+    trials = study.get_trials(deepcopy=False)
+    index = sampler.choose(trials)
+    assert sampler.points.params[index] == {**small, "batch_size": 16}, "64: as hungry as the OOM"
+    running = study.ask({})
+    running.set_user_attr(PARAMS_ATTR, {**small, "batch_size": 16})
+    assert sampler.choose(study.get_trials(deepcopy=False)) is None
+
+
+def test_a_baseline_that_leaves_out_a_fixed_knob_is_the_setting_it_matches(plan):
+    points = Points.of(plan, np.random.default_rng(0))
+    full = points.params[5]
+    partial = {k: v for k, v in full.items() if k != "attn_implementation"}
+    assert points.find(full) == 5
+    assert points.find(partial) is None, "two settings agree with it"
+    alone = {k: v for k, v in full.items() if k != "grad_accum"}
+    assert points.find({**alone, "grad_accum": 7}) is None
+
+
+def records_of(study):
+    from autotune.store.records import load_records
+
+    return load_records(study)
+
+
+def test_the_confidence_says_whether_more_trials_would_pay(plan):
+    early = confidence(plan, records_of(search(plan, 3)))
+    assert early.untried == SETTINGS - 3 and early.could_beat > 0
+    assert early.describe().endswith("more trials may pay")
+    late = confidence(plan, records_of(search(plan, 40)))
+    assert late.untried == SETTINGS - 40
+    assert late.best_samples_per_s == pytest.approx(speed(BEST))
+    assert late.could_beat == 0
+    assert late.describe().endswith("more trials are unlikely to pay")
+    assert late.records_seen == 40 and late.trials == 40
+
+
+def test_the_confidence_wording():
+    found = SearchConfidence(trials=20, best_samples_per_s=300.0, untried=170, could_beat=4,
+                             upper_samples_per_s=331.5, gain=0.02, chance=0.1)  # fmt: skip
+    assert found.describe() == (
+        "4 of 170 untried settings could beat the best by 2% (a chance of 10% or more each; "
+        "the model's 95% bound 331.5 samples/s, fastest found 300.0): more trials may pay"
+    )
+    none_left = SearchConfidence(trials=192, best_samples_per_s=300.0, untried=0, could_beat=0,
+                                 upper_samples_per_s=None, gain=0.02, chance=0.1)  # fmt: skip
+    assert none_left.describe() == "every setting of the space that fits was tried"
+
+
+def test_no_confidence_before_two_trials_were_measured(plan):
+    assert confidence(plan, []) is None
+    oom = [TrialRecord(number=0, params=BEST, result=TrialResult(status=Status.OOM))]
+    assert confidence(plan, oom) is None
