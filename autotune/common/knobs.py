@@ -255,6 +255,11 @@ def conflict(params: dict[str, Any]) -> str | None:
         return f"{attention} runs in fp16 or bf16, not {precision}"
     if strategy == "fsdp_offload" and optim in BNB_OPTIMIZERS:
         return f"fsdp_offload steps the optimizer on the host, where {optim}'s kernels cannot run"
+    if strategy == "ddp" and params.get("ddp_static_graph") and params.get("grad_accum", 1) > 1:
+        # pytorch/pytorch#143580: the accumulation steps' no_sync() trips an internal assert
+        # in DDP's reducer on the first backward (accelerate#3679 is the Trainer's case).
+        return ("ddp_static_graph with grad_accum > 1: DDP's reducer fails under the "
+                "accumulation steps' no_sync() (pytorch/pytorch#143580)")  # fmt: skip
     return None
 
 

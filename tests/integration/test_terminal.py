@@ -51,8 +51,9 @@ def test_noise_and_changes_to_the_training_are_marked(tmp_path, capsys):
     out = tmp_path / "reports"
     # The fake measures a step CV of 1%: above noise_cv=0.5%, every trial is noisy.
     # Unconfirmed (a confirmation's figures are medians of rounds, not one noisy measurement).
+    # sampler=tpe: the proposals the figures below come from (the fake's speeds).
     args = [f"model={TINY_MODEL}", "n_trials=4", "seq_len=32", "noise_cv=0.005", f"out={out}",
-            "confirm_rounds=0"]  # fmt: skip
+            "confirm_rounds=0", "sampler=tpe"]  # fmt: skip
     assert cli.main(["search", *args, "study=n"], launcher=fake_launcher("ok")) == 0
     terminal = capsys.readouterr().out
     # The fastest is 1.07x the baseline: below math_change_min_gain, the baseline stays the pick.

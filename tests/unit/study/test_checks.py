@@ -61,3 +61,13 @@ def test_an_optimizer_that_cannot_step_shards_is_skipped_under_sharding_only(str
     assert skip.reason == f"adafactor cannot update {strategy}'s sharded parameters (DTensors)"
     assert cannot_run_together({"strategy": "ddp", "optim": "adafactor"}, []) is None
     assert cannot_run_together({"strategy": strategy, "optim": "adamw_torch"}, []) is None
+
+
+def test_ddp_static_graph_with_accumulation_is_skipped_naming_the_pytorch_bug():
+    """DDP's reducer asserts on the first backward under the accumulation steps' no_sync()
+    (pytorch/pytorch#143580), as a search on two ranks met it."""
+    params = {"strategy": "ddp", "ddp_static_graph": True, "grad_accum": 2}
+    skip = cannot_run_together(params, [])
+    assert skip is not None and "pytorch/pytorch#143580" in skip.reason
+    assert cannot_run_together({**params, "grad_accum": 1}, []) is None
+    assert cannot_run_together({**params, "ddp_static_graph": False}, []) is None
