@@ -29,6 +29,7 @@ so that proposals run. Settings another worker is running count as tried.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -107,10 +108,15 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         self.plan = plan
         self.rng = np.random.default_rng(seed)
         self.pre_trial = checks.for_plan(plan)
-        self.points = Points.of(plan, self.rng)
         self.chosen: dict[int, dict[str, Any]] = {}
         """trial id -> the Optuna parameters of the setting chosen for it."""
         self.estimates: dict[int, float | None] = {}
+
+    @functools.cached_property
+    def points(self) -> Points:
+        """Enumerated at the first proposal, not when the study opens (`autotune confirm`
+        and `report` open it too, and never ask)."""
+        return Points.of(self.plan, self.rng)
 
     # The BaseSampler interface: the whole setting is chosen before the trial asks for its
     # parameters, and each parameter is answered from it.
