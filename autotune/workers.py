@@ -263,11 +263,7 @@ def _worker_main(folder: Path, index: int) -> int:
     plan = dataclasses.replace(handoff.plan, config=config, slots=[slot])
     command = handoff.trial_command
     with slot.applied():  # before the fork server starts: it and every trial inherit it
-        launcher = (
-            CommandLauncher(tuple(command))
-            if command
-            else ForkserverLauncher(cuda=plan.device_info.cuda_available)
-        )
+        launcher = CommandLauncher(tuple(command)) if command else ForkserverLauncher()
         study, plan = open_study(plan, joining=True)
         view = TerminalView(quiet=False, log_name=None)
         view.planned(plan, done_before=0)

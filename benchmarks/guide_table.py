@@ -64,7 +64,7 @@ def main() -> None:
     info = probe()
     device = "cuda" if info.cuda_available else "cpu"
     model = resolve_model(args.model)
-    launcher = ForkserverLauncher(cuda=info.cuda_available)
+    launcher = ForkserverLauncher()
     rows = []
     with tempfile.TemporaryDirectory(prefix="guide-") as work:
         for number, (label, knobs, guide_speed, guide_gb) in enumerate(GUIDE):

@@ -48,7 +48,7 @@ def main() -> None:
     if not info.cuda_available:
         raise SystemExit("offload keeps model states in host memory instead of a GPU's: no GPU")
     model = resolve_model(args.model)
-    launcher = ForkserverLauncher(cuda=True)
+    launcher = ForkserverLauncher()
     rows = []
     with tempfile.TemporaryDirectory(prefix="offload-") as work:
         for number, strategy in enumerate(STRATEGIES):

@@ -44,7 +44,7 @@ def main() -> None:
     # What a worker owning the first N GPUs sets before its fork server starts.
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(args.devices)))
     model = resolve_model(args.model)
-    launcher = ForkserverLauncher(cuda=True)
+    launcher = ForkserverLauncher()
     rows = []
     with tempfile.TemporaryDirectory(prefix="ranks-gpu-") as work:
         for number, strategy in enumerate(STRATEGIES):

@@ -6,11 +6,15 @@ Left to notice its "alive" pipe closing, the server would run the interpreter's 
 torch and transformers loaded (several seconds here), and its workers die only after it. Its
 death signal is SIGTERM rather than SIGKILL so that it can first end the trial's whole tree:
 the worker, and what the worker started in sessions of its own, which no death signal reaches.
+
+It also keeps what the server imports next from initialising CUDA (`cuda_free`): every trial
+is forked from it and needs a CUDA context of its own.
 """
 
 import os
 import signal
 
+from autotune.child import cuda_free
 from autotune.common.processes import die_with_parent, end_own_descendants
 
 
@@ -21,3 +25,4 @@ def _end_with_the_search(signum: int, frame: object) -> None:
 
 signal.signal(signal.SIGTERM, _end_with_the_search)
 die_with_parent(signal.SIGTERM)
+cuda_free.install()

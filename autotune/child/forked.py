@@ -10,12 +10,13 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 
 from autotune.common.processes import die_with_parent
 
 
 def forked_main(spec_path: str, result_path: str, log_path: str) -> None:
-    """Runs in the forked trial process: `python -m autotune.child.worker` as a fork."""
+    """Runs in the forked trial process: `python -m autotune.child` as a fork."""
     # The fork server's SIGTERM handler (fork_server_init) is not the worker's.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.setsid()  # its own session and process group, as with CommandLauncher
@@ -37,6 +38,7 @@ def forked_main(spec_path: str, result_path: str, log_path: str) -> None:
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     for fd in (1, 2):
         os.dup2(log_fd, fd)
-    from autotune.child import worker
+    started_s = time.perf_counter()
+    from autotune.child import worker  # preloaded by the server: nothing left to import
 
-    sys.exit(worker.main([spec_path, result_path]))
+    sys.exit(worker.main([spec_path, result_path], imports_s=time.perf_counter() - started_s))

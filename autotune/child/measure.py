@@ -7,17 +7,34 @@ The Trainer's own `train_samples_per_second` includes warm-up and start-up, so i
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import resource
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from transformers import TrainerCallback
 
 from autotune.common import flops
+
+
+class StageClock:
+    """Seconds a trial spends in each named stage before training (`cuda_init_s`,
+    `model_build_s`, `data_s`, `trainer_init_s`): the parts of its cost that are not steps."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainingArguments
 
+from autotune.child import cuda_free
 from autotune.child.measure import Counts, numel
 from autotune.common.knobs import FSDP, OFFLOADED, SHARDED, ZERO_STAGES
 from autotune.common.processes import die_with_parent
@@ -115,6 +116,10 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
         )
     for rank in range(spec.devices):  # an earlier attempt's, in a reused folder
         rank_file(folder, rank).unlink(missing_ok=True)
+    try:
+        cuda_free.refuse_fork(f"the trial's {world_size} forked rank(s)")
+    except cuda_free.CudaInitialised as exc:
+        return TrialResult(status=Status.ERROR, reason=str(exc)[:300], stderr_tail=str(exc))
     store = dist.TCPStore(HOST, 0, world_size, is_master=True, wait_for_workers=False)
     worker = os.getpid()
     pids = {}

@@ -1,4 +1,4 @@
-"""One trial in a process of its own: `python -m autotune.child.worker SPEC.json RESULT.json`.
+"""One trial in a process of its own: `python -m autotune.child SPEC.json RESULT.json`, or forked.
 
 Builds the model from its config, the data (random token ids, as the HF guide does, or the
 user's prepared data) and the real HF `Trainer` with the tuned `TrainingArguments`, or calls
@@ -27,7 +27,7 @@ import torch
 import transformers
 import transformers.trainer
 
-from autotune.child import data, measure, ranks
+from autotune.child import cuda_free, data, measure, ranks
 from autotune.child import factory as factories
 from autotune.child.models import build_model
 from autotune.common import knobs
@@ -63,11 +63,12 @@ def train_trial(
     """The trial in stages: memory baseline, arguments, model, data, timed training, result.
     On several devices it runs on each `rank`, and rank 0 returns the result (others None)."""
     trial_started_s = time.perf_counter()
+    clock = measure.StageClock()
     # The Trainer wants an output folder; with saving and logging off it stays empty.
     with tempfile.TemporaryDirectory(prefix="autotune-trainer-") as workdir:
         if (reason := knobs.conflict(spec.params)) is not None:
             raise InvalidConfig(reason)
-        baseline_rss = _prepare(spec, rank)
+        baseline_rss = _prepare(spec, clock, rank)
         on_cuda = spec.device == "cuda"
         if rank is not None:
             sync = ranks.barrier_sync(on_cuda)
@@ -90,9 +91,10 @@ def train_trial(
         environment = knobs.environment(spec.params)
         os.environ.update(environment)  # read as the Trainer builds its accelerator
         if spec.trainer:
-            trainer = _users_trainer(spec, tuned_args, model_kwargs, workdir, rank)
+            with clock.stage("trainer_init_s"):
+                trainer = _users_trainer(spec, tuned_args, model_kwargs, workdir, rank)
         else:
-            trainer = _our_trainer(spec, tuned_args, model_kwargs, workdir, rank)
+            trainer = _our_trainer(spec, tuned_args, model_kwargs, workdir, clock, rank)
         states = ranks.ModelStates(trainer)  # counted on several ranks only
         if rank is not None:
             ranks.set_ddp(rank, trainer)
@@ -145,7 +147,15 @@ def train_trial(
             # What a user's factory really trains, which `model=` and `seq_len=` only name.
             "trained_model": getattr(model.config, "name_or_path", "") or model.config.model_type,
             "trained_seq_len": timer.counter.longest or None,
+            **clock.seconds,
+            "warmup_s": train_s - sum(step_times_s),
         }
+        # The worker's time outside its named stages: seeds and caches before, the memory
+        # figures and the result after (the directory's removal and the exit are the parent's).
+        measured["finish_s"] = (
+            time.perf_counter() - trial_started_s - build_s - train_s
+            - clock.seconds.get("cuda_init_s", 0.0)
+        )  # fmt: skip
         return _result(spec, timer, model, output.training_loss, measured, counts)
 
 
@@ -159,6 +169,7 @@ def _our_trainer(
     tuned_args: dict[str, Any],
     model_kwargs: dict[str, Any],
     workdir: str,
+    clock: measure.StageClock,
     rank: ranks.Rank | None = None,
 ) -> transformers.Trainer:
     """The HF Trainer on the model built from its config, with random tokens or the user's
@@ -168,11 +179,32 @@ def _our_trainer(
     # The collator reads only the columns it needs; kept, the `length` column spares
     # group_by_length a pass over every sample to measure it.
     args = _training_arguments(spec, tuned_args | run_only, workdir, rank)
-    model = build_model(
-        ModelSpec(name=spec.model_name, source="spec", config=spec.model_config),
-        spec.task,
-        **model_kwargs,
-    )
+    # One device on a GPU: built there, its random init run by the GPU, and nothing copied
+    # (bert-large's init took ~10 s on two host cores, and its copy followed). On ranks the
+    # strategy places the model (FSDP2 shards it from the host, DeepSpeed's engine moves it).
+    where = "cuda" if spec.device == "cuda" and rank is None else "cpu"
+    with clock.stage("model_build_s"):
+        model = build_model(
+            ModelSpec(name=spec.model_name, source="spec", config=spec.model_config),
+            spec.task,
+            device=where,
+            **model_kwargs,
+        )
+    with clock.stage("data_s"):
+        dataset, collator = _data(spec, args, model, rank)
+    with clock.stage("trainer_init_s"):
+        return transformers.Trainer(
+            model=model, args=args, train_dataset=dataset, data_collator=collator
+        )
+
+
+def _data(
+    spec: TrialSpec,
+    args: transformers.TrainingArguments,
+    model: Any,
+    rank: ranks.Rank | None,
+) -> tuple[Any, Any]:
+    """The training data and its collator (None: the Trainer's default)."""
     if spec.data_dir:
         import datasets
 
@@ -198,9 +230,7 @@ def _our_trainer(
             seed=spec.seed + (rank.rank if rank is not None and not shared else 0),
         )
         collator = None  # the Trainer's default: the samples are of one length
-    return transformers.Trainer(
-        model=model, args=args, train_dataset=dataset, data_collator=collator
-    )
+    return dataset, collator
 
 
 def _users_trainer(
@@ -254,7 +284,7 @@ _ARG_FIELDS = frozenset(f.name for f in dataclasses.fields(transformers.Training
 """The installed transformers' TrainingArguments fields (names change between releases)."""
 
 
-def _prepare(spec: TrialSpec, rank: ranks.Rank | None = None) -> int:
+def _prepare(spec: TrialSpec, clock: measure.StageClock, rank: ranks.Rank | None = None) -> int:
     """Seeds, caches and memory accounting; returns the process's resident size before the
     trial builds anything (the CPU memory baseline)."""
     # torch and transformers leave millions of objects on the heap; a full garbage collection
@@ -270,6 +300,8 @@ def _prepare(spec: TrialSpec, rank: ranks.Rank | None = None) -> int:
     if rank is not None:
         baseline_rss = ranks.reset_peak_rss()  # a forked rank starts with the worker's peak
     if spec.device == "cuda":
+        with clock.stage("cuda_init_s"):  # the process's CUDA context
+            torch.cuda.init()
         _cap_cuda_memory(spec.memory_budget_bytes)
         torch.cuda.reset_peak_memory_stats()
     elif hasattr(os, "sched_getaffinity"):  # Linux
@@ -481,7 +513,9 @@ def _failure(status: Status, exc: BaseException) -> TrialResult:
     )
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], imports_s: float | None = None) -> int:
+    """The trial of `argv` (SPEC RESULT); `imports_s`: what importing this module cost the
+    process that runs it (nothing where the fork server had imported it)."""
     # DataLoader workers and other forked helpers must not outlive this process; what the
     # user's code starts otherwise (other sessions, double forks) stays in its tree and is
     # ended with the trial.
@@ -490,6 +524,12 @@ def main(argv: list[str]) -> int:
     spec_path, result_path = Path(argv[0]), Path(argv[1])
     spec = spec_from_dict(json.loads(spec_path.read_text()))
     progress_path = result_path.parent / PROGRESS_FILE
+    if spec.device == "cuda" and torch.cuda._is_in_bad_fork():
+        # The fork server initialised CUDA after all (an import `cuda_free` does not cover):
+        # forked from it, this process cannot use the GPU. A fresh interpreter can.
+        print(f"the fork server initialised CUDA ({cuda_free.first_init()}); the trial "
+              "starts again in a fresh process", flush=True)  # fmt: skip
+        os.execv(sys.executable, [sys.executable, "-m", "autotune.child", *argv])
 
     def attempt(rank: ranks.Rank | None) -> tuple[TrialResult | None, bool]:
         try:
@@ -509,12 +549,8 @@ def main(argv: list[str]) -> int:
     else:
         result, _ = attempt(None)
         assert result is not None  # one device: this process is rank 0
-    result = dataclasses.replace(result, worker_pid=os.getpid())
+    result = dataclasses.replace(result, worker_pid=os.getpid(), imports_s=imports_s)
     write_json_atomic(result_path, result.to_dict())
     # Exited, this process would leave its descendants to PID 1, out of the search's sight.
     end_own_descendants()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,7 +1,7 @@
 """The parent <-> worker contract: `TrialSpec` in, `TrialResult` out, both JSON with a version;
 `Progress` records while the worker runs.
 
-The parent writes a spec file, starts `python -m autotune.child.worker SPEC RESULT`, and decides the
+The parent writes a spec file, starts `python -m autotune.child SPEC RESULT`, and decides the
 trial's fate from the worker's exit code and the result file alone (never from its stderr).
 """
 
@@ -120,7 +120,27 @@ class TrialResult:
     wall_s: float | None = None
     """Seconds from starting the worker process to reading its result (set by the parent)."""
     overhead_s: float | None = None
-    """wall_s less build_s and train_s: process start, imports, teardown (set by the parent)."""
+    """wall_s less build_s and train_s: process_s + imports_s + cuda_init_s + finish_s (set
+    by the parent)."""
+    process_s: float | None = None
+    """Starting the worker process, ending it and reading its result: wall_s less the
+    worker's own parts (set by the parent)."""
+    imports_s: float | None = None
+    """The worker's imports after its process started (~0 forked from the fork server)."""
+    cuda_init_s: float | None = None
+    """CUDA: creating the process's CUDA context."""
+    model_build_s: float | None = None
+    """Building the model and its random init, where it trains (part of build_s)."""
+    data_s: float | None = None
+    """Making or opening the training data (part of build_s)."""
+    trainer_init_s: float | None = None
+    """Making the Trainer, or calling the user's factory (part of build_s)."""
+    warmup_s: float | None = None
+    """train_s less the timed steps: the Trainer's setup in `train()` and the warm-up steps,
+    compile included."""
+    finish_s: float | None = None
+    """The worker's time outside its named parts: seeds and caches before, the memory
+    figures and the result after."""
     n_params: int | None = None
     worker_pid: int | None = None
     """The process that ran the trial: each trial has one of its own."""

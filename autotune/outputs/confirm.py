@@ -56,7 +56,7 @@ def confirm(
     if rounds < 1 or not picks:
         return None
     observer = observer or SearchObserver()
-    launcher = launcher or runner.ForkserverLauncher(cuda=plan.device_info.cuda_available)
+    launcher = launcher or runner.ForkserverLauncher()
     expected_s = rounds * sum(r.result.wall_s or 0.0 for r in picks)
     observer.confirming(len(picks), rounds, expected_s)
     started = time.perf_counter()

@@ -52,6 +52,14 @@ METRIC_COLUMNS = (
     "trained_seq_len",
     "wall_s",
     "overhead_s",
+    "process_s",
+    "imports_s",
+    "cuda_init_s",
+    "model_build_s",
+    "data_s",
+    "trainer_init_s",
+    "warmup_s",
+    "finish_s",
     "cpu_threads",
 )
 

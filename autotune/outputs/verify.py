@@ -38,7 +38,7 @@ def verify(
     """Train `record`'s settings for `steps` optimizer steps (the study's warm-up, then the
     rest timed), store the comparison with the study and return it."""
     observer = observer or SearchObserver()
-    launcher = launcher or runner.ForkserverLauncher(cuda=plan.device_info.cuda_available)
+    launcher = launcher or runner.ForkserverLauncher()
     config = plan.config
     warmup = min(config.warmup_steps, steps - 1)
     measure = steps - warmup

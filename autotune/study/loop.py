@@ -84,7 +84,7 @@ def run_search(
     (`StudyFileLost`): SQLite would go on writing to the deleted file, and a resume would find
     nothing.
     """
-    launcher = launcher or runner.ForkserverLauncher(cuda=plan.device_info.cuda_available)
+    launcher = launcher or runner.ForkserverLauncher()
     loop = _Loop.start(plan, study, observer or SearchObserver(), launcher)
     while True:
         trials = loop.refresh()

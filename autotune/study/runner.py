@@ -43,7 +43,7 @@ from autotune.common.units import GIB, format_bytes_apart
 from autotune.study.oom_killer import OomWitness
 from autotune.study.worker_log import CappedLog
 
-WORKER_COMMAND = (sys.executable, "-m", "autotune.child.worker")
+WORKER_COMMAND = (sys.executable, "-m", "autotune.child")
 PRELOAD = (
     "autotune.child.fork_server_init",
     "torch",
@@ -51,11 +51,9 @@ PRELOAD = (
     "transformers.trainer",
     "autotune.child.worker",
 )
-CUDA_SAFE_PRELOAD = PRELOAD[:3]
-"""What the server may import on a CUDA machine. Importing `transformers.trainer` initialises
-CUDA (measured on an H200, torch 2.11, transformers 5.17), and a process forked after that
-cannot use CUDA at all ("Cannot re-initialize CUDA in forked subprocess"): there each trial
-imports the Trainer itself."""
+"""What the fork server imports once, on a GPU as on a CPU. `fork_server_init` comes first: it
+keeps the Trainer's import from initialising CUDA (`child/cuda_free.py` says how), which would
+leave every forked trial without a GPU ("Cannot re-initialize CUDA in forked subprocess")."""
 STDERR_TAIL_CHARS = 4000
 POLL_S = 0.05
 TREE_WALK_S = 0.5
@@ -126,15 +124,13 @@ class _Forked:
 
 
 class ForkserverLauncher:
-    def __init__(self, cuda: bool = False) -> None:
+    def __init__(self) -> None:
         # Imports may ask torch.cuda.is_available(); answered through NVML it leaves CUDA
         # uninitialised in the server, so forked trials can still create their own context.
         # The server inherits this process's environment when it starts.
         os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         self.context = multiprocessing.get_context("forkserver")
-        # The server imports these once; on a GPU it stops short of what initialises CUDA, so
-        # every forked trial still gets a CUDA context of its own.
-        self.context.set_forkserver_preload(list(CUDA_SAFE_PRELOAD if cuda else PRELOAD))
+        self.context.set_forkserver_preload(list(PRELOAD))
         self._ready = False
 
     def ready(self) -> None:
@@ -257,13 +253,16 @@ def launch_trial(
         result = verdict
     else:
         result = _read_result(result_path, worker.poll(), witness)
-    overhead_s = None
+    overhead_s = process_s = None
     if result.build_s is not None and result.train_s is not None:
         overhead_s = wall_s - result.build_s - result.train_s
+        worker_parts = (result.imports_s, result.cuda_init_s, result.finish_s)
+        process_s = overhead_s - sum(s for s in worker_parts if s is not None)
     return dataclasses.replace(
         result,
         wall_s=wall_s,
         overhead_s=overhead_s,
+        process_s=process_s,
         stderr_tail=result.stderr_tail or _tail(log_path),
     )
 

@@ -18,7 +18,8 @@ def _imported_after(modules: list[str]) -> set[str]:
 
 def _modules(inside_child: bool) -> list[str]:
     found = pkgutil.walk_packages(autotune.__path__, "autotune.")
-    names = [m.name for m in found if m.name != "autotune.__main__"]  # it runs the CLI
+    # A package's __main__ runs its program (the CLI, a trial) when imported.
+    names = [m.name for m in found if not m.name.endswith(".__main__")]
     child = [n for n in names if n.startswith("autotune.child")]
     return child if inside_child else [n for n in names if n not in child]
 
@@ -39,21 +40,96 @@ def test_no_module_of_the_child_folder_imports_optuna():
     assert "torch" in loaded and "optuna" not in loaded
 
 
+FAKE_H100 = """
+import sys, types, torch, torch.cuda, pynvml
+calls = []
+
+
+def lazy_init():  # CUDA's initialisation, counted instead of run
+    calls.append(1)
+    torch.cuda._initialized = True
+
+
+torch.cuda._lazy_init = lazy_init
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 1
+torch.version.cuda = "13.0"
+torch._C._cuda_getDevice = lambda: 0
+torch.cuda._get_device_properties = lambda index: types.SimpleNamespace(
+    major=9, minor=0, name="NVIDIA H100 80GB HBM3", total_memory=85017493504, gcnArchName="")
+# NVML answers as the H100's driver did (probe.json: compute_capability 9.0).
+pynvml.nvmlInit = lambda: None
+pynvml.nvmlDeviceGetHandleByIndex = lambda index: index
+pynvml.nvmlDeviceGetCudaComputeCapability = lambda handle: (9, 0)
+"""
+"""A GPU as the Python side of torch sees it, on a CPU build: what asks CUDA for anything
+reaches `lazy_init`. It sees Python-level initialisation only (the calls that reach the driver
+return early on a CPU build); benchmarks/fork_cuda.py checks a real GPU."""
+
+
+def _run(code: str, *args: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", FAKE_H100 + code, *args], capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    return out.stdout.splitlines()
+
+
 def test_the_fork_server_preload_never_initialises_cuda_even_where_cuda_is_present():
     # A trial forked from a server that has initialised CUDA cannot use the GPU ("Cannot
-    # re-initialize CUDA in forked subprocess"). Pretend a GPU is present and make CUDA's lazy
-    # initialisation fail loudly: importing what the server preloads on a GPU must not reach
-    # it. This sees Python-level initialisation only: on a CPU build of torch the calls that
-    # reach the driver return early (benchmarks/fork_cuda.py checks a real GPU).
-    code = (
-        "import traceback, torch, torch.cuda\n"
-        "calls = []\n"
-        "torch.cuda._lazy_init = lambda: calls.append(traceback.format_stack())\n"
-        "torch.cuda.is_available = lambda: True\n"
-        "torch.cuda.device_count = lambda: 1\n"
-        "from autotune.study.runner import CUDA_SAFE_PRELOAD\n"
-        "for name in CUDA_SAFE_PRELOAD: __import__(name)\n"
-        "print(len(calls)); print(''.join(calls[0]) if calls else '')\n"
+    # re-initialize CUDA in forked subprocess"); nor can a rank forked from its worker.
+    # What the server preloads (the Trainer and the worker, with the rank path, included) must
+    # not reach CUDA's initialisation.
+    lines = _run(
+        "from autotune.study.runner import PRELOAD\n"
+        "for name in PRELOAD: __import__(name)\n"
+        "from autotune.child import cuda_free\n"
+        "print(len(calls)); print(cuda_free.first_init())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.splitlines()[0] == "0", out.stdout
+    assert lines == ["0", "None"], lines
+
+
+def test_without_cuda_free_the_trainer_import_initialises_cuda_through_torchao():
+    # Why the server needs `cuda_free`, written down where a change would show: importing the
+    # Trainer imports its model code, whose quantizers import torchao, which asks for the
+    # device's capability at import. If this fails because nothing initialises CUDA any more,
+    # cuda_free's account of the culprits is out of date; if it names another module, a new
+    # culprit is there (and the test above says whether cuda_free still covers it).
+    lines = _run(
+        "from autotune.child import cuda_free\n"
+        "torch.cuda._lazy_init = cuda_free._watched(torch.cuda._lazy_init)  # the watch alone\n"
+        "import transformers\n"
+        "print(len(calls))\n"
+        "import transformers.trainer\n"
+        "print(len(calls)); print(cuda_free.first_init())\n"
+    )
+    assert lines[0] == "0", lines  # transformers alone stays clear
+    assert int(lines[1]) > 0, lines
+    assert "transformers.trainer" in lines[2] and "torchao" in lines[2], lines
+
+
+CULPRIT = """
+import torch
+torch.cuda.get_device_properties(0)  # asks CUDA itself: initialises it
+"""
+
+
+def test_a_rank_is_never_forked_from_a_worker_that_initialised_cuda(tmp_path):
+    # The guard before the ranks' fork: a worker that holds a CUDA context (here made by an
+    # import, as torchao's once was) forks no rank; the trial ends `error`, naming the import.
+    (tmp_path / "culprit_module.py").write_text(CULPRIT)
+    lines = _run(
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from pathlib import Path\n"
+        "from autotune.child import cuda_free, ranks\n"
+        "from autotune.common.trial import TrialSpec\n"
+        "cuda_free.install()\n"
+        "import culprit_module\n"
+        "spec = TrialSpec(trial_number=0, model_name='m', model_config={}, task='causal-lm',\n"
+        "    seq_len=8, device='cuda', params={'strategy': 'ddp'}, warmup_steps=1,\n"
+        "    measure_steps=1, seed=0, devices=1)\n"
+        "forked = []\n"
+        "result = ranks.run(spec, Path(sys.argv[1]), lambda rank: forked.append(rank))\n"
+        "print(result.status.value); print(len(forked)); print(result.reason)\n",
+        str(tmp_path),
+    )
+    assert lines[:2] == ["error", "0"], lines
+    assert "importing" in lines[2] and "culprit_module" in lines[2], lines

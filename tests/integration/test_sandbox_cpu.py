@@ -213,7 +213,7 @@ from pathlib import Path
 from autotune.study.runner import ForkserverLauncher, _TrialProcess, launch_trial
 from tests.integration.test_sandbox_cpu import tiny_spec, write_modules
 
-launcher = ForkserverLauncher(cuda=True)
+launcher = ForkserverLauncher()
 launcher.ready()
 probe = _TrialProcess(target=write_modules, args=(sys.argv[1] + "/modules",))
 probe.start()
@@ -224,20 +224,52 @@ print(result.status.value, result.reason)
 
 
 def write_modules(path: str) -> None:
-    Path(path).write_text("\n".join(sorted(sys.modules)))
+    import torch
+
+    watched = getattr(torch.cuda._lazy_init, "_autotune_watched", False)
+    Path(path).write_text("\n".join([*sorted(sys.modules), f"watched={watched}"]))
 
 
-def test_a_fork_server_for_a_gpu_leaves_the_trainer_import_to_each_trial(tmp_path):
-    # On an H200 (torch 2.11, transformers 5.17) importing transformers.trainer initialised
-    # CUDA, and every trial forked after it failed: "Cannot re-initialize CUDA in forked
-    # subprocess". A CPU build of torch cannot show that; this shows what the server holds
-    # and that trials still train (benchmarks/fork_cuda.py checks the GPU itself).
+def test_the_fork_server_holds_the_trainer_with_cudas_initialisation_watched(tmp_path):
+    # On an H200 and an H100 (torch 2.11, transformers 5.17) importing transformers.trainer
+    # initialised CUDA, and a trial forked after it could not use the GPU: the server held
+    # torch and transformers alone there, and each trial paid the Trainer's import (~8 s).
+    # Now the server imports `cuda_free` first, on a GPU as here (test_parent_process.py shows
+    # on a pretended GPU that the preload initialises nothing), and every trial forks ready.
     out = subprocess.run([sys.executable, "-c", SERVER_MODULES, str(tmp_path)],
                          capture_output=True, text=True, check=True)  # fmt: skip
     assert out.stdout.split()[0] == "ok", out.stdout + out.stderr
     in_server = set((tmp_path / "modules").read_text().split())
-    assert {"torch", "transformers"} <= in_server
-    assert not {"transformers.trainer", "autotune.child.worker"} & in_server
+    assert {
+        "transformers.trainer",
+        "autotune.child.worker",
+        "autotune.child.cuda_free",
+    } <= in_server
+    assert "watched=True" in in_server
+
+
+def test_a_trials_cost_is_broken_into_its_parts(tmp_path):
+    # trials.csv's parts: what the parent saw (wall_s, overhead_s, process_s) and what the
+    # worker timed, which must add up to what was measured around them.
+    spec = tiny_spec(0)
+    forked = launch_trial(spec, tmp_path / "forked", timeout_s=120, launcher=ForkserverLauncher())
+    cold = launch_trial(dataclasses.replace(spec, trial_number=1), tmp_path / "cold",
+                        timeout_s=120, launcher=CommandLauncher(WORKER_COMMAND))  # fmt: skip
+    for result in (forked, cold):
+        assert result.status is Status.OK, result.reason
+        parts = (result.model_build_s, result.data_s, result.trainer_init_s)
+        assert all(p is not None and p >= 0 for p in parts), result
+        assert result.build_s == pytest.approx(sum(parts), abs=0.05)
+        assert result.cuda_init_s is None  # a CPU trial makes no CUDA context
+        timed_s = sum(result.step_times_ms) / 1e3
+        assert result.train_s == pytest.approx(result.warmup_s + timed_s)
+        assert result.overhead_s == pytest.approx(
+            result.process_s + result.imports_s + result.finish_s
+        )
+        assert min(result.process_s, result.imports_s, result.finish_s, result.warmup_s) >= 0
+    # The cold worker imported torch, transformers and the Trainer itself; the forked one
+    # found them in the server (the benchmark below compares the two starts' times).
+    assert cold.imports_s > forked.imports_s
 
 
 @pytest.mark.benchmark
