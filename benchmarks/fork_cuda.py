@@ -3,8 +3,10 @@
 Imports the modules the server preloads, one at a time and in its order, and after each one
 forks a child that puts a tensor on the GPU. A child forked after CUDA was initialised fails
 ("Cannot re-initialize CUDA in forked subprocess"), and so would every trial of a search. The
-server preloads `CUDA_SAFE_PRELOAD` on a GPU; the rest of `PRELOAD` (what it holds on a CPU) is
-tried too, to show which import initialises CUDA. Exits 1 when a module of the first list does.
+server imports `fork_server_init` first, which keeps the Trainer's import from initialising
+CUDA (`autotune/child/cuda_free.py`): after each import a child, as a trial or as a rank
+forked from a trial's worker, must still create its own context. Exits 1 when an import
+initialises CUDA, naming it.
 
     python benchmarks/fork_cuda.py [--out fork_cuda.json]
 """
@@ -16,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from autotune.study.runner import CUDA_SAFE_PRELOAD, PRELOAD, ForkserverLauncher
+from autotune.study.runner import PRELOAD, ForkserverLauncher
 
 
 def forked_child_uses_cuda() -> bool:
@@ -37,21 +39,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    ForkserverLauncher(cuda=True)  # sets the environment the server starts with
+    ForkserverLauncher()  # sets the environment the server starts with
     rows = []
     for name in PRELOAD:
         importlib.import_module(name)
         ok = forked_child_uses_cuda()
-        rows.append({"after_import": name, "on_gpu_preload": name in CUDA_SAFE_PRELOAD,
-                     "forked_child_uses_cuda": ok})  # fmt: skip
+        rows.append({"after_import": name, "forked_child_uses_cuda": ok})
         print(f"after {name}: a forked child {'can' if ok else 'cannot'} use CUDA", flush=True)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2) + "\n")
-    failed = [
-        r["after_import"] for r in rows if r["on_gpu_preload"] and not r["forked_child_uses_cuda"]
-    ]
+    failed = [r["after_import"] for r in rows if not r["forked_child_uses_cuda"]]
     if failed:
-        sys.exit(f"the GPU preload initialises CUDA: {', '.join(failed)}")
+        from autotune.child import cuda_free
+
+        sys.exit(f"the preload initialises CUDA after {failed[0]}: {cuda_free.first_init()}")
 
 
 if __name__ == "__main__":
