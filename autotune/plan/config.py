@@ -219,8 +219,9 @@ class RunConfig(_ModelSettings):
         0.25,
         ge=0,
         description="skip a trial whose memory estimate, calibrated on the study's own "
-        "trials, exceeds the budget by more than this share (on CPU never past what the "
-        "machine can give a trial); null = never skip by estimate",
+        "trials, exceeds the budget by more than this share (never past what the device can "
+        "give a trial: on CPU its free RAM, on a GPU its memory less a CUDA context); "
+        "null = never skip by estimate",
     )
     sampler: Sampler = Field(
         "auto",
@@ -248,8 +249,8 @@ class RunConfig(_ModelSettings):
     peak_tflops: float | None = Field(
         None,
         gt=0,
-        description="the device's dense peak TFLOP/s for MFU, for devices not in the "
-        "built-in table; null = look the device up",
+        description="the device's dense 16-bit peak TFLOP/s, MFU's denominator, for devices "
+        "not in the built-in table; null = look the device up",
     )
     seed: int = Field(0, description="seed for the sampler, model init and synthetic data")
     quiet: bool = Field(False, description="print only errors and the paths written")

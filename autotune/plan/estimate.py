@@ -15,8 +15,14 @@ The parts, per parameter P and per micro-batch of b samples of s tokens:
   stream), dropout masks (1 B), and with eager attention the softmax output, its dropout mask
   and the dropped-out copy (a^2 s^2 b terms; SDPA's fused kernels on CUDA keep none); with
   checkpointing only each layer's input plus one layer recomputed; plus the LM head's logits;
+- under `torch.compile` on CUDA, the activations times COMPILED_ACTIVATIONS_FACTOR (measured
+  once, on an H100);
 - temporary: one layer's activation gradients during backward, and the LM head's logits grad;
 - the CUDA context (kernels, cuBLAS workspace) on CUDA; on CPU, the runtime's own memory.
+
+`Estimate.total` is the whole process, what the device must hold; `Estimate.budgeted` is the part
+a trial's measured peak counts and its memory budget caps: on CUDA all but the context, which
+PyTorch's allocator does not hold (see `Estimate.budgeted`).
 
 On several devices a trial (`devices`), per rank, by the strategy (ZeRO's accounting,
 Rajbhandari et al. 2020, with Psi parameters and N ranks; mixed-precision AdamW holds 16 B a
@@ -48,12 +54,32 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.common.flops import training_flops
-from autotune.common.knobs import FSDP, OFFLOADED, ZERO_STAGES, optimizer_family, sixteen_bit
+from autotune.common.knobs import (
+    FSDP,
+    OFFLOADED,
+    ZERO_STAGES,
+    is_compiled,
+    optimizer_family,
+    sixteen_bit,
+)
 from autotune.common.units import GIB
 
-CUDA_CONTEXT_BYTES = int(0.5 * GIB)
-"""CUDA context and cuBLAS workspace of a PyTorch process on a recent GPU (NVML's per-process
-figure minus what the allocator reserved); not seen by torch.cuda.memory_stats."""
+CUDA_CONTEXT_BYTES = int(0.75 * GIB)
+"""The CUDA context of a training process (the runtime, the loaded kernels, the cuBLAS and cuDNN
+handles): NVML's per-process figure minus what PyTorch's allocator reserved, not seen by
+torch.cuda.memory_stats and not under the allocator's cap. Measured 0.72 GiB by autotune's own
+baseline trials (bert-large, torch 2.11 + CUDA 13.0) on an H100 (11.02 - 10.30 GiB) and an H200
+(12.26 - 11.53); a process that only initialises CUDA (the probe) holds 0.52."""
+COMPILED_ACTIVATIONS_FACTOR = 2.0
+"""What `torch.compile` multiplies the activations by, on CUDA: the AOT-compiled graph saves
+other tensors for backward than eager autograd does (more, measured). Measured once, in a plain
+loop (no Trainer) on an H100, torch 2.11, inductor's default mode: bert-large, seq 512, bf16
+autocast, batch 64, fused AdamW, SDPA, peaked at 63.4 GiB allocated compiled and 36.65 eager.
+This estimate gives that setting 28.5 GiB of activations and 5.56 besides them (weights 1.87,
+optimizer 2.5, temporary 1.19; the gradients, 1.25, fill in as activations are freed): 34.06 GiB
+eager, 7% under the measured 36.65. (63.4 - 5.56) / 28.5 = 2.03, taken as 2.0: the compiled
+setting is then estimated at 62.6 GiB. One model, one mode, one point: CPU compiles are left
+as eager (not measured), and a study's own compiled trials correct both (`calibrated_gib`)."""
 CPU_RUNTIME_BYTES = int(0.125 * GIB)
 """On CPU, what a training process's resident memory grows by beyond its tensors once steps
 run (the allocator's free lists and arenas, oneDNN and OpenMP scratch, the Trainer's state):
@@ -145,7 +171,14 @@ class Estimate:
     temporary: int
     context: int
     total: int
-    """The peak: not the plain sum, as gradients fill in while activations are freed."""
+    """The peak of the whole process, what the device must hold: not the plain sum, as
+    gradients fill in while activations are freed."""
+    budgeted: int
+    """The part of `total` a trial's measured peak counts and its memory budget caps. On CUDA,
+    `total` less the context: the worker caps PyTorch's allocator at the budget
+    (`set_per_process_memory_fraction`) and measures `max_memory_reserved`, and neither sees
+    the context, which the card holds besides. On CPU all of `total`: the peak measured there
+    is the growth of the process's resident memory, its runtime's included."""
     flops_per_sample: float
     model_states: int
     """What a rank holds of the weights, their gradients and the optimizer's states (wherever:
@@ -173,7 +206,8 @@ def optimizer_bytes_per_parameter(optim: str) -> float | None:
 
 
 KNOBS_READ = ("precision", "batch_size", "grad_accum", "optim", "attn_implementation",
-              "gradient_checkpointing", "checkpointing_every_n_layers", "strategy")  # fmt: skip
+              "gradient_checkpointing", "checkpointing_every_n_layers", "strategy",
+              "torch_compile")  # fmt: skip
 """The knobs `estimate` reads; the others leave it unchanged."""
 
 
@@ -251,6 +285,8 @@ def estimate(
         stored = shape.layers * layer
     head = _head_activations(shape, task, batch, seq_len, mixed=mixed)
     activations = stored + head["kept"]
+    if device == "cuda" and is_compiled(params):
+        activations = int(activations * COMPILED_ACTIVATIONS_FACTOR)
     temporary = layer + head["gradient"]
     # The peak: in the last backward, gradients fill in as activations are freed (one step:
     # the larger of the two); accumulating steps run every later forward with the gradients
@@ -260,6 +296,7 @@ def estimate(
     gradients += buckets  # shown with the gradients, which they copy
     runtime = CUDA_CONTEXT_BYTES if device == "cuda" else CPU_RUNTIME_BYTES
     context = runtime if context_bytes is None else context_bytes
+    total = weights + optimizer + live + buckets + temporary + context
     return Estimate(
         weights=weights,
         gradients=gradients,
@@ -267,10 +304,11 @@ def estimate(
         activations=activations,
         temporary=temporary,
         context=context,
-        total=weights + optimizer + live + buckets + temporary + context,
+        total=total,
         flops_per_sample=flops_per_sample(shape, seq_len, task),
         model_states=model_states,
         offloaded=offloaded,
+        budgeted=total - context if device == "cuda" else total,
     )
 
 
@@ -364,7 +402,9 @@ def calibrated_gib(params: dict[str, Any], estimate_gib: float, measured: list[M
     - two or more batch sizes measured in this mode: the straight line through them (least
       squares), at this batch size;
     - one: this estimate shifted by that trial's measured - estimated;
-    - none in this mode: shifted by the median measured - estimated of all trials;
+    - none in this mode: shifted by the median measured - estimated of the trials compiled as
+      this one is (`torch.compile` on or off), or of all trials when none is: the compile term
+      (COMPILED_ACTIVATIONS_FACTOR) is one measured point, and eager trials do not correct it;
     - no trials yet: the estimate as it is.
     A shift, not a ratio: what the estimate misses on CPU is mostly a constant (the allocator's
     retained memory), and a ratio taken at a small batch would shrink the estimate of a large
@@ -380,7 +420,8 @@ def calibrated_gib(params: dict[str, Any], estimate_gib: float, measured: list[M
             (x - mean_x) ** 2 for x in xs
         )
         return mean_y + slope * (params.get("batch_size", 8) - mean_x)
-    pool = same or measured
+    alike = [m for m in measured if is_compiled(m.params) == is_compiled(params)]
+    pool = same or alike or measured
     if not pool:
         return estimate_gib
     return estimate_gib + statistics.median(m.peak_gib - m.estimate_gib for m in pool)

@@ -27,7 +27,13 @@ from autotune.common.user_data import DataSpec, source_format
 from autotune.plan import conditions, factories
 from autotune.plan.capabilities import apply_sampling_rules, fit_space, trial_cores
 from autotune.plan.config import STUDY_NAME_MAX_CHARS, RunConfig
-from autotune.plan.estimate import KNOBS_READ, Estimate, UnknownShape, estimate
+from autotune.plan.estimate import (
+    CUDA_CONTEXT_BYTES,
+    KNOBS_READ,
+    Estimate,
+    UnknownShape,
+    estimate,
+)
 from autotune.plan.run_info import RunInfo
 from autotune.plan.slots import Slot, assign
 from autotune.plan.space import SamplingRules, SearchSpace
@@ -60,14 +66,16 @@ class SearchPlan:
     budget: `common.device.cpu_budget_bytes`); None on CUDA."""
 
     def estimate_gib(self, params: dict[str, Any]) -> float | None:
-        """The peak `autotune.plan.estimate` gives these settings before they run; None for a
-        config whose dimensions it cannot read (no skip by estimate then)."""
+        """The peak `autotune.plan.estimate` gives these settings before they run, as a trial
+        measures it and the memory budget caps it (`Estimate.budgeted`: on CUDA the allocator's
+        figure, without the CUDA context); None for a config whose dimensions it cannot read
+        (no skip by estimate then)."""
         if self.info.trainer is not None:
             # The user's factory decides the model and the data: an estimate of `model=` at
             # `seq_len=` could be of something else, so none is made (the watchdog still acts).
             return None
         found = self._estimate(params)
-        return None if found is None else found.total / GIB
+        return None if found is None else found.budgeted / GIB
 
     def compute_floor_s(self, params: dict[str, Any]) -> tuple[float, float] | None:
         """(seconds, TFLOP/s): the least time a trial of these settings can take to compute
@@ -94,24 +102,36 @@ class SearchPlan:
 
     @property
     def estimate_limit_gib(self) -> float | None:
-        """Past this estimate a proposal is skipped (the budget plus `estimate_margin`, on CPU
-        at most `host_limit_bytes`); None when skipping by estimate is off."""
+        """Past this estimate (`estimate_gib`) a proposal is skipped: the budget plus
+        `estimate_margin`, at most what the device can give a trial (`_device_limit_gib`);
+        None when skipping by estimate is off."""
         margin = self.config.estimate_margin
         if margin is None:
             return None
-        return min(self.info.memory_budget_gib * (1 + margin), self._host_limit_gib)
+        return min(self.info.memory_budget_gib * (1 + margin), self._device_limit_gib)
 
     @property
     def estimate_limit_source(self) -> str:
         """What sets `estimate_limit_gib`, in words that follow the figure."""
-        if self.estimate_limit_gib == self._host_limit_gib:
-            return "this machine can give a trial (its free RAM less what the search keeps)"
-        return "memory_budget and estimate_margin allow"
+        if self.estimate_limit_gib != self._device_limit_gib:
+            return "memory_budget and estimate_margin allow"
+        if self.device == "cuda":
+            total = format_bytes(self.device_info.total_memory_bytes)
+            return (f"the GPU can give a trial's allocator (its {total} less a CUDA context of "
+                    f"{format_bytes(CUDA_CONTEXT_BYTES)})")  # fmt: skip
+        return "this machine can give a trial (its free RAM less what the search keeps)"
 
     @property
-    def _host_limit_gib(self) -> float:
-        # Past it on CPU the kernel's OOM killer ends the trial, or the search: the margin
-        # for the estimate's error stops at what the machine can hold.
+    def _device_limit_gib(self) -> float:
+        # The margin is for the estimate's error; past what the device holds it only buys an
+        # OOM. On CPU the kernel's OOM killer then ends the trial, or the search. On CUDA the
+        # budget caps PyTorch's allocator (the worker's set_per_process_memory_fraction), and a
+        # trial's peak is the allocator's (max_memory_reserved): `estimate_gib` is compared on
+        # that scale, without the context. The card holds the context besides (0.72 GiB on
+        # Hopper; the default budget, the free memory the probe saw, has only the probe's
+        # 0.52 out of it), so the allocator gets at most the card's memory less a context.
+        if self.device == "cuda":
+            return (self.device_info.total_memory_bytes - CUDA_CONTEXT_BYTES) / GIB
         return float("inf") if self.host_limit_bytes is None else self.host_limit_bytes / GIB
 
     @property
@@ -157,6 +177,9 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
     rules = SamplingRules(
         effective_batch_size=per_device_batch,
         tensor_core_64=device == "cuda" and device_info.tensor_core_64,
+        # Random tokens are all seq_len long; the user's data is padded per batch, and a
+        # Trainer's collator is its own.
+        tokens_per_sample=config.seq_len if source == "synthetic" else None,
     )
     problems += _devices_problems(config, device, trial_cores(slots))
     if model is not None:

@@ -62,9 +62,18 @@ COMBINATIONS = [
 ]
 
 
-def fitted(space_name, profile, effective):
+TOKENS_PER_SAMPLE = 100
+"""Synthetic samples' length: on an H100, 16-bit batch sizes in multiples of 16 (100 x 16
+tokens is a multiple of 64); fp32's stay multiples of 8."""
+
+
+def fitted(space_name, profile, effective, tokens_per_sample=TOKENS_PER_SAMPLE):
     device, info = profiles()[profile]
-    rules = SamplingRules(effective_batch_size=effective, tensor_core_64=info.tensor_core_64)
+    rules = SamplingRules(
+        effective_batch_size=effective,
+        tensor_core_64=info.tensor_core_64,
+        tokens_per_sample=tokens_per_sample,
+    )
     space = apply_sampling_rules(fit_space(load_space(space_name, FACTS()), device, info), rules)
     return space, rules, device
 
@@ -117,11 +126,27 @@ def test_a_knob_left_without_values_is_an_error_naming_the_reasons(tmp_path):
         fit_space(load_space(str(path)), device, info)
 
 
-def test_effective_batch_that_no_batch_size_divides_is_refused():
-    with pytest.raises(
-        SpaceError, match="effective_batch_size=32: no batch size of precision=bf16"
-    ):
-        fitted("quick", "h100", 32)  # 16-bit on H100: multiples of 64 only
+def test_a_precision_no_batch_size_of_which_divides_the_effective_batch_is_left_out():
+    # An odd sample length: 16-bit on an H100 takes multiples of 64 only, and 64 > 32.
+    space, rules, _ = fitted("quick", "h100", 32, tokens_per_sample=511)
+    assert space.knobs["precision"].choices == ("fp32",)
+    assert space.batch_candidates("fp32", rules) == (8, 16, 32)
+    assert (
+        "precision=bf16 left out: no batch size that is a multiple of 64 divides "
+        "effective_batch_size=32 (batch sizes allowed under the rule: 64)"
+    ) in space.notes
+
+
+def test_an_effective_batch_no_batch_size_of_any_precision_divides_is_refused():
+    with pytest.raises(SpaceError) as refused:
+        fitted("quick", "h100", 12)
+    assert str(refused.value) == (
+        "effective_batch_size=12: no batch size of space quick divides it under the batch-size "
+        "rule:\n"
+        "  - precision=fp32: batch sizes allowed under the rule: 8, 16, 32, 64\n"
+        "  - precision=bf16: batch sizes allowed under the rule: 16, 32, 64\n"
+        "  give an effective_batch_size that one of these batch sizes divides"
+    )
 
 
 def test_synthetic_data_fixes_the_loader_and_padding_knobs():
@@ -203,7 +228,7 @@ def check_rules(space, rules, device, info, params):
         and knob.multiple_of == "auto"
         and params["precision"][:4] in ("bf16", "fp16")
     ):
-        assert batch % 64 == 0
+        assert batch * rules.tokens_per_sample % 64 == 0  # the matmuls' rows tile by 64
     if rules.effective_batch_size:
         assert batch * params["grad_accum"] == rules.effective_batch_size
     assert ("compile_mode" in params) == (params.get("torch_compile", "off") != "off")

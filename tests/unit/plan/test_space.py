@@ -94,13 +94,21 @@ def test_effective_batch_derives_grad_accum_and_skips_non_divisors():
         assert params["batch_size"] * params["grad_accum"] == 32
 
 
-def test_auto_multiple_is_64_for_16_bit_on_tensor_core_gpus_only():
+def test_auto_gives_16_bit_batches_that_tile_the_tokens_by_64_on_tensor_core_gpus_only():
     space = load_space("default")
-    hopper = SamplingRules(tensor_core_64=True)
-    assert space.batch_candidates("bf16", hopper) == (64, 128, 192, 256)
-    assert space.batch_candidates("fp16+tf32", hopper) == (64, 128, 192, 256)
-    assert space.batch_candidates("fp32", hopper)[:3] == (8, 16, 24)
-    assert space.batch_candidates("bf16", SamplingRules())[:3] == (8, 16, 24)
+    odd = SamplingRules(tensor_core_64=True, tokens_per_sample=511)
+    assert space.batch_candidates("bf16", odd) == (64, 128, 192, 256)
+    assert space.batch_candidates("fp16+tf32", odd) == (64, 128, 192, 256)
+    assert space.batch_candidates("fp32", odd)[:3] == (8, 16, 24)
+    hundred = SamplingRules(tensor_core_64=True, tokens_per_sample=100)
+    assert space.batch_candidates("bf16", hundred)[:3] == (16, 32, 48)
+    for tokens in (512, 128):  # every batch of 8 already gives 64-row multiples
+        rules = SamplingRules(tensor_core_64=True, tokens_per_sample=tokens)
+        assert space.batch_candidates("bf16", rules)[:3] == (8, 16, 24)
+    varying = SamplingRules(tensor_core_64=True)  # the user's data: lengths vary
+    assert space.batch_candidates("bf16", varying)[:3] == (8, 16, 24)
+    no_tensor_cores = SamplingRules(tokens_per_sample=511)
+    assert space.batch_candidates("bf16", no_tensor_cores)[:3] == (8, 16, 24)
 
 
 def test_small_batches_only_when_listed():
