@@ -31,7 +31,7 @@ from autotune.child import cuda_free, data, measure, ranks
 from autotune.child import factory as factories
 from autotune.child.models import build_model
 from autotune.common import knobs
-from autotune.common.device import peak_tflops
+from autotune.common.device import tensor_peak_tflops
 from autotune.common.layout import PROGRESS_FILE
 from autotune.common.models import ModelSpec
 from autotune.common.processes import (
@@ -444,9 +444,8 @@ def _result(
     if knobs.is_compiled(spec.params):
         compile_s = measure.compile_s(timer.warmup_step_times_s(), stats.step_time_median_ms / 1e3)
     flops = measure.training_flops(model, counts) if counts.tokens else None
-    peak = spec.peak_tflops or peak_tflops(
-        measured["device_name"], spec.params.get("precision", "fp32")
-    )
+    # Every trial's MFU against one peak, the device's 16-bit one, whatever its precision.
+    peak = spec.peak_tflops or tensor_peak_tflops(measured["device_name"])
     return TrialResult(
         status=Status.OK,
         **measured,
@@ -454,6 +453,7 @@ def _result(
         compile_s=compile_s,
         flops_per_sample=flops / counts.samples if flops else None,
         mfu=flops / sum(step_times_s) / (peak * 1e12 * spec.devices) if flops and peak else None,
+        mfu_peak_tflops=peak if flops and peak else None,
     )
 
 

@@ -506,6 +506,10 @@ def training_args(
     if device == "cpu":
         # Without it the Trainer picks a GPU when one exists, and refuses bf16 on CPU.
         kwargs["use_cpu"] = True
+    elif "tf32" in fields:
+        # Left None, transformers turns TF32 on whenever torch_compile is set: an fp32 trial
+        # under inductor would run (and be recorded, and recommended) as fp32 while it ran TF32.
+        kwargs.setdefault("tf32", False)
     return kwargs
 
 

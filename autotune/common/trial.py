@@ -97,7 +97,10 @@ class TrialResult:
     compile_s: float | None = None
     """Warm-up time beyond ordinary steps in a compiled trial: the cost of compiling."""
     mfu: float | None = None
-    """Model FLOPs utilisation: achieved model FLOP/s over the device's dense peak."""
+    """Model FLOPs utilisation: achieved model FLOP/s over `mfu_peak_tflops` (per device)."""
+    mfu_peak_tflops: float | None = None
+    """MFU's denominator: the device's dense 16-bit peak (or `peak_tflops=`), the same for
+    every trial whatever its precision."""
     flops_per_sample: float | None = None
     measured_steps: int = 0
     step_times_ms: list[float] = field(default_factory=list)

@@ -46,6 +46,7 @@ METRIC_COLUMNS = (
     "nvml_used_gib",
     "alloc_retries",
     "mfu",
+    "mfu_peak_tflops",
     "step_time_median_ms",
     "step_time_cv",
     "compile_s",

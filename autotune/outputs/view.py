@@ -27,6 +27,7 @@ from autotune.common.trial import Status, TrialResult
 from autotune.common.units import format_bytes, format_gib
 from autotune.outputs.export import accelerate_command, launch_command
 from autotune.outputs.pareto import NOTHING_TO_RECOMMEND
+from autotune.outputs.report.data import shared_mfu_peak
 from autotune.outputs.snapshot import StudySnapshot, trained_note
 from autotune.plan.plan import SearchPlan
 from autotune.plan.run_info import RunInfo
@@ -305,7 +306,9 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
     the training (after a search, and for `autotune report`)."""
     picks = snapshot.picks
     table = Table(title="Pareto front (fastest first)")
-    columns = ("trial", "settings", "samples/s", "x baseline", "peak GiB", "MFU", "step CV",
+    peak = shared_mfu_peak(snapshot.front)  # one denominator for every trial, named
+    mfu = f"MFU of {peak:g} TFLOP/s" if peak else "MFU"
+    columns = ("trial", "settings", "samples/s", "x baseline", "peak GiB", mfu, "step CV",
                "changes training")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column in ("settings", "changes training")

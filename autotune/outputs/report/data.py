@@ -101,6 +101,8 @@ class ReportData:
     """Chart (one of CHARTS) -> why it has nothing to draw, said in its place instead."""
     code: str = ""
     cli_flags: str = ""
+    mfu_peak_tflops: float | None = None
+    """MFU's one denominator (the device's 16-bit peak), when the trials share one."""
 
 
 def build_report_data(
@@ -133,7 +135,14 @@ def build_report_data(
         empty=_empty(snapshot, n_ok=len(ok), n_within=len(within), ranked=bool(ranked)),
         code=code,
         cli_flags=cli_flags,
+        mfu_peak_tflops=shared_mfu_peak(records),
     )
+
+
+def shared_mfu_peak(records: list[TrialRecord]) -> float | None:
+    """The peak every measured trial's MFU is of (None when none has one, or they differ)."""
+    peaks = {r.result.mfu_peak_tflops for r in records} - {None}
+    return peaks.pop() if len(peaks) == 1 else None
 
 
 def _empty(snapshot: StudySnapshot, *, n_ok: int, n_within: int, ranked: bool) -> dict[str, str]:
@@ -263,7 +272,8 @@ def _hover(record: TrialRecord, snapshot: StudySnapshot) -> str:
         placed = " when stopped (drawn at the budget)" if r.status in MEMORY_STATUSES else ""
         lines.append(f"peak {format_gib(r.peak_memory_gib, 3)}{placed}")
     if r.mfu is not None:
-        lines.append(f"MFU {r.mfu:.1%}")
+        of = f" of {r.mfu_peak_tflops:g} TFLOP/s" if r.mfu_peak_tflops else ""
+        lines.append(f"MFU {r.mfu:.1%}{of}")
     if snapshot.is_noisy(record):
         lines.append(
             f"noisy: step CV {r.step_time_cv:.0%} "

@@ -323,6 +323,7 @@ def render_html(data: ReportData) -> str:
         code += "<p>As flags for the HF example scripts:</p>"
         code += f'<pre class="wrap"><code>{e(data.cli_flags)}</code></pre>'
     drawn = dict(figures(data))
+    mfu = f"MFU of {data.mfu_peak_tflops:g} TFLOP/s" if data.mfu_peak_tflops else "MFU"
     library = ""
     if drawn:
         library = f'<script type="text/plain" id="plotly-js">{packed_plotly_js()}</script>'
@@ -336,7 +337,7 @@ def render_html(data: ReportData) -> str:
 {_sections(data, drawn)}
 <h2>Trials</h2><p>Click a column to sort. Hover a change for what it does to the training.</p>
 <table class="sortable" id="trials"><thead><tr><th>#</th><th>status</th><th>settings</th>
-<th>samples/s</th><th>padding</th><th>peak GiB</th><th>MFU</th><th>step CV</th>
+<th>samples/s</th><th>padding</th><th>peak GiB</th><th>{e(mfu)}</th><th>step CV</th>
 <th>changes vs baseline</th>
 <th>reason</th></tr></thead>
 <tbody>{_rows(data)}</tbody></table>

@@ -1,10 +1,14 @@
 import json
 import math
+import types
 
 import pytest
+import transformers
 
 from autotune.child import measure, worker
 from autotune.child.worker import ProgressReporter, verdict
+from autotune.common import knobs
+from autotune.common.device import tensor_peak_tflops
 from autotune.common.layout import PROGRESS_FILE
 from autotune.common.trial import Progress, Stage, Status, TrialSpec, read_progress, write_progress
 
@@ -111,3 +115,68 @@ def test_fast_steps_are_logged_every_step_but_recorded_at_most_twice_a_second(
     assert lines[5] == "step 5/40 (measuring) 2.3 s elapsed, ETA 2 s"
     assert worker.PROGRESS_INTERVAL_S == 0.5  # 8 steps
     assert [r.step for r in written] == [0, 8, 16, 24, 32, 40]
+
+
+def cuda_spec(**params) -> TrialSpec:
+    return TrialSpec(
+        trial_number=0, model_name="m", model_config={}, task="masked-lm", seq_len=512,
+        device="cuda", params=params, warmup_steps=1, measure_steps=2, seed=0,
+    )  # fmt: skip
+
+
+def test_on_cuda_tf32_is_passed_off_so_that_compile_cannot_turn_it_on(tmp_path):
+    # transformers turns TF32 on under torch_compile when `tf32` is None: every fp32 trial
+    # under inductor ran TF32 while it was recorded and recommended as fp32.
+    spec = cuda_spec(precision="fp32", torch_compile="inductor")
+    tuned = knobs.training_args(spec.params, device="cuda", fields=worker._ARG_FIELDS)
+    args = worker._training_arguments(spec, tuned, str(tmp_path))  # as the trial makes them
+    assert args.tf32 is False and args.torch_compile is True
+    assert tuned["tf32"] is False  # what the trial records and the export writes
+    for precision in ("bf16", "fp16", "fp8"):  # (this CPU refuses 16-bit TrainingArguments)
+        params = {"precision": precision, "torch_compile": "inductor"}
+        assert (
+            knobs.training_args(params, device="cuda", fields=worker._ARG_FIELDS)["tf32"] is False
+        )
+
+
+def test_on_cuda_a_tf32_precision_asks_for_tf32():
+    for precision in ("tf32", "bf16+tf32", "fp16+tf32"):
+        tuned = knobs.training_args({"precision": precision}, device="cuda",
+                                    fields=worker._ARG_FIELDS)  # fmt: skip
+        assert tuned["tf32"] is True, precision
+
+
+class Timed:
+    """A StepTimer's answers: two timed steps of 0.1 s after one warm-up step."""
+
+    def measured_step_times_s(self):
+        return [0.1, 0.1]
+
+    def warmup_step_times_s(self):
+        return [0.5]
+
+    def measured_counts(self):
+        return measure.Counts(samples=16, tokens=16 * 512, padded_tokens=16 * 512,
+                              squared_lengths=16 * 512**2)  # fmt: skip
+
+
+# bert-large's shape: only `model.config` and the matmul parameters (patched below) are read.
+BERT_LARGE = types.SimpleNamespace(
+    config=transformers.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16)
+)
+
+
+def test_every_trials_mfu_is_of_the_devices_16_bit_peak_whatever_its_precision(monkeypatch):
+    # The fp32 HF-defaults trial on an H100 showed 0.594 of fp32's 66.9 TFLOP/s, while a bf16
+    # trial 7.8x faster would show ~0.33 of 989: MFUs of different denominators do not compare.
+    monkeypatch.setattr(measure, "matmul_parameters", lambda model: 300_000_000)
+    results = {}
+    for precision in ("fp32", "tf32", "bf16"):
+        measured = {"device_name": "NVIDIA H100 80GB HBM3"}
+        results[precision] = worker._result(cuda_spec(precision=precision), Timed(), BERT_LARGE,
+                                            1.0, measured)  # fmt: skip
+    assert {r.mfu_peak_tflops for r in results.values()} == {tensor_peak_tflops("H100")}
+    assert tensor_peak_tflops("NVIDIA H100 80GB HBM3") == pytest.approx(989.4)
+    assert len({r.mfu for r in results.values()}) == 1  # same steps: the same MFU
+    flops = measure.training_flops(BERT_LARGE, Timed().measured_counts())
+    assert results["fp32"].mfu == pytest.approx(flops / 0.2 / 989.4e12)

@@ -51,7 +51,7 @@ def test_partial_checkpointing_joins_the_checkpointing_kwargs():
     params = {"gradient_checkpointing": True, "checkpointing_reentrant": False,
               "checkpointing_every_n_layers": 2}  # fmt: skip
     assert training_args(params, device="cuda", fields=fields) == {
-        "fp16": False, "bf16": False, "activation_checkpointing": True,
+        "fp16": False, "bf16": False, "tf32": False, "activation_checkpointing": True,
         "activation_checkpointing_kwargs": {"use_reentrant": False, "every_n_layers": 2},
     }  # fmt: skip
     every = {"gradient_checkpointing": True, "checkpointing_every_n_layers": 1}
@@ -303,7 +303,11 @@ def test_todays_gpu_knobs_map_to_their_arguments_environment_and_collator():
     assert args["activation_checkpointing_kwargs"] == {"offload": True}
     # fp8: accelerate's, from the environment TrainingArguments reads with fp16 and bf16 off.
     fp8 = {"precision": "fp8"}
-    assert training_args(fp8, device="cuda", fields=fields) == {"bf16": False, "fp16": False}
+    assert training_args(fp8, device="cuda", fields=fields) == {
+        "bf16": False,
+        "fp16": False,
+        "tf32": False,
+    }
     assert environment(fp8) == {"ACCELERATE_MIXED_PRECISION": "fp8",
                                 "ACCELERATE_FP8_BACKEND": "AO"}  # fmt: skip
     assert environment({"precision": "bf16"}) == {}
