@@ -27,18 +27,26 @@
 #       (N GPUs, ~5 min; not in lease, whose machines have one) ranks_gpu.json and
 #       ranks_gpu.txt: each strategy trains a trial on N GPUs, checked as applied
 #       (benchmarks/ranks_gpu.py).
+#   OUT=DIR bash benchmarks/gpu_checks.sh landscape
+#       (GPU, ~5 min) landscape.json and landscape.txt: settings of bert-large measured in one
+#       process (benchmarks/landscapes/record_inprocess.py), for the GPU model's calibration.
 #   OUT=DIR bash benchmarks/gpu_checks.sh lease
-#       (GPU, <= 9.5 min) all of it, smaller, for a lease of 15 minutes: a search of 3 minutes
-#       at effective batch 32, fidelity over 60 steps, the guide's table, offload; eight files:
-#       the search stage's first four, fidelity.json, guide_table.md, offload.json and rest.tgz
-#       (the others).
+#       (GPU, <= 9 min) all of it, smaller, for a lease of 15 minutes, each stage bounded and
+#       reporting whatever another did: the search's plan against the device's facts (plan.txt,
+#       in a second), a search of 2.5 minutes at effective batch 32, fidelity over 60 steps, the
+#       guide's table, offload, 80 s of landscape; plan.txt, probe.json, search.txt,
+#       trials.csv, fidelity.json, guide_table.md, offload.json, landscape.json and rest.tgz
+#       (the others). LEASE_STAGES picks stages (plan search follow-up offload landscape).
+#       A dry run on a CPU with the H100's facts, as CI runs it (exit 2 on a refusal):
+#         PROBE=tests/fixtures/probe-h100-2026-11-26.json LEASE_STAGES=plan OUT=/tmp/lease \
+#           bash benchmarks/gpu_checks.sh lease
 #
 # GPU stages install ./.whl (if present) into /tmp/site first. MODEL and SEQ_LEN pick another
 # model; SEARCH_ARGS (key=value ...) replaces the bounded search settings below. A dry run of
 # the mechanics on CPU: MODEL=google/bert_uncased_L-2_H-128_A-2 SEQ_LEN=64 SEARCH_ARGS=n_trials=4
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?usage: gpu_checks.sh wheels | search [STUDY_TGZ] | follow-up STUDY_TGZ | offload | knobs | ranks | lease}
+stage=${1:?usage: gpu_checks.sh wheels | search [STUDY_TGZ] | follow-up STUDY_TGZ | offload | knobs | landscape | ranks | lease}
 work=/tmp/gpu-checks
 study=gpu-check
 model=${MODEL:-bert-large-uncased}
@@ -52,22 +60,57 @@ search_args=${SEARCH_ARGS:-effective_batch_size=128 n_trials=60 timeout=5m trial
 compile_timeout=100s}
 search_wall_s=${SEARCH_WALL_S:-480}
 
+if [ "$stage" != wheels ]; then
+  # Once for all the stages of a lease (each runs this script again).
+  [ "$stage" != lease ] || rm -f /tmp/site/.installed
+  if compgen -G ".whl/*.whl" >/dev/null && [ ! -e /tmp/site/.installed ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && touch /tmp/site/.installed
+  fi
+  export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONUNBUFFERED=1
+fi
+
 if [ "$stage" = lease ]; then
   OUT=${OUT:?set OUT to the folder for the results}
   rest=$work/lease
-  rm -rf "$rest" && mkdir -p "$rest/search" "$rest/follow-up"
-  OUT=$rest/search SEARCH_WALL_S=${SEARCH_WALL_S:-180} SEARCH_ARGS=${SEARCH_ARGS:-\
-effective_batch_size=32 n_trials=40 timeout=120s trial_timeout=90s compile_timeout=60s} \
-    bash "$0" search || echo "search stage exited with $?"
-  OUT=$rest/follow-up FIDELITY_STEPS=60 FIDELITY_WALL_S=90 GUIDE_WALL_S=120 \
-    bash "$0" follow-up "$rest/search/study.tgz" || echo "follow-up stage exited with $?"
-  OUT=$rest/offload OFFLOAD_WALL_S=130 bash "$0" offload || echo "offload stage exited with $?"
-  for name in search/probe.json search/env.txt search/search.txt search/recommended.json \
-    follow-up/fidelity.json follow-up/guide_table.md offload/offload.json; do
+  rm -rf "$rest" && mkdir -p "$OUT" "$rest/search" "$rest/follow-up" "$rest/offload" "$rest/landscape"
+  stages=" ${LEASE_STAGES:-plan search follow-up offload landscape} "
+  lease_args=${SEARCH_ARGS:-effective_batch_size=32 n_trials=40 timeout=120s trial_timeout=60s \
+compile_timeout=60s}
+  # Each stage is bounded and reports on its own, whatever another did; about 8.5 minutes in all.
+  if [[ $stages == *" plan "* ]]; then
+    # The search's plan against this device's facts, in a second, before anything trains (the
+    # first H100 lease was refused at its first command). PROBE: another device's probe file,
+    # for a dry run on a CPU (tests/fixtures/probe-h100-2026-11-26.json).
+    probe=${PROBE:-$rest/probe.json}
+    [ -n "${PROBE:-}" ] || python3 -m autotune.child.probe > "$probe" || true
+    # shellcheck disable=SC2086  # a list of key=value words
+    python3 benchmarks/lease_plan.py "$probe" "model=$model" "seq_len=$seq_len" $lease_args \
+      2>&1 | tee "$rest/plan.txt" || { echo "plan refused"; plan_refused=2; }
+  fi
+  if [[ $stages == *" search "* ]]; then
+    OUT=$rest/search SEARCH_WALL_S=${SEARCH_WALL_S:-150} SEARCH_ARGS=$lease_args \
+      bash "$0" search || echo "search stage exited with $?"
+  fi
+  if [[ $stages == *" follow-up "* ]]; then
+    OUT=$rest/follow-up FIDELITY_STEPS=60 FIDELITY_WALL_S=60 GUIDE_WALL_S=90 \
+      bash "$0" follow-up "$rest/search/study.tgz" || echo "follow-up stage exited with $?"
+  fi
+  if [[ $stages == *" offload "* ]]; then
+    OUT=$rest/offload OFFLOAD_WALL_S=100 bash "$0" offload || echo "offload stage exited with $?"
+  fi
+  if [[ $stages == *" landscape "* ]]; then
+    OUT=$rest/landscape LANDSCAPE_WALL_S=${LANDSCAPE_WALL_S:-80} bash "$0" landscape \
+      || echo "landscape stage exited with $?"
+  fi
+  for name in plan.txt search/probe.json search/search.txt search/trials.csv \
+    follow-up/fidelity.json follow-up/guide_table.md offload/offload.json \
+    landscape/landscape.json; do
     mv "$rest/$name" "$OUT/" 2>/dev/null || true  # a stage may have written none
   done
   tar -czf "$OUT/rest.tgz" -C "$rest" .
-  exit 0
+  exit "${plan_refused:-0}"
 fi
 
 if [ "$stage" = wheels ]; then
@@ -85,12 +128,6 @@ fi
 
 OUT=${OUT:?set OUT to the folder for the results}
 mkdir -p "$OUT" "$work/reports"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
 if [ -n "${2:-}" ]; then
   tar -xzf "$2" -C "$work/reports"
 fi
@@ -143,12 +180,22 @@ knobs)
     | tee -a "$OUT/knobs.txt" || true
   cp "$work/reports/knobs/recommended.json" "$OUT/knobs_recommended.json" || true
   ;;
+landscape)
+  # Many settings of bert-large measured in this one process, a shuffled share each lease
+  # (record_inprocess.py): calibration points for the GPU model, without a process each.
+  timeout -s INT "${LANDSCAPE_WALL_S:-300}" python3 benchmarks/landscapes/record_inprocess.py \
+    "gpu-$model-s$seq_len" --model "$model" --seq-len "$seq_len" \
+    --space "${LANDSCAPE_SPACE:-benchmarks/landscapes/gpu-bert-large.yaml}" \
+    --budget-s "$(( ${LANDSCAPE_WALL_S:-300} - 30 ))" --out "$OUT/landscape.json" \
+    > "$OUT/landscape.txt" 2>&1 || true
+  tail -n 3 "$OUT/landscape.txt"
+  ;;
 ranks)
   timeout -s INT "${RANKS_WALL_S:-420}" python3 benchmarks/ranks_gpu.py \
     --devices "${DEVICES:-2}" --out "$OUT/ranks_gpu.json" 2>&1 | tee "$OUT/ranks_gpu.txt" || true
   ;;
 *)
-  echo "unknown stage $stage: wheels | search | follow-up | offload | knobs | ranks | lease" >&2
+  echo "unknown stage $stage: wheels | search | follow-up | offload | knobs | landscape | ranks | lease" >&2
   exit 2
   ;;
 esac

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import gc
 import json
 import math
@@ -513,6 +514,24 @@ def _failure(status: Status, exc: BaseException) -> TrialResult:
     )
 
 
+def attempt_trial(
+    spec: TrialSpec, progress_path: Path, rank: ranks.Rank | None = None
+) -> tuple[TrialResult | None, bool]:
+    """`train_trial`, whatever it raises turned into the trial's result: (the result, or None
+    on a rank other than 0; whether it failed)."""
+    try:
+        return train_trial(spec, progress_path, rank), False
+    except torch.OutOfMemoryError as exc:
+        return _failure(Status.OOM, exc), True
+    except (InvalidConfig, ranks.StrategyNotApplied) as exc:
+        status = Status.INVALID_CONFIG if isinstance(exc, InvalidConfig) else Status.ERROR
+        return _failure(status, exc.__cause__ or exc), True
+    except Exception as exc:  # noqa: BLE001 - any failure is the trial's result, named, kept
+        # Some libraries (bitsandbytes, compiled kernels) raise out-of-memory as RuntimeError.
+        status = Status.OOM if "out of memory" in str(exc).lower() else Status.ERROR
+        return _failure(status, exc), True
+
+
 def main(argv: list[str], imports_s: float | None = None) -> int:
     """The trial of `argv` (SPEC RESULT); `imports_s`: what importing this module cost the
     process that runs it (nothing where the fork server had imported it)."""
@@ -531,23 +550,11 @@ def main(argv: list[str], imports_s: float | None = None) -> int:
               "starts again in a fresh process", flush=True)  # fmt: skip
         os.execv(sys.executable, [sys.executable, "-m", "autotune.child", *argv])
 
-    def attempt(rank: ranks.Rank | None) -> tuple[TrialResult | None, bool]:
-        try:
-            return train_trial(spec, progress_path, rank), False
-        except torch.OutOfMemoryError as exc:
-            return _failure(Status.OOM, exc), True
-        except (InvalidConfig, ranks.StrategyNotApplied) as exc:
-            status = Status.INVALID_CONFIG if isinstance(exc, InvalidConfig) else Status.ERROR
-            return _failure(status, exc.__cause__ or exc), True
-        except Exception as exc:  # noqa: BLE001 - any failure is the trial's result, named, kept
-            # Some libraries (bitsandbytes, compiled kernels) raise out-of-memory as RuntimeError.
-            status = Status.OOM if "out of memory" in str(exc).lower() else Status.ERROR
-            return _failure(status, exc), True
-
     if ranks.needed(spec):
+        attempt = functools.partial(attempt_trial, spec, progress_path)
         result = ranks.run(spec, result_path.parent, attempt)
     else:
-        result, _ = attempt(None)
+        result, _ = attempt_trial(spec, progress_path)
         assert result is not None  # one device: this process is rank 0
     result = dataclasses.replace(result, worker_pid=os.getpid(), imports_s=imports_s)
     write_json_atomic(result_path, result.to_dict())
