@@ -13,8 +13,8 @@
 #       report.html and study.tgz (the study folder without its inductor cache and report).
 #       Given the study.tgz of an earlier search stage, the search resumes that study.
 #   OUT=DIR bash benchmarks/gpu_checks.sh follow-up STUDY_TGZ
-#       (GPU, ~5 min) fork_cuda.json, fidelity.json, guide_table.md, guide_table.json and
-#       follow_up.txt.
+#       (GPU, ~6 min) fork_cuda.json, fidelity.json, overhead.txt, guide_table.md,
+#       guide_table.json and follow_up.txt.
 #   OUT=DIR bash benchmarks/gpu_checks.sh offload
 #       (GPU, ~4 min) offload.json and offload.txt: FSDP2's offload and ZeRO-2/3 Offload on
 #       one GPU train a model that does not fit the memory budget without
@@ -33,10 +33,11 @@
 #   OUT=DIR bash benchmarks/gpu_checks.sh lease
 #       (GPU, <= 9 min) all of it, smaller, for a lease of 15 minutes, each stage bounded and
 #       reporting whatever another did: the search's plan against the device's facts (plan.txt,
-#       in a second), a search of 2.5 minutes at effective batch 32, fidelity over 60 steps, the
-#       guide's table, offload, 80 s of landscape; plan.txt, probe.json, search.txt,
-#       trials.csv, fidelity.json, guide_table.md, offload.json, landscape.json and rest.tgz
-#       (the others). LEASE_STAGES picks stages (plan search follow-up offload landscape).
+#       in a second), a search of 140 s at effective batch 32, fidelity over 60 steps, a
+#       trial's cost in parts (trial_overhead.py), the guide's table, offload, 70 s of
+#       landscape; plan.txt, probe.json, search.txt, trials.csv, fidelity.json, overhead.txt,
+#       guide_table.md, offload.json, landscape.json and rest.tgz (the others). LEASE_STAGES
+#       picks stages (plan search follow-up offload landscape).
 #       A dry run on a CPU with the H100's facts, as CI runs it (exit 2 on a refusal):
 #         PROBE=tests/fixtures/probe-h100-2026-11-26.json LEASE_STAGES=plan OUT=/tmp/lease \
 #           bash benchmarks/gpu_checks.sh lease
@@ -90,22 +91,22 @@ compile_timeout=60s}
       2>&1 | tee "$rest/plan.txt" || { echo "plan refused"; plan_refused=2; }
   fi
   if [[ $stages == *" search "* ]]; then
-    OUT=$rest/search SEARCH_WALL_S=${SEARCH_WALL_S:-150} SEARCH_ARGS=$lease_args \
+    OUT=$rest/search SEARCH_WALL_S=${SEARCH_WALL_S:-140} SEARCH_ARGS=$lease_args \
       bash "$0" search || echo "search stage exited with $?"
   fi
   if [[ $stages == *" follow-up "* ]]; then
-    OUT=$rest/follow-up FIDELITY_STEPS=60 FIDELITY_WALL_S=60 GUIDE_WALL_S=90 \
+    OUT=$rest/follow-up FIDELITY_STEPS=60 FIDELITY_WALL_S=50 OVERHEAD_WALL_S=50 GUIDE_WALL_S=80 \
       bash "$0" follow-up "$rest/search/study.tgz" || echo "follow-up stage exited with $?"
   fi
   if [[ $stages == *" offload "* ]]; then
     OUT=$rest/offload OFFLOAD_WALL_S=100 bash "$0" offload || echo "offload stage exited with $?"
   fi
   if [[ $stages == *" landscape "* ]]; then
-    OUT=$rest/landscape LANDSCAPE_WALL_S=${LANDSCAPE_WALL_S:-80} bash "$0" landscape \
+    OUT=$rest/landscape LANDSCAPE_WALL_S=${LANDSCAPE_WALL_S:-70} bash "$0" landscape \
       || echo "landscape stage exited with $?"
   fi
   for name in plan.txt search/probe.json search/search.txt search/trials.csv \
-    follow-up/fidelity.json follow-up/guide_table.md offload/offload.json \
+    follow-up/fidelity.json follow-up/overhead.txt follow-up/guide_table.md offload/offload.json \
     landscape/landscape.json; do
     mv "$rest/$name" "$OUT/" 2>/dev/null || true  # a stage may have written none
   done
@@ -160,6 +161,8 @@ follow-up)
     python3 benchmarks/fork_cuda.py --out "$OUT/fork_cuda.json" || true
     timeout -s INT "${FIDELITY_WALL_S:-240}" python3 benchmarks/fidelity.py \
       "$work/reports/$study" --steps "${FIDELITY_STEPS:-200}" --out "$OUT/fidelity.json" || true
+    timeout -s INT "${OVERHEAD_WALL_S:-120}" python3 benchmarks/trial_overhead.py \
+      --model "$model" --seq-len "$seq_len" --batch-size 8 | tee "$OUT/overhead.txt" || true
     timeout -s INT "${GUIDE_WALL_S:-300}" python3 benchmarks/guide_table.py --model "$model" \
       --seq-len "$seq_len" --out "$OUT/guide_table.md" || true
   } 2>&1 | tee "$OUT/follow_up.txt"

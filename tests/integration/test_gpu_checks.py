@@ -44,6 +44,7 @@ def test_a_plan_the_search_would_refuse_fails_the_lease_before_anything_trains(t
 @pytest.mark.parametrize(
     "script",
     ["fork_cuda.py", "fidelity.py", "guide_table.py", "offload.py", "lease_plan.py",
+     "trial_overhead.py",
      "landscapes/record_inprocess.py"],
 )  # fmt: skip
 def test_every_script_of_the_lease_starts(script):
