@@ -1,3 +1,4 @@
+import json
 import pkgutil
 import subprocess
 import sys
@@ -133,3 +134,34 @@ def test_a_rank_is_never_forked_from_a_worker_that_initialised_cuda(tmp_path):
     )
     assert lines[:2] == ["error", "0"], lines
     assert "importing" in lines[2] and "culprit_module" in lines[2], lines
+
+
+BAD_FORK = """
+import json, sys
+from pathlib import Path
+import torch
+from autotune.child import cuda_free, worker
+from autotune.common.trial import TrialSpec, spec_to_dict
+
+folder = Path(sys.argv[1])
+spec = TrialSpec(trial_number=0, model_name="m", model_config={}, task="causal-lm", seq_len=8,
+                 device="cuda", params={}, warmup_steps=1, measure_steps=1, seed=0)
+(folder / "spec.json").write_text(json.dumps(spec_to_dict(spec)))
+cuda_free._first_init = "importing some_module (its line)"  # what the server recorded
+torch.cuda._is_in_bad_fork = lambda: True  # forked from a server that initialised CUDA
+worker.main([str(folder / "spec.json"), str(folder / "result.json")])
+"""
+
+
+def test_a_trial_forked_from_a_server_that_initialised_cuda_starts_again_cold(tmp_path):
+    # Should an import initialise CUDA in the fork server after all, its forks cannot use the
+    # GPU: the worker says what to blame and becomes a fresh interpreter, which can. (On this
+    # CPU the fresh one then fails to reach a GPU, and says so in its result.)
+    out = subprocess.run([sys.executable, "-c", BAD_FORK, str(tmp_path)], capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = "the fork server initialised CUDA (importing some_module (its line)); the trial"
+    assert said in out.stdout
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["status"] == "error"
+    assert result["imports_s"] > 0  # imported again, by the fresh interpreter
