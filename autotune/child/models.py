@@ -52,7 +52,15 @@ def build_model(
         config.pad_token_id = config.eos_token_id
     auto_class = getattr(transformers, TASK_CLASSES[task][0])
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    with torch.device(device) if device else contextlib.nullcontext(), _initialised_once():
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    placed = torch.device(device) if device else contextlib.nullcontext()
+    if is_deepspeed_zero3_enabled():
+        # Built inside DeepSpeed's `zero.Init`, each rank holds a partition of every weight,
+        # which from_config initialises gathered: the model's init cannot run again after.
+        with placed:
+            return auto_class.from_config(config, **kwargs)
+    with placed, _initialised_once():
         model = auto_class.from_config(config, **kwargs)
     model.init_weights()
     return model
