@@ -117,7 +117,7 @@ def run_and_hit_a_rank(tmp_path: Path, signum: int, timeout_s: float, stage: Sta
 
     def on_progress(progress):
         if progress.stage is stage and not seen:
-            seen.extend(ranks_of("autotune.child.worker"))
+            seen.extend(ranks_of("-m autotune.child "))
             assert len(seen) == 2, seen
             os.kill(seen[1].pid, signum)
 
