@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from autotune import workers
+from autotune.common.device import DeviceInfo
 from autotune.common.errors import AutotuneError, DataError, StudyError
 from autotune.common.knobs import MathChange, describe_params
 from autotune.common.layout import OUTPUTS
 from autotune.common.trial import Status, TrialResult
 from autotune.common.urls import safe_url
 from autotune.common.user_data import read_ready
+from autotune.execute.base import TrialExecutor
 from autotune.outputs import confirm, verify
 from autotune.outputs.snapshot import StudySnapshot, read_snapshot
 from autotune.outputs.study_folder import table, write_study_folder
@@ -53,7 +55,6 @@ from autotune.study.interrupts import SearchInterrupted, stop_signals
 from autotune.study.loop import TIMED_OUT, run_search
 from autotune.study.observer import SearchObserver
 from autotune.study.opening import join_config, locked_study, open_study
-from autotune.study.runner import Launcher
 from autotune.study.sampler import quiet_optuna
 
 if TYPE_CHECKING:
@@ -201,7 +202,7 @@ class SearchResult:
 
 
 def search(
-    model: str, *, quiet: bool = False, launcher: Launcher | None = None, **settings: Any
+    model: str, *, quiet: bool = False, executor: TrialExecutor | None = None, **settings: Any
 ) -> SearchResult:
     """Run a search and return its result; prints progress as `autotune search` does (unless
     `quiet=True`). Settings are `autotune search`'s keys (`seq_len=`, `n_trials=`, `out=`,
@@ -216,7 +217,7 @@ def search(
     called = {"model": model, **settings} | ({"quiet": quiet} if quiet else {})
     command = conditions.api_call("autotune.search", called)
     try:
-        result = run(config, observer=view, launcher=launcher, command=command)
+        result = run(config, observer=view, executor=executor, command=command)
     except SearchInterrupted as exc:
         if exc.ended:
             view.report.line(escape(exc.ended), always=True)
@@ -242,16 +243,20 @@ def run(
     config: RunConfig,
     *,
     observer: SearchObserver | None = None,
-    launcher: Launcher | None = None,
+    executor: TrialExecutor | None = None,
+    device_info: DeviceInfo | None = None,
     command: str | None = None,
 ) -> SearchResult:
     """Probe the device, plan, run the study under its lock (with `workers=` worker processes),
     and write the study folder (also when interrupted: what finished is written before the
     exception goes on). `command` is what started it, for the study's provenance (the command
-    line, or the API call); None: this call."""
+    line, or the API call); None: this call. `executor` runs the trials (default: worker
+    processes of this host) on the device `device_info` describes (default: probed), which
+    together may simulate another machine (`autotune.execute.simulated`)."""
     observer = observer or SearchObserver()
-    with observer.busy("probing the device"):
-        device_info = software_cache.probe_device()
+    if device_info is None:
+        with observer.busy("probing the device"):
+            device_info = software_cache.probe_device()
     plan = make_plan(config, device_info)
     prepare_inputs(plan, observer)
     with locked_study(plan) as (study, plan), stop_signals() as signals:
@@ -259,8 +264,8 @@ def run(
         observer.planned(plan, done_before=trials_run(study))
         this_run = _start_run(study, plan, "search", command, observer)
         try:
-            stopped = _run_workers(plan, study, observer, launcher)
-            _confirm(plan, study, config.confirm_rounds, observer, launcher)
+            stopped = _run_workers(plan, study, observer, executor)
+            _confirm(plan, study, config.confirm_rounds, observer, executor)
         except KeyboardInterrupt as exc:
             # Ctrl-C, SIGTERM or SIGHUP: the running trial was recorded as interrupted; what
             # finished is written, and the paths go with the exception to be said.
@@ -306,7 +311,7 @@ def _confirm(
     study: optuna.Study,
     rounds: int,
     observer: SearchObserver,
-    launcher: Launcher | None,
+    executor: TrialExecutor | None,
 ) -> None:
     """The picks measured again (`autotune.outputs.confirm`), on the cores the trials had; not under
     other versions than the study's (`_start_run` said so)."""
@@ -314,7 +319,7 @@ def _confirm(
         return
     with plan.slots[0].applied():
         confirm.confirm(plan, study, read_snapshot(study), rounds, observer=observer,
-                        launcher=launcher)  # fmt: skip
+                        executor=executor)  # fmt: skip
 
 
 def _plan_of_stored(
@@ -342,7 +347,7 @@ def confirm_study(
     storage: str | None = None,
     study: str | None = None,
     observer: SearchObserver | None = None,
-    launcher: Launcher | None = None,
+    executor: TrialExecutor | None = None,
     command: str | None = None,
 ) -> SearchResult:
     """Measure a study's picks again (`autotune confirm`), under the settings it was searched
@@ -352,7 +357,7 @@ def confirm_study(
     with locked_study(plan) as (optuna_study, plan), stop_signals() as signals:
         this_run = _start_run(optuna_study, plan, "confirm", command, observer)
         try:
-            _confirm(plan, optuna_study, rounds, observer, launcher)
+            _confirm(plan, optuna_study, rounds, observer, executor)
         except KeyboardInterrupt as exc:
             raise signals.interrupted(exc) from None
         with signals.deferred():
@@ -368,7 +373,7 @@ def verify_study(
     storage: str | None = None,
     study: str | None = None,
     observer: SearchObserver | None = None,
-    launcher: Launcher | None = None,
+    executor: TrialExecutor | None = None,
     command: str | None = None,
 ) -> tuple[Verification, SearchResult]:
     """Train the recommended trial's settings (or trial `trial`'s) for `steps` optimizer steps
@@ -382,7 +387,7 @@ def verify_study(
         try:
             with plan.slots[0].applied():  # the cores (or device) the trials had
                 verified = verify.verify(plan, optuna_study, record, steps, observer=observer,
-                                         launcher=launcher)  # fmt: skip
+                                         executor=executor)  # fmt: skip
         except KeyboardInterrupt as exc:
             raise signals.interrupted(exc) from None
         with signals.deferred():
@@ -416,7 +421,7 @@ def join(
     worker: WorkerConfig,
     *,
     observer: SearchObserver | None = None,
-    launcher: Launcher | None = None,
+    executor: TrialExecutor | None = None,
     command: str | None = None,
 ) -> tuple[SearchPlan, str]:
     """Join a study another search made (`autotune worker`): its settings come from the study;
@@ -433,7 +438,7 @@ def join(
     this_run = _start_run(study, plan, "worker", command, observer)
     with stop_signals() as signals:
         try:
-            return plan, _run_workers(plan, study, observer, launcher)
+            return plan, _run_workers(plan, study, observer, executor)
         except KeyboardInterrupt as exc:
             raise signals.interrupted(exc) from None
         finally:
@@ -490,14 +495,14 @@ def prepare_inputs(plan: SearchPlan, observer: SearchObserver) -> None:
 
 
 def _run_workers(
-    plan: SearchPlan, study: optuna.Study, observer: SearchObserver, launcher: Launcher | None
+    plan: SearchPlan, study: optuna.Study, observer: SearchObserver, executor: TrialExecutor | None
 ) -> str:
     """The study's loop here, on the one worker's device or cores, or in worker processes."""
     with observer.watching():
         if len(plan.slots) == 1:
             with plan.slots[0].applied():
-                stopped = run_search(plan, study, observer=observer, launcher=launcher)
+                stopped = run_search(plan, study, observer=observer, executor=executor)
         else:
-            stopped = workers.run_workers(plan, study, observer, launcher)
+            stopped = workers.run_workers(plan, study, observer, executor)
     observer.ended(stopped)
     return stopped

@@ -4,7 +4,7 @@ made earlier instead of run.
 A landscape is every point of a search space with what it measured: a grid recorded on a real
 machine (`benchmarks/landscapes/*.json`, written by `benchmarks/landscapes/record.py`), or a
 cost model. `replay` plans a search for it as `autotune search` would (space, baseline,
-budget, estimate), and runs `search.loop.run_search` unchanged with a `ReplayLauncher`: sampler,
+budget, estimate), and runs `search.loop.run_search` unchanged with a simulated executor: sampler,
 tell rules, pre-trial checks and the skip by estimate all act as in a real search, so
 strategies can be compared on the same landscape in seconds and repeated over seeds.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,8 +24,9 @@ import optuna
 import yaml
 
 from autotune.common.device import DeviceInfo, cpu_reserve_bytes
-from autotune.common.trial import Status, TrialResult, feasible, write_json_atomic
+from autotune.common.trial import Status, TrialResult, TrialSpec, feasible
 from autotune.common.units import GIB
+from autotune.execute.simulated import SimulatedExecutor
 from autotune.plan import software_cache
 from autotune.plan.config import make_config
 from autotune.plan.plan import SearchPlan, make_plan
@@ -34,7 +34,6 @@ from autotune.store.records import TrialRecord, load_records
 from autotune.study.checks import settings_key
 from autotune.study.loop import run_search
 from autotune.study.opening import open_study
-from autotune.study.runner import Worker
 
 FIGURES = ("samples_per_s", "tokens_per_s", "peak_memory_gib", "step_time_cv",
            "step_time_median_ms", "estimate_gib", "wall_s")  # fmt: skip
@@ -98,44 +97,24 @@ class Landscape:
         return max(p["samples_per_s"] for p in self.points if self.feasible(p))
 
 
-class ReplayLauncher:
-    """Answers each trial from the landscape: writes the result file a worker would have
-    written. Each answer is a real process that exits at once (`true`), so the parent's
-    supervision (its process group, the OOM witness) runs as for a worker."""
+class LandscapeAnswers:
+    """Answers each trial from the landscape, its recorded cost (`wall_s`) included: the
+    simulated executor's answer (`autotune.execute.simulated`); no process runs."""
 
     def __init__(self, landscape: Landscape) -> None:
         self.landscape = landscape
         self.answered: list[dict[str, Any]] = []
         """The points answered, in order: what a real search would have run."""
 
-    def ready(self) -> None:
-        pass
-
-    def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker:
-        params = json.loads(spec_path.read_text())["params"]
-        point = self.landscape.answer(params)
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        point = self.landscape.answer(spec.params)
         self.answered.append(point)
-        result = TrialResult(
+        return TrialResult(
             status=Status(point["status"]),
             reason=point.get("reason", ""),
             measured_steps=1 if point["status"] == Status.OK.value else 0,
-            **{k: point.get(k) for k in FIGURES if k not in ("estimate_gib", "wall_s")},
+            **{k: point.get(k) for k in FIGURES if k != "estimate_gib"},
         )
-        write_json_atomic(result_path, result.to_dict())
-        process = subprocess.Popen(["true"], start_new_session=True)
-        process.wait()
-        return _Exited(process.pid)
-
-
-@dataclass
-class _Exited:
-    pid: int
-
-    def poll(self) -> int:
-        return 0
-
-    def reap(self) -> None:
-        pass
 
 
 @dataclass(frozen=True)
@@ -147,6 +126,8 @@ class Replayed:
     study: optuna.Study
     """The in-memory study the loop ran on."""
     plan: SearchPlan
+    clock_s: float = 0.0
+    """The simulated search time: the answered trials' recorded `wall_s`, one after another."""
 
 
 def replay(
@@ -166,10 +147,11 @@ def replay(
         # Opened as a search opens its study (settled plan, sampler, baseline queued), in
         # memory: a replay runs hundreds of searches.
         study, plan = open_study(plan, storage=optuna.storages.InMemoryStorage())
-        launcher = ReplayLauncher(landscape)
-        run_search(plan, study, launcher=launcher)
-        return Replayed(records=load_records(study), answered=launcher.answered, study=study,
-                        plan=plan)  # fmt: skip
+        answers = LandscapeAnswers(landscape)
+        executor = SimulatedExecutor(answers)
+        run_search(plan, study, executor=executor)
+        return Replayed(records=load_records(study), answered=answers.answered, study=study,
+                        plan=plan, clock_s=executor.clock_s)  # fmt: skip
 
 
 def plan_for(landscape: Landscape, work_dir: Path, **settings: Any) -> SearchPlan:

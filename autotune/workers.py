@@ -37,6 +37,8 @@ from autotune.common.errors import AutotuneError, ConfigError
 from autotune.common.layout import PROGRESS_FILE, SPEC_FILE, WORKERS, trial_dir
 from autotune.common.processes import die_with_parent
 from autotune.common.trial import Progress, read_progress, write_json_atomic
+from autotune.execute.base import TrialExecutor
+from autotune.execute.local import CommandLauncher, ForkserverLauncher, LocalExecutor
 from autotune.outputs.view import TerminalView
 from autotune.plan.plan import SearchPlan
 from autotune.store.records import (
@@ -51,7 +53,6 @@ from autotune.study.interrupts import SearchInterrupted, stop_signals
 from autotune.study.loop import run_search
 from autotune.study.observer import SearchObserver
 from autotune.study.opening import open_study
-from autotune.study.runner import CommandLauncher, ForkserverLauncher, Launcher
 from autotune.study.sampler import quiet_optuna
 
 WATCH_S = 0.5
@@ -62,20 +63,26 @@ LOG_TAIL_LINES = 15
 
 
 def run_workers(
-    plan: SearchPlan, study: optuna.Study, observer: SearchObserver, launcher: Launcher | None
+    plan: SearchPlan,
+    study: optuna.Study,
+    observer: SearchObserver,
+    executor: TrialExecutor | None,
 ) -> str:
     """Start one worker per slot of `plan`, show them as one search through `observer`, and
     return why they stopped when every one has ended.
 
     Each worker joins the study with the finished plan (`plan.settle`d when the study was
     opened): none plans again, so `data=` is read and the hub asked once per search."""
+    launcher = executor.launcher if isinstance(executor, LocalExecutor) else None
     if isinstance(launcher, CommandLauncher):
         trial_command: list[str] | None = list(launcher.command)
-    elif launcher is None or isinstance(launcher, ForkserverLauncher):
+    elif executor is None or isinstance(launcher, ForkserverLauncher):
         trial_command = None  # each worker starts a fork server of its own
     else:
-        raise ConfigError(f"workers={len(plan.slots)}: a {type(launcher).__name__} cannot be "
-                          "handed to worker processes; use workers=1")  # fmt: skip
+        # Each worker process runs trials of its own: what it is told is how to start them.
+        shown = type(launcher or executor).__name__
+        raise ConfigError(f"workers={len(plan.slots)}: a {shown} cannot be handed to worker "
+                          "processes; use workers=1")  # fmt: skip
     folder = plan.study_dir / WORKERS / f"{socket.gethostname()}-{os.getpid()}"
     folder.mkdir(parents=True, exist_ok=True)
     # What the workers were given, for people: without the storage URL, which may hold a
@@ -263,11 +270,11 @@ def _worker_main(folder: Path, index: int) -> int:
     plan = dataclasses.replace(handoff.plan, config=config, slots=[slot])
     command = handoff.trial_command
     with slot.applied():  # before the fork server starts: it and every trial inherit it
-        launcher = CommandLauncher(tuple(command)) if command else ForkserverLauncher()
+        executor = LocalExecutor(CommandLauncher(tuple(command)) if command else None)
         study, plan = open_study(plan, joining=True)
         view = TerminalView(quiet=False, log_name=None)
         view.planned(plan, done_before=0)
-        stopped = run_search(plan, study, observer=view, launcher=launcher)
+        stopped = run_search(plan, study, observer=view, executor=executor)
         view.ended(stopped)
     write_json_atomic(_stopped_path(folder, index), {"stopped": stopped})
     return 0

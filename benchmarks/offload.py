@@ -27,9 +27,9 @@ from pathlib import Path
 from autotune.common.models import resolve_model
 from autotune.common.trial import TrialSpec
 from autotune.common.units import GIB
+from autotune.execute.local import ForkserverLauncher, launch_trial
 from autotune.plan.estimate import estimate
 from autotune.plan.hardware import probe
-from autotune.study.runner import ForkserverLauncher, launch_trial
 
 STRATEGIES = ("single", "fsdp_offload", "zero2_offload", "zero3_offload")
 

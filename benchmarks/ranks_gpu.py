@@ -22,8 +22,8 @@ from pathlib import Path
 
 from autotune.common.models import resolve_model
 from autotune.common.trial import TrialSpec
+from autotune.execute.local import ForkserverLauncher, launch_trial
 from autotune.plan.hardware import probe
-from autotune.study.runner import ForkserverLauncher, launch_trial
 
 STRATEGIES = ("single", "ddp", "fsdp", "fsdp_offload", "zero1", "zero2", "zero3")
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from autotune.common.models import resolve_model
 from autotune.common.trial import TrialSpec
+from autotune.execute.local import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
 from autotune.plan.hardware import probe
-from autotune.study.runner import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
 
 PARTS = ("wall_s", "overhead_s", "process_s", "imports_s", "cuda_init_s", "finish_s", "build_s",
          "model_build_s", "data_s", "trainer_init_s", "train_s", "warmup_s")  # fmt: skip

@@ -16,10 +16,10 @@ FAKE_WORKER = str(Path(__file__).parent / "fakes" / "worker.py")
 """A stand-in worker: `python FAKE_WORKER MODE SPEC RESULT` behaves as MODE says."""
 
 
-def fake_launcher(mode: str):
-    from autotune.study.runner import CommandLauncher
+def fake_executor(mode: str):
+    from autotune.execute.local import CommandLauncher, LocalExecutor
 
-    return CommandLauncher((sys.executable, FAKE_WORKER, mode))
+    return LocalExecutor(CommandLauncher((sys.executable, FAKE_WORKER, mode)))
 
 
 # --- PostgreSQL: a real server for `storage=postgresql://...` ------------------------------

@@ -28,7 +28,7 @@ import torch
 import transformers
 import transformers.trainer
 
-from autotune.child import cuda_free, data, measure, ranks
+from autotune.child import cuda_free, data, measure, rank_training, ranks
 from autotune.child import factory as factories
 from autotune.child.models import build_model
 from autotune.common import knobs
@@ -72,7 +72,7 @@ def train_trial(
         baseline_rss = _prepare(spec, clock, rank)
         on_cuda = spec.device == "cuda"
         if rank is not None:
-            sync = ranks.barrier_sync(on_cuda)
+            sync = rank_training.barrier_sync(on_cuda)
         else:
             sync = torch.cuda.synchronize if on_cuda else _no_sync
         timer = measure.StepTimer(spec.warmup_steps, sync)
@@ -96,10 +96,12 @@ def train_trial(
                 trainer = _users_trainer(spec, tuned_args, model_kwargs, workdir, rank)
         else:
             trainer = _our_trainer(spec, tuned_args, model_kwargs, workdir, clock, rank)
-        states = ranks.ModelStates(trainer)  # counted on several ranks only
+        states = rank_training.ModelStates(trainer)  # counted on several ranks only
         if rank is not None:
-            ranks.set_ddp(rank, trainer)
-            ranks.shard(rank, trainer.model, prefetch=spec.params.get("fsdp_prefetch", False))
+            rank_training.set_ddp(rank, trainer)
+            rank_training.shard(
+                rank, trainer.model, prefetch=spec.params.get("fsdp_prefetch", False)
+            )
             trainer.add_callback(states)
         if spec.data_dir or spec.trainer:  # samples of many lengths: the peak covers the longest
             measure.longest_at(trainer, step=spec.warmup_steps)
@@ -119,7 +121,7 @@ def train_trial(
         memory = _cuda_memory() if on_cuda else _cpu_memory(baseline_rss, rank)
         counts = None
         if rank is not None:
-            gathered = ranks.gather(rank, trainer, timer.measured_counts(),
+            gathered = rank_training.gather(rank, trainer, timer.measured_counts(),
                                     memory["peak_memory_gib"], states)  # fmt: skip
             if rank.rank != 0:
                 return None
@@ -135,7 +137,7 @@ def train_trial(
             "final_loss": output.training_loss,
             "build_s": build_s,
             "train_s": train_s,
-            "n_params": ranks.full_parameters(model),
+            "n_params": rank_training.full_parameters(model),
             "device_name": device_name,
             "cpu_threads": None if on_cuda else torch.get_num_threads(),
             "training_args": tuned_args,
@@ -299,7 +301,7 @@ def _prepare(spec: TrialSpec, clock: measure.StageClock, rank: ranks.Rank | None
     # file, as the fork server preloads it), so growth past this point is the trial's own.
     baseline_rss = psutil.Process().memory_info().rss
     if rank is not None:
-        baseline_rss = ranks.reset_peak_rss()  # a forked rank starts with the worker's peak
+        baseline_rss = rank_training.reset_peak_rss()  # a forked rank starts with the worker's peak
     if spec.device == "cuda":
         with clock.stage("cuda_init_s"):  # the process's CUDA context
             torch.cuda.init()
@@ -395,7 +397,9 @@ def _training_arguments(
     """The tuned arguments plus what every trial runs with: a fixed number of steps, no saving,
     logging, progress bars or trackers; on a rank that FSDP2 shards, its kind of them."""
     kind = (
-        ranks.ShardedArguments if rank is not None and rank.fsdp else transformers.TrainingArguments
+        rank_training.ShardedArguments
+        if rank is not None and rank.fsdp
+        else transformers.TrainingArguments
     )
     try:
         return kind(output_dir=workdir, **_run_args(spec), **tuned_args)
@@ -460,7 +464,7 @@ def _result(
 
 def _cpu_memory(baseline_rss: int, rank: ranks.Rank | None = None) -> dict[str, Any]:
     if rank is not None:
-        return {"peak_memory_gib": ranks.peak_rss_gib_since(baseline_rss)}
+        return {"peak_memory_gib": rank_training.peak_rss_gib_since(baseline_rss)}
     return {"peak_memory_gib": (measure.peak_rss_bytes() - baseline_rss) / GIB}
 
 
@@ -523,7 +527,7 @@ def attempt_trial(
         return train_trial(spec, progress_path, rank), False
     except torch.OutOfMemoryError as exc:
         return _failure(Status.OOM, exc), True
-    except (InvalidConfig, ranks.StrategyNotApplied) as exc:
+    except (InvalidConfig, rank_training.StrategyNotApplied) as exc:
         status = Status.INVALID_CONFIG if isinstance(exc, InvalidConfig) else Status.ERROR
         return _failure(status, exc.__cause__ or exc), True
     except Exception as exc:  # noqa: BLE001 - any failure is the trial's result, named, kept

@@ -17,6 +17,7 @@ from rich.markup import escape
 from autotune.cli import catalog, estimate, results, search
 from autotune.common.errors import AutotuneError, ConfigError
 from autotune.common.version import __version__
+from autotune.execute.base import TrialExecutor
 from autotune.outputs.view import errors
 from autotune.plan.config import (
     ConfirmConfig,
@@ -29,7 +30,6 @@ from autotune.plan.config import (
 from autotune.store.storage_file import STUDY_FILE_LOST_EXIT_CODE, StudyFileLost
 from autotune.store.storage_outage import OUTAGE_EXIT_CODE, StorageUnavailable
 from autotune.study.interrupts import SearchInterrupted
-from autotune.study.runner import Launcher
 
 _SETTINGS = {
     "search": RunConfig,
@@ -42,12 +42,13 @@ _SETTINGS = {
 """The key=value settings of each command, for the hint on a `--KEY value` typed instead."""
 
 
-def main(argv: list[str] | None = None, *, launcher: Launcher | None = None) -> int:
-    """`launcher` starts the search's workers (default: the fork server); tests inject one."""
+def main(argv: list[str] | None = None, *, executor: TrialExecutor | None = None) -> int:
+    """`executor` runs the search's trials (default: worker processes forked from a fork server of
+    this host); tests inject one."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own lines say what happens
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
-    args.launcher = launcher
+    args.executor = executor
     args.argv = sys.argv[1:] if argv is None else list(argv)  # the study's provenance keeps it
     if args.command is None:
         parser.print_help()

@@ -83,7 +83,7 @@ def _confirm(args: argparse.Namespace) -> int:
     view = TerminalView(quiet=config.quiet)
     result = api.confirm_study(
         args.study_dir, rounds=config.rounds, storage=config.storage, study=config.study,
-        observer=view, launcher=args.launcher, command=conditions.cli_command(args.argv),
+        observer=view, executor=args.executor, command=conditions.cli_command(args.argv),
     )  # fmt: skip
     print_outcome(view.report, result.snapshot)
     print_paths(view.report, result.paths)
@@ -95,7 +95,7 @@ def _verify(args: argparse.Namespace) -> int:
     view = TerminalView(quiet=config.quiet)
     verified, result = api.verify_study(
         args.study_dir, trial=config.trial, steps=config.steps, storage=config.storage,
-        study=config.study, observer=view, launcher=args.launcher,
+        study=config.study, observer=view, executor=args.executor,
         command=conditions.cli_command(args.argv),
     )  # fmt: skip
     view.report.line(f"verified: {escape(verified.describe())}")

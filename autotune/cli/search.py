@@ -73,7 +73,7 @@ def _settings_help(
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.overrides)
     view = TerminalView(quiet=config.quiet)
-    result = api.run(config, observer=view, launcher=args.launcher,
+    result = api.run(config, observer=view, executor=args.executor,
                      command=conditions.cli_command(args.argv))  # fmt: skip
     print_outcome(view.report, result.snapshot)
     print_paths(view.report, result.paths)
@@ -90,7 +90,7 @@ def run_worker(args: argparse.Namespace) -> int:
     if trainer and not worker.quiet:
         console.print(f"trainer={trainer}: runs {describe(trainer, Path.cwd())}", markup=False,
                       soft_wrap=True)  # fmt: skip
-    plan, _ = api.join(worker, observer=view, launcher=args.launcher,
+    plan, _ = api.join(worker, observer=view, executor=args.executor,
                        command=conditions.cli_command(args.argv))  # fmt: skip
     shown = safe_url(plan.storage_url)
     storage, study = f"storage={shown}", f"study={plan.study_name}"

@@ -121,7 +121,9 @@ class TrialResult:
     train_s: float | None = None
     """Seconds spent in `Trainer.train`, warm-up included."""
     wall_s: float | None = None
-    """Seconds from starting the worker process to reading its result (set by the parent)."""
+    """Seconds from starting the trial to reading its result (set by the executor): its cost."""
+    device_s: float | None = None
+    """The trial's cost in device seconds: wall_s times the devices it held."""
     overhead_s: float | None = None
     """wall_s less build_s and train_s: process_s + imports_s + cuda_init_s + finish_s (set
     by the parent)."""

@@ -19,11 +19,12 @@ import optuna
 
 from autotune.common.layout import CONFIRM
 from autotune.common.trial import Status, TrialResult
+from autotune.execute.base import TrialExecutor
+from autotune.execute.local import LocalExecutor
 from autotune.outputs.pareto import Confirmed, candidates
 from autotune.outputs.snapshot import StudySnapshot, changes_training_of
 from autotune.plan.plan import SearchPlan
 from autotune.store.records import CONFIRMATION_ATTR, TrialRecord
-from autotune.study import runner
 from autotune.study.loop import launch
 from autotune.study.observer import SearchObserver
 
@@ -47,7 +48,7 @@ def confirm(
     rounds: int,
     *,
     observer: SearchObserver | None = None,
-    launcher: runner.Launcher | None = None,
+    executor: TrialExecutor | None = None,
 ) -> Confirmed | None:
     """Run the picks `rounds` times, interleaved, store the figures with the study and return
     them; None when there is nothing to confirm. Run under the slot the trials had (its cores:
@@ -56,14 +57,14 @@ def confirm(
     if rounds < 1 or not picks:
         return None
     observer = observer or SearchObserver()
-    launcher = launcher or runner.ForkserverLauncher()
+    executor = executor or LocalExecutor()
     expected_s = rounds * sum(r.result.wall_s or 0.0 for r in picks)
     observer.confirming(len(picks), rounds, expected_s)
     started = time.perf_counter()
     results: dict[int, list[TrialResult]] = {r.number: [] for r in picks}
     for round_number in range(1, rounds + 1):
         for record in order(picks, round_number):
-            run = run_once(plan, record, round_number, launcher, observer)
+            run = run_once(plan, record, round_number, executor, observer)
             results[record.number].append(run)
             observer.confirmed_run(round_number, record, run)
     confirmed = Confirmed(
@@ -92,12 +93,12 @@ def run_once(
     plan: SearchPlan,
     record: TrialRecord,
     round_number: int,
-    launcher: runner.Launcher,
+    executor: TrialExecutor,
     observer: SearchObserver,
 ) -> TrialResult:
     folder = plan.study_dir / CONFIRM / f"r{round_number}-t{record.number:04d}"
     on_progress = functools.partial(observer.progress, record.number)
-    return launch(plan, record.number, record.params, launcher, on_progress, folder=folder)
+    return launch(plan, record.number, record.params, executor, on_progress, folder=folder)
 
 
 def _figure(result: TrialResult, name: str) -> float | None:

@@ -19,9 +19,10 @@ import optuna
 
 from autotune.common.layout import VERIFY
 from autotune.common.trial import Status, TrialResult
+from autotune.execute.base import TrialExecutor
+from autotune.execute.local import LocalExecutor
 from autotune.plan.plan import SearchPlan
 from autotune.store.records import VERIFICATION_PREFIX, TrialRecord, Verification
-from autotune.study import runner
 from autotune.study.loop import launch
 from autotune.study.observer import SearchObserver
 
@@ -33,12 +34,12 @@ def verify(
     steps: int,
     *,
     observer: SearchObserver | None = None,
-    launcher: runner.Launcher | None = None,
+    executor: TrialExecutor | None = None,
 ) -> Verification:
     """Train `record`'s settings for `steps` optimizer steps (the study's warm-up, then the
     rest timed), store the comparison with the study and return it."""
     observer = observer or SearchObserver()
-    launcher = launcher or runner.ForkserverLauncher()
+    executor = executor or LocalExecutor()
     config = plan.config
     warmup = min(config.warmup_steps, steps - 1)
     measure = steps - warmup
@@ -51,7 +52,7 @@ def verify(
     folder = plan.study_dir / VERIFY / f"t{record.number:04d}"
     on_progress = functools.partial(observer.progress, record.number)
     result = launch(dataclasses.replace(plan, config=long_run), record.number, record.params,
-                    launcher, on_progress, folder=folder)  # fmt: skip
+                    executor, on_progress, folder=folder)  # fmt: skip
     verification = of(record, result, steps)
     study.set_user_attr(f"{VERIFICATION_PREFIX}{record.number}", verification.to_json())
     return verification

@@ -1,7 +1,7 @@
 """The search loop over an Optuna multi-objective study (max samples/s, min memory), in named
 phases: refresh (the study read afresh, dead searches' trials recovered), the reasons to stop,
-propose (ask, publish the settings), check (not to run, pre-trial checks), run (launch in a
-child process) and tell.
+propose (ask, publish the settings), check (not to run, pre-trial checks), run (submitted to
+the trial executor: `execute/`) and tell.
 
 Re-running the same study resumes it: recorded trials are kept and count toward `n_trials`.
 Other searches may write the same study: every iteration reads the records afresh.
@@ -23,6 +23,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.common.knobs import is_compiled
 from autotune.common.layout import COMPILE_CACHE, trial_dir
 from autotune.common.trial import Progress, Status, TrialResult, TrialSpec
+from autotune.execute.base import Submission, TrialExecutor, run_trial
+from autotune.execute.local import LocalExecutor, set_aside_result
 from autotune.plan.plan import SearchPlan
 from autotune.store import storage_file
 from autotune.store.records import (
@@ -39,15 +41,9 @@ from autotune.store.records import (
     tell_repeat,
     tell_result,
 )
-from autotune.study import checks, runner
+from autotune.study import checks
 from autotune.study.observer import SearchObserver
-from autotune.study.recovery import (
-    heartbeat,
-    note_interruption,
-    recover,
-    set_aside_result,
-    this_process,
-)
+from autotune.study.recovery import heartbeat, note_interruption, recover, this_process
 from autotune.study.sampler import AskTellGridSampler, suggest
 
 MAX_REPEATS = 50
@@ -64,7 +60,7 @@ def run_search(
     study: optuna.Study,
     *,
     observer: SearchObserver | None = None,
-    launcher: runner.Launcher | None = None,
+    executor: TrialExecutor | None = None,
 ) -> str:
     """Run trials until the study has `n_trials` run (skipped ones run nothing and do not
     count) or `timeout` has passed; says why it stopped. Other processes may run the same
@@ -84,8 +80,8 @@ def run_search(
     (`StudyFileLost`): SQLite would go on writing to the deleted file, and a resume would find
     nothing.
     """
-    launcher = launcher or runner.ForkserverLauncher()
-    loop = _Loop.start(plan, study, observer or SearchObserver(), launcher)
+    executor = executor or LocalExecutor()
+    loop = _Loop.start(plan, study, observer or SearchObserver(), executor)
     while True:
         trials = loop.refresh()
         stopped = loop.stop_reason()
@@ -113,7 +109,7 @@ class _Loop:
     plan: SearchPlan
     study: optuna.Study
     observer: SearchObserver
-    launcher: runner.Launcher
+    executor: TrialExecutor
     watch: storage_file.FileWatch | None
     """The SQLite study file, watched for deletion; None on a database server."""
     deadline: float
@@ -128,13 +124,13 @@ class _Loop:
 
     @classmethod
     def start(cls, plan: SearchPlan, study: optuna.Study, observer: SearchObserver,
-              launcher: runner.Launcher) -> _Loop:  # fmt: skip
+              executor: TrialExecutor) -> _Loop:  # fmt: skip
         config = plan.config
         return cls(
             plan=plan,
             study=study,
             observer=observer,
-            launcher=launcher,
+            executor=executor,
             watch=storage_file.FileWatch.of(plan.storage_url),
             deadline=time.monotonic() + config.timeout if config.timeout else float("inf"),
             baseline=plan.space.optuna_params(plan.baseline, plan.rules),
@@ -261,14 +257,14 @@ class _Loop:
         self.observer.trial_started(trial.number, params)
         try:
             progress = _watching(self.observer, trial.number, self.watch)
-            return launch(self.plan, trial.number, params, self.launcher, on_progress=progress)
+            return launch(self.plan, trial.number, params, self.executor, on_progress=progress)
         except BaseException as exc:
             # Ctrl-C or a bug in the parent: the trial ends FAIL without a result, which is
-            # how a later run of the study recognises it as interrupted.
+            # how a later run of the study recognises it as interrupted (its executor has
+            # cancelled it, and set aside any result it left).
             note_interruption(trial, exc)
             with contextlib.suppress(ValueError):  # failed as stale meanwhile
                 self.study.tell(trial, state=TrialState.FAIL)
-            set_aside_result(trial_dir(self.plan.study_dir, trial.number))
             raise
 
     def tell(self, trial: optuna.Trial, params: dict[str, Any], result: TrialResult) -> None:
@@ -367,11 +363,11 @@ def launch(
     plan: SearchPlan,
     number: int,
     params: dict[str, Any],
-    launcher: runner.Launcher,
+    executor: TrialExecutor,
     on_progress: Callable[[Progress], None],
     folder: Path | None = None,
 ) -> TrialResult:
-    """Run one trial of the plan's study in `folder` (default: `trials/NNNN/`)."""
+    """Run one trial of the plan's study, its files in `folder` (default: `trials/NNNN/`)."""
     config = plan.config
     spec = TrialSpec(
         trial_number=number,
@@ -392,13 +388,12 @@ def launch(
         trainer_dir=str(plan.search_dir),
         devices=config.devices_per_trial,
     )
-    return runner.launch_trial(
-        spec,
-        folder or trial_dir(plan.study_dir, number),
+    submission = Submission(
+        spec=spec,
+        place=str(folder or trial_dir(plan.study_dir, number)),
         # Compiling gets its own allowance on top of the training time.
         timeout_s=config.trial_timeout + (config.compile_timeout if is_compiled(params) else 0),
-        launcher=launcher,
         # On CUDA the worker caps its allocator at the budget; on CPU the parent watches RSS.
-        rss_limit_bytes=plan.info.memory_budget_bytes if plan.device == "cpu" else None,
-        on_progress=on_progress,
+        memory_limit_bytes=plan.info.memory_budget_bytes if plan.device == "cpu" else None,
     )
+    return run_trial(executor, submission, on_progress)

@@ -18,7 +18,8 @@ import psutil
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.common.layout import INTERRUPTED_RESULT, RESULT_FILE, trial_dir
+from autotune.common.layout import trial_dir
+from autotune.execute.local import set_aside_result
 from autotune.store.records import (
     BASELINE_ATTR,
     INTERRUPTED_BY_ATTR,
@@ -68,14 +69,6 @@ def note_interruption(trial: optuna.Trial, exc: BaseException) -> None:
         name = exc.signal_name if isinstance(exc, SearchInterrupted) else "SIGINT"
         with contextlib.suppress(Exception):
             trial.set_user_attr(INTERRUPTED_BY_ATTR, name)
-
-
-def set_aside_result(trial_dir: Path) -> None:
-    """A result the search never recorded (it was interrupted) must not pass for a measurement:
-    the study, not this file, says what a trial measured."""
-    result = trial_dir / RESULT_FILE
-    if result.exists():
-        result.replace(trial_dir / INTERRUPTED_RESULT)
 
 
 def this_process() -> dict[str, Any]:

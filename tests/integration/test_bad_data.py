@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune import cli
-from tests.conftest import TINY_MODEL, fake_launcher
+from tests.conftest import TINY_MODEL, fake_executor
 from tests.text_data import write_corpus
 
 TEXT = "the model trains fast on real text"
@@ -29,7 +29,7 @@ def refusal(tmp_path: Path, capsys, data: Path, tokenizer: Path) -> str:
     code = cli.main(
         ["search", f"model={TINY_MODEL}", "seq_len=16", "n_trials=1", "study=s", f"out={out}",
          "confirm_rounds=0", f"data={data}", f"tokenizer={tokenizer}"],
-        launcher=fake_launcher("ok"),
+        executor=fake_executor("ok"),
     )  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2, err
@@ -127,7 +127,7 @@ def test_when_every_trial_fails_the_same_way_the_exit_3_message_says_why_not_the
             f"out={tmp_path}",
             "confirm_rounds=0",
         ],
-        launcher=fake_launcher("error"),
+        executor=fake_executor("error"),
     )
     out = " ".join(capsys.readouterr().out.split())
     assert code == 3
@@ -146,7 +146,7 @@ def test_the_data_changed_refusal_says_which_setting_changed_not_two_dicts(
         return cli.main(
             ["search", f"model={TINY_MODEL}", "n_trials=1", "study=s", f"out={tmp_path}",
              f"data={data}", f"tokenizer={tokenizer}", *extra],
-            launcher=fake_launcher("ok"),
+            executor=fake_executor("ok"),
         )  # fmt: skip
 
     assert search("seq_len=16") == 0

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from autotune import cli
-from tests.conftest import TINY_MODEL, fake_launcher
+from tests.conftest import TINY_MODEL, fake_executor
 
 pytestmark = pytest.mark.usefixtures("probe_once")
 
@@ -15,7 +15,7 @@ def search(*overrides: str) -> int:
     """A search whose trials the stand-in worker runs."""
     return cli.main(
         ["search", f"model={TINY_MODEL}", "seq_len=32", "study=s", "confirm_rounds=0", *overrides],
-        launcher=fake_launcher("ok"),
+        executor=fake_executor("ok"),
     )
 
 
@@ -93,5 +93,5 @@ def test_peak_tflops_reaches_the_worker(tmp_path, capsys):
 def test_an_error_naming_a_user_string_prints_it_as_given(tmp_path, capsys):
     # The message names the model; read as terminal markup, `[/x]` was a crash.
     args = ["search", "model=[/x]not[bold]here", f"out={tmp_path}"]
-    assert cli.main(args, launcher=fake_launcher("ok")) == 2
+    assert cli.main(args, executor=fake_executor("ok")) == 2
     assert "model=[/x]not[bold]here: not in the catalogue" in error_of(capsys)

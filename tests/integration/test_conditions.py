@@ -13,7 +13,7 @@ import pytest
 
 from autotune import __version__, cli
 from autotune.store.records import RUN_ATTR, VERSIONS_ATTR
-from tests.conftest import TINY_MODEL, fake_launcher
+from tests.conftest import TINY_MODEL, fake_executor
 
 
 def search(out, study: str, *settings: str, command: str = "search") -> int:
@@ -21,7 +21,7 @@ def search(out, study: str, *settings: str, command: str = "search") -> int:
     if command == "search":
         argv += [f"model={TINY_MODEL}", "confirm_rounds=0"]
         argv += [] if any(s.startswith("seq_len=") for s in settings) else ["seq_len=32"]
-    return cli.main(argv, launcher=fake_launcher("ok"))
+    return cli.main(argv, executor=fake_executor("ok"))
 
 
 def flat(text: str) -> str:

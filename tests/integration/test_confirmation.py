@@ -12,7 +12,7 @@ import pytest
 import autotune
 from autotune import cli
 from autotune.outputs.confirm import picks_to_confirm
-from tests.conftest import TINY_MODEL, fake_launcher
+from tests.conftest import TINY_MODEL, fake_executor
 
 SPACE = """
 description: batch sizes only
@@ -31,7 +31,7 @@ def drifted(tmp_path_factory):
     result = autotune.search(
         model=TINY_MODEL, seq_len=32, n_trials=4, sampler="grid", out=folder / "reports",
         study="drift", space=str(folder / "space.yaml"), quiet=True,
-        launcher=fake_launcher(f"drift:{folder}:0.1"),
+        executor=fake_executor(f"drift:{folder}:0.1"),
     )  # fmt: skip
     return result, folder
 
@@ -83,7 +83,7 @@ def test_autotune_confirm_measures_a_study_again(drifted, capsys):
     result, folder = drifted
     before = result.snapshot.picks.confirmed
     code = cli.main(["confirm", str(result.study_dir), "rounds=2"],
-                    launcher=fake_launcher(f"drift:{folder}:0.1"))  # fmt: skip
+                    executor=fake_executor(f"drift:{folder}:0.1"))  # fmt: skip
     assert code == 0
     out = capsys.readouterr().out
     assert "[confirm 1/" in out and "confirmed: the baseline and the picks ran again 2 times" in out

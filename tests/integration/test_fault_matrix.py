@@ -5,7 +5,7 @@ import csv
 import pytest
 
 from autotune import cli
-from tests.conftest import TINY_MODEL, fake_launcher
+from tests.conftest import TINY_MODEL, fake_executor
 
 EXPECTED = {
     "ok": ("ok", ""),
@@ -24,7 +24,7 @@ EXPECTED = {
 
 @pytest.fixture
 def launcher(tmp_path):
-    return fake_launcher(f"sequence:{tmp_path}:{','.join(EXPECTED)}")
+    return fake_executor(f"sequence:{tmp_path}:{','.join(EXPECTED)}")
 
 
 def test_each_fault_is_named_and_the_search_continues(launcher, tmp_path, capsys):

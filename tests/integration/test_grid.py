@@ -3,7 +3,7 @@
 import csv
 
 from autotune import cli
-from tests.conftest import TINY_MODEL, fake_launcher
+from tests.conftest import TINY_MODEL, fake_executor
 
 TWO_POINT_SPACE = """
 description: a grid of two points
@@ -16,7 +16,7 @@ knobs:
 
 
 def test_a_grid_search_runs_every_point_then_stops(tmp_path, capsys):
-    launcher = fake_launcher("ok")
+    launcher = fake_executor("ok")
     space = tmp_path / "two.yaml"
     space.write_text(TWO_POINT_SPACE)
     args = [f"model={TINY_MODEL}", "seq_len=32", "sampler=grid", "n_trials=6", "confirm_rounds=0",

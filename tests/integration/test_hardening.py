@@ -14,9 +14,9 @@ import psutil
 import pytest
 
 from autotune.common.trial import Status, TrialSpec
+from autotune.execute.local import CommandLauncher, launch_trial
+from autotune.execute.oom_killer import OomWitness
 from autotune.store.study_lock import StudyLock
-from autotune.study.oom_killer import OomWitness
-from autotune.study.runner import CommandLauncher, launch_trial
 from tests.conftest import FAKE_WORKER as FAKE
 from tests.conftest import TINY_MODEL
 

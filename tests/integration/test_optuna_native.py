@@ -6,7 +6,7 @@ import pytest
 
 from autotune import cli
 from autotune.common.knobs import KNOBS
-from tests.conftest import TINY_MODEL, fake_launcher
+from tests.conftest import TINY_MODEL, fake_executor
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def study(tmp_path_factory):
         "study=n",
         "confirm_rounds=0",
     ]
-    assert cli.main(["search", *args], launcher=fake_launcher("ok")) == 0
+    assert cli.main(["search", *args], executor=fake_executor("ok")) == 0
     return optuna.load_study(study_name="n", storage=f"sqlite:///{out / 'n' / 'study.db'}")
 
 
@@ -83,7 +83,7 @@ def test_no_relative_sampler_falls_back_to_random_after_the_baseline(
         space.write_text(SMALL_BATCHES)
     args = [f"model={TINY_MODEL}", "n_trials=4", "seq_len=32", f"out={tmp_path}", "study=s",
             f"space={space}", f"sampler={sampler}"]  # fmt: skip
-    assert cli.main(["search", *args], launcher=fake_launcher("ok")) == 0
+    assert cli.main(["search", *args], executor=fake_executor("ok")) == 0
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
     baseline = study.trials[0]
     assert baseline.user_attrs["baseline"] and baseline.user_attrs["result"]["status"] == "ok"

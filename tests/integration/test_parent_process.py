@@ -30,7 +30,7 @@ def test_no_module_outside_the_child_folder_imports_torch_or_transformers_when_i
     functions too; this sees what importing every module of the search process really loads.
     """
     modules = _modules(inside_child=False)
-    assert "autotune.study.runner" in modules and "autotune.cli" in modules
+    assert "autotune.execute.local" in modules and "autotune.cli" in modules
     assert not _imported_after(modules) & {"torch", "transformers", "datasets", "accelerate"}
 
 
@@ -80,7 +80,7 @@ def test_the_fork_server_preload_never_initialises_cuda_even_where_cuda_is_prese
     # What the server preloads (the Trainer and the worker, with the rank path, included) must
     # not reach CUDA's initialisation.
     lines = _run(
-        "from autotune.study.runner import PRELOAD\n"
+        "from autotune.execute.local import PRELOAD\n"
         "for name in PRELOAD: __import__(name)\n"
         "from autotune.child import cuda_free\n"
         "print(len(calls)); print(cuda_free.first_init())\n"

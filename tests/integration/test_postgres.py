@@ -13,7 +13,7 @@ import autotune
 from autotune import cli
 from autotune.common.errors import StudyError
 from autotune.store.storage import open_storage
-from tests.conftest import TINY_MODEL, fake_launcher, postgres_database
+from tests.conftest import TINY_MODEL, fake_executor, postgres_database
 
 OUTPUTS = ("trials.csv", "pareto.csv", "recommended.json", "recommended.py", "report.html")
 
@@ -26,7 +26,7 @@ def searched(tmp_path_factory, postgres_server_url):
         args = [f"model={TINY_MODEL}", "n_trials=4", "seq_len=32", f"out={out}", "study=pg",
                 "confirm_rounds=0",
                 f"storage={url}"]  # fmt: skip
-        assert cli.main(["search", *args], launcher=fake_launcher("ok")) == 0
+        assert cli.main(["search", *args], executor=fake_executor("ok")) == 0
         yield url, out / "pg"
 
 
@@ -69,7 +69,7 @@ def test_a_server_that_is_not_there_is_named_without_its_password(tmp_path, caps
     out = tmp_path / "reports"
     args = [f"model={TINY_MODEL}", "n_trials=1", "seq_len=32", f"out={out}", "study=x",
             f"storage={url}"]  # fmt: skip
-    assert cli.main(["search", *args], launcher=fake_launcher("ok")) == 2
+    assert cli.main(["search", *args], executor=fake_executor("ok")) == 2
     error = capsys.readouterr().err
     assert f"storage=postgresql://autotune:***@127.0.0.1:{port}/studies: cannot open it" in error
     assert "Connection refused" in error and "s3cret" not in error

@@ -12,7 +12,7 @@ import pytest
 import autotune
 from autotune import cli
 from autotune.common.errors import ConfigError
-from tests.conftest import TINY_MODEL, fake_launcher
+from tests.conftest import TINY_MODEL, fake_executor
 
 README = Path(__file__).parents[2] / "README.md"
 
@@ -28,7 +28,7 @@ def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("reports")
     return autotune.search(
         model=TINY_MODEL, seq_len=32, n_trials=5, out=out, study="api", report_to="tensorboard",
-        launcher=fake_launcher("ok"), quiet=True,
+        executor=fake_executor("ok"), quiet=True,
     )  # fmt: skip
 
 

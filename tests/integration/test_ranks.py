@@ -17,8 +17,8 @@ import yaml
 
 from autotune.common.models import resolve_model
 from autotune.common.trial import Stage, Status, TrialSpec
+from autotune.execute.local import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
 from autotune.plan.estimate import estimate
-from autotune.study.runner import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
 from tests.conftest import TINY_MODEL
 from tests.integration import test_hardening
 from tests.integration.test_hardening import LONG, alive, search_command, tree, wait_for

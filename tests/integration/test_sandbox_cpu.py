@@ -17,9 +17,9 @@ import pytest
 
 from autotune.common.models import resolve_model
 from autotune.common.trial import Progress, Stage, Status, TrialSpec
+from autotune.execute.local import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
 from autotune.store.records import PARAMS_ATTR, RESULT_ATTR
 from autotune.study.loop import RETRY_OF_ATTR
-from autotune.study.runner import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
 from tests.benchmarking import up_to_three_attempts
 from tests.conftest import TINY_MODEL
 
@@ -210,7 +210,7 @@ def tiny_spec(number: int) -> TrialSpec:
 SERVER_MODULES = """
 import sys
 from pathlib import Path
-from autotune.study.runner import ForkserverLauncher, _TrialProcess, launch_trial
+from autotune.execute.local import ForkserverLauncher, _TrialProcess, launch_trial
 from tests.integration.test_sandbox_cpu import tiny_spec, write_modules
 
 launcher = ForkserverLauncher()

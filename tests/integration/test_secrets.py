@@ -11,7 +11,7 @@ import sqlalchemy
 
 from autotune import api, cli
 from autotune.plan.config import load_config
-from tests.conftest import TINY_MODEL, fake_launcher, postgres_database
+from tests.conftest import TINY_MODEL, fake_executor, postgres_database
 
 pytestmark = pytest.mark.slow
 PASSWORD = "s3cret-Pw-91"
@@ -37,7 +37,7 @@ def test_two_workers_write_no_storage_password_into_the_study_folder(
         settings = [f"model={TINY_MODEL}", "seq_len=32", "n_trials=4", f"out={tmp_path}",
                     "study=pw", "workers=2", f"storage={with_password(url)}",
                     "confirm_rounds=0"]  # fmt: skip
-        result = api.run(load_config(settings), launcher=fake_launcher("ok"))
+        result = api.run(load_config(settings), executor=fake_executor("ok"))
         assert result.stopped == "4 of 4 trials finished"  # the workers reached the server
         assert list((tmp_path / "pw" / "workers").glob("*/spec.json")), "the workers ran"
         assert files_holding(tmp_path, PASSWORD) == []
@@ -51,18 +51,18 @@ def test_autotune_worker_prints_no_password_in_its_errors_nor_its_report_hint(
         secret_url = f"{url}?password={PASSWORD}"
         settings = [f"model={TINY_MODEL}", "seq_len=32", "n_trials=2", f"out={tmp_path}",
                     "study=pw", f"storage={secret_url}", "quiet=true"]  # fmt: skip
-        api.run(load_config(settings), launcher=fake_launcher("ok"))
+        api.run(load_config(settings), executor=fake_executor("ok"))
         capsys.readouterr()
 
         joined = ["worker", f"storage={secret_url}", "study=pw", f"out={tmp_path}"]
-        assert cli.main(joined, launcher=fake_launcher("ok")) == 0
+        assert cli.main(joined, executor=fake_executor("ok")) == 0
         said = capsys.readouterr()
         assert "the study's outputs: autotune report" in said.out
         assert "password=***" in said.out
         assert "put the password back" in said.out
 
         missing = ["worker", f"storage={secret_url}", "study=nope", f"out={tmp_path}"]
-        assert cli.main(missing, launcher=fake_launcher("ok")) == 2
+        assert cli.main(missing, executor=fake_executor("ok")) == 2
         refused = capsys.readouterr()
         assert "study=nope is not in storage=" in refused.err
         assert PASSWORD not in said.out + said.err + refused.out + refused.err
@@ -74,8 +74,8 @@ def test_autotune_worker_shows_the_factory_file_it_runs_and_its_sha256(tmp_path,
     factory.write_text("def make(args, model_kwargs):\n    raise NotImplementedError\n")
     settings = [f"model={TINY_MODEL}", "seq_len=32", "n_trials=2", f"out={tmp_path}",
                 "study=t", f"trainer={factory}:make", "quiet=true"]  # fmt: skip
-    api.run(load_config(settings), launcher=fake_launcher("ok"))  # fake trials: no factory
+    api.run(load_config(settings), executor=fake_executor("ok"))  # fake trials: no factory
     capsys.readouterr()
-    assert cli.main(["worker", "study=t", f"out={tmp_path}"], launcher=fake_launcher("ok")) == 0
+    assert cli.main(["worker", "study=t", f"out={tmp_path}"], executor=fake_executor("ok")) == 0
     sha256 = hashlib.sha256(factory.read_bytes()).hexdigest()
     assert f"trainer={factory}:make: runs {factory} (sha256 {sha256})" in capsys.readouterr().out

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.execute.local import LocalExecutor
 from autotune.plan import hardware
 from autotune.plan.config import load_config
 from autotune.plan.plan import make_plan
@@ -63,7 +64,7 @@ class InstantLauncher:
 
 def _loop(plan) -> None:
     study, plan = open_study(plan, joining=True)
-    run_search(plan, study, launcher=InstantLauncher())
+    run_search(plan, study, executor=LocalExecutor(InstantLauncher()))
 
 
 def launched_keys(study_dir: Path) -> list[str]:

@@ -102,8 +102,8 @@ def test_sighup_mid_trial_writes_the_outputs_and_exits_129(tmp_path, space):
 
 
 FAKE_SEARCH = (
-    "import sys; from autotune.cli import main; from tests.conftest import fake_launcher; "
-    "sys.exit(main(sys.argv[2:], launcher=fake_launcher(sys.argv[1])))"
+    "import sys; from autotune.cli import main; from tests.conftest import fake_executor; "
+    "sys.exit(main(sys.argv[2:], executor=fake_executor(sys.argv[1])))"
 )
 """`autotune` with fake trials: `python -c FAKE_SEARCH MODE search ...`."""
 

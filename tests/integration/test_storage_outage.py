@@ -47,8 +47,8 @@ def restart(cluster: postgres_server.Cluster) -> None:
 
 def search(tmp_path, url: str) -> list[str]:
     code = (
-        "import sys; from autotune import cli; from tests.conftest import fake_launcher; "
-        "sys.exit(cli.main(sys.argv[1:], launcher=fake_launcher('sleep:1')))"
+        "import sys; from autotune import cli; from tests.conftest import fake_executor; "
+        "sys.exit(cli.main(sys.argv[1:], executor=fake_executor('sleep:1')))"
     )
     return [
         sys.executable, "-c", code, "search", f"model={TINY_MODEL}", "seq_len=32",

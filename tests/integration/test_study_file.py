@@ -12,7 +12,7 @@ import pytest
 
 from autotune import cli
 from autotune.store.storage_file import STUDY_FILE_LOST_EXIT_CODE
-from tests.conftest import TINY_MODEL, fake_launcher
+from tests.conftest import TINY_MODEL, fake_executor
 
 pytestmark = pytest.mark.usefixtures("probe_once")
 SAFETY_NET_S = 300
@@ -29,7 +29,7 @@ def search(out, mode: str, *overrides: str) -> int:
             "confirm_rounds=0",
             *overrides,
         ],
-        launcher=fake_launcher(mode),
+        executor=fake_executor(mode),
     )
 
 
@@ -57,7 +57,7 @@ def test_a_damaged_study_file_is_one_message_for_report_and_resume(tmp_path, cap
     capsys.readouterr()
     for argv in (["report", str(tmp_path / "s")], ["search", f"model={TINY_MODEL}",
                  "seq_len=32", f"out={tmp_path}", "study=s", "n_trials=3"]):  # fmt: skip
-        assert cli.main(argv, launcher=fake_launcher("ok")) == 2, argv[0]
+        assert cli.main(argv, executor=fake_executor("ok")) == 2, argv[0]
         err = capsys.readouterr().err
         assert "Traceback" not in err
         assert err.count("error:") == 1, err

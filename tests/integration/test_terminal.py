@@ -4,14 +4,14 @@
 from autotune import api, cli
 from autotune.outputs.view import TerminalView
 from autotune.plan.config import make_config
-from tests.conftest import TINY_MODEL, fake_launcher
+from tests.conftest import TINY_MODEL, fake_executor
 
 ARGS = [f"model={TINY_MODEL}", "n_trials=3", "seq_len=32", "warmup_steps=2", "measure_steps=3"]
 
 
 def test_piped_output_and_the_log_say_when_each_trial_starts(tmp_path, capsys):
     out = tmp_path / "reports"
-    assert cli.main(["search", *ARGS, f"out={out}", "study=p"], launcher=fake_launcher("ok")) == 0
+    assert cli.main(["search", *ARGS, f"out={out}", "study=p"], executor=fake_executor("ok")) == 0
     terminal = capsys.readouterr().out
     log = (out / "p" / "search.log").read_text()
     for text in (terminal, log):
@@ -36,7 +36,7 @@ def test_on_a_terminal_the_running_trial_shows_its_step_and_eta(tmp_path):
     config = make_config({"model": TINY_MODEL, "n_trials": 1, "seq_len": 32, "warmup_steps": 2,
                           "measure_steps": 3, "out": tmp_path, "study": "t"})  # fmt: skip
     view = Watched()
-    api.run(config, observer=view, launcher=fake_launcher("progress"))
+    api.run(config, observer=view, executor=fake_executor("progress"))
     assert view.seen[0].startswith("trial 0: bs=8 ga=1 gc=off fp32")
     assert "building the model" in view.seen[0]
     steps = [line.split("step ")[1] for line in view.seen if "step " in line]
@@ -54,7 +54,7 @@ def test_noise_and_changes_to_the_training_are_marked(tmp_path, capsys):
     # sampler=tpe: the proposals the figures below come from (the fake's speeds).
     args = [f"model={TINY_MODEL}", "n_trials=4", "seq_len=32", "noise_cv=0.005", f"out={out}",
             "confirm_rounds=0", "sampler=tpe"]  # fmt: skip
-    assert cli.main(["search", *args, "study=n"], launcher=fake_launcher("ok")) == 0
+    assert cli.main(["search", *args, "study=n"], executor=fake_executor("ok")) == 0
     terminal = capsys.readouterr().out
     # The fastest is 1.07x the baseline: below math_change_min_gain, the baseline stays the pick.
     recommended = next(line for line in terminal.splitlines() if line.startswith("recommended"))
@@ -70,7 +70,7 @@ def test_noise_and_changes_to_the_training_are_marked(tmp_path, capsys):
 
 def test_report_prints_the_front_and_the_picks_as_search_does(tmp_path, capsys):
     out = tmp_path / "reports"
-    assert cli.main(["search", *ARGS, f"out={out}", "study=r"], launcher=fake_launcher("ok")) == 0
+    assert cli.main(["search", *ARGS, f"out={out}", "study=r"], executor=fake_executor("ok")) == 0
     searched = capsys.readouterr().out
     assert cli.main(["report", str(out / "r")]) == 0
     reported = capsys.readouterr().out
@@ -82,7 +82,7 @@ def test_report_prints_the_front_and_the_picks_as_search_does(tmp_path, capsys):
 def test_a_recommendation_that_is_also_the_memory_saver_keeps_its_figures(tmp_path, capsys):
     out = tmp_path / "reports"
     args = [f"model={TINY_MODEL}", "n_trials=1", "seq_len=32", f"out={out}", "study=one"]
-    assert cli.main(["search", *args], launcher=fake_launcher("ok")) == 0
+    assert cli.main(["search", *args], executor=fake_executor("ok")) == 0
     terminal = capsys.readouterr().out
     assert "recommended (*): trial 0: 108.00 samples/s at 0.125 GiB" in terminal  # the baseline
     assert "memory saver (m): the same trial" in terminal

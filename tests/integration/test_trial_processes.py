@@ -15,9 +15,9 @@ import pytest
 
 from autotune.common.models import resolve_model
 from autotune.common.trial import Status, TrialSpec
+from autotune.execute.local import ForkserverLauncher, launch_trial
+from autotune.execute.worker_log import LOG_CAP_BYTES
 from autotune.plan import factories
-from autotune.study.runner import ForkserverLauncher, launch_trial
-from autotune.study.worker_log import LOG_CAP_BYTES
 from tests.conftest import TINY_MODEL
 
 FACTORY_HEAD = """

@@ -47,7 +47,7 @@ from autotune.study import checks
 from autotune.study.observer import SearchObserver
 from autotune.study.opening import open_study
 from tests.benchmarking import up_to_three_attempts
-from tests.conftest import TINY_MODEL, fake_launcher, postgres_database
+from tests.conftest import TINY_MODEL, fake_executor, postgres_database
 
 pytestmark = pytest.mark.slow
 README = Path(__file__).parents[2] / "README.md"
@@ -111,7 +111,7 @@ def run_search(out: Path, study: str, workers: int, storage: str | None, mode: s
                 "study": study, "workers": workers, "storage": storage, "confirm_rounds": 0,
                 **extra}  # fmt: skip
     config = load_config([f"{k}={v}" for k, v in settings.items() if v is not None])
-    result = api.run(config, observer=watch, launcher=fake_launcher(mode))
+    result = api.run(config, observer=watch, executor=fake_executor(mode))
     return result, watch
 
 
@@ -294,7 +294,7 @@ def test_a_trial_from_a_lost_host_is_failed_after_stale_after_and_a_live_one_nev
     thread.start()
     try:
         worker = ["worker", f"out={tmp_path}", "study=h"]
-        assert cli.main(worker, launcher=fake_launcher("sleep:1")) == 0
+        assert cli.main(worker, executor=fake_executor("sleep:1")) == 0
     finally:
         thread.join()
     assert told == {"ok": True}, "the live host's trial was failed while it ran"
@@ -335,7 +335,7 @@ def test_the_readme_commands_for_several_hosts(tmp_path, postgres_server_url, mo
     search, worker, dashboard = commands[3], commands[4], commands[5]
     test_settings = [f"model={TINY_MODEL}", *FAST, "n_trials=6", f"out={tmp_path}"]
     # One worker per GPU: on a machine without one, the one worker of a CPU search.
-    assert cli.main([gpu_all[1], *test_settings, "study=gpu"], launcher=fake_launcher("ok")) == 0
+    assert cli.main([gpu_all[1], *test_settings, "study=gpu"], executor=fake_executor("ok")) == 0
     assert cli.main([gpu_two[1], *test_settings, "study=gpu2", gpu_two[-1]]) == 2  # devices=0,1
 
     with postgres_database(postgres_server_url) as url:
@@ -355,7 +355,7 @@ def test_the_readme_commands_for_several_hosts(tmp_path, postgres_server_url, mo
 
         def search_host() -> None:
             args = [a for a in here(search)[1:] if not a.startswith("model=")]
-            searched["code"] = cli.main([*args, *test_settings], launcher=fake_launcher("sleep:3"))
+            searched["code"] = cli.main([*args, *test_settings], executor=fake_executor("sleep:3"))
 
         thread = threading.Thread(target=search_host)
         thread.start()
@@ -364,7 +364,7 @@ def test_the_readme_commands_for_several_hosts(tmp_path, postgres_server_url, mo
             while not [s for s in optuna.get_all_study_summaries(storage) if s.user_attrs]:
                 time.sleep(0.2)  # the search has made the study and stored its settings
             args = [*here(worker)[1:], f"out={tmp_path}"]
-            joined = cli.main(args, launcher=fake_launcher("sleep:3"))
+            joined = cli.main(args, executor=fake_executor("sleep:3"))
         finally:
             thread.join()
         assert joined == 0 and searched == {"code": 0}
@@ -440,7 +440,7 @@ def test_one_view_shows_every_worker_s_running_trial(tmp_path, any_cores):
     config = load_config([f"model={TINY_MODEL}", "seq_len=32", "warmup_steps=5",
                           "measure_steps=18", "n_trials=4", f"out={tmp_path}", "study=v",
                           "workers=2"])  # fmt: skip
-    api.run(config, observer=live, launcher=fake_launcher("progress"))
+    api.run(config, observer=live, executor=fake_executor("progress"))
     assert live.most_at_once == 2
     assert sorted(live.started) == [0, 1, 2, 3]
     assert live.view.bar.running == {}

@@ -16,6 +16,7 @@ COMMON = "Both sides' folder imports no other folder, and neither torch nor optu
 CHILD = "A child process imports only what both sides share, and never optuna"
 NO_CHILD_CODE = "The search process never imports child code: it starts it by module name"
 NO_TORCH = "The search process never imports torch, transformers, datasets or accelerate"
+EXECUTOR = "The trial executors' protocol imports only what both sides share"
 
 
 def broken_contracts(added: tuple[str, str] | None = None) -> set[str]:
@@ -40,7 +41,7 @@ def broken_contracts(added: tuple[str, str] | None = None) -> set[str]:
     finally:
         settings.configure(GRAPH_BUILDER=builder)
     names = {contract.name for contract, _ in report.get_contracts_and_checks()}
-    assert names == {CIRCLES, LAYERS, COMMON, CHILD, NO_CHILD_CODE, NO_TORCH}
+    assert names == {CIRCLES, LAYERS, COMMON, CHILD, NO_CHILD_CODE, NO_TORCH, EXECUTOR}
     return {contract.name for contract, check in report.get_contracts_and_checks()
             if not check.kept}  # fmt: skip
 
@@ -65,6 +66,10 @@ def test_the_package_keeps_every_import_contract():
         ("autotune.child.measure", "autotune.plan.estimate", {CHILD}),
         ("autotune.outputs.view", "autotune.child.data", {NO_CHILD_CODE, NO_TORCH}),
         ("autotune.store.records", "transformers", {NO_TORCH}),
+        # The executors under the loop: one reaching up to it is a circle and against the layers.
+        ("autotune.execute.local", "autotune.study.loop", {CIRCLES, LAYERS}),
+        # The protocol knows no implementation of it.
+        ("autotune.execute.base", "autotune.execute.local", {EXECUTOR}),
     ],
 )
 def test_one_import_against_the_house_breaks_its_contract(importer, imported, broken):

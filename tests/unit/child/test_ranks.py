@@ -6,13 +6,8 @@ import os
 
 import pytest
 
-from autotune.child.ranks import (
-    Rank,
-    StrategyNotApplied,
-    _check_applied,
-    _rank_failure,
-    own_device_first,
-)
+from autotune.child.rank_training import StrategyNotApplied, _check_applied
+from autotune.child.ranks import Rank, _rank_failure, own_device_first
 from autotune.common.trial import Status, TrialResult
 
 FULL = 1001
@@ -112,3 +107,10 @@ def test_a_sharding_rank_lists_its_own_gpu_first_and_keeps_the_others_visible(mo
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     assert own_device_first(Rank(2, 4, "fsdp", on_cuda=True)) == 0
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "6,4,5,7"
+
+
+def test_a_rank_torchrun_started_learns_who_it_is_from_its_environment():
+    rank = Rank.from_torchrun("fsdp", {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"},
+                              on_cuda=True)  # fmt: skip
+    assert rank == Rank(3, 8, "fsdp", on_cuda=True)
+    assert rank.fsdp and rank.backend == "nccl" and not rank.trainer_distributed

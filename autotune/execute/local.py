@@ -1,4 +1,5 @@
-"""Parent side of a trial: start the worker in a session of its own, watch it, read its result.
+"""The local executor: each trial in a worker process of this host, in a session of its own,
+watched by this process, its result read from its folder.
 
 The trial's fate comes from the exit code, the result file and what the parent saw (its own
 timeout or memory watchdog), never from the worker's stderr; the log tail is kept for the user.
@@ -28,7 +29,14 @@ from typing import Protocol
 import psutil
 
 from autotune.child.forked import forked_main
-from autotune.common.layout import LOG_PIPE, PROGRESS_FILE, RESULT_FILE, SPEC_FILE, WORKER_LOG
+from autotune.common.layout import (
+    INTERRUPTED_RESULT,
+    LOG_PIPE,
+    PROGRESS_FILE,
+    RESULT_FILE,
+    SPEC_FILE,
+    WORKER_LOG,
+)
 from autotune.common.processes import descendants, die_with_parent, end_processes
 from autotune.common.trial import (
     Progress,
@@ -40,8 +48,9 @@ from autotune.common.trial import (
     write_json_atomic,
 )
 from autotune.common.units import GIB, format_bytes_apart
-from autotune.study.oom_killer import OomWitness
-from autotune.study.worker_log import CappedLog
+from autotune.execute.base import Submission
+from autotune.execute.oom_killer import OomWitness
+from autotune.execute.worker_log import CappedLog
 
 WORKER_COMMAND = (sys.executable, "-m", "autotune.child")
 PRELOAD = (
@@ -197,6 +206,122 @@ def _nothing() -> None:
     """A process that only proves the fork server is up."""
 
 
+class LocalExecutor:
+    """Runs each trial in a worker process of this host (`launcher`: the fork server, or a
+    command), watched by this process: its timeout, its memory on CPU, the kernel's OOM killer
+    (`oom_witness`, which tests point elsewhere), its whole process group ended with it. The
+    trial's files (spec, result, progress, log) are in the folder its submission names."""
+
+    def __init__(
+        self,
+        launcher: Launcher | None = None,
+        oom_witness: Callable[[int], OomWitness] = OomWitness.watch,
+    ) -> None:
+        self.launcher = launcher or ForkserverLauncher()
+        self.oom_witness = oom_witness
+
+    def ready(self) -> None:
+        self.launcher.ready()  # outside the clock: a fork server's start is not a trial's time
+
+    def submit(self, submission: Submission) -> LocalTrial:
+        return LocalTrial(submission, self.launcher, self.oom_witness)
+
+
+class LocalTrial:
+    """A trial in a worker process of this host: started when made, supervised while its
+    result is awaited."""
+
+    def __init__(
+        self,
+        submission: Submission,
+        launcher: Launcher,
+        oom_witness: Callable[[int], OomWitness],
+    ) -> None:
+        self.submission = submission
+        folder = Path(submission.place)
+        folder.mkdir(parents=True, exist_ok=True)
+        spec_path, self.result_path, log_path = (folder / n for n in (SPEC_FILE, RESULT_FILE,
+                                                                      WORKER_LOG))  # fmt: skip
+        self.log_path = log_path
+        self.progress_path = folder / PROGRESS_FILE
+        for stale in (self.result_path, self.progress_path):
+            stale.unlink(missing_ok=True)
+        write_json_atomic(spec_path, spec_to_dict(submission.spec))
+        # Flush dirty pages (the study's SQLite commits, logs) now: the kernel writes them
+        # back a few seconds later otherwise, and on a small CPU box that stalls the timed
+        # steps (CV 11-21% in one trial of six on 2 cores, 2-3% with this).
+        os.sync()
+        launcher.ready()  # outside the clock: a fork server's start is not the trial's time
+        # The worker writes its output into a pipe, copied into worker.log up to a cap.
+        self.log = CappedLog(log_path, folder / LOG_PIPE)
+        self.started = time.perf_counter()
+        try:
+            self.worker = launcher.start(spec_path, self.result_path, self.log.pipe_path)
+        except BaseException:
+            self.log.close()
+            raise
+        self.witness = oom_witness(self.worker.pid)
+        # The worker and every descendant seen while it ran: one whose parent died early (a
+        # crashed worker's orphans) is out of the worker's tree by the time the trial ends.
+        self.seen = {self.worker.pid: _process(self.worker.pid)}
+        self.ended = False
+
+    def progress(self) -> Progress | None:
+        return read_progress(self.progress_path)
+
+    def result(self, on_progress: Callable[[Progress], None] | None = None) -> TrialResult:
+        s = self.submission
+        try:
+            verdict = supervise(self.worker, self.started + s.timeout_s, s.memory_limit_bytes,
+                                self.progress_path, on_progress, self.seen)  # fmt: skip
+        finally:
+            # Also on Ctrl-C: nothing of the trial may outlive it, in whatever session it runs.
+            self._end()
+        wall_s = time.perf_counter() - self.started
+        if verdict is not None:
+            result = verdict
+        else:
+            result = _read_result(self.result_path, self.worker.poll(), self.witness)
+        overhead_s = process_s = None
+        if result.build_s is not None and result.train_s is not None:
+            overhead_s = wall_s - result.build_s - result.train_s
+            worker_parts = (result.imports_s, result.cuda_init_s, result.finish_s)
+            process_s = overhead_s - sum(s for s in worker_parts if s is not None)
+        return dataclasses.replace(
+            result,
+            wall_s=wall_s,
+            device_s=wall_s * s.spec.devices,
+            overhead_s=overhead_s,
+            process_s=process_s,
+            stderr_tail=result.stderr_tail or _tail(self.log_path),
+        )
+
+    def cancel(self) -> None:
+        """End the trial; a result it wrote is set aside (`result.interrupted.json`): the
+        study, not this file, says what a trial measured."""
+        self._end()
+        set_aside_result(self.result_path.parent)
+
+    def _end(self) -> None:
+        if self.ended:
+            return
+        try:
+            end_processes([p for p in self.seen.values() if p is not None])
+            _kill_group(self.worker.pid)
+            self.worker.reap()
+        finally:
+            self.ended = True
+            self.log.close()
+
+
+def set_aside_result(trial_dir: Path) -> None:
+    """A result the search never recorded (it was interrupted) must not pass for a measurement:
+    the study, not this file, says what a trial measured."""
+    result = trial_dir / RESULT_FILE
+    if result.exists():
+        result.replace(trial_dir / INTERRUPTED_RESULT)
+
+
 def launch_trial(
     spec: TrialSpec,
     trial_dir: Path,
@@ -207,64 +332,19 @@ def launch_trial(
     oom_witness: Callable[[int], OomWitness] = OomWitness.watch,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> TrialResult:
-    """Run one trial and return what happened to it.
+    """Run one trial in `trial_dir` and return what happened to it (`LocalExecutor`, for a
+    caller with a folder of its own: benchmarks, tests).
 
     `rss_limit_bytes` turns on the CPU memory watchdog: the worker's process tree may grow by
     that much over the worker's own baseline before it is killed and the trial is `oom`.
-    `oom_witness` watches the worker for the kernel's OOM killer (tests point it elsewhere).
     `on_progress` is called in this process with each new progress record of the worker's;
     what it raises ends the trial (the worker is killed) and propagates.
     """
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    spec_path, result_path, log_path = (trial_dir / n for n in (SPEC_FILE, RESULT_FILE, WORKER_LOG))
-    progress_path = trial_dir / PROGRESS_FILE
-    for stale in (result_path, progress_path):
-        stale.unlink(missing_ok=True)
-    write_json_atomic(spec_path, spec_to_dict(spec))
-
-    # Flush dirty pages (the study's SQLite commits, logs) now: the kernel writes them back a
-    # few seconds later otherwise, and on a small CPU box that stalls the timed steps (CV 11-21%
-    # in one trial of six on 2 cores, 2-3% with this).
-    os.sync()
-    launcher.ready()  # outside the clock: a fork server's start is not the trial's time
-    # The worker writes its output into a pipe, copied into worker.log up to a cap.
-    log = CappedLog(log_path, trial_dir / LOG_PIPE)
-    try:
-        started = time.perf_counter()
-        worker = launcher.start(spec_path, result_path, log.pipe_path)
-        witness = oom_witness(worker.pid)
-        # The worker and every descendant seen while it ran: one whose parent died early (a
-        # crashed worker's orphans) is out of the worker's tree by the time the trial ends.
-        seen = {worker.pid: _process(worker.pid)}
-        try:
-            verdict = supervise(
-                worker, started + timeout_s, rss_limit_bytes, progress_path, on_progress, seen
-            )
-        finally:
-            # Also on Ctrl-C: nothing of the trial may outlive it, in whatever session it runs.
-            end_processes([p for p in seen.values() if p is not None])
-            _kill_group(worker.pid)
-            worker.reap()
-        wall_s = time.perf_counter() - started
-    finally:
-        log.close()
-
-    if verdict is not None:
-        result = verdict
-    else:
-        result = _read_result(result_path, worker.poll(), witness)
-    overhead_s = process_s = None
-    if result.build_s is not None and result.train_s is not None:
-        overhead_s = wall_s - result.build_s - result.train_s
-        worker_parts = (result.imports_s, result.cuda_init_s, result.finish_s)
-        process_s = overhead_s - sum(s for s in worker_parts if s is not None)
-    return dataclasses.replace(
-        result,
-        wall_s=wall_s,
-        overhead_s=overhead_s,
-        process_s=process_s,
-        stderr_tail=result.stderr_tail or _tail(log_path),
-    )
+    executor = LocalExecutor(launcher, oom_witness)
+    submission = Submission(spec=spec, place=str(trial_dir), timeout_s=timeout_s,
+                            memory_limit_bytes=rss_limit_bytes)  # fmt: skip
+    handle = executor.submit(submission)
+    return handle.result(on_progress)
 
 
 def supervise(
