@@ -148,6 +148,8 @@ def test_a_replay_runs_the_loop_on_the_recorded_answers_and_skips_use_up_no_tria
         point = land.answer(record.params)
         assert record.status.value == point["status"]
         assert record.result.samples_per_s == point.get("samples_per_s")
+        assert record.result.wall_s == point["wall_s"]  # the trial's recorded cost, replayed
+    assert replayed.clock_s == pytest.approx(sum(p["wall_s"] for p in replayed.answered))
     again = replay(land, n_trials=15, seed=1, sampler="tpe")
     assert again.answered == replayed.answered, "seeded: repeatable"
     auto = replay(land, n_trials=15, seed=1)

@@ -48,16 +48,19 @@ def test_a_search_on_a_simulated_h100_runs_every_stage_without_a_gpu_or_a_proces
     info = result.info
     assert info.device == "cuda" and info.device_name == "NVIDIA H100 80GB HBM3"
     records = result.snapshot.records
-    assert len(records) == 8 and records[0].baseline
+    ran = [r for r in records if r.status is not Status.SKIPPED]  # skips use up no trial
+    assert len(ran) == 8 and records[0].baseline
+    assert {r.status for r in ran} <= {Status.OK, Status.OOM}
     # Every trial the search ran was answered here, and confirmation ran the picks again.
     assert len(executor.answered) >= 8 + 2
-    assert all(r.result.wall_s is not None for r in records)  # the answer's cost, kept
-    assert all(r.result.device_s == r.result.wall_s for r in records)  # one GPU a trial
+    assert all(r.result.wall_s is not None for r in ran)  # the answer's cost, kept
+    assert all(r.result.device_s == r.result.wall_s for r in ran)  # one GPU a trial
     assert executor.clock_s == sum(r.wall_s for r in executor.answered)
     # The CUDA space: batch sizes of 8 to 32 (effective batch 32), 16-bit ones included.
-    assert {r.params["batch_size"] for r in records} <= {8, 16, 32}
-    best = result.recommended
-    assert best is not None and best.result.samples_per_s > records[0].result.samples_per_s
+    assert {r.params["batch_size"] for r in ran} <= {8, 16, 32}
+    assert result.recommended is not None
+    fastest = max(r.result.samples_per_s or 0 for r in ran)
+    assert fastest > records[0].result.samples_per_s  # the baseline (fp32, batch 8) was beaten
     for name in ("trials.csv", "pareto.csv", "recommended.json", "report.html"):
         assert (tmp_path / "h100" / name).is_file(), name
     assert not (tmp_path / "h100" / "trials").exists()  # no trial folder: no process ran

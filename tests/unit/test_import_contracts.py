@@ -61,15 +61,20 @@ def test_the_package_keeps_every_import_contract():
         # Both sides import the knob catalogue: torch there reaches the search process too.
         ("autotune.common.knobs", "torch", {COMMON, NO_TORCH}),
         # The trial contract on optuna's side: a circle, and a child process would import it.
-        ("autotune.common.trial", "autotune.store.records", {CIRCLES, COMMON, CHILD, LAYERS}),
+        # (the executors' protocol reads the trial contract: it would reach optuna's side too)
+        (
+            "autotune.common.trial",
+            "autotune.store.records",
+            {CIRCLES, COMMON, CHILD, LAYERS, EXECUTOR},
+        ),
         ("autotune.child.worker", "optuna", {CHILD}),
         ("autotune.child.measure", "autotune.plan.estimate", {CHILD}),
         ("autotune.outputs.view", "autotune.child.data", {NO_CHILD_CODE, NO_TORCH}),
         ("autotune.store.records", "transformers", {NO_TORCH}),
         # The executors under the loop: one reaching up to it is a circle and against the layers.
         ("autotune.execute.local", "autotune.study.loop", {CIRCLES, LAYERS}),
-        # The protocol knows no implementation of it.
-        ("autotune.execute.base", "autotune.execute.local", {EXECUTOR}),
+        # The protocol an executor elsewhere implements knows nothing of the search's stages.
+        ("autotune.execute.base", "autotune.plan.plan", {EXECUTOR}),
     ],
 )
 def test_one_import_against_the_house_breaks_its_contract(importer, imported, broken):
