@@ -33,7 +33,7 @@ def test_each_fault_is_named_and_the_search_continues(launcher, tmp_path, capsys
         "search", f"model={TINY_MODEL}", f"n_trials={len(EXPECTED)}", "seq_len=32",
         "trial_timeout=3s", "memory_budget=256MiB", f"out={out}", "study=faults",
         "confirm_rounds=0",
-    ], launcher=launcher)  # fmt: skip
+    ], executor=launcher)  # fmt: skip
     terminal = capsys.readouterr().out
     assert code == 0
     with open(out / "faults" / "trials.csv") as f:
@@ -57,7 +57,7 @@ def test_a_failed_trial_is_not_exported(launcher, tmp_path, capsys):
         "study=f",
         "confirm_rounds=0",
     ]
-    assert cli.main(["search", *args], launcher=launcher) == 0
+    assert cli.main(["search", *args], executor=launcher) == 0
     capsys.readouterr()
     assert cli.main(["export", str(out / "f"), "trial=1"]) == 2  # the second fake raised
     assert "trial=1 is crashed (worker exited with code 1 and no result)" in capsys.readouterr().err
@@ -73,7 +73,7 @@ def test_quiet_prints_only_the_paths_and_the_log_keeps_everything(launcher, tmp_
         "study=q",
         "quiet=true",
     ]
-    assert cli.main(["search", *args], launcher=launcher) == 0
+    assert cli.main(["search", *args], executor=launcher) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("wrote ") and "trial" not in printed.split("wrote ")[0]
     log = (out / "q" / "search.log").read_text()

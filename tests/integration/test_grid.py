@@ -21,12 +21,12 @@ def test_a_grid_search_runs_every_point_then_stops(tmp_path, capsys):
     space.write_text(TWO_POINT_SPACE)
     args = [f"model={TINY_MODEL}", "seq_len=32", "sampler=grid", "n_trials=6", "confirm_rounds=0",
             f"space={space}", f"out={tmp_path}", "study=g"]  # fmt: skip
-    assert cli.main(["search", *args], launcher=launcher) == 0
+    assert cli.main(["search", *args], executor=launcher) == 0
     assert "search ended: every grid point has run: 3 trials finished" in capsys.readouterr().out
     with open(tmp_path / "g" / "trials.csv") as f:
         rows = list(csv.DictReader(f))
     # The baseline takes no grid point: both points run after it, once each.
     assert [r["baseline"] for r in rows] == ["True", "False", "False"]
     assert sorted(int(r["batch_size"]) for r in rows[1:]) == [8, 16]
-    assert cli.main(["search", *args], launcher=launcher) == 0  # resumed: nothing is left to run
+    assert cli.main(["search", *args], executor=launcher) == 0  # resumed: nothing is left to run
     assert "every grid point has run: 3 trials finished" in capsys.readouterr().out
