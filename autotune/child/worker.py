@@ -183,7 +183,7 @@ def _our_trainer(
     # group_by_length a pass over every sample to measure it.
     args = _training_arguments(spec, tuned_args | run_only, workdir, rank)
     # One device on a GPU: built there, its random init run by the GPU, and nothing copied
-    # (bert-large's init took ~10 s on two host cores, and its copy followed). On ranks the
+    # (bert-large built in 6.6 s on two host cores here, then copied). On ranks the
     # strategy places the model (FSDP2 shards it from the host, DeepSpeed's engine moves it).
     where = "cuda" if spec.device == "cuda" and rank is None else "cpu"
     with clock.stage("model_build_s"):
