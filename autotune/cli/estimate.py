@@ -28,10 +28,17 @@ from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolv
 from autotune.common.units import GIB, format_bytes
 from autotune.outputs.view import console
 from autotune.plan import hardware, software_cache
-from autotune.plan.config import EstimateConfig, help_rows, make_config, parse_overrides
+from autotune.plan.config import (
+    EstimateConfig,
+    RunConfig,
+    help_rows,
+    make_config,
+    parse_overrides,
+)
 from autotune.plan.estimate import PARTS, Estimate, estimate
 from autotune.plan.plan import input_problems
 from autotune.plan.space_file import SoftwareFacts, known_name_problem, normalise_value
+from autotune.twin import model as twin
 
 FREE_KNOBS = {"precision": ("fp32", "bf16"), "gradient_checkpointing": (False, True)}
 """Knobs the table varies when not given: those that move memory the most at a given batch."""
@@ -96,8 +103,10 @@ def run(args: argparse.Namespace) -> int:
     batches = [b for b in (2**k for k in range(13)) if b <= config.max_batch_size]
     if "batch_size" in knobs:
         batches = [knobs["batch_size"]]
-    table = Table(title="Peak training memory (GiB) by part")
-    for column in ("batch", *PARTS, "peak", "fits"):
+    timed = _twin_times(config, model, task, parameters, budget)
+    table = Table(title="Peak training memory (GiB) by part"
+                  + " and the GPU twin's time" * (timed is not None))  # fmt: skip
+    for column in ("batch", *PARTS, "peak", "fits", *(TIME_COLUMNS if timed else ())):
         table.add_column(column, justify="right")
     for batch in batches:
         parts = at(fixed | {"batch_size": batch})
@@ -107,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
             *(f"{getattr(parts, p) / GIB:.2f}" for p in PARTS),
             f"{parts.total / GIB:.2f}",
             "yes" if fits else "[red]no[/]",
+            *(timed(fixed | {"batch_size": batch}) if timed else ()),
         )
         if not fits:
             break  # larger batches only need more
@@ -123,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
             f"{flops / (peak * 1e12) * 1e3:.3g} ms at the 16-bit peak (trials reach a share "
             "of it: their MFU)"
         )
+    if timed is not None:
+        console.print(_twin_note(config))
     if devices > 1:
         console.print(f"model states (weights, gradients, optimizer) per rank of {devices}, "
                       f"most to least: {_states(at, fixed)}")  # fmt: skip
@@ -131,16 +143,61 @@ def run(args: argparse.Namespace) -> int:
         for name in free:
             grid.add_column(name)
         grid.add_column("largest batch", justify="right")
+        if timed is not None:
+            grid.add_column("samples/s there", justify="right")
         for values in itertools.product(*free.values()):
             combo = dict(zip(free, values, strict=True))
             largest = _largest(at, fixed | combo, batches, budget)
-            grid.add_row(*(str(v).lower() for v in values), str(largest or "none"))
+            row = [*(str(v).lower() for v in values), str(largest or "none")]
+            if timed is not None:
+                row.append(timed(fixed | combo | {"batch_size": largest})[1] if largest else "-")
+            grid.add_row(*row)
         console.print(grid)
     console.print(
         "Estimated by the HF guide's anatomy, before any training: the peak is not the sum, as "
         "gradients fill in while the last backward frees activations. A trial measures it."
     )
     return 0
+
+
+TIME_COLUMNS = ("step ms", "samples/s", "trial s")
+
+
+def _twin_times(
+    config: EstimateConfig, model: ModelSpec, task: str, parameters: int | None, budget: int
+) -> Callable[[dict[str, Any]], tuple[str, str, str]] | None:
+    """For `gpu=` naming a GPU the twin models: settings -> its step time, samples/s and a
+    trial's wall time (start, build, compile, warm-up and timed steps at the search's
+    defaults) as table cells; None otherwise."""
+    if not config.gpu:
+        return None
+    try:
+        g = twin.gpu(config.gpu)
+    except KeyError:
+        return None
+    steps = {k: RunConfig.model_fields[k].default for k in ("warmup_steps", "measure_steps")}
+    devices = config.devices_per_trial
+
+    def times(params: dict[str, Any]) -> tuple[str, str, str]:
+        strategy = params.get("strategy", "ddp" if devices > 1 else "single")
+        if strategy not in ("single", "ddp"):
+            return ("-", "-", "-")  # the twin models one GPU a trial, or DDP
+        p = twin.predict(g, model.config, task=task, seq_len=config.seq_len, params=params,
+                         parameters=parameters, devices=devices, memory_budget_bytes=budget,
+                         **steps)  # fmt: skip
+        if p.samples_per_s is None:
+            return ("oom", "-", f"{p.wall_s:.0f}")
+        return (f"{p.step_s * 1e3:.0f}", f"{p.samples_per_s:.1f}", f"{p.wall_s:.0f}")
+
+    return times
+
+
+def _twin_note(config: EstimateConfig) -> str:
+    g = twin.gpu(config.gpu or "")
+    return (f"times: the GPU twin of the {escape(g.name)} (a performance model calibrated on "
+            "this project's H100 and H200 measurements, within 10% of each; "
+            "benchmarks/results/twin-calibration.md); a trial: start, build, compile and "
+            "warm-up, and the timed steps")  # fmt: skip
 
 
 def _largest(at: Any, params: dict[str, Any], batches: list[int], budget: int) -> int | None:

@@ -165,12 +165,14 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 
 
 GPU_MEMORY_MIB: tuple[tuple[str, int], ...] = (
-    ("H200", 143_771), ("H100", 81_559), ("A100-80GB", 81_920), ("A100", 40_960),
+    ("H200", 143_771), ("H100", 81_559), ("A100-80GB", 81_920), ("A100-SXM4-80GB", 81_920),
+    ("A100 80GB", 81_920), ("A100", 40_960),
     ("L40S", 46_068), ("L4", 23_034), ("A10G", 23_028), ("V100-32GB", 32_510),
     ("V100", 16_160), ("T4", 15_360), ("RTX 3090", 24_576), ("RTX 4090", 24_564),
 )  # fmt: skip
-"""Total memory (nvidia-smi's MiB) of the GPUs `autotune estimate gpu=NAME` plans for without
-one in hand, keyed by a piece of the name; the first match wins, so specific names come first."""
+"""Total memory (nvidia-smi's MiB) of the GPUs `autotune estimate gpu=NAME` (and the GPU twin)
+plans for without one in hand, keyed by a piece of the name (as users write it, and as NVML
+reports it: `NVIDIA A100-SXM4-80GB`); the first match wins, so specific names come first."""
 
 
 def gpu_memory_bytes(name: str) -> int | None:

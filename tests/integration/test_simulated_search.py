@@ -1,43 +1,24 @@
 """A whole search on a GPU this machine does not have: the H100's own probe facts as the device,
-each trial answered by the simulated executor (no process, no training), through the public
-API. The parent's GPU paths (the CUDA space and its batch rule, the budget, the estimate's skips,
-confirmation, the outputs) run as they would there, in seconds."""
+each trial answered by the simulated executor from the GPU twin (no process, no training),
+through the public API. The parent's GPU paths (the CUDA space and its batch rule, the budget,
+the estimate's skips, confirmation, the outputs) run as they would there, in seconds."""
 
 import json
 from pathlib import Path
 
 from autotune import api
 from autotune.common.device import DeviceInfo
-from autotune.common.trial import Status, TrialResult, TrialSpec
+from autotune.common.trial import Status
 from autotune.execute.simulated import SimulatedExecutor
 from autotune.plan.config import make_config
+from autotune.twin.answer import TwinAnswer
 
 H100 = Path(__file__).resolve().parents[1] / "fixtures" / "probe-h100-2026-11-26.json"
-SPEED = {"fp32": 40.0, "tf32": 105.0, "fp16": 290.0, "bf16": 300.0, "bf16+tf32": 300.0}
-"""bert-large seq 512 on the H100 at batch 32 (samples/s, as headroom.txt measured): a stand-in
-for the GPU model, enough to tell the search's paths apart."""
-
-
-def answer(spec: TrialSpec) -> TrialResult:
-    params = spec.params
-    batch = params["batch_size"]
-    if batch * params.get("grad_accum", 1) > 48 and params.get("precision") == "fp32":
-        return TrialResult(status=Status.OOM, reason="CUDA out of memory", wall_s=20.0)
-    speed = SPEED.get(params.get("precision", "fp32"), 200.0) * min(1.0, batch / 32)
-    speed *= 0.8 if params.get("gradient_checkpointing") else 1.0
-    steps = spec.warmup_steps + spec.measure_steps
-    samples = batch * params.get("grad_accum", 1)
-    return TrialResult(
-        status=Status.OK, samples_per_s=speed, tokens_per_s=speed * spec.seq_len,
-        peak_memory_gib=2.0 + batch * 0.5, step_time_median_ms=samples / speed * 1e3,
-        step_time_cv=0.01, measured_steps=spec.measure_steps, build_s=2.0,
-        train_s=steps * samples / speed, wall_s=3.0 + steps * samples / speed,
-    )  # fmt: skip
 
 
 def test_a_search_on_a_simulated_h100_runs_every_stage_without_a_gpu_or_a_process(tmp_path):
     device = DeviceInfo.from_facts(json.loads(H100.read_text()))
-    executor = SimulatedExecutor(answer)
+    executor = SimulatedExecutor(TwinAnswer("H100", seed=0))
     config = make_config({
         "model": "bert-large-uncased", "seq_len": 512, "effective_batch_size": 32,
         "n_trials": 8, "confirm_rounds": 1, "out": str(tmp_path), "study": "h100", "quiet": True,

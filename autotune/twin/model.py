@@ -1,0 +1,305 @@
+"""The GPU twin's performance model: what one trial of a setting would measure on a named GPU,
+from the model's shape, the GPU's datasheet and constants fitted on this project's own GPU
+measurements (`constants.json`, each constant with its source).
+
+Parent side and pure, like the memory estimate it builds on: no torch, no GPU. A step
+(one optimizer step of `grad_accum` micro-batches of b samples of s tokens) is
+
+- on the device, per micro-batch: the model's FLOPs (`estimate.flops_per_sample`, times the
+  forward recomputed under checkpointing) at the precision's datasheet peak times an efficiency
+  that grows with the tokens of the micro-batch and saturates (E x T / (T + tokens_half)), plus
+  the memory-bound parts at the card's bandwidth: the elementwise traffic of each layer (2 bytes
+  an element in 16-bit, 4 in fp32/tf32) and, with eager attention, the scores it writes and reads;
+  then the optimizer step, memory-bound, at its bytes per parameter;
+- on the host, per micro-batch: launching the kernels (eager PyTorch is launch-bound at small
+  batches: a bf16 step at batch 8 took longer than a tf32 one on the H100), more of them under
+  autocast and checkpointing, fewer compiled; per step the optimizer's launches (per tensor for
+  the unfused ones) and the Trainer's own work;
+- the step takes the longer of the two (the host runs ahead of the device), plus the Trainer's
+  serial part per step.
+
+Memory is the project's estimate (`plan.estimate`, which holds the CUDA context and compiled
+activations, the terms the H100 showed it missed) times the allocator's overhead fitted on the
+measured peaks. A trial's wall time: start (process, imports, CUDA), build (model, data,
+Trainer; per parameter), compile (per layer, by mode), warm-up and timed steps. A setting past the
+memory budget ends `oom` after its first step, a compiled one partway through its compile.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from autotune.common.device import gpu_memory_bytes, peak_tflops
+from autotune.common.knobs import KNOBS, is_compiled, optimizer_family, precision_parts, sixteen_bit
+from autotune.common.trial import Status
+from autotune.common.units import GIB
+from autotune.plan.estimate import CUDA_CONTEXT_BYTES, Shape, estimate, flops_per_sample, shape_of
+
+CONSTANTS_FILE = "constants.json"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Host:
+    """The machine around the GPU: how fast its CPU launches kernels and starts a trial."""
+
+    layer_host_ms: float
+    """Host time to launch one transformer layer's kernels (forward and backward, eager, fp32)
+    for one micro-batch, through the Trainer."""
+    start_s: float
+    """A trial's process start, imports, CUDA init and finish."""
+    build_s_per_gparam: float
+    """Building the model, data and Trainer, per billion parameters."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Gpu:
+    key: str
+    """The short name `gpu=` takes: H100, H200, A100-80GB, L4."""
+    name: str
+    """The name NVML reports: the peak table (`common.device.PEAK_TFLOPS`) is read by it."""
+    memory_bytes: int
+    bandwidth_gb_s: float
+    link_gb_s: float
+    """Between two GPUs of the host, one direction (NVLink, else PCIe): DDP's all-reduce."""
+    compute_capability: str
+    host: Host
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Step:
+    """One optimizer step of a setting, in its parts (seconds)."""
+
+    device_s: float
+    host_s: float
+    serial_s: float
+    """The Trainer's per-step work the device waits for."""
+
+    @property
+    def seconds(self) -> float:
+        return max(self.device_s, self.host_s) + self.serial_s
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prediction:
+    """What a trial of the setting would measure, and what it would cost."""
+
+    status: Status
+    """ok or oom (a timeout is the executor's call, from `wall_s` and its limit)."""
+    samples_per_s: float | None
+    step_s: float
+    peak_gib: float
+    """Peak reserved by PyTorch's allocator (what a trial reports), the context not included."""
+    start_s: float
+    build_s: float
+    compile_s: float
+    warmup_s: float
+    """Warm-up steps (compile not included)."""
+    timed_s: float
+    wall_s: float
+
+
+@cache
+def constants() -> dict[str, Any]:
+    return json.loads(resources.files("autotune.twin").joinpath(CONSTANTS_FILE).read_text())
+
+
+def model_constant(name: str) -> Any:
+    return constants()["model"][name]["value"]
+
+
+def gpu_names() -> list[str]:
+    return list(constants()["gpus"])
+
+
+def gpu(key: str) -> Gpu:
+    """A GPU the twin models, by its short name or its NVML name (`H100`, `NVIDIA H100 80GB
+    HBM3`); KeyError for one it does not model."""
+    table = constants()["gpus"]
+    found = next((k for k, g in table.items() if key.lower() in (k.lower(), g["name"].lower())),
+                 None)  # fmt: skip
+    if found is None:
+        raise KeyError(f"no GPU {key!r} in the twin (it models: {', '.join(table)})")
+    entry = table[found]
+    host = {k: v["value"] for k, v in constants()["hosts"][entry["host"]].items()}
+    memory = gpu_memory_bytes(entry["name"])
+    assert memory is not None, f"{entry['name']} is not in common.device.GPU_MEMORY_MIB"
+    return Gpu(key=found, name=entry["name"], memory_bytes=memory,
+               bandwidth_gb_s=entry["bandwidth_gb_s"], link_gb_s=entry["link_gb_s"],
+               compute_capability=entry["compute_capability"], host=Host(**host))  # fmt: skip
+
+
+def value(params: dict[str, Any], name: str, default: Any = None) -> Any:
+    """A knob's value in `params`, else what the HF defaults train with."""
+    if name in params:
+        return params[name]
+    baseline = KNOBS[name].baseline if name in KNOBS else None
+    return default if baseline is None else baseline
+
+
+def _precision_class(precision: str) -> str:
+    if sixteen_bit(precision):
+        return "16bit"
+    return "tf32" if "tf32" in precision_parts(precision) else "fp32"
+
+
+def _checkpointed_share(params: dict[str, Any], shape: Shape) -> float:
+    if not value(params, "gradient_checkpointing", False):
+        return 0.0
+    every = value(params, "checkpointing_every_n_layers", 1)
+    return -(-shape.layers // every) / shape.layers
+
+
+def step(
+    g: Gpu,
+    shape: Shape,
+    *,
+    task: str,
+    seq_len: int,
+    params: dict[str, Any],
+    trainer: bool = True,
+    devices: int = 1,
+) -> Step:
+    """One optimizer step of `params` on `g` (`trainer`: through the HF Trainer, as a trial
+    runs; False: a plain PyTorch loop, as the calibration's headroom points ran), on each of
+    `devices` GPUs under DDP: the gradients' ring all-reduce, 2 (N - 1) / N of their bytes over
+    the link, partly hidden behind the backward."""
+    c = constants()["model"]
+    v = {k: e["value"] for k, e in c.items()}
+    precision = value(params, "precision", "fp32")
+    cls = _precision_class(precision)
+    batch = value(params, "batch_size", 8)
+    accumulation = value(params, "grad_accum", 1)
+    compiled = is_compiled(params)
+    share = _checkpointed_share(params, shape)
+    recompute = 1 + share / 3  # the forward is 2 of training's 6 FLOPs per weight and token
+    tokens = batch * seq_len
+    peak = (peak_tflops(g.name, precision) or 0.0) * 1e12
+    efficiency = v["efficiency"][cls] * tokens / (tokens + v["tokens_half"][cls])
+    matmul_s = batch * flops_per_sample(shape, seq_len, task) * recompute / (peak * efficiency)
+    bandwidth = g.bandwidth_gb_s * 1e9
+    element = 2 if cls == "16bit" else 4
+    traffic = v["traffic_bytes"] * shape.layers * shape.hidden * tokens * element
+    if value(params, "attn_implementation", "sdpa") == "eager":
+        scores = shape.layers * shape.heads * batch * seq_len**2
+        traffic += v["eager_score_bytes"] * scores * element
+    memory_s = traffic * recompute / bandwidth
+    micro_device_s = matmul_s + memory_s
+    if compiled:
+        micro_device_s /= v["compiled_speed"]
+    host_ms = g.host.layer_host_ms * shape.layers * (1 + v["checkpointing_host"] * share)
+    if cls == "16bit":
+        host_ms *= v["autocast_host"]
+    if compiled:
+        host_ms *= v["compiled_host"]
+    if trainer:
+        host_ms += v["trainer_micro_ms"]
+    else:
+        host_ms *= v["loop_host"]
+    optim = value(params, "optim", "adamw_torch_fused")
+    kind = _optimizer_kind(optim)
+    optimizer = v["optimizers"][kind]
+    parameters = shape.parameters
+    optimizer_device_s = optimizer["bytes"] * parameters / bandwidth
+    if precision == "fp16" or "fp16" in precision_parts(precision):
+        optimizer_device_s += v["grad_scaler_bytes"] * parameters / bandwidth
+    tensors = _parameter_tensors(shape)
+    optimizer_host_s = optimizer["host_us_per_tensor"] * tensors * 1e-6
+    all_reduce_s = 0.0
+    if devices > 1:
+        link = g.link_gb_s * 1e9
+        all_reduce_s = 2 * (devices - 1) / devices * 4 * parameters / link
+        all_reduce_s *= 1 - v["all_reduce_hidden"]
+    return Step(
+        device_s=accumulation * micro_device_s + optimizer_device_s + all_reduce_s,
+        host_s=accumulation * host_ms / 1e3 + optimizer_host_s,
+        serial_s=v["trainer_step_ms"] / 1e3 if trainer else 0.0,
+    )
+
+
+def _optimizer_kind(optim: str) -> str:
+    """The optimizer's kernel kind, which its step time depends on: the rule and its kernels."""
+    family = optimizer_family(optim)
+    if family.startswith("Adafactor"):
+        return "adafactor"
+    if "torch_8bit" in optim or "torch_4bit" in optim:
+        return "torchao_lowbit"
+    if "8-bit" in family or "4-bit" in family:
+        return "bnb_8bit"
+    if "fused" in optim:
+        return "fused"
+    return "foreach"
+
+
+def _parameter_tensors(shape: Shape) -> int:
+    """Weights, biases and LayerNorms: about two tensors per matrix and two LayerNorms a layer."""
+    return 2 * len(shape.matrices) + 4 * shape.layers
+
+
+def compile_s(shape: Shape, params: dict[str, Any]) -> float:
+    """The compile a compiled trial waits for in its first step: per layer, by mode."""
+    if not is_compiled(params):
+        return 0.0
+    per_layer = model_constant("compile_s_per_layer")
+    factor = model_constant("max_autotune_compile") if "max-autotune" in str(
+        value(params, "compile_mode", "default")) else 1.0  # fmt: skip
+    return per_layer * shape.layers * factor
+
+
+def peak_gib(config: dict[str, Any], shape: Shape, *, task: str, seq_len: int,
+             params: dict[str, Any], devices: int = 1) -> float:  # fmt: skip
+    """The allocator's peak (one rank's): the project's estimate (context not included) times
+    its overhead (fragmentation, cached blocks) fitted on measured peaks."""
+    e = estimate(config, task=task, seq_len=seq_len, params=params, device="cuda",
+                 parameters=shape.parameters, devices=devices)  # fmt: skip
+    return e.budgeted * model_constant("reserved_over_estimate") / GIB
+
+
+def predict(
+    g: Gpu,
+    config: dict[str, Any],
+    *,
+    task: str,
+    seq_len: int,
+    params: dict[str, Any],
+    warmup_steps: int,
+    measure_steps: int,
+    parameters: int | None = None,
+    memory_budget_bytes: int | None = None,
+    trainer: bool = True,
+    devices: int = 1,
+) -> Prediction:
+    """One trial of `params` on `g` (on each of `devices` under DDP: `samples_per_s` is
+    theirs together): ok with its figures, or oom past the budget (the card's memory less its
+    CUDA context when no budget is given)."""
+    shape = shape_of(config, parameters)
+    s = step(g, shape, task=task, seq_len=seq_len, params=params, trainer=trainer,
+             devices=devices)  # fmt: skip
+    peak = peak_gib(config, shape, task=task, seq_len=seq_len, params=params, devices=devices)
+    budget = memory_budget_bytes or g.memory_bytes - CUDA_CONTEXT_BYTES
+    start_s = g.host.start_s
+    build_s = g.host.build_s_per_gparam * shape.parameters / 1e9
+    compiling_s = compile_s(shape, params)
+    samples = value(params, "batch_size", 8) * value(params, "grad_accum", 1) * devices
+    if peak * GIB > budget:
+        # The first step runs out of memory; compiled, when its forward graph has compiled.
+        spent = compiling_s * model_constant("compile_before_oom") if compiling_s else s.seconds
+        return Prediction(status=Status.OOM, samples_per_s=None, step_s=s.seconds, peak_gib=peak,
+                          start_s=start_s, build_s=build_s, compile_s=spent, warmup_s=0.0,
+                          timed_s=0.0, wall_s=start_s + build_s + spent)  # fmt: skip
+    warmup_s = warmup_steps * s.seconds
+    timed_s = measure_steps * s.seconds
+    return Prediction(
+        status=Status.OK, samples_per_s=samples / s.seconds, step_s=s.seconds, peak_gib=peak,
+        start_s=start_s, build_s=build_s, compile_s=compiling_s, warmup_s=warmup_s,
+        timed_s=timed_s, wall_s=start_s + build_s + compiling_s + warmup_s + timed_s,
+    )  # fmt: skip
+
+
+def lognormal_factor(sigma: float, u1: float, u2: float) -> float:
+    """exp(sigma x N(0, 1)) from two uniforms in (0, 1] (Box-Muller): the twin's noise."""
+    return math.exp(sigma * math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2))

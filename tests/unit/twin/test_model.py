@@ -1,0 +1,120 @@
+"""The GPU twin's performance model: calibrated on every GPU figure the repository holds, and
+moving the way the hardware does where no figure pins it."""
+
+import importlib.util
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.common.models import resolve_model
+from autotune.common.trial import Status, TrialSpec
+from autotune.twin import model
+from autotune.twin.answer import TwinAnswer
+
+ROOT = Path(__file__).resolve().parents[3]
+BERT = resolve_model("bert-large-uncased").config
+TASK = "sequence-classification"
+
+
+def _calibration():
+    path = ROOT / "benchmarks" / "twin_calibration.py"
+    spec = importlib.util.spec_from_file_location("twin_calibration", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def predict(gpu="H100", **params):
+    base = {"precision": "bf16", "batch_size": 32, "optim": "adamw_torch_fused"}
+    return model.predict(model.gpu(gpu), BERT, task=TASK, seq_len=512, params=base | params,
+                         warmup_steps=3, measure_steps=10)  # fmt: skip
+
+
+def test_the_twin_meets_its_calibration_goals_on_the_repository_s_gpu_figures():
+    calibration = _calibration()
+    table = calibration.rows(calibration.load_points())
+    s = calibration.summary(table)
+    # Every measured speed within 10% (the H100's plain loop, the guide's rows, the baselines).
+    assert s["speeds_within_10pct"] == s["speeds"] >= 19
+    assert s["spearman"] >= 0.9
+    assert s["memory_max_error"] <= 0.15 and s["wall_max_error"] <= 0.10
+    # The H100 search's three failed trials end as they did: a timeout, an OOM at its time,
+    # a max-autotune compile still running when the search was stopped.
+    assert s["endings_reproduced"] == s["endings"] == 3
+    baseline = next(r for r in table if r["point"] == "h100 trial 0 (baseline)"
+                    and r["figure"] == "wall s")  # fmt: skip
+    assert abs(baseline["error"]) < 0.05  # the 22 s trial
+
+
+def test_every_constant_names_its_source():
+    c = model.constants()
+    for table in ("model", "hosts"):
+        for name, entry in c[table].items():
+            entries = entry.values() if table == "hosts" else [entry]
+            assert all(e["source"].strip() for e in entries), name
+    assert all(g["source"] for g in c["gpus"].values())
+
+
+def test_speed_moves_as_the_hardware_does():
+    fp32, bf16 = predict(precision="fp32"), predict(precision="bf16")
+    assert bf16.samples_per_s > 5 * fp32.samples_per_s  # tensor cores vs none
+    # Larger batches fill the GPU: faster per sample, with less gained at each doubling.
+    speeds = [predict(batch_size=b).samples_per_s for b in (8, 16, 32, 64, 128)]
+    assert speeds == sorted(speeds)
+    gains = [b / a for a, b in itertools.pairwise(speeds)]
+    assert gains == sorted(gains, reverse=True)
+    # Checkpointing recomputes the forward: slower, and less memory.
+    checkpointed = predict(gradient_checkpointing=True)
+    assert checkpointed.samples_per_s < bf16.samples_per_s
+    assert checkpointed.peak_gib < bf16.peak_gib
+    # The same setting on the four GPUs: bandwidth and peaks order them.
+    by_gpu = {g: predict(g).samples_per_s for g in ("H200", "H100", "A100-80GB", "L4")}
+    assert by_gpu["H200"] >= by_gpu["H100"] > by_gpu["A100-80GB"] > 2 * by_gpu["L4"]
+
+
+def test_a_trial_past_the_card_s_memory_ends_oom_and_a_compile_costs_its_minute():
+    big = predict("L4", batch_size=64)
+    assert big.status is Status.OOM and big.samples_per_s is None
+    assert big.wall_s < predict("L4", batch_size=8).wall_s + 60  # ends at its first step
+    eager, compiled = predict(), predict(torch_compile="inductor", compile_mode="default")
+    assert 50 < compiled.compile_s < 120 and compiled.wall_s > eager.wall_s + 50
+    autotuned = predict(torch_compile="inductor", compile_mode="max-autotune")
+    assert autotuned.compile_s > 3 * compiled.compile_s
+
+
+def test_the_answer_is_a_gpu_trial_s_result_with_its_noise_and_the_same_on_a_rerun():
+    spec = TrialSpec(trial_number=3, model_name="bert-large-uncased", model_config=BERT, task=TASK,
+                     seq_len=512, device="cuda", params={"precision": "bf16", "batch_size": 64},
+                     warmup_steps=3, measure_steps=10, seed=0)  # fmt: skip
+    first, again = TwinAnswer("H100", seed=1)(spec), TwinAnswer("H100", seed=1)(spec)
+    assert first == again  # a replayed search replays its figures
+    other = TwinAnswer("H100", seed=2)(spec)
+    assert first.samples_per_s != other.samples_per_s
+    assert first.samples_per_s == pytest.approx(other.samples_per_s, rel=0.05)
+    assert 0.001 < first.step_time_cv < 0.03  # ~1%, as measured on the GPUs
+    assert len(first.step_times_ms) == 10 and first.device_name == "NVIDIA H100 80GB HBM3"
+    assert first.wall_s == pytest.approx(first.overhead_s + first.build_s + first.train_s)
+    assert 0.2 < first.mfu < 0.5  # of the 16-bit peak
+    json.dumps(first.to_dict())  # a result the study can store
+
+
+def test_ddp_on_two_gpus_is_faster_than_one_but_not_twice():
+    one = predict(batch_size=32)
+    g = model.gpu("H100")
+    two = model.predict(g, BERT, task=TASK, seq_len=512, devices=2, warmup_steps=3,
+                        measure_steps=10, params={"precision": "bf16", "batch_size": 32,
+                                                  "strategy": "ddp"})  # fmt: skip
+    assert one.samples_per_s < two.samples_per_s < 2 * one.samples_per_s
+    l4_one = predict("L4", batch_size=8)
+    ddp = {"precision": "bf16", "batch_size": 8, "strategy": "ddp"}
+    l4_two = model.predict(model.gpu("L4"), BERT, task=TASK, seq_len=512, devices=2,
+                           warmup_steps=3, measure_steps=10, params=ddp)  # fmt: skip
+    # PCIe all-reduces cost more than NVLink ones.
+    assert l4_two.samples_per_s / l4_one.samples_per_s < two.samples_per_s / one.samples_per_s
+
+
+def test_a_gpu_the_twin_does_not_model_is_named_as_such():
+    with pytest.raises(KeyError, match="it models: H100, H200, A100-80GB, L4"):
+        model.gpu("B200")
