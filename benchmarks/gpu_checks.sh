@@ -29,7 +29,9 @@
 #       (benchmarks/ranks_gpu.py).
 #   OUT=DIR bash benchmarks/gpu_checks.sh landscape
 #       (GPU, ~5 min) landscape.json and landscape.txt: settings of bert-large measured in one
-#       process (benchmarks/landscapes/record_inprocess.py), for the GPU model's calibration.
+#       process (benchmarks/landscapes/record_inprocess.py), for the GPU twin's calibration;
+#       in lease, the twin re-fitted on them (twin/: points.json, constants.json and
+#       twin-calibration.md, to commit: benchmarks/twin_calibration.py --add ... --fit).
 #   OUT=DIR bash benchmarks/gpu_checks.sh lease
 #       (GPU, <= 9 min) all of it, smaller, for a lease of 15 minutes, each stage bounded and
 #       reporting whatever another did: the search's plan against the device's facts (plan.txt,
@@ -104,6 +106,14 @@ compile_timeout=60s}
   if [[ $stages == *" landscape "* ]]; then
     OUT=$rest/landscape LANDSCAPE_WALL_S=${LANDSCAPE_WALL_S:-70} bash "$0" landscape \
       || echo "landscape stage exited with $?"
+    # The GPU twin re-fitted with the new points (pure Python, seconds): commit twin/*.
+    if [ -s "$rest/landscape/landscape.json" ]; then
+      mkdir -p "$OUT/twin"
+      python3 benchmarks/twin_calibration.py --add "$rest/landscape/landscape.json" --fit \
+        --out "$OUT/twin/twin-calibration.md" > "$rest/landscape/twin.txt" 2>&1 \
+        && cp benchmarks/twin/points.json autotune/twin/constants.json "$OUT/twin/" \
+        || echo "twin re-fit exited with $?"
+    fi
   fi
   for name in plan.txt search/probe.json search/search.txt search/trials.csv \
     follow-up/fidelity.json follow-up/overhead.txt follow-up/guide_table.md offload/offload.json \

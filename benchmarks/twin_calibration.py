@@ -1,7 +1,8 @@
 """The GPU twin against every GPU figure the repository holds: a table of point, measured, twin
 and error, and (with --fit) the twin's fitted constants re-fitted on the points.
 
-    python benchmarks/twin_calibration.py [--fit] [--out benchmarks/results/twin-calibration.md]
+    python benchmarks/twin_calibration.py [--add LANDSCAPE.json [--gpu H100]] [--fit]
+        [--leave-one-out] [--out benchmarks/results/twin-calibration.md]
 
 The points are `benchmarks/twin/points.json` (each names the file it comes from): a plain
 PyTorch loop's figures and autotune's trials, on an H100 and an H200. What is compared:
@@ -10,6 +11,12 @@ and how the failed trials ended (a timeout past its limit, an OOM with its time 
 trial still compiling when the search was stopped). `--fit` minimises the squared log errors of
 the speeds and walls over the constants `FITTED` names, by coordinate descent in log space
 (deterministic, no dependency), and writes them back into `autotune/twin/constants.json`.
+
+A GPU lease adds its points: `--add` takes a landscape the lease recorded on the GPU
+(`benchmarks/landscapes/record_inprocess.py`: autotune's own trial worker, in one process) and
+appends its points to `points.json`, so that `--fit` re-fits on them with the rest.
+`--leave-one-out` says how well the twin predicts a point it was not fitted on: each measured
+speed is predicted by constants fitted on the other points.
 """
 
 from __future__ import annotations
@@ -46,6 +53,40 @@ FITTED: list[tuple[str, ...]] = [
 
 def load_points() -> list[dict[str, Any]]:
     return json.loads(POINTS.read_text())["points"]
+
+
+def landscape_points(path: Path, gpu: str | None) -> list[dict[str, Any]]:
+    """A GPU landscape's points as calibration points: measured by the trial worker, in one
+    process (so no wall time: a point's has no process start)."""
+    land = json.loads(path.read_text())
+    if land.get("device") != "cuda":
+        raise SystemExit(f"{path}: recorded on {land.get('device')}, not on a GPU")
+    key = model.gpu(gpu or land["machine"]).key
+    steps = land["settings"]
+    points = []
+    for p in land["points"]:
+        measured: dict[str, Any] = {"status": p["status"]}
+        if p["status"] == "ok":
+            measured |= {"samples_per_s": p["samples_per_s"], "peak_gib": p["peak_memory_gib"],
+                         "peak_kind": "reserved"}  # fmt: skip
+        elif p["status"] != "oom":
+            continue  # an error says nothing of speed or memory
+        points.append({"id": f"{land['name']} {land['recorded']} #{p['number']}", "gpu": key,
+                       "source": f"{path.name} ({land['command']})", "runner": "trial",
+                       "model": land["model"], "task": land["task"], "seq_len": land["seq_len"],
+                       "params": p["params"], "warmup_steps": steps["warmup_steps"],
+                       "measure_steps": steps["measure_steps"], "measured": measured})  # fmt: skip
+    return points
+
+
+def add_points(path: Path, gpu: str | None) -> int:
+    """Append a landscape's points to points.json (those not already there); how many."""
+    data = json.loads(POINTS.read_text())
+    known = {p["id"] for p in data["points"]}
+    new = [p for p in landscape_points(path, gpu) if p["id"] not in known]
+    data["points"] += new
+    POINTS.write_text(json.dumps(data, indent=1) + "\n")
+    return len(new)
 
 
 def predict(point: dict[str, Any]) -> model.Prediction:
@@ -98,11 +139,14 @@ def _ending(point: dict[str, Any], p: model.Prediction) -> dict[str, Any]:
     if m["status"] == "interrupted":
         same = p.wall_s > m["running_after_s"]
         shown = f"running after {m['running_after_s']} s"
+    elif "wall_s" not in m:  # an OOM measured in one process: its status alone
+        same = status == m["status"]
+        shown = m["status"]
     else:
         same = status == m["status"]
         shown = f"{m['status']} at {m['wall_s']:.0f} s"
     error = None
-    if same and m["status"] == "oom":
+    if same and m["status"] == "oom" and "wall_s" in m:
         error = p.wall_s / m["wall_s"] - 1
     return {"point": point["id"], "figure": "ending", "measured": shown, "twin": twin,
             "error": error, "kind": "ending", "same": same}  # fmt: skip
@@ -192,6 +236,31 @@ def fit(points: list[dict[str, Any]], rounds: int = 12) -> float:
     return loss(points)
 
 
+def leave_one_out(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each measured speed predicted by constants fitted on the other points."""
+    fitted = json.loads(json.dumps(model.constants()))
+    out = []
+    for k, point in enumerate(points):
+        if point["measured"]["status"] != "ok":
+            continue
+        model.constants().update(json.loads(json.dumps(fitted)))
+        fit(points[:k] + points[k + 1 :], rounds=6)
+        twin = predict(point).samples_per_s or 0.0
+        measured = point["measured"]["samples_per_s"]
+        kind = _kind(point)
+        alone = sum(_kind(q) == kind for q in points if q["measured"]["status"] == "ok") == 1
+        out.append({"point": point["id"], "measured": measured, "twin": twin,
+                    "error": twin / measured - 1, "alone": alone})  # fmt: skip
+    model.constants().update(fitted)
+    return out
+
+
+def _kind(point: dict[str, Any]) -> tuple[str, bool]:
+    """What a point's own constants are: its precision's class, compiled or not."""
+    params = point["params"]
+    return model._precision_class(params.get("precision", "fp32")), model.is_compiled(params)
+
+
 def markdown(table: list[dict[str, Any]], s: dict[str, Any]) -> str:
     lines = ["# The GPU twin against every GPU figure the repository holds", "",
              "`python benchmarks/twin_calibration.py` (constants: `autotune/twin/constants.json`;",
@@ -216,9 +285,15 @@ def markdown(table: list[dict[str, Any]], s: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--add", type=Path, help="a GPU landscape whose points to add")
+    parser.add_argument("--gpu", help="the twin's name of the landscape's GPU (default: its own)")
     parser.add_argument("--fit", action="store_true", help="re-fit FITTED and write them back")
+    parser.add_argument("--leave-one-out", action="store_true",
+                        help="predict each speed from constants fitted on the others")  # fmt: skip
     parser.add_argument("--out", type=Path, default=HERE / "results" / "twin-calibration.md")
     args = parser.parse_args()
+    if args.add:
+        print(f"added {add_points(args.add, args.gpu)} points of {args.add} to {POINTS}")
     points = load_points()
     if args.fit:
         before = loss(points)
@@ -229,6 +304,19 @@ def main() -> None:
     table = rows(points)
     s = summary(table)
     text = markdown(table, s)
+    if args.leave_one_out:
+        held = leave_one_out(points)
+        text += ("\n## Each speed predicted by constants fitted without it\n\n"
+                 "| point | measured | twin | error |\n|---|---|---|---|\n")  # fmt: skip
+        text += "".join(f"| {r['point']}{' (alone)' * r['alone']} | {r['measured']:.4g} | "
+                        f"{r['twin']:.4g} | {r['error']:+.1%} |\n" for r in held)  # fmt: skip
+        errors = sorted(abs(r["error"]) for r in held if not r["alone"])
+        text += (f"\nOf the {len(errors)} points not alone: within 10%, "
+                 f"{sum(e <= SPEED_LIMIT for e in errors)}; median error "
+                 f"{statistics.median(errors):.1%}, largest {errors[-1]:.1%}. (alone): the only "
+                 "measured point of its precision (fp32, tf32, 16-bit) compiled or not: held "
+                 "out, nothing else fits its constants, so its figure tests nothing; the next "
+                 "GPU run's landscape adds such points.\n")  # fmt: skip
     args.out.write_text(text)
     print(text)
 

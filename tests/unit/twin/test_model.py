@@ -118,3 +118,30 @@ def test_ddp_on_two_gpus_is_faster_than_one_but_not_twice():
 def test_a_gpu_the_twin_does_not_model_is_named_as_such():
     with pytest.raises(KeyError, match="it models: H100, H200, A100-80GB, L4"):
         model.gpu("B200")
+
+
+def test_a_gpu_lease_s_landscape_becomes_calibration_points(tmp_path):
+    calibration = _calibration()
+    params = {"precision": "bf16", "batch_size": 64, "optim": "adamw_torch_fused"}
+    landscape = {"name": "gpu-bert-large", "recorded": "2026-12-01", "command": "record_inprocess",
+                 "machine": "NVIDIA H100 80GB HBM3", "device": "cuda",
+                 "model": "bert-large-uncased", "task": TASK, "seq_len": 512,
+                 "settings": {"warmup_steps": 2, "measure_steps": 5}, "points": [
+                     {"number": 0, "params": params, "status": "ok", "samples_per_s": 300.0,
+                      "peak_memory_gib": 38.0},
+                     {"number": 1, "params": params | {"batch_size": 256}, "status": "oom"},
+                     {"number": 2, "params": params, "status": "error"}]}  # fmt: skip
+    path = tmp_path / "landscape.json"
+    path.write_text(json.dumps(landscape))
+    points = calibration.landscape_points(path, None)
+    assert [p["measured"]["status"] for p in points] == ["ok", "oom"]  # an error says nothing
+    assert {p["gpu"] for p in points} == {"H100"} and points[0]["runner"] == "trial"
+    table = calibration.rows(points)
+    speed = next(r for r in table if r["kind"] == "speed")
+    assert abs(speed["error"]) < 0.1  # bf16 batch 64 on the H100, as the loop measured it
+    ending = next(r for r in table if r["kind"] == "ending")
+    assert ending["same"]  # batch 256 does not fit the card, here or there
+    landscape["device"] = "cpu"
+    path.write_text(json.dumps(landscape))
+    with pytest.raises(SystemExit, match="not on a GPU"):
+        calibration.landscape_points(path, None)
