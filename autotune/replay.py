@@ -7,6 +7,9 @@ cost model. `replay` plans a search for it as `autotune search` would (space, ba
 budget, estimate), and runs `search.loop.run_search` unchanged with a simulated executor: sampler,
 tell rules, pre-trial checks and the skip by estimate all act as in a real search, so
 strategies can be compared on the same landscape in seconds and repeated over seeds.
+
+`on_clock` scores a replayed search against its simulated time: what it had found by given
+moments of the search, and when it first came near the optimum.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import dataclasses
 import functools
 import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,3 +193,47 @@ def device_info(landscape: Landscape) -> DeviceInfo:
 @functools.cache
 def _here() -> DeviceInfo:
     return software_cache.probe_device()
+
+
+# Scoring a replayed search against its clock.
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A trial a replayed search ran, as it is scored."""
+
+    status: str
+    samples_per_s: float | None
+    """Set only where the trial found something: feasible (ok and within the budget)."""
+    wall_s: float | None
+    """Its recorded cost; None where the landscape has none (a cost model without a clock)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OnClock:
+    """A search scored against its simulated time."""
+
+    found: tuple[float, ...]
+    """At each mark, the best `samples_per_s` of the trials ended by then over the optimum;
+    0.0 where none had found anything."""
+    within_s: float | None
+    """When the first trial within `within` of the optimum ended; None: none was."""
+
+
+def on_clock(
+    trials: Sequence[Trial], optimum: float, marks_s: Sequence[float], within: float
+) -> OnClock | None:
+    """A search's trials, run one after another, against its simulated time: a trial counts
+    from the moment it ends (the `wall_s` of the trials up to it and its own); one that ends
+    after a mark does not count at that mark, and one that finds nothing (out of memory) only
+    moves the clock on. None where a trial's cost is unknown."""
+    if any(t.wall_s is None for t in trials):
+        return None
+    series, ended_s, best = [], 0.0, 0.0
+    for trial in trials:
+        ended_s += trial.wall_s
+        best = max(best, (trial.samples_per_s or 0.0) / optimum)
+        series.append((ended_s, best))
+    found = tuple(max((b for e, b in series if e <= mark), default=0.0) for mark in marks_s)
+    within_s = next((e for e, b in series if b >= within), None)
+    return OnClock(found=found, within_s=within_s)

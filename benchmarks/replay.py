@@ -1,9 +1,11 @@
 """Search strategies on recorded landscapes: which finds the fastest config in the fewest trials?
 
 Each landscape (`benchmarks/landscapes/`) holds a measurement for every point of a space:
-three recorded on a CPU with `sampler=grid`, and the bert-large/H100 cost model. autotune's
-samplers run through the real search loop (`autotune.replay`: sampler, tell rules, pre-trial
-checks and the skip by estimate as in a search), each over several seeds. The peers'
+five recorded on a CPU with `sampler=grid`, and three answered by the GPU twin
+(`landscapes/twin.py`: the default CUDA space for bert-large at seq 512 on an H100 and an A100,
+and Qwen2.5-0.5B at seq 1024 on an H100, each trial's GPU time included) (`SOURCES`).
+autotune's samplers run through the real search loop (`autotune.replay`: sampler, tell rules,
+pre-trial checks and the skip by estimate as in a search), each over several seeds. The peers'
 strategies run as they work, on the same answers:
 
 - Lightning's BatchSizeFinder (binsearch mode): doubles the batch from the smallest until one
@@ -21,6 +23,21 @@ For each: the best feasible samples/s found over the landscape's optimum (what a
 finds) after 10 and 20 trials, how many trials it took to come within 2% of the optimum,
 trials spent on OOM, and the recorded wall time of the trials it ran (CPU landscapes).
 
+The clock columns score the same searches against simulated search time instead of trials
+(`autotune.replay.on_clock`): the trials run one after another, each costing its recorded
+`wall_s`, and a trial counts from the moment it ends, so a slow trial (a large batch, a
+compile, one that runs out of memory late) spends time that a count of trials does not see.
+Time is in baseline-times, the recorded wall time of the landscape's HF-defaults trial (the
+search's first), so that landscapes of different speed compare: found @5/10/20 base is the
+median over seeds of best-found/optimum among the trials ended by 5, 10 and 20 baseline-times
+(the seconds they are on that landscape in the header), and "time to 2%" the median time at
+which the first trial within 2% of the optimum ended ("never" where fewer than half of the
+seeds got there). A search whose trials all ended before a mark counts what it found in them.
+A peer hands over its pick when it stops, so its pick counts from the end of its last trial
+(nothing before; the batches it tried and did not keep find nothing). A landscape without
+recorded costs would have "-" there. The table under the summary gives found @5 and
+@10 base for every landscape.
+
     python benchmarks/replay.py [--seeds 10] [--trials 20] [--jobs 2]
 
 Writes benchmarks/results/replay.json and benchmarks/results/replay.md (the tables).
@@ -31,6 +48,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import multiprocessing
 import statistics
 import sys
@@ -38,23 +56,31 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
-from landscapes import cost_model  # noqa: E402
+from landscapes import twin  # noqa: E402
 
 from autotune.common.trial import OUT_OF_MEMORY, Status  # noqa: E402
 from autotune.plan.estimate import Measured, calibrated_gib  # noqa: E402
-from autotune.replay import Landscape, plan_for, replay  # noqa: E402
+from autotune.replay import Landscape, Trial, on_clock, plan_for, replay  # noqa: E402
 from autotune.study.effects import confidence  # noqa: E402
 from autotune.study.sampler import quiet_optuna  # noqa: E402
 
-RECORDED = sorted((HERE / "landscapes").glob("*.json"))
-COST_MODEL = "cost-model-h100"
+SOURCES: dict[str, Callable[[], Landscape]] = {
+    **{p.stem: functools.partial(Landscape.load, p)
+       for p in sorted((HERE / "landscapes").glob("*.json"))},
+    **{name: functools.partial(twin.landscape, name) for name in twin.TWINS},
+}  # fmt: skip
+"""Landscape name -> the function that makes it. Another source of points (a GPU performance
+model's) is one more entry: a function of no arguments returning a `Landscape` whose `points`
+list every point of its space (`params`, `status`, `samples_per_s`, `peak_memory_gib`, and the
+trial's cost `wall_s` for the clock columns; "-" there without it) and whose `answer` gives a
+setting's point. Its HF-defaults point is the clock's unit (`baseline_s`)."""
 AUTO = "autotune (sampler=auto)"
 SEARCHES: dict[str, dict[str, Any]] = {
     AUTO: {"sampler": "auto"},
@@ -66,23 +92,27 @@ SEARCHES: dict[str, dict[str, Any]] = {
     "grid": {"sampler": "grid"},
 }
 GRID_LIMIT = 500
-"""Points beyond which the grid is not replayed (the cost model has 13,681)."""
+"""Points beyond which the grid is not replayed (the twin's have 51,841 to 124,417)."""
 WITHIN = 0.98
-
-
-@dataclass(frozen=True)
-class Trial:
-    status: str
-    samples_per_s: float | None
-    """Set only where the trial is feasible (ok and within the budget)."""
-    wall_s: float | None
+CLOCK_MARKS = (5, 10, 20)
+"""Simulated search time, in baseline-times, at which the clock columns look."""
 
 
 @functools.cache
 def landscape(name: str) -> Landscape:
-    if name == COST_MODEL:
-        return cost_model.landscape()
-    return Landscape.load(HERE / "landscapes" / f"{name}.json")
+    return SOURCES[name]()
+
+
+@functools.cache
+def baseline_s(name: str) -> float | None:
+    """The recorded wall time of the landscape's HF-defaults trial: the clock's unit."""
+    (point,), _ = hf_defaults(batches_at_defaults(landscape(name)))
+    return point.get("wall_s")
+
+
+def clock_marks_s(name: str) -> list[float] | None:
+    base = baseline_s(name)
+    return None if base is None else [mark * base for mark in CLOCK_MARKS]
 
 
 def search(name: str, policy: str, seed: int, trials: int) -> tuple[list[Trial], int | None]:
@@ -97,7 +127,12 @@ def search(name: str, policy: str, seed: int, trials: int) -> tuple[list[Trial],
         said = confidence(replayed.plan, replayed.records)
         could_beat = None if said is None else said.could_beat
     # Skipped proposals run nothing, cost no time and use up no trial: the trials are the runs.
-    return [_as_trial(land, point) for point in replayed.answered], could_beat
+    trials = [_as_trial(land, point) for point in replayed.answered]
+    # The clock columns add up the points' wall_s: the executor's clock, unless it cut a trial
+    # short at its timeout (no recorded trial is that long).
+    wall_s = _wall(trials)
+    assert wall_s is None or math.isclose(wall_s, replayed.clock_s), (wall_s, replayed.clock_s)
+    return trials, could_beat
 
 
 # The peers' strategies: batch size only, other knobs at the HF defaults.
@@ -174,13 +209,19 @@ def peer(name: str, policy: str) -> dict[str, Any]:
     tried, chosen = PEERS[policy](batches_at_defaults(land))
     optimum = land.optimum()
     found = chosen["samples_per_s"] / optimum if chosen and land.feasible(chosen) else 0.0
+    trials = [_as_trial(land, p) for p in tried]
+    # The pick is handed over when the peer stops: it counts from the end of the last trial.
+    *before, last = trials
+    picked = [*(replace(t, samples_per_s=None) for t in before),
+              replace(last, samples_per_s=chosen["samples_per_s"] if found else None)]  # fmt: skip
     return {
         "found": found,
         "trials": len(tried),
         "within_2pct": found >= WITHIN,
         "oom_trials": sum(p["status"] in _oom() for p in tried),
-        "wall_s": _wall([_as_trial(land, p) for p in tried]),
+        "wall_s": _wall(trials),
         "chosen_batch": chosen["params"]["batch_size"] if chosen else None,
+        "clock": summarise_clock([picked], optimum, name),
     }
 
 
@@ -196,6 +237,31 @@ def _oom() -> set[str]:
 def _wall(trials: list[Trial]) -> float | None:
     walls = [t.wall_s for t in trials]
     return None if any(w is None for w in walls) else sum(walls)
+
+
+def summarise_clock(trials_by_seed: list[list[Trial]], optimum: float, name: str) -> dict | None:
+    """Median (and min) found/optimum at each of CLOCK_MARKS, how many seeds' trials had all
+    ended before it, and the median time to within 2%; None without a clock."""
+    marks_s = clock_marks_s(name)
+    if marks_s is None:
+        return None
+    scores = [on_clock(trials, optimum, marks_s, WITHIN) for trials in trials_by_seed]
+    if None in scores:
+        return None
+    out: dict[str, Any] = {}
+    for i, (mark, mark_s) in enumerate(zip(CLOCK_MARKS, marks_s, strict=True)):
+        found = [score.found[i] for score in scores]
+        out[f"found@{mark}x"] = {
+            "s": mark_s,
+            "median": statistics.median(found),
+            "min": min(found),
+            "ended_before": sum(_wall(t) < mark_s for t in trials_by_seed),
+        }
+    reached = [score.within_s for score in scores]
+    median_s = statistics.median(s if s is not None else float("inf") for s in reached)
+    out["to_2pct"] = {"median_s": median_s, "median_x": median_s / baseline_s(name),
+                      "reached": sum(s is not None for s in reached)}  # fmt: skip
+    return out
 
 
 def summarise(
@@ -299,7 +365,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--landscapes", nargs="+",
-                        default=[p.stem for p in RECORDED] + [COST_MODEL])  # fmt: skip
+                        default=list(SOURCES))  # fmt: skip
     parser.add_argument("--policies", nargs="+", default=[*SEARCHES, *PEERS])
     args = parser.parse_args()
     marks = [m for m in (10, 20, 30, 50) if m <= args.trials]
@@ -327,6 +393,7 @@ def main() -> None:
             "points": len(land.points),
             "oom_points": sum(p["status"] in _oom() for p in land.points),
             "recorded_with": land.description,
+            "baseline_wall_s": baseline_s(name),
             "policies": {},
         }
         for policy in args.policies:
@@ -340,10 +407,11 @@ def main() -> None:
                     marks,
                     [c for _, _, c in by_seed] if policy == AUTO else None,
                 )
+                summary["clock"] = summarise_clock([t for _, t, _ in by_seed], land.optimum(), name)
                 summary["replay_s_per_seed"] = cpu_s[name, policy] / args.seeds
                 results[name]["policies"][policy] = summary
     out = HERE / "results"
-    errors = {n: estimate_errors(n) for n in args.landscapes if n != COST_MODEL}
+    errors = {n: estimate_errors(n) for n in args.landscapes if landscape(n).device == "cpu"}
     wall_s = time.perf_counter() - started
     summary = {"seeds": args.seeds, "trials": args.trials, "landscapes": results,
                "estimate": errors, "wall_s": wall_s, "jobs": args.jobs}  # fmt: skip
@@ -379,21 +447,27 @@ def tables(results: dict[str, dict[str, Any]], trials: int) -> str:
             else:
                 cells.append(f"{r['found@20']['median']:.2f} ({r['oom_trials@20']:g} OOM)")
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n\n" + clock_table(results)
     for name, r in results.items():
+        base = r["baseline_wall_s"]
+        heads = ["policy", "found @10", "found @20 (worst seed)", "seeds within 2% @20",
+                 "trials to 2% (median, seeds reaching)", "OOM trials @20", "wall @20",
+                 *(f"found @{m} base" + ("" if base is None else f" ({m * base:.0f} s)")
+                   for m in CLOCK_MARKS),
+                 "time to 2% (median, seeds reaching)"]  # fmt: skip
+        cost = "no recorded trial costs" if base is None else f"baseline trial {base:.1f} s"
         text += (
             f"\n`{name}`: {r['points']} points ({r['oom_points']} out of memory), optimum "
-            f"{r['optimum_samples_per_s']:.1f} samples/s\n\n"
-            "| policy | found @10 | found @20 (worst seed) | seeds within 2% @20 "
-            "| trials to 2% (median, seeds reaching) | OOM trials @20 | wall @20 |\n"
-            "|---|---|---|---|---|---|---|\n"
+            f"{r['optimum_samples_per_s']:.1f} samples/s, {cost}\n\n"
+            f"| {' | '.join(heads)} |\n|{'---|' * len(heads)}\n"
         )
         for policy, p in r["policies"].items():
+            clock = " | ".join(_clock_cells(p.get("clock"), seeds=p.get("seeds", 1)))
             if p.get("peer"):
                 wall = "-" if p["wall_s"] is None else f"{p['wall_s'] / 60:.1f} min"
                 text += (f"| {policy} | | {p['found']:.2f} (batch {p['chosen_batch']}) | "
                          f"{'yes' if p['within_2pct'] else 'no'} | {p['trials']} trials run | "
-                         f"{p['oom_trials']} | {wall} |\n")  # fmt: skip
+                         f"{p['oom_trials']} | {wall} | {clock} |\n")  # fmt: skip
                 continue
             reach = p["trials_to_2pct"]
             median = "never" if reach["median"] == float("inf") else f"{reach['median']:g}"
@@ -402,9 +476,44 @@ def tables(results: dict[str, dict[str, Any]], trials: int) -> str:
                 f"| {policy} | {_cell(p, 10)} | {p['found@20']['median']:.2f} "
                 f"({p['found@20']['min']:.2f}) | "
                 f"{p['within_2pct@20']}/{p['seeds']} | {median} ({reach['reached']}/{p['seeds']}) "
-                f"| {p['oom_trials@20']:g} | {'-' if wall is None else f'{wall / 60:.1f} min'} |\n"
+                f"| {p['oom_trials@20']:g} | {'-' if wall is None else f'{wall / 60:.1f} min'} "
+                f"| {clock} |\n"
             )
     return text
+
+
+def clock_table(results: dict[str, dict[str, Any]]) -> str:
+    """Policy x landscape: the median found/optimum within 5 and 10 baseline-times."""
+    names = list(results)
+    policies = list(dict.fromkeys(p for r in results.values() for p in r["policies"]))
+    heads = [f"`{n}`" + ("" if (base := results[n]["baseline_wall_s"]) is None
+                         else f" ({base:.1f} s)") for n in names]  # fmt: skip
+    lines = [
+        "Found within 5 / 10 baseline-times of simulated search time (median over seeds; a "
+        "baseline-time is the HF-defaults trial's recorded wall time, in brackets):",
+        "",
+        "| policy | " + " | ".join(heads) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for policy in policies:
+        cells = []
+        for name in names:
+            clock = results[name]["policies"].get(policy, {}).get("clock")
+            found = None if clock is None else [clock[f"found@{m}x"]["median"] for m in (5, 10)]
+            cells.append("-" if found is None else f"{found[0]:.2f} / {found[1]:.2f}")
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _clock_cells(clock: dict | None, seeds: int) -> list[str]:
+    """Found at each mark, the time to 2% (and how many seeds got there)."""
+    if clock is None:
+        return ["-"] * (len(CLOCK_MARKS) + 1)
+    cells = [f"{clock[f'found@{mark}x']['median']:.2f}" for mark in CLOCK_MARKS]
+    reach = clock["to_2pct"]
+    median = ("never" if reach["median_s"] == float("inf")
+              else f"{reach['median_s']:.0f} s = {reach['median_x']:.1f} base")  # fmt: skip
+    return [*cells, median + (f" ({reach['reached']}/{seeds})" if seeds > 1 else "")]
 
 
 def confidence_table(results: dict[str, dict[str, Any]]) -> str:
