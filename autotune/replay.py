@@ -131,6 +131,9 @@ class Replayed:
     plan: SearchPlan
     clock_s: float = 0.0
     """The simulated search time: the answered trials' recorded `wall_s`, one after another."""
+    results: list[TrialResult] = field(default_factory=list)
+    """What the executor returned for each answered trial, in order: the landscape's point, or
+    a timeout where its `wall_s` passed the trial's limit."""
 
 
 def replay(
@@ -154,7 +157,8 @@ def replay(
         executor = SimulatedExecutor(answers)
         run_search(plan, study, executor=executor)
         return Replayed(records=load_records(study), answered=answers.answered, study=study,
-                        plan=plan, clock_s=executor.clock_s)  # fmt: skip
+                        plan=plan, clock_s=executor.clock_s,
+                        results=executor.answered)  # fmt: skip
 
 
 def plan_for(landscape: Landscape, work_dir: Path, **settings: Any) -> SearchPlan:

@@ -66,6 +66,7 @@ sys.path.insert(0, str(HERE))
 from landscapes import twin  # noqa: E402
 
 from autotune.common.trial import OUT_OF_MEMORY, Status  # noqa: E402
+from autotune.plan.config import RunConfig  # noqa: E402
 from autotune.plan.estimate import Measured, calibrated_gib  # noqa: E402
 from autotune.replay import Landscape, Trial, on_clock, plan_for, replay  # noqa: E402
 from autotune.study.effects import confidence  # noqa: E402
@@ -94,6 +95,7 @@ SEARCHES: dict[str, dict[str, Any]] = {
 GRID_LIMIT = 500
 """Points beyond which the grid is not replayed (the twin's have 51,841 to 124,417)."""
 WITHIN = 0.98
+TRIAL_TIMEOUT_S = RunConfig.model_fields["trial_timeout"].default
 CLOCK_MARKS = (5, 10, 20)
 """Simulated search time, in baseline-times, at which the clock columns look."""
 
@@ -127,9 +129,10 @@ def search(name: str, policy: str, seed: int, trials: int) -> tuple[list[Trial],
         said = confidence(replayed.plan, replayed.records)
         could_beat = None if said is None else said.could_beat
     # Skipped proposals run nothing, cost no time and use up no trial: the trials are the runs.
-    trials = [_as_trial(land, point) for point in replayed.answered]
-    # The clock columns add up the points' wall_s: the executor's clock, unless it cut a trial
-    # short at its timeout (no recorded trial is that long).
+    # As the executor returned them: a point past the trial's limit (a long compile on a GPU
+    # twin) is a timeout that cost the limit.
+    trials = [Trial(r.status.value, r.samples_per_s if r.feasible(land.memory_budget_gib)
+                    else None, r.wall_s) for r in replayed.results]  # fmt: skip
     wall_s = _wall(trials)
     assert wall_s is None or math.isclose(wall_s, replayed.clock_s), (wall_s, replayed.clock_s)
     return trials, could_beat
@@ -226,8 +229,13 @@ def peer(name: str, policy: str) -> dict[str, Any]:
 
 
 def _as_trial(land: Landscape, point: dict) -> Trial:
+    """A peer's trial of the point: past the search's default trial_timeout it would have been
+    cut there too (the peers' points are eager: no compile time)."""
+    wall_s = point.get("wall_s")
+    if wall_s is not None and wall_s > TRIAL_TIMEOUT_S:
+        return Trial(Status.TIMEOUT.value, None, TRIAL_TIMEOUT_S)
     speed = point["samples_per_s"] if land.feasible(point) else None
-    return Trial(point["status"], speed, point.get("wall_s"))
+    return Trial(point["status"], speed, wall_s)
 
 
 def _oom() -> set[str]:
