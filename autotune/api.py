@@ -323,18 +323,24 @@ def _confirm(
 
 
 def _plan_of_stored(
-    study_dir: Path, storage: str | None, study: str | None, observer: SearchObserver
+    study_dir: Path,
+    storage: str | None,
+    study: str | None,
+    observer: SearchObserver,
+    device_info: DeviceInfo | None = None,
 ) -> tuple[optuna.Study, SearchPlan]:
     """A stored study and the plan of its settings on the cores (or devices) its trials had,
     the measurement conditions of the study, with its inputs prepared: for measuring its
-    trials' settings again (`autotune confirm`, `autotune verify`)."""
+    trials' settings again (`autotune confirm`, `autotune verify`), on the device
+    `device_info` describes (default: probed)."""
     stored = load_study_dir(study_dir, storage, study)
     same = {k: v for k, v in stored.user_attrs.get(SETTINGS_ATTR, {}).items()
             if k in ("workers", "devices")}  # fmt: skip
     config = join_config(WorkerConfig(out=study_dir.parent, study=stored.study_name,
                                       storage=storage, **same))  # fmt: skip
-    with observer.busy("probing the device"):
-        device_info = software_cache.probe_device()
+    if device_info is None:
+        with observer.busy("probing the device"):
+            device_info = software_cache.probe_device()
     plan = make_plan(config, device_info)
     prepare_inputs(plan, observer)
     return stored, plan
@@ -349,11 +355,12 @@ def confirm_study(
     observer: SearchObserver | None = None,
     executor: TrialExecutor | None = None,
     command: str | None = None,
+    device_info: DeviceInfo | None = None,
 ) -> SearchResult:
     """Measure a study's picks again (`autotune confirm`), under the settings it was searched
     with and its lock, and write its outputs anew."""
     observer = observer or SearchObserver()
-    _, plan = _plan_of_stored(Path(study_dir), storage, study, observer)
+    _, plan = _plan_of_stored(Path(study_dir), storage, study, observer, device_info)
     with locked_study(plan) as (optuna_study, plan), stop_signals() as signals:
         this_run = _start_run(optuna_study, plan, "confirm", command, observer)
         try:
@@ -375,12 +382,13 @@ def verify_study(
     observer: SearchObserver | None = None,
     executor: TrialExecutor | None = None,
     command: str | None = None,
+    device_info: DeviceInfo | None = None,
 ) -> tuple[Verification, SearchResult]:
     """Train the recommended trial's settings (or trial `trial`'s) for `steps` optimizer steps
     in a trial process (`autotune verify`), under the settings the study was searched with
     and its lock; store the comparison and write the outputs anew."""
     observer = observer or SearchObserver()
-    stored, plan = _plan_of_stored(Path(study_dir), storage, study, observer)
+    stored, plan = _plan_of_stored(Path(study_dir), storage, study, observer, device_info)
     record = _record_to_verify(read_snapshot(stored), trial)
     with locked_study(plan) as (optuna_study, plan), stop_signals() as signals:
         this_run = _start_run(optuna_study, plan, "verify", command, observer)
@@ -423,14 +431,17 @@ def join(
     observer: SearchObserver | None = None,
     executor: TrialExecutor | None = None,
     command: str | None = None,
+    device_info: DeviceInfo | None = None,
 ) -> tuple[SearchPlan, str]:
     """Join a study another search made (`autotune worker`): its settings come from the study;
-    run its loop here (with `workers=` processes) until it has its trials. Returns the plan and
-    why it stopped; the outputs are the search's (or `autotune report`'s) to write."""
+    run its loop here (with `workers=` processes) until it has its trials, on the device
+    `device_info` describes (default: probed). Returns the plan and why it stopped; the
+    outputs are the search's (or `autotune report`'s) to write."""
     observer = observer or SearchObserver()
     config = join_config(worker)
-    with observer.busy("probing the device"):
-        device_info = software_cache.probe_device()
+    if device_info is None:
+        with observer.busy("probing the device"):
+            device_info = software_cache.probe_device()
     plan = make_plan(config, device_info)
     prepare_inputs(plan, observer)
     study, plan = open_study(plan, joining=True)

@@ -45,3 +45,14 @@ def test_a_search_on_a_simulated_h100_runs_every_stage_without_a_gpu_or_a_proces
     for name in ("trials.csv", "pareto.csv", "recommended.json", "report.html"):
         assert (tmp_path / "h100" / name).is_file(), name
     assert not (tmp_path / "h100" / "trials").exists()  # no trial folder: no process ran
+
+    # The study's picks measured again and its recommendation verified over 200 steps, on the
+    # same simulated GPU: the figures agree within the twin's step noise (1%).
+    confirmed = api.confirm_study(tmp_path / "h100", rounds=2, executor=executor,
+                                  device_info=device)  # fmt: skip
+    assert confirmed.recommended is not None
+    verified, _ = api.verify_study(tmp_path / "h100", steps=200, executor=executor,
+                                   device_info=device)  # fmt: skip
+    assert verified.status == "ok" and verified.steps == 200
+    assert abs(verified.samples_per_s_ratio - 1) < 0.05
+    assert verified.peak_memory_gib == confirmed.recommended.peak_memory_gib
