@@ -56,7 +56,7 @@ class TwinAnswer:
                     for _ in range(spec.measure_steps)]  # fmt: skip
         median_ms = statistics.median(steps_ms)
         cv = statistics.pstdev(steps_ms) / statistics.mean(steps_ms)
-        samples = spec.params.get("batch_size", 8) * spec.params.get("grad_accum", 1)
+        samples = model.value(spec.params, "batch_size") * model.value(spec.params, "grad_accum", 1)
         samples_per_s = samples * spec.devices / (median_ms / 1e3)
         flops = flops_per_sample(shape_of(spec.model_config), spec.seq_len, spec.task)
         peak_tflops = tensor_peak_tflops(self.gpu.name)
