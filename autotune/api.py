@@ -50,7 +50,7 @@ from autotune.store.records import (
 )
 from autotune.store.storage import load_study_dir
 from autotune.store.storage_file import StudyFileLost
-from autotune.study import effects
+from autotune.study import model as effects_model
 from autotune.study.interrupts import SearchInterrupted, stop_signals
 from autotune.study.loop import TIMED_OUT, run_search
 from autotune.study.observer import SearchObserver
@@ -302,7 +302,7 @@ def _store_end(
     end = RunEnd(how=how, done=trials_run(study), planned=plan.config.n_trials, signal=signal,
                  stopped=stopped)  # fmt: skip
     store_run_end(study, end)
-    store_confidence(study, effects.confidence(plan, load_records(study)))
+    store_confidence(study, effects_model.confidence(plan, load_records(study)))
     return end
 
 

@@ -131,6 +131,16 @@ class Knob:
     environment: Callable[[Any, dict[str, Any]], dict[str, str]] | None = None
     """(value, all params) -> the environment variables that set it, which accelerate reads
     when the Trainer builds its accelerator: no TrainingArguments field carries them."""
+    unset: Any = None
+    """The value a setting that leaves this knob out trains with, where it is one of the
+    knob's values (`torch_compile` off, Liger off); None: `baseline`, or none."""
+    prior: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    """Device kind (`cuda`, `cpu`) -> the values the tuning guides advise for it, most advised
+    first: the expert's guess (`study/guess.py`) takes the first one the space holds; a knob
+    without one keeps its baseline there. `batch_size` has none: the guess takes the largest
+    batch that fits."""
+    prior_source: str = ""
+    """Where `prior` comes from."""
     math: Callable[[Any, Any], str | None] = lambda baseline, value: None
     """(baseline value, value) -> how the change alters what training computes, in words; None
     when it changes only speed and memory (checkpointing recomputes the same activations)."""
@@ -328,6 +338,9 @@ KNOBS: dict[str, Knob] = {
         Knob(
             name="gradient_checkpointing", kind=bool, check=lambda v: True,
             expected="true or false", short="gc", baseline=False, memory="off is hungrier",
+            prior={"cuda": (False,), "cpu": (False,)},
+            prior_source="HF single-GPU guide: checkpointing recomputes activations at about "
+            "20% of the speed; only when the batch does not fit without it",
             training_args=_checkpointing_args,
         ),
         Knob(
@@ -348,22 +361,33 @@ KNOBS: dict[str, Knob] = {
         ),  # in the checkpointing kwargs (`_checkpointing_args`); CUDA only
         Knob(
             name="use_liger_kernel", kind=bool, check=lambda v: True, expected="true or false",
-            short="liger", training_args=_same_name("use_liger_kernel"),
+            short="liger", training_args=_same_name("use_liger_kernel"), unset=False,
         ),  # Liger's Triton kernels patched into the model's modules (CUDA, some decoders)
         Knob(
             name="precision", kind=str, check=lambda v: v in PRECISIONS,
             expected="one of " + ", ".join(PRECISIONS), baseline="fp32",
+            prior={"cuda": ("bf16+tf32", "bf16", "fp16+tf32", "fp16"), "cpu": ("bf16",)},
+            prior_source="HF single-GPU guide and PyTorch AMP docs: bf16 mixed precision where "
+            "the GPU has it (Ampere on), else fp16, with TF32 matmuls; PyTorch CPU tuning "
+            "guide: bf16 autocast where the CPU computes bf16 natively (the space holds bf16 "
+            "only there)",
             training_args=_precision_args, math=_precision_math,
             environment=lambda value, params: FP8_ENVIRONMENT if value == "fp8" else {},
         ),
         Knob(
             name="optim", kind=str, check=bool, expected="a TrainingArguments.optim name",
             training_args=_same_name("optim"), math=_optim_math,
+            prior={"cuda": ("adamw_torch_fused",), "cpu": ("adamw_torch_fused",)},
+            prior_source="HF single-GPU guide and torch.optim docs: the fused AdamW kernel, "
+            "the same update in fewer launches",
         ),  # its baseline is the installed transformers' default: see baseline_params
         Knob(
             name="torch_compile", kind=str, check=bool,
             expected="off or a torch.compile backend", short="compile",
-            training_args=_compile_args,
+            training_args=_compile_args, unset="off",
+            prior={"cuda": ("off",), "cpu": ("off",)},
+            prior_source="compiling costs minutes before the first step: tried last, as a "
+            "refinement of the best eager settings",
         ),
         Knob(
             name="compile_mode", kind=str, check=lambda v: v in COMPILE_MODES,
@@ -388,6 +412,9 @@ KNOBS: dict[str, Knob] = {
             name="attn_implementation", kind=str, check=lambda v: v in ATTENTION,
             expected="one of " + ", ".join(ATTENTION), short="attn", baseline="sdpa",
             model_kwarg=True,
+            prior={"cuda": ("flash_attention_3", "flash_attention_2", "sdpa"), "cpu": ("sdpa",)},
+            prior_source="HF GPU inference/training guides: FlashAttention where installed, "
+            "else PyTorch's SDPA (which picks a fused kernel itself)",
         ),
         Knob(
             name="torch_empty_cache_steps", kind=int, check=lambda v: v >= 0,
@@ -399,6 +426,9 @@ KNOBS: dict[str, Knob] = {
             name="dataloader_num_workers", kind=int, check=lambda v: v >= 0,
             expected="an integer >= 0", ranges=True, short="workers", baseline=0,
             data_only=True, training_args=_same_name("dataloader_num_workers"),
+            prior={"cuda": (2, 4, 1), "cpu": (2, 4, 1)},
+            prior_source="PyTorch performance tuning guide: num_workers > 0 so that loading "
+            "overlaps the step",
         ),
         Knob(
             name="dataloader_prefetch_factor", kind=int, check=lambda v: v >= 1,
@@ -415,7 +445,9 @@ KNOBS: dict[str, Knob] = {
         Knob(
             name="dataloader_pin_memory", kind=bool, check=lambda v: True,
             expected="true or false", short="pin",
-            training_args=_same_name("dataloader_pin_memory"),
+            training_args=_same_name("dataloader_pin_memory"), unset=True,
+            prior={"cuda": (True,)},
+            prior_source="PyTorch performance tuning guide: pinned memory for host-to-GPU copies",
         ),
         Knob(
             name="group_by_length", kind=bool, check=lambda v: True, expected="true or false",
@@ -527,6 +559,13 @@ def environment(params: dict[str, Any]) -> dict[str, str]:
 def model_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     """`from_config`/`from_pretrained` kwargs the knobs set (the attention kernel)."""
     return {k: v for k, v in params.items() if KNOBS[k].model_kwarg}
+
+
+def left_out(name: str) -> Any:
+    """What training does about a knob a setting leaves out, as one of its values (`unset`,
+    else the HF default); None where that is no value of the knob."""
+    knob = KNOBS[name]
+    return knob.baseline if knob.unset is None else knob.unset
 
 
 def baseline_params(

@@ -262,7 +262,7 @@ CONFIDENCE_ATTR = "search_confidence"
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SearchConfidence:
     """How many settings the search left untried could still beat the fastest trial, by the
-    model of the knobs' effects fitted to every trial (`study.effects.confidence`): whether
+    model of the knobs' effects fitted to every trial (`study.model.confidence`): whether
     more trials would pay."""
 
     trials: int

@@ -1,27 +1,26 @@
-"""`sampler=effects` (and `auto`): a model of each knob's effect on throughput, fitted to the
-trials so far and asked for its most promising untried setting.
+"""`sampler=effects` (and `auto`): the search's choice of each trial's setting, by the model
+of each knob's effect on throughput (`study/model.py`) and what each trial costs.
 
-Throughput effects of training settings are close to multiplicative: precision, optimizer,
-attention kernel, checkpointing and batch size each scale samples/s by a factor that depends
-little on the others. So log samples/s is modelled as one effect per knob value, plus smaller
-effects of pairs of values, plus a trend along each numeric knob (batch size, accumulation
-steps), plus a part that only settings close to each other share: a Gaussian process whose
-kernel counts the knob values two settings share. Of a few such kernels (`KERNELS`), the one
-that explains the trials best (marginal likelihood) is used, so a landscape whose knobs
-interact gets a model whose knobs interact. A measurement the other trials contradict is
-taken for a disturbed run and loses its weight. The search:
+1. **Baseline** (queued when the study opens), a point of the space like any other: knobs it
+   leaves out count at what training then does (`Points.find`).
+2. **The expert's guess, then the batch ladder** (`study/guess.py`): what the guides advise
+   for the device, at the largest batch that fits, and its batch moved while that pays.
+3. **Model**: each trial then takes the untried setting with the highest expected gain over
+   the fastest feasible trial, times its chance to fit the memory budget (the same model of
+   log peak memory over the setting's estimate, out-of-memory trials counted past the budget)
+   and the guides' advice (a weight that fades as trials accumulate, after piBO), per second
+   of its predicted wall time (`study/cost.py`) to a power that fades from 1 to 0 over the
+   search (cost-cooling). It looks within a trust radius of the fastest trial: one knob away,
+   one more for every `WIDEN_AFTER` trials that found nothing faster. Settings predicted to
+   pass their trial's time limit even at an optimistic pace are passed over.
+4. **Local and refinements** (`LOCAL_TRIALS`): the last trials change one knob of the fastest
+   trial at a time, in the model's order; compiling and fp8 wait for them, and a compile mode
+   other than the default for a compiled fastest trial.
 
-1. **Designed start** (`START_TRIALS`): after the baseline, each trial takes the untried
-   setting with the most knob values not yet seen in any trial (ties at random), so that
-   every value of every knob is measured early.
-2. **Model**: each trial then takes the untried setting with the highest optimistic estimate
-   (mean plus `UCB_BETA` standard deviations) times its chance to fit the memory budget (the
-   same model of log peak memory over the setting's estimate, out-of-memory trials counted
-   past the budget).
-3. **Local** (`LOCAL_TRIALS`): the last trials change one knob of the fastest trial at a
-   time, in the model's order: where the model is wrong about one knob, this corrects it.
+While fewer than two settings of the space were measured (the baseline and the guess did not
+both run), each trial takes the untried setting with the most knob values not yet seen.
 
-Every setting is a point of the space enumerated once (`SearchSpace.points`); candidates the
+Every setting is a point of the space enumerated once (`study/points.py`); candidates the
 search loop would skip (the pre-trial checks: over the memory budget by estimate, at least as
 hungry as an out-of-memory trial, settings that cannot train together) are passed over here,
 so that proposals run. Settings another worker is running count as tried.
@@ -31,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,68 +37,34 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.common.knobs import is_compiled
 from autotune.common.trial import OUT_OF_MEMORY, Status
+from autotune.plan.estimate import Measured, calibrated_gib
 from autotune.plan.plan import SearchPlan
-from autotune.store.records import (
-    PARAMS_ATTR,
-    SearchConfidence,
-    TrialRecord,
-    is_recorded,
-    record_of,
-)
+from autotune.store.records import PARAMS_ATTR, TrialRecord, is_recorded, record_of
 from autotune.study import checks
+from autotune.study.cost import TrialCost
+from autotune.study.guess import expert_guess, ladder_step, prior_rank
+from autotune.study.model import expected_gain, normal_cdf, predict
+from autotune.study.points import Points
 
-START_TRIALS = 6
-"""Trials (the baseline included) before the model chooses: the designed start."""
 UCB_BETA = 2.0
-"""How optimistic the model's choice is: its mean plus this many standard deviations."""
+"""How optimistic a pace the time limit is checked at: the model's mean plus this many
+standard deviations (also the tie-break among equal gains)."""
 LOCAL_TRIALS = 6
 """The last trials of `n_trials`, which change one knob of the fastest trial at a time."""
-OUTLIER_Z = 2.25
-"""A measurement this many standard deviations from what the other trials predict for it
-(leave-one-out) is taken for a disturbed run..."""
-OUTLIER_NOISE = 1.0
-"""...and counted with this variance in (log samples/s)^2: almost no weight."""
+PRIOR_WEIGHT = 0.5
+PRIOR_BETA = 6.0
+"""The guides' advice in the model's choice, after piBO (Hvarfner et al. 2022): each step a
+setting is from the advice (`guess.prior_rank`) weighs its promise by PRIOR_WEIGHT raised to
+PRIOR_BETA / the settings measured, a weight that fades as measurements accumulate, so that
+wrong advice costs a few trials, not the search."""
+WIDEN_AFTER = 3
+"""Trials without a faster one after which the model looks one knob further from the fastest
+(its trust radius)."""
 OOM_OVER = 1.25
 """An out-of-memory trial's peak, as a multiple of the budget, for the memory model: at least
 the budget (how far past is unknown)."""
-POINTS_LIMIT = 200_000
-"""Settings enumerated at most; a larger space is searched over a random sample of them."""
-CONFIDENCE_SAMPLE = 5_000
-"""Untried settings the confidence looks at, at most (a random sample of more)."""
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """Prior variances in (log samples/s)^2: a constant, each shared knob value, each shared
-    pair of values, and the product of standardised log2 values of each numeric knob; the
-    noise of one measurement."""
-
-    value: float
-    pair: float
-    trend: float
-    noise: float
-    whole: float = 0.0
-    length: float = 1.0
-    constant: float = 1.0
-
-    def combine(self, parts: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
-        shared, trend, differ = parts
-        return (self.constant + self.value * shared + self.pair * shared * (shared - 1) / 2
-                + self.trend * trend + self.whole * np.exp(-differ / self.length))  # fmt: skip
-
-
-KERNELS = tuple(
-    Kernel(
-        value=value**2, pair=pair**2, trend=trend**2, noise=noise**2, whole=whole**2, length=length
-    )
-    for value in (0.1, 0.3)
-    for pair in (0.0, 0.05, 0.15)
-    for trend in (0.0, 0.3)
-    for noise in (0.03, 0.1)
-    for whole, length in ((0.0, 1.0), (0.3, 1.0), (0.3, 2.0))
-)
-"""The kernels the model chooses among, by how well each explains the trials so far."""
 
 
 class EffectsSampler(optuna.samplers.BaseSampler):
@@ -111,6 +75,8 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         self.chosen: dict[int, dict[str, Any]] = {}
         """trial id -> the Optuna parameters of the setting chosen for it."""
         self.estimates: dict[int, float | None] = {}
+        self.guesses: dict[tuple, int | None] = {}
+        """The expert's guess, by the baseline records it was made from."""
 
     @functools.cached_property
     def points(self) -> Points:
@@ -173,20 +139,76 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         if not untried:
             return None
         records = [record_of(t) for t in trials if is_recorded(t)]
-        speeds = [r for r in records if r.status is Status.OK and r.result.samples_per_s
-                  and self.points.find(r.params) is not None]  # fmt: skip
+
+        def runs(index: int) -> bool:
+            return index not in tried and self._runs(index, records)
+
+        guess = self.guess(records, tried)
+        if guess is not None:
+            if guess not in tried:
+                return guess
+            step = ladder_step(self.points, guess, self.plan, records, runs)
+            if step is not None:
+                return step
+        cost = TrialCost.fit(records, self._steps)
+        observed, y, feasible = self._observed(records, cost)
         order = (
             self._designed(untried, records)
-            if len(records) < START_TRIALS or len(speeds) < 2
-            else self._by_model(untried, speeds, records)
+            if len(observed) < 2
+            else self._by_model(untried, observed, y, feasible, records, cost)
         )
         for index in order:
             if self._runs(index, records):
                 return index
         return None
 
+    def guess(self, records: list[TrialRecord], tried: set[int | None]) -> int | None:
+        """The expert's guess (`study/guess.py`), from the baseline's record alone: the same
+        whichever worker asks, and however the study grew since."""
+        baseline = [r for r in records if r.baseline]
+
+        def runs(index: int) -> bool:
+            return index in tried or self._runs(index, baseline)
+
+        key = tuple((r.number, r.status) for r in baseline)
+        if key not in self.guesses:
+            self.guesses[key] = expert_guess(self.points, self.plan, baseline, runs)
+        return self.guesses[key]
+
+    @property
+    def _steps(self) -> int:
+        return self.plan.config.warmup_steps + self.plan.config.measure_steps
+
+    def _observed(
+        self, records: list[TrialRecord], cost: TrialCost
+    ) -> tuple[list[int], np.ndarray, list[bool]]:
+        """The settings measured, their log samples/s and whether each is feasible (ok within
+        the budget): the ok trials, and the trials that timed out, at the fastest pace they
+        could have had (`TrialCost.pace_bound`)."""
+        observed, speeds, feasible = [], [], []
+        for record in records:
+            index = self.points.find(record.params)
+            if index is None:
+                continue
+            if record.status is Status.OK and record.result.samples_per_s:
+                observed.append(index)
+                speeds.append(record.result.samples_per_s)
+                feasible.append(self._feasible(record))
+            elif record.status is Status.TIMEOUT:
+                bound = cost.pace_bound(record.params, self._limit_s(record.params))
+                if bound is not None:
+                    observed.append(index)
+                    speeds.append(bound)
+                    feasible.append(False)
+        return observed, np.log(speeds) if speeds else np.zeros(0), feasible
+
+    def _limit_s(self, params: dict[str, Any]) -> float:
+        config = self.plan.config
+        return config.trial_timeout + (config.compile_timeout if is_compiled(params) else 0)
+
     def _designed(self, untried: list[int], records: list[TrialRecord]) -> list[int]:
-        """Untried settings, most unseen knob values first, ties in random order."""
+        """Untried settings, most unseen knob values first, ties in random order: while fewer
+        than two settings were measured (the baseline and the guess did not both run)."""
         seen = np.zeros(self.points.levels.shape, dtype=bool)
         for record in records:
             index = self.points.find(record.params)
@@ -196,25 +218,107 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         return [untried[i] for i in np.argsort(-unseen)]
 
     def _by_model(
-        self, untried: list[int], speeds: list[TrialRecord], records: list[TrialRecord]
-    ) -> list[int]:
-        """Untried settings, most promising first: the model's optimistic log samples/s (mean
-        plus UCB_BETA standard deviations), times the chance the setting fits the memory
-        budget. In the last LOCAL_TRIALS trials, only settings one knob away from the
-        fastest feasible trial (while any is left)."""
-        budget = self.plan.info.memory_budget_gib
-        observed = [self._index(r) for r in speeds]
-        y = np.log([r.result.samples_per_s for r in speeds])
-        feasible = [r.result.feasible(budget) for r in speeds]
+        self, untried: list[int], observed: list[int], y: np.ndarray, feasible: list[bool],
+        records: list[TrialRecord], cost: TrialCost,
+    ) -> list[int]:  # fmt: skip
+        """Untried settings, most promising first: the model's expected gain over the fastest
+        feasible trial, times the chance the setting fits the memory budget, per predicted
+        second of its trial raised to a weight that fades from 1 to 0 over the search
+        (`cost_weight`); ties by the model's optimistic estimate. Compiled and fp8 settings
+        wait for the last LOCAL_TRIALS trials (`refinements`), which change one knob of the
+        fastest feasible trial at a time (while any is left). A setting that would pass its
+        trial's time limit even at the model's optimistic pace is passed over."""
+        incumbent = (observed[int(np.argmax(np.where(feasible, y, -np.inf)))]
+                     if any(feasible) else None)  # fmt: skip
         done = sum(r.status is not Status.SKIPPED for r in records)
-        if self.plan.config.n_trials - done <= LOCAL_TRIALS and any(feasible):
-            incumbent = observed[int(np.argmax(np.where(feasible, y, -np.inf)))]
-            differ = (self.points.levels[untried] != self.points.levels[incumbent]).sum(axis=1)
-            near = [index for index, d in zip(untried, differ, strict=True) if d <= 1]
-            untried = near or untried
+        late = self.plan.config.n_trials - done <= LOCAL_TRIALS
+        untried = self.refinements(untried, incumbent, late)
+        if incumbent is not None and not late:
+            untried = self.around(untried, incumbent, observed, records)
+        untried = self.within_budget(untried, records)
         mean, sd = predict(self.points, observed, y, untried)
-        promise = np.exp(mean + UCB_BETA * sd) * self._fits(untried, records)
-        return [untried[i] for i in np.argsort(-promise, kind="stable")]
+        best = float(np.max(np.where(feasible, y, -np.inf))) if any(feasible) else float(y.max())
+        gain = expected_gain(mean, sd, best) * self._fits(untried, records)
+        params = [self.points.params[i] for i in untried]
+        seconds = np.array(
+            [cost.predict_s(p, s) for p, s in zip(params, np.exp(mean), strict=True)]
+        )
+        fastest = np.array([cost.predict_s(p, s) for p, s
+                            in zip(params, np.exp(mean + UCB_BETA * sd), strict=True)])  # fmt: skip
+        limits = np.array([self._limit_s(p) for p in params])
+        ranks = np.array([prior_rank(p, self.plan.device) for p in params])
+        advice = PRIOR_WEIGHT ** (ranks * PRIOR_BETA / len(observed))
+        score = advice * gain / np.maximum(seconds, 1e-3) ** self.cost_weight(done, records)
+        optimistic = np.exp(mean + UCB_BETA * sd)
+        order = np.lexsort((-optimistic, -score))
+        return [untried[i] for i in order if fastest[i] <= limits[i]]
+
+    def refinements(self, untried: list[int], incumbent: int | None, late: bool) -> list[int]:
+        """The settings the model may choose from now: before the last LOCAL_TRIALS trials,
+        none compiled or in fp8 (their compile and scaling cost most and pay off least often:
+        tried last, on the best eager settings); in them, those one knob from the fastest
+        feasible trial, a compile mode other than the default only once a compiled trial is
+        the fastest."""
+        points = self.points
+        if late and incumbent is not None:
+            differ = points.differ(untried, incumbent)
+            compiled = is_compiled(points.params[incumbent])
+            near = [
+                i
+                for i, d in zip(untried, differ, strict=True)
+                if d <= 1 and (compiled or _default_mode(points.params[i]))
+            ]
+            if near:
+                return near
+        plain = [i for i in untried if not _refinement(points.params[i])]
+        return plain or untried
+
+    def around(
+        self, untried: list[int], incumbent: int, observed: list[int], records: list[TrialRecord]
+    ) -> list[int]:
+        """The settings within a trust radius of the fastest feasible trial: one knob away,
+        widened by one knob for each `WIDEN_AFTER` trials that found nothing faster since it
+        ended (all of them where none is left within)."""
+        since = 0
+        for record in reversed(records):
+            if self.points.find(record.params) == incumbent:
+                break
+            since += record.status is not Status.SKIPPED
+        radius = 1 + since // WIDEN_AFTER
+        differ = self.points.differ(untried, incumbent)
+        near = [i for i, d in zip(untried, differ, strict=True) if d <= radius]
+        return near or untried
+
+    def within_budget(self, untried: list[int], records: list[TrialRecord]) -> list[int]:
+        """The settings whose estimate, calibrated on the measured peaks
+        (`estimate.calibrated_gib`), stays within the memory budget (all of them where none
+        does): the pre-trial check allows `estimate_margin` over it, for an estimate not yet
+        calibrated; an out-of-memory trial costs a trial's start-up for nothing."""
+        budget = self.plan.info.memory_budget_gib
+        peaks = [
+            Measured(params=r.params, estimate_gib=r.result.estimate_gib,
+                     peak_gib=r.result.peak_memory_gib)
+            for r in records
+            if r.status is Status.OK and r.result.estimate_gib and r.result.peak_memory_gib
+        ]  # fmt: skip
+        if not peaks:
+            return untried
+        within = [
+            i for i in untried
+            if self._raw_estimate(i) is None
+            or calibrated_gib(self.points.params[i], self._estimate(i), peaks) <= budget
+        ]  # fmt: skip
+        return within or untried
+
+    def cost_weight(self, done: int, records: list[TrialRecord]) -> float:
+        """How much a trial's predicted time weighs in the choice (cost-cooling, after Lee et
+        al. 2020): 1 at the start of the search, falling to 0 at its last trial, or at
+        `timeout=` when the trials' time so far is nearer to it."""
+        config = self.plan.config
+        spent = done / max(config.n_trials, 1)
+        if config.timeout:
+            spent = max(spent, sum(r.result.wall_s or 0.0 for r in records) / config.timeout)
+        return max(0.0, 1.0 - spent)
 
     def _fits(self, untried: list[int], records: list[TrialRecord]) -> np.ndarray:
         """The chance that each setting's peak stays within the budget: the same model, of log
@@ -241,6 +345,11 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         limit = np.log([budget / self._estimate(i) for i in untried])
         return normal_cdf((limit - mean) / sd)
 
+    def _feasible(self, record: TrialRecord) -> bool:
+        return record.status is Status.OK and record.result.feasible(
+            self.plan.info.memory_budget_gib
+        )
+
     def _index(self, record: TrialRecord) -> int:
         index = self.points.find(record.params)
         assert index is not None
@@ -252,6 +361,10 @@ class EffectsSampler(optuna.samplers.BaseSampler):
             self.estimates[index] = self.plan.estimate_gib(self.points.params[index])
         return self.estimates[index] or 1.0
 
+    def _raw_estimate(self, index: int) -> float | None:
+        self._estimate(index)
+        return self.estimates[index]
+
     def _runs(self, index: int, records: list[TrialRecord]) -> bool:
         """Whether the search loop would run this setting (no pre-trial check skips it)."""
         self._estimate(index)
@@ -259,148 +372,10 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         return checks.first_skip(params, records, self.pre_trial, estimate) is None
 
 
-def confidence(
-    plan: SearchPlan, records: list[TrialRecord], *, gain: float = 0.02, chance: float = 0.1
-) -> SearchConfidence | None:
-    """How many untried settings that would run could beat the fastest feasible trial by
-    `gain`, each with a chance of at least `chance` under the model fitted to every trial;
-    None before two trials in the space were measured within the budget."""
-    points = Points.of(plan, np.random.default_rng(0))
-    budget = plan.info.memory_budget_gib
-    measured = [
-        r for r in records
-        if r.status is Status.OK and r.result.samples_per_s
-        and points.find(r.params) is not None
-    ]  # fmt: skip
-    fastest = [r.result.samples_per_s for r in measured if r.result.feasible(budget)]
-    if len(measured) < 2 or not fastest:
-        return None
-    tried = {points.find(r.params) for r in records}
-    candidates = [i for i in range(len(points.keys)) if i not in tried]
-    sampled = len(points.keys) >= POINTS_LIMIT or len(candidates) > CONFIDENCE_SAMPLE
-    if len(candidates) > CONFIDENCE_SAMPLE:  # the checks take ~1 ms a setting
-        rng = np.random.default_rng(0)
-        candidates = sorted(int(i) for i in rng.choice(candidates, CONFIDENCE_SAMPLE, False))
-    pre_trial = checks.for_plan(plan)
-    untried = [
-        i for i in candidates
-        if checks.first_skip(points.params[i], records, pre_trial,
-                             plan.estimate_gib(points.params[i])) is None
-    ]  # fmt: skip
-    best = max(fastest)
-    if not untried:
-        could_beat, upper = 0, None
-    else:
-        observed = [points.find(r.params) for r in measured]
-        y = np.log([r.result.samples_per_s for r in measured])
-        mean, sd = predict(points, observed, y, untried)
-        beats = 1 - normal_cdf((math.log(best * (1 + gain)) - mean) / sd)
-        could_beat = int((beats >= chance).sum())
-        upper = float(np.exp(mean + 1.645 * sd).max())
-    return SearchConfidence(
-        trials=len(measured), best_samples_per_s=best, untried=len(untried),
-        could_beat=could_beat, upper_samples_per_s=upper, gain=gain, chance=chance,
-        sampled=sampled, records_seen=len(records),
-    )  # fmt: skip
+def _refinement(params: dict[str, Any]) -> bool:
+    """Compiled or fp8: tried last, as refinements of the best eager settings."""
+    return is_compiled(params) or params.get("precision") == "fp8"
 
 
-def predict(
-    points: Points, observed: list[int], y: np.ndarray, at: list[int]
-) -> tuple[np.ndarray, np.ndarray]:
-    """The model's mean and standard deviation at settings `at`, given the measurements `y`
-    of settings `observed` (a setting measured twice counts twice), under the kernel of
-    `KERNELS` that explains the measurements best (the highest marginal likelihood)."""
-    centre = float(y.mean())
-    k_oo = points.kernel(observed, observed)
-    k_ao = points.kernel(at, observed)
-    best = None
-    for kernel in KERNELS:
-        chol = np.linalg.cholesky(kernel.combine(k_oo) + kernel.noise * np.eye(len(y)))
-        alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y - centre))
-        fit = -0.5 * float((y - centre) @ alpha) - float(np.log(np.diag(chol)).sum())
-        if best is None or fit > best[0]:
-            best = (fit, kernel, chol, alpha)
-    _, kernel, chol, alpha = best
-    # A measurement the others contradict (far outside what the model predicts for it from the
-    # rest, leave-one-out) is most likely a disturbed run: its weight is taken away.
-    inverse = np.linalg.solve(chol.T, np.linalg.solve(chol, np.eye(len(y))))
-    surprise = np.abs(alpha) / np.sqrt(np.diag(inverse))
-    outliers = surprise > OUTLIER_Z
-    if outliers.any() and len(y) > 4:
-        noise = np.where(outliers, OUTLIER_NOISE, kernel.noise)
-        chol = np.linalg.cholesky(kernel.combine(k_oo) + np.diag(noise))
-        alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y - centre))
-    cross = kernel.combine(k_ao)
-    v = np.linalg.solve(chol, cross.T)
-    prior = kernel.combine(points.kernel_diagonal(at))
-    variance = np.maximum(prior - (v * v).sum(axis=0), 1e-12)
-    return centre + cross @ alpha, np.sqrt(variance)
-
-
-def normal_cdf(z: np.ndarray) -> np.ndarray:
-    return 0.5 * (1 + np.vectorize(math.erf)(np.asarray(z, dtype=float) / math.sqrt(2)))
-
-
-@dataclass(frozen=True)
-class Points:
-    """Every setting of the space (or a random sample of a huge one), encoded for the model."""
-
-    params: list[dict[str, Any]]
-    optuna: list[dict[str, Any]]
-    """Each setting's Optuna parameters (what `SearchSpace.sample` asks for)."""
-    keys: list[str]
-    index: dict[str, int | None]
-    """Settings key -> index; also of settings found by `find`."""
-    levels: np.ndarray
-    """settings x knobs: the index of each knob's value (an inactive knob has its own)."""
-    trends: np.ndarray
-    """settings x numeric knobs: standardised log2(1 + value)."""
-
-    @classmethod
-    def of(cls, plan: SearchPlan, rng: np.random.Generator) -> Points:
-        found = plan.space.points(plan.rules, limit=POINTS_LIMIT, rng=rng)
-        params = [p for p, _ in found]
-        names = sorted({k for p in params for k in p})
-        values = [sorted({repr(p.get(k)) for p in params}) for k in names]
-        levels = np.array(
-            [[values[j].index(repr(p.get(k))) for j, k in enumerate(names)] for p in params],
-            dtype=np.int32,
-        ).reshape(len(params), len(names))
-        numeric = [
-            k for k in names
-            if all(isinstance(p.get(k), int) and not isinstance(p.get(k), bool)
-                   and p[k] >= 0 for p in params)
-            and len({p[k] for p in params}) > 1
-        ]  # fmt: skip
-        trends = np.array([[math.log2(1 + p[k]) for k in numeric] for p in params]).reshape(
-            len(params), len(numeric)
-        )
-        if len(numeric):
-            trends = (trends - trends.mean(axis=0)) / trends.std(axis=0)
-        keys = [checks.settings_key(p) for p in params]
-        return cls(
-            params=params,
-            optuna=[o for _, o in found],
-            keys=keys,
-            index={key: i for i, key in enumerate(keys)},
-            levels=levels,
-            trends=trends,
-        )
-
-    def find(self, params: dict[str, Any]) -> int | None:
-        """The index of these settings; settings that leave out knobs the space fixes (a
-        baseline planned before them) match the setting that agrees on the rest."""
-        key = checks.settings_key(params)
-        if key not in self.index:
-            found = [i for i, p in enumerate(self.params) if params.items() <= p.items()]
-            self.index[key] = found[0] if len(found) == 1 else None
-        return self.index[key]
-
-    def kernel(self, a: list[int], b: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(knob values shared, product of the numeric knobs' trends) between `a` and `b`."""
-        shared = (self.levels[a][:, None, :] == self.levels[b][None, :, :]).sum(axis=2)
-        return shared, self.trends[a] @ self.trends[b].T, self.levels.shape[1] - shared
-
-    def kernel_diagonal(self, a: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        knobs = self.levels.shape[1]
-        return np.full(len(a), knobs), (self.trends[a] ** 2).sum(axis=1), np.zeros(len(a))
+def _default_mode(params: dict[str, Any]) -> bool:
+    return params.get("compile_mode", "default") == "default"

@@ -56,3 +56,45 @@ def test_a_search_on_a_simulated_h100_runs_every_stage_without_a_gpu_or_a_proces
     assert verified.status == "ok" and verified.steps == 200
     assert abs(verified.samples_per_s_ratio - 1) < 0.05
     assert verified.peak_memory_gib == confirmed.recommended.peak_memory_gib
+
+
+def test_on_a_simulated_h100_the_search_opens_with_the_baseline_then_the_experts_guess(tmp_path):
+    """`autotune search model=bert-large-uncased seq_len=512` with its defaults (the default
+    CUDA space, sampler=auto) on the H100's probe facts: the HF defaults, then what the guides
+    advise for the card (bf16 with TF32 matmuls, fused AdamW, SDPA, no checkpointing, no
+    compile, the largest batch the estimate fits in 85% of the budget), then the batch ladder;
+    none of the settings that failed there (checkpointing, eager attention, 8-bit optimizers,
+    max-autotune) among the first three; 7x the baseline within 10 simulated minutes."""
+    device = DeviceInfo.from_facts(json.loads(H100.read_text()))
+    executor = SimulatedExecutor(TwinAnswer("H100", seed=0))
+    config = make_config({"model": "bert-large-uncased", "seq_len": 512, "n_trials": 6,
+                          "confirm_rounds": 0, "out": str(tmp_path), "quiet": True})  # fmt: skip
+    result = api.run(config, executor=executor, device_info=device)
+
+    ran = [r for r in result.snapshot.records if r.status is not Status.SKIPPED]
+    assert ran[0].baseline and ran[0].params["precision"] == "fp32"
+    guess = ran[1].params
+    assert {k: guess[k] for k in ("precision", "optim", "attn_implementation",
+                                  "gradient_checkpointing", "torch_compile", "grad_accum")} == {
+        "precision": "bf16+tf32", "optim": "adamw_torch_fused", "attn_implementation": "sdpa",
+        "gradient_checkpointing": False, "torch_compile": "off", "grad_accum": 1,
+    }  # fmt: skip
+    budget = result.info.memory_budget_gib
+    assert ran[1].result.estimate_gib <= 0.85 * budget < ran[1].result.estimate_gib * 1.25
+    for record in ran[:3]:
+        params = record.params
+        assert not params.get("gradient_checkpointing"), params
+        assert params.get("attn_implementation") != "eager", params
+        assert "8bit" not in params.get("optim", ""), params
+        assert params.get("compile_mode") != "max-autotune", params
+    # The ladder: the guess's setting at another batch.
+    assert {k: v for k, v in ran[2].params.items() if k != "batch_size"} == {
+        k: v for k, v in guess.items() if k != "batch_size"
+    }
+    baseline = ran[0].result.samples_per_s
+    ended_s, best_by_10_min = 0.0, 0.0
+    for record in ran:
+        ended_s += record.result.wall_s
+        if ended_s <= 600 and record.result.samples_per_s:
+            best_by_10_min = max(best_by_10_min, record.result.samples_per_s)
+    assert best_by_10_min >= 7 * baseline

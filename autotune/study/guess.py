@@ -1,0 +1,195 @@
+"""The search's opening after the baseline: the expert's guess, then a batch ladder at it.
+
+**The guess** is what the HF single-GPU guide and the PyTorch/NVIDIA tuning guides advise for
+the device in hand, taken from the knob catalogue's priors (`Knob.prior`, per device kind,
+each with its source): on a CUDA GPU with bf16, bf16 with TF32 matmuls, fused AdamW,
+FlashAttention where installed (else SDPA), no checkpointing, no compile; at the largest batch
+whose estimate, corrected by the baseline's measured peak, fills at most `GUESS_FILL` of the
+memory budget. A knob without a prior keeps its HF default. Where no batch of that setting
+fits, the next most advised setting is taken (checkpointing first).
+
+**The ladder** then moves the guess's batch while it pays: up to at most twice the batch, and
+again while the last step up gained `LADDER_GAIN`; down by half where up lost or did not fit,
+and again while the last step down gained. It ends at the first step that gains less. Both
+are read from the study's records alone, so that every worker of a study agrees on them.
+
+A wrong prior costs one or two trials: after the ladder the effects model chooses
+(`study/effects.py`), and the guess is one measured point among the others.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from autotune.common.knobs import KNOBS, SAMPLE_ORDER, left_out
+from autotune.common.trial import Status
+from autotune.plan.estimate import Measured, calibrated_gib
+from autotune.store.records import TrialRecord
+from autotune.study.checks import settings_key
+
+if TYPE_CHECKING:
+    from autotune.plan.plan import SearchPlan
+    from autotune.study.points import Points
+
+GUESS_FILL = 0.85
+"""The share of the memory budget the guess's batch may fill by estimate: room for the
+estimate's error (7-8% low at large batches on the H100) and the allocator's fragmentation."""
+LADDER_GAIN = 0.05
+"""A step of the ladder that gains less than this (in samples/s) is its last."""
+LINES_LOOKED_AT = 500
+"""Settings lines (all but the batch) the guess looks through for one that fits, at most."""
+RELAX_LAST = ("precision", "attn_implementation", "torch_compile", "use_liger_kernel", "optim")
+"""The guess's knobs in the order they are given up last: where the most advised setting does
+not fit, the knobs after these (checkpointing last of all) change first."""
+BATCH_KNOBS = ("batch_size", "grad_accum")
+
+Runs = Callable[[int], bool]
+"""Whether the search loop would run the setting of this index (no pre-trial check skips it)."""
+
+
+def expert_guess(
+    points: Points, plan: SearchPlan, records: list[TrialRecord], runs: Runs
+) -> int | None:
+    """The index of the expert's guess among the space's settings; None where no setting of
+    the space runs. Calibrated on the baseline alone, so that it stays the same guess while
+    the study grows."""
+    free = _batch_knobs(plan)
+    kind = plan.device
+    order = [*RELAX_LAST, *(k for k in SAMPLE_ORDER if k not in RELAX_LAST
+                            and k not in free and k != "gradient_checkpointing"),
+             "gradient_checkpointing"]  # fmt: skip
+
+    def rank(params: dict[str, Any]) -> tuple[int, ...]:
+        return tuple(_rank(name, params.get(name), kind) for name in order)
+
+    ranked = sorted(range(len(points.params)), key=lambda i: rank(points.params[i]))
+    measured = _baseline_peaks(records)
+    limit = plan.info.memory_budget_gib * GUESS_FILL
+    lines = itertools.groupby(ranked, key=lambda i: _line_key(points.params[i], free))
+    for _, line in itertools.islice(lines, LINES_LOOKED_AT):
+        members = list(line)
+        fitting = []
+        for index in members:
+            params = points.params[index]
+            estimate = plan.estimate_gib(params)
+            if estimate is None:  # the user's Trainer: no estimate; start at the HF batch
+                fits = params.get("batch_size") == plan.baseline.get("batch_size")
+            else:
+                fits = calibrated_gib(params, estimate, measured) <= limit
+            if fits:
+                fitting.append(index)
+        # The largest batch, then the least accumulation.
+        fitting.sort(
+            key=lambda i: (-_batch(points.params[i]), points.params[i].get("grad_accum", 1))
+        )
+        for index in fitting:
+            if runs(index):
+                return index
+    return None
+
+
+def ladder_step(points: Points, guess: int, plan: SearchPlan, records: list[TrialRecord],
+                runs: Runs) -> int | None:  # fmt: skip
+    """The next rung of the batch ladder at the guess, or None when the ladder is over (or
+    the guess has not ended yet)."""
+    free = _batch_knobs(plan)
+    key = _line_key(points.params[guess], free)
+    line = {_batch(p): i for i, p in enumerate(points.params) if _line_key(p, free) == key}
+    budget = plan.info.memory_budget_gib
+    measured: dict[int, float | None] = {}
+    """batch -> samples/s; None where it failed (out of memory, timeout, ...)."""
+    for record in records:
+        if record.status is Status.SKIPPED:
+            continue
+        index = points.find(record.params)
+        if index is None or line.get(_batch(points.params[index])) != index:
+            continue
+        ok = record.status is Status.OK and record.result.feasible(budget)
+        measured[_batch(points.params[index])] = record.result.samples_per_s if ok else None
+    if _batch(points.params[guess]) not in measured:
+        return None
+    batches = sorted(line)
+    speeds = {b: s for b, s in measured.items() if s}
+
+    peaks = _peaks(records)
+
+    def first_running(candidates: list[int]) -> int | None:
+        """The first batch not measured that runs and fits the budget by its estimate
+        calibrated on the study's peaks."""
+        for b in candidates:
+            params = points.params[line[b]]
+            estimate = plan.estimate_gib(params)
+            fits = estimate is None or calibrated_gib(params, estimate, peaks) <= budget
+            if b not in measured and fits and runs(line[b]):
+                return line[b]
+        return None
+
+    if not speeds:  # the guess failed: halve below the smallest failed batch
+        return first_running([b for b in reversed(batches) if b <= min(measured) / 2])
+    best = max(speeds, key=speeds.__getitem__)
+    above = [b for b in measured if b > best]
+    below = [b for b in measured if b < best]
+
+    def gained(neighbour: int | None) -> bool:
+        """The step that reached the best gained enough over the neighbour it came from."""
+        return neighbour is None or speeds[best] >= (1 + LADDER_GAIN) * (
+            speeds.get(neighbour) or 0.0
+        )
+
+    up = None
+    if not above and gained(max(below, default=None)):
+        up = first_running([b for b in reversed(batches) if best < b <= 2 * best])
+        if up is not None:
+            return up
+    # Down where up ran slower, or where no larger batch fits: not where a larger batch ran
+    # out of memory (which says nothing of a smaller one's speed).
+    lost = [b for b in above if measured[b]]
+    if not below and (not above or lost) and gained(min(lost, default=None)):
+        return first_running([b for b in reversed(batches) if b <= best / 2])
+    return None
+
+
+def prior_rank(params: dict[str, Any], kind: str) -> int:
+    """How far a setting is from the guides' advice: the sum over the knobs with a prior of
+    how many more advised values each has (0: the advised setting, at any batch)."""
+    return sum(_rank(name, params.get(name), kind) for name in params if KNOBS[name].prior)
+
+
+def _rank(name: str, value: Any, kind: str) -> int:
+    """0 for the most advised value of a knob (or, without a prior, its HF default or no
+    value), higher for less advised ones."""
+    prior = KNOBS[name].prior.get(kind)
+    if prior:
+        return prior.index(value) if value in prior else len(prior)
+    return 0 if value is None or value == left_out(name) else 1
+
+
+def _batch_knobs(plan: SearchPlan) -> tuple[str, ...]:
+    """The knobs the ladder moves: the batch, and the accumulation when it follows the batch
+    (a fixed effective batch)."""
+    return BATCH_KNOBS if plan.rules.effective_batch_size else ("batch_size",)
+
+
+def _line_key(params: dict[str, Any], free: tuple[str, ...]) -> str:
+    return settings_key({k: v for k, v in params.items() if k not in free})
+
+
+def _batch(params: dict[str, Any]) -> int:
+    return int(params.get("batch_size", KNOBS["batch_size"].baseline))
+
+
+def _baseline_peaks(records: list[TrialRecord]) -> list[Measured]:
+    return _peaks([r for r in records if r.baseline])
+
+
+def _peaks(records: list[TrialRecord]) -> list[Measured]:
+    """The measured peaks, for `estimate.calibrated_gib`."""
+    return [
+        Measured(
+            params=r.params, estimate_gib=r.result.estimate_gib, peak_gib=r.result.peak_memory_gib
+        )
+        for r in records
+        if r.status is Status.OK and r.result.estimate_gib and r.result.peak_memory_gib
+    ]

@@ -1,0 +1,103 @@
+"""The search space's settings, enumerated once and encoded for the effects model
+(`study/effects.py`) and the search's opening (`study/guess.py`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autotune.common.knobs import left_out
+from autotune.plan.plan import SearchPlan
+from autotune.study import checks
+
+POINTS_LIMIT = 200_000
+"""Settings enumerated at most; a larger space is searched over a random sample of them."""
+
+
+@dataclass(frozen=True)
+class Points:
+    """Every setting of the space (or a random sample of a huge one), encoded for the model."""
+
+    params: list[dict[str, Any]]
+    optuna: list[dict[str, Any]]
+    """Each setting's Optuna parameters (what `SearchSpace.sample` asks for)."""
+    keys: list[str]
+    index: dict[str, int | None]
+    """Settings key -> index; also of settings found by `find`."""
+    names: list[str]
+    """The knobs, in the order of `levels`' columns."""
+    levels: np.ndarray
+    """settings x knobs: the index of each knob's value (an inactive knob has its own)."""
+    unset: np.ndarray
+    """knobs: the level of "inactive" of each knob; -1 where it is always active."""
+    trends: np.ndarray
+    """settings x numeric knobs: standardised log2(1 + value)."""
+
+    @classmethod
+    def of(cls, plan: SearchPlan, rng: np.random.Generator) -> Points:
+        found = plan.space.points(plan.rules, limit=POINTS_LIMIT, rng=rng)
+        params = [p for p, _ in found]
+        names = sorted({k for p in params for k in p})
+        values = [sorted({repr(p.get(k)) for p in params}) for k in names]
+        levels = np.array(
+            [[values[j].index(repr(p.get(k))) for j, k in enumerate(names)] for p in params],
+            dtype=np.int32,
+        ).reshape(len(params), len(names))
+        numeric = [
+            k for k in names
+            if all(isinstance(p.get(k), int) and not isinstance(p.get(k), bool)
+                   and p[k] >= 0 for p in params)
+            and len({p[k] for p in params}) > 1
+        ]  # fmt: skip
+        trends = np.array([[math.log2(1 + p[k]) for k in numeric] for p in params]).reshape(
+            len(params), len(numeric)
+        )
+        if len(numeric):
+            trends = (trends - trends.mean(axis=0)) / trends.std(axis=0)
+        keys = [checks.settings_key(p) for p in params]
+        return cls(
+            params=params,
+            optuna=[o for _, o in found],
+            keys=keys,
+            index={key: i for i, key in enumerate(keys)},
+            names=names,
+            levels=levels,
+            unset=np.array(
+                [v.index("None") if "None" in v else -1 for v in values], dtype=np.int32
+            ),
+            trends=trends,
+        )
+
+    def find(self, params: dict[str, Any]) -> int | None:
+        """The index of these settings. Settings that leave out knobs the space searches (a
+        baseline planned before them, which sets no compile) match the setting with each
+        left-out knob at what training then does (`knobs.left_out`: compile off), or else the
+        one setting that agrees on the rest."""
+        key = checks.settings_key(params)
+        if key not in self.index:
+            filled = {**{k: left_out(k) for k in self.names if k not in params
+                         and left_out(k) is not None}, **params}  # fmt: skip
+            found = self.index.get(checks.settings_key(filled))
+            if found is None:
+                agree = [i for i, p in enumerate(self.params) if params.items() <= p.items()]
+                found = agree[0] if len(agree) == 1 else None
+            self.index[key] = found
+        return self.index[key]
+
+    def differ(self, a: list[int], b: int) -> np.ndarray:
+        """How many knobs active in both differ between each setting of `a` and `b`."""
+        mine, theirs = self.levels[a], self.levels[b]
+        active = (mine != self.unset) & (theirs != self.unset)
+        return ((mine != theirs) & active).sum(axis=1)
+
+    def kernel(self, a: list[int], b: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(knob values shared, product of the numeric knobs' trends) between `a` and `b`."""
+        shared = (self.levels[a][:, None, :] == self.levels[b][None, :, :]).sum(axis=2)
+        return shared, self.trends[a] @ self.trends[b].T, self.levels.shape[1] - shared
+
+    def kernel_diagonal(self, a: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        knobs = self.levels.shape[1]
+        return np.full(len(a), knobs), (self.trends[a] ** 2).sum(axis=1), np.zeros(len(a))
