@@ -118,6 +118,7 @@ def test_the_search_opens_with_the_experts_guess_then_a_batch_ladder(plan):
 
 def test_a_wrong_prior_does_not_trap_the_search(plan):
     """Where the guides' advice is the slowest choice of every knob, the best is still found."""
+
     def contrary(params):
         effect = sum(-EFFECTS[k][v] for k, v in params.items() if k in EFFECTS)
         return 100 * math.exp(effect)
