@@ -84,6 +84,11 @@ class StudySnapshot:
             return None
         return record.result.samples_per_s / (devices * max(singles))
 
+    def anytime(self, share: float = 0.9) -> Anytime | None:
+        """The best feasible trial and when it was found, and when a trial first reached
+        `share` of it; None before a feasible trial ended."""
+        return anytime(self.records, self.info.memory_budget_gib, share)
+
     def math_changes(self, record: TrialRecord) -> list[MathChange]:
         """What in its settings changes the training itself compared with the baseline trial
         (another optimizer, effective batch or precision); none when no baseline ran."""
@@ -91,6 +96,49 @@ class StudySnapshot:
         if baseline is None:
             return []
         return math_changes(record.params, baseline.params, self.info.devices_per_trial or 1)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Anytime:
+    """A search judged on its clock: the best it found, and how soon. Times are trial time,
+    the wall times of the trials that ran, added up in the order they were asked for (with
+    several workers, more than the search's own time)."""
+
+    best: TrialRecord
+    best_s: float
+    """The trial time by the end of the best trial."""
+    near: TrialRecord
+    """The first trial within `share` of the best."""
+    near_s: float
+    share: float
+
+    def describe(self, baseline: float | None) -> str:
+        speed = self.best.result.samples_per_s
+        times = f" ({speed / baseline:.2f}x the baseline)" if baseline else ""
+        return (f"best {speed:.2f} samples/s{times} by trial {self.best.number}, "
+                f"{_minutes(self.best_s)} of trials into the search; {self.share:.0%} of it by "
+                f"trial {self.near.number}, {_minutes(self.near_s)}")  # fmt: skip
+
+
+def anytime(records: list[TrialRecord], budget_gib: float, share: float = 0.9) -> Anytime | None:
+    found: list[tuple[TrialRecord, float]] = []
+    spent = 0.0
+    for record in sorted(records, key=lambda r: r.number):
+        if record.status in (Status.SKIPPED, Status.INTERRUPTED):
+            continue
+        spent += record.result.wall_s or 0.0
+        if record.result.feasible(budget_gib) and record.result.samples_per_s:
+            found.append((record, spent))
+    if not found:
+        return None
+    best, best_s = max(found, key=lambda f: f[0].result.samples_per_s or 0.0)
+    goal = share * (best.result.samples_per_s or 0.0)
+    near, near_s = next(f for f in found if (f[0].result.samples_per_s or 0.0) >= goal)
+    return Anytime(best=best, best_s=best_s, near=near, near_s=near_s, share=share)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def trained_note(info: RunInfo, records: list[TrialRecord]) -> str | None:

@@ -353,6 +353,9 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
     if snapshot.confidence is not None:
         report.line(f"search confidence: {escape(snapshot.confidence.describe())}")
     report.line(f"baseline (HF defaults): {escape(picks.describe_baseline())}")
+    if (found := snapshot.anytime()) is not None:
+        baseline = picks.baseline.result.samples_per_s if picks.baseline is not None else None
+        report.line(f"found: {escape(found.describe(baseline))}")
     if picks.baseline is not None and picks.baseline.result.samples_per_s is None:
         report.line("[yellow]the HF defaults did not run here, so there is no speedup figure[/]")
     if picks.recommended is None:

@@ -13,10 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.common.knobs import at_least_as_hungry, conflict
+from autotune.common.knobs import at_least_as_hungry, conflict, is_compiled
 from autotune.common.trial import OUT_OF_MEMORY, Status
 from autotune.plan.estimate import Measured, calibrated_gib
 from autotune.store.records import TrialRecord
+from autotune.study.cost import TrialCost
 
 if TYPE_CHECKING:
     from autotune.plan.plan import SearchPlan
@@ -90,6 +91,41 @@ def over_budget_by_estimate(
     return check
 
 
+def over_time_by_pace(
+    trial_timeout_s: float, compile_timeout_s: float, steps: int,
+    rate: Callable[[str], float | None],
+) -> Check:  # fmt: skip
+    """A check that skips settings sure to pass their trial's time limit: their warm-up and
+    timed steps at the fastest pace any trial measured, scaled by the precision's peak rate
+    over that trial's (`rate`: TFLOP/s by precision; 1:1 where unknown), plus the start-up
+    (and compile) the finished trials took (`study/cost.py`)."""
+
+    def check(
+        params: dict[str, Any], records: list[TrialRecord], estimate_gib: float | None
+    ) -> Skip | None:
+        measured = [r for r in records if r.status is Status.OK and r.result.samples_per_s]
+        if not measured:
+            return None
+        mine = rate(str(params.get("precision", "fp32")))
+
+        def pace(record: TrialRecord) -> float:
+            theirs = rate(str(record.params.get("precision", "fp32")))
+            scale = mine / theirs if mine and theirs else 1.0
+            return (record.result.samples_per_s or 0.0) * max(scale, 1.0)
+
+        fastest = max(measured, key=pace)
+        limit = trial_timeout_s + (compile_timeout_s if is_compiled(params) else 0.0)
+        predicted = TrialCost.fit(records, steps).predict_s(params, pace(fastest))
+        if predicted <= limit:
+            return None
+        return Skip(reason=f"would take at least {predicted:.0f} s, over its {limit:.0f} s "
+                           f"limit (trial_timeout): its {steps} steps at the fastest pace "
+                           f"measured ({pace(fastest):.2f} samples/s, from trial "
+                           f"{fastest.number}) and the trials' start-up")  # fmt: skip
+
+    return check
+
+
 def cannot_run_together(
     params: dict[str, Any], records: list[TrialRecord], estimate_gib: float | None = None
 ) -> Skip | None:
@@ -103,10 +139,15 @@ PRE_TRIAL_CHECKS: tuple[Check, ...] = (already_measured, cannot_run_together, as
 
 def for_plan(plan: SearchPlan) -> tuple[Check, ...]:
     """The checks a search of this plan runs before each trial."""
+    config = plan.config
+    by_time = over_time_by_pace(
+        config.trial_timeout, config.compile_timeout, config.warmup_steps + config.measure_steps,
+        lambda precision: plan.device_info.compute_tflops(plan.device, precision),
+    )  # fmt: skip
     if plan.estimate_limit_gib is None:
-        return PRE_TRIAL_CHECKS
+        return (*PRE_TRIAL_CHECKS, by_time)
     by_estimate = over_budget_by_estimate(plan.estimate_limit_gib, plan.estimate_limit_source)
-    return (*PRE_TRIAL_CHECKS, by_estimate)
+    return (*PRE_TRIAL_CHECKS, by_estimate, by_time)
 
 
 def first_skip(

@@ -196,6 +196,9 @@ def _summary(snapshot: StudySnapshot) -> dict[str, str]:
     summary["baseline (HF defaults)"] = picks.describe_baseline()
     if picks.baseline is not None and (caveat := picks.noise_caveat(picks.baseline)):
         summary["baseline (HF defaults)"] += f"; {caveat}"
+    if (found := snapshot.anytime()) is not None:
+        baseline = picks.baseline.result.samples_per_s if picks.baseline is not None else None
+        summary["found"] = found.describe(baseline)
     if picks.recommended is None or picks.saver is None:
         below = f"no successful trial peaks below {format_gib(info.memory_limit_gib)}"
         if ended is not None and ended.how is Ending.INTERRUPTED:  # its exit code: the signal's

@@ -177,3 +177,25 @@ def test_what_the_factory_trains_is_said_when_it_is_not_what_the_study_is_named_
     assert trained_note(info, [trained("gpt2", 64, Status.OOM)]) is None  # nothing trained
     ours = make_plan(load_config(settings[:3]), CPU)
     assert ours.estimate_gib(ours.baseline) is not None
+
+
+def test_the_best_found_and_how_soon_on_the_trials_clock():
+    from autotune.outputs.snapshot import anytime
+
+    def ran(number, speed, wall_s, status=Status.OK, peak=4.0):
+        return TrialRecord(number=number, params={"batch_size": 8 * (number + 1)},
+                           result=TrialResult(status=status, samples_per_s=speed,
+                                              peak_memory_gib=peak, wall_s=wall_s))  # fmt: skip
+
+    records = [ran(0, 39.4, 22.0), ran(1, 300.0, 25.0), ran(2, None, 20.0, Status.OOM),
+               ran(3, 500.0, 30.0, peak=90.0),  # past the budget: found nothing
+               TrialRecord(number=4, params={}, result=TrialResult(status=Status.SKIPPED)),
+               ran(5, 320.0, 26.0)]  # fmt: skip
+    found = anytime(records, budget_gib=80.0)
+    assert (found.best.number, found.best_s) == (5, 22.0 + 25.0 + 20.0 + 30.0 + 26.0)
+    assert (found.near.number, found.near_s) == (1, 47.0)  # 300 >= 0.9 x 320
+    assert found.describe(39.4) == (
+        "best 320.00 samples/s (8.12x the baseline) by trial 5, 2.0 min of trials into the "
+        "search; 90% of it by trial 1, 47 s"
+    )
+    assert anytime(records[2:3], budget_gib=80.0) is None

@@ -7,6 +7,7 @@ from autotune.study.checks import (
     as_hungry_as_an_oom,
     cannot_run_together,
     over_budget_by_estimate,
+    over_time_by_pace,
 )
 from tests.unit.stand_ins import OOM
 
@@ -71,3 +72,29 @@ def test_ddp_static_graph_with_accumulation_is_skipped_naming_the_pytorch_bug():
     assert skip is not None and "pytorch/pytorch#143580" in skip.reason
     assert cannot_run_together({**params, "grad_accum": 1}, []) is None
     assert cannot_run_together({**params, "ddp_static_graph": False}, []) is None
+
+
+def measured(number, params, samples_per_s, wall_s):
+    return TrialRecord(number=number, params=params, result=TrialResult(
+        status=Status.OK, samples_per_s=samples_per_s, wall_s=wall_s))  # fmt: skip
+
+
+def test_a_proposal_sure_to_pass_its_time_limit_is_skipped_with_the_pace_it_was_judged_at():
+    """The H100's baseline: batch 8 fp32 at 39.4 samples/s in 22.0 s of 13 steps (19.4 s of
+    start-up). fp32 at batch 2048 would need 13 x 2048 / 39.4 = 676 s of steps; bf16 at the
+    same batch may run at up to 989/67 of fp32's pace (the datasheet peaks): it runs."""
+    rates = {"fp32": 67.0, "bf16": 989.0}
+    check = over_time_by_pace(600.0, 600.0, 13, rates.get)
+    baseline = measured(0, {"batch_size": 8, "precision": "fp32"}, 39.4, 22.0)
+    big = {"batch_size": 2048, "precision": "fp32"}
+    skip = check(big, [baseline], None)
+    assert skip.reason == (
+        "would take at least 695 s, over its 600 s limit (trial_timeout): its 13 steps at the "
+        "fastest pace measured (39.40 samples/s, from trial 0) and the trials' start-up"
+    )
+    assert skip.repeat_of is None
+    assert check({**big, "precision": "bf16"}, [baseline], None) is None
+    assert check({**big, "batch_size": 1024}, [baseline], None) is None  # 357 s: it may run
+    assert check(big, [], None) is None, "no pace measured yet"
+    compiled = {**big, "torch_compile": "inductor", "compile_mode": "default"}
+    assert check(compiled, [baseline], None) is None, "compiling adds its own allowance"
