@@ -27,7 +27,7 @@ import optuna
 import yaml
 
 from autotune.common.device import DeviceInfo, cpu_reserve_bytes
-from autotune.common.trial import Status, TrialResult, TrialSpec, feasible
+from autotune.common.trial import Status, TrialResult, TrialSpec, feasible, stopped_reason
 from autotune.common.units import GIB
 from autotune.execute.simulated import SimulatedExecutor
 from autotune.plan import software_cache
@@ -112,11 +112,22 @@ class LandscapeAnswers:
     def __call__(self, spec: TrialSpec) -> TrialResult:
         point = self.landscape.answer(spec.params)
         self.answered.append(point)
+        figures = {k: point.get(k) for k in FIGURES if k != "estimate_gib"}
+        below, speed = spec.stop_below_samples_per_s, point.get("samples_per_s")
+        step_ms = point.get("step_time_median_ms")
+        stops = below and speed and step_ms and figures["wall_s"] is not None and speed < below
+        if point["status"] == Status.OK.value and stops:
+            # Stopped early: its timed steps after the stop are not run (the landscape keeps
+            # one pace a point: every step at it).
+            figures["wall_s"] -= (spec.measure_steps - spec.stop_after_steps) * step_ms / 1e3
+            return TrialResult(status=Status.STOPPED, measured_steps=spec.stop_after_steps,
+                               reason=stopped_reason(spec.stop_after_steps, speed, below),
+                               **figures)  # fmt: skip
         return TrialResult(
             status=Status(point["status"]),
             reason=point.get("reason", ""),
             measured_steps=1 if point["status"] == Status.OK.value else 0,
-            **{k: point.get(k) for k in FIGURES if k != "estimate_gib"},
+            **figures,
         )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from autotune.common import flops
+from autotune.common.trial import stopped_reason
 
 
 class StageClock:
@@ -206,6 +207,8 @@ class StepTimer(TrainerCallback):
         warmup_steps: int,
         synchronize: Callable[[], None] = lambda: None,
         counter: BatchCounter | None = None,
+        stop_below: float | None = None,
+        stop_after: int = 3,
     ):
         if warmup_steps < 1:
             raise ValueError("warmup_steps must be >= 1: the first step's end opens the window")
@@ -215,6 +218,11 @@ class StepTimer(TrainerCallback):
         self.train_begin_s: float | None = None
         self.step_end_s: list[float] = []
         self.step_end_counts: list[Counts] = []
+        self.stop_below = stop_below
+        """samples/s: after `stop_after` timed steps, training stops when even the fastest of
+        them was slower (`stopped` then says why); None: never."""
+        self.stop_after = stop_after
+        self.stopped: str | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.synchronize()
@@ -224,6 +232,14 @@ class StepTimer(TrainerCallback):
         self.synchronize()
         self.step_end_s.append(time.perf_counter())
         self.step_end_counts.append(self.counter.counts)
+        times = self.measured_step_times_s()
+        if self.stop_below is None or len(times) != self.stop_after or not times:
+            return
+        # The fastest a step went: an upper bound of the pace (each step trains as much).
+        fastest = self.measured_counts().samples / len(times) / min(times)
+        if fastest < self.stop_below:
+            control.should_training_stop = True
+            self.stopped = stopped_reason(len(times), fastest, self.stop_below)
 
     def measured_step_times_s(self) -> list[float]:
         ends = self.step_end_s[self.warmup_steps - 1 :]

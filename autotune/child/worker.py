@@ -75,7 +75,10 @@ def train_trial(
             sync = rank_training.barrier_sync(on_cuda)
         else:
             sync = torch.cuda.synchronize if on_cuda else _no_sync
-        timer = measure.StepTimer(spec.warmup_steps, sync)
+        # Stopping a loser early is for one process: ranks would each decide on their own.
+        stop_below = spec.stop_below_samples_per_s if rank is None else None
+        timer = measure.StepTimer(spec.warmup_steps, sync, stop_below=stop_below,
+                                  stop_after=spec.stop_after_steps)  # fmt: skip
         reporter = ProgressReporter(
             progress_path,
             timer,
@@ -430,7 +433,8 @@ def _result(
     """The verdict, and for an `ok` trial throughput, compile time and MFU; `counts` are every
     rank's batches on several devices."""
     step_times_s = timer.measured_step_times_s()
-    status, reason = verdict(len(step_times_s), spec.measure_steps, loss)
+    planned = len(step_times_s) if timer.stopped else spec.measure_steps
+    status, reason = verdict(len(step_times_s), planned, loss)
     if status is not Status.OK:
         return TrialResult(
             status=status, reason=reason, measured_steps=len(step_times_s), **measured
@@ -452,7 +456,8 @@ def _result(
     # Every trial's MFU against one peak, the device's 16-bit one, whatever its precision.
     peak = spec.peak_tflops or tensor_peak_tflops(measured["device_name"])
     return TrialResult(
-        status=Status.OK,
+        status=Status.STOPPED if timer.stopped else Status.OK,
+        reason=timer.stopped or "",
         **measured,
         **dataclasses.asdict(stats),
         compile_s=compile_s,

@@ -29,11 +29,20 @@ class Status(enum.StrEnum):
     ERROR = "error"  # an exception in the worker
     INVALID_CONFIG = "invalid_config"  # the settings were refused before training
     SKIPPED = "skipped"
+    STOPPED = "stopped"  # stopped early, clearly slower than the fastest trial so far: measured
     INTERRUPTED = "interrupted"  # the search stopped while it ran: no result (parent side only)
 
 
 OUT_OF_MEMORY = frozenset({Status.OOM, Status.HOST_OOM})
 MEMORY_STATUSES = OUT_OF_MEMORY | {Status.SKIPPED}
+
+
+def stopped_reason(steps: int, fastest: float, below: float) -> str:
+    """Why a trial stopped early (`TrialSpec.stop_below_samples_per_s`)."""
+    return (f"stopped after {steps} timed steps: at most {fastest:.2f} samples/s, under the "
+            f"{below:.2f} of the early stop (half the fastest trial's so far)")  # fmt: skip
+
+
 """No throughput, and too big for the budget: told to the sampler as infeasible."""
 
 
@@ -69,6 +78,11 @@ class TrialSpec:
     devices: int = 1
     """Ranks the trial trains on (`devices_per_trial`), sharing it as `params["strategy"]`
     says; on CPU each is a process with its share of the worker's cores."""
+    stop_below_samples_per_s: float | None = None
+    """After `stop_after_steps` timed steps, the trial stops (`stopped`, with what it
+    measured) when even its fastest step's pace is below this: clearly slower than the
+    fastest trial so far. None: it runs to its end."""
+    stop_after_steps: int = 3
     schema_version: int = SCHEMA_VERSION
 
 

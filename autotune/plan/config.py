@@ -225,9 +225,17 @@ class RunConfig(_ModelSettings):
     )
     sampler: Sampler = Field(
         "auto",
-        description="how trials are chosen; auto = effects: a designed start, then a model "
-        "of each knob's effect fitted to the trials (the best on every recorded landscape, "
-        "benchmarks/replay.py); tpe (multivariate), gp, nsga2, random and grid are Optuna's",
+        description="how trials are chosen; auto = effects: the baseline, the guides' "
+        "advice for the device at the largest batch that fits and a batch ladder, then a model "
+        "of each knob's effect weighing each trial's gain by its predicted time, compiling "
+        "last (benchmarks/replay.py); tpe (multivariate), gp, nsga2, random and grid are "
+        "Optuna's",
+    )
+    early_stop: bool = Field(
+        True,
+        description="stop a trial after 3 timed steps when even its fastest step is under "
+        "half the fastest trial's pace so far; recorded as stopped with what it measured, "
+        "never recommended (one process a trial only)",
     )
     noise_cv: float = Field(
         0.1, gt=0, description="flag a trial as noisy when its step-time CV is above this"

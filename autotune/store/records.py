@@ -179,7 +179,7 @@ def _tell_outcome(
     """Out-of-memory is information, so OOM and skipped trials are COMPLETE but infeasible
     (samplers ignore FAIL trials and would keep proposing the region); failures that say
     nothing about memory are FAIL."""
-    if result.status is Status.OK:
+    if result.status in (Status.OK, Status.STOPPED):  # a stopped trial: measured, slower
         trial.set_constraint(CONSTRAINT, result.peak_memory_gib - budget_gib)
         study.tell(trial, [result.samples_per_s, result.peak_memory_gib])
     elif result.status in MEMORY_STATUSES:

@@ -62,6 +62,8 @@ wrong advice costs a few trials, not the search."""
 WIDEN_AFTER = 3
 """Trials without a faster one after which the model looks one knob further from the fastest
 (its trust radius)."""
+MEASURED = frozenset({Status.OK, Status.STOPPED})
+"""Trials whose samples/s the model learns from as measured (a stopped one: over fewer steps)."""
 OOM_OVER = 1.25
 """An out-of-memory trial's peak, as a multiple of the budget, for the memory model: at least
 the budget (how far past is unknown)."""
@@ -190,7 +192,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
             index = self.points.find(record.params)
             if index is None:
                 continue
-            if record.status is Status.OK and record.result.samples_per_s:
+            if record.status in MEASURED and record.result.samples_per_s:
                 observed.append(index)
                 speeds.append(record.result.samples_per_s)
                 feasible.append(self._feasible(record))

@@ -106,7 +106,7 @@ def ladder_step(points: Points, guess: int, plan: SearchPlan, records: list[Tria
         index = points.find(record.params)
         if index is None or line.get(_batch(points.params[index])) != index:
             continue
-        ok = record.status is Status.OK and record.result.feasible(budget)
+        ok = record.result.feasible(budget) or record.status is Status.STOPPED  # a slower rung
         measured[_batch(points.params[index])] = record.result.samples_per_s if ok else None
     if _batch(points.params[guess]) not in measured:
         return None

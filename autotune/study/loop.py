@@ -52,6 +52,9 @@ RUNNING_BACKOFF_S = 0.5
 WAIT_FOR_OTHERS_S = 1.0
 """Pause between looks at the study while its last trials run in other processes."""
 TIMED_OUT = "timeout: "
+STOP_SHARE = 0.5
+"""A trial whose fastest timed step is under this share of the fastest trial's pace so far is
+stopped early (`early_stop=`)."""
 """How `run_search` says that `timeout=` ended it (also in `workers`' joined words)."""
 
 
@@ -218,7 +221,7 @@ class _Loop:
         if skip is not None:
             result = TrialResult(status=Status.SKIPPED, reason=skip.reason)
         else:
-            result = self.run(trial, params)
+            result = self.run(trial, params, records)
         self.tell(trial, params, dataclasses.replace(result, estimate_gib=estimate_gib))
         return None
 
@@ -253,11 +256,16 @@ class _Loop:
 
     # --- run and tell ------------------------------------------------------------------------
 
-    def run(self, trial: optuna.Trial, params: dict[str, Any]) -> TrialResult:
+    def run(
+        self, trial: optuna.Trial, params: dict[str, Any], records: list[TrialRecord]
+    ) -> TrialResult:
         self.observer.trial_started(trial.number, params)
         try:
             progress = _watching(self.observer, trial.number, self.watch)
-            return launch(self.plan, trial.number, params, self.executor, on_progress=progress)
+            baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
+            stop_below = None if baseline else stop_threshold(self.plan, records)
+            return launch(self.plan, trial.number, params, self.executor, on_progress=progress,
+                          stop_below=stop_below)  # fmt: skip
         except BaseException as exc:
             # Ctrl-C or a bug in the parent: the trial ends FAIL without a result, which is
             # how a later run of the study recognises it as interrupted (its executor has
@@ -359,6 +367,18 @@ def _watching(
     return on_progress
 
 
+def stop_threshold(plan: SearchPlan, records: list[TrialRecord]) -> float | None:
+    """The pace under which a trial stops early (`early_stop=`): STOP_SHARE of the fastest
+    feasible trial so far; None when it is off, before such a trial, or on several devices a
+    trial."""
+    devices = plan.config.devices_per_trial
+    if not plan.config.early_stop or (isinstance(devices, int) and devices > 1):
+        return None
+    budget = plan.info.memory_budget_gib
+    fastest = [r.result.samples_per_s for r in records if r.result.feasible(budget)]
+    return STOP_SHARE * max(fastest) if fastest else None
+
+
 def launch(
     plan: SearchPlan,
     number: int,
@@ -366,8 +386,10 @@ def launch(
     executor: TrialExecutor,
     on_progress: Callable[[Progress], None],
     folder: Path | None = None,
+    stop_below: float | None = None,
 ) -> TrialResult:
-    """Run one trial of the plan's study, its files in `folder` (default: `trials/NNNN/`)."""
+    """Run one trial of the plan's study, its files in `folder` (default: `trials/NNNN/`);
+    it stops early under `stop_below` samples/s (`TrialSpec.stop_below_samples_per_s`)."""
     config = plan.config
     spec = TrialSpec(
         trial_number=number,
@@ -387,6 +409,7 @@ def launch(
         trainer=plan.info.trainer_factory,
         trainer_dir=str(plan.search_dir),
         devices=config.devices_per_trial,
+        stop_below_samples_per_s=stop_below,
     )
     submission = Submission(
         spec=spec,

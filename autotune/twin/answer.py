@@ -15,7 +15,7 @@ import statistics
 
 from autotune.common.device import DeviceInfo, tensor_peak_tflops
 from autotune.common.knobs import FSDP, ZERO_STAGES
-from autotune.common.trial import Status, TrialResult, TrialSpec
+from autotune.common.trial import Status, TrialResult, TrialSpec, stopped_reason
 from autotune.common.units import GIB
 from autotune.plan.estimate import CUDA_CONTEXT_BYTES, flops_per_sample, shape_of
 from autotune.twin import model
@@ -63,17 +63,39 @@ class TwinAnswer:
         mfu = None if peak_tflops is None else (
             flops * samples_per_s / spec.devices / (peak_tflops * 1e12))  # fmt: skip
         allocated = p.peak_gib / model.model_constant("reserved_over_estimate")
+        stopped = stopped_early(spec, steps_ms, samples)
+        timed_s = p.timed_s
+        if stopped is not None:  # the timed steps after the stop are not run
+            steps_ms = steps_ms[: spec.stop_after_steps]
+            median_ms = statistics.median(steps_ms)
+            cv = statistics.pstdev(steps_ms) / statistics.mean(steps_ms)
+            samples_per_s = samples * spec.devices / (median_ms / 1e3)
+            timed_s = sum(steps_ms) / 1e3
+            parts["wall_s"] = p.wall_s - p.timed_s + timed_s
         return TrialResult(
-            status=Status.OK, samples_per_s=samples_per_s,
+            status=Status.STOPPED if stopped else Status.OK, reason=stopped or "",
+            samples_per_s=samples_per_s,
             tokens_per_s=samples_per_s * spec.seq_len, padding_share=0.0,
             step_time_median_ms=median_ms, step_time_cv=cv, compile_s=p.compile_s or None,
             mfu=mfu, mfu_peak_tflops=peak_tflops, flops_per_sample=flops,
-            measured_steps=spec.measure_steps, step_times_ms=steps_ms,
+            measured_steps=len(steps_ms), step_times_ms=steps_ms,
             peak_memory_gib=p.peak_gib, peak_allocated_gib=allocated, alloc_retries=0,
             nvml_used_gib=p.peak_gib + CUDA_CONTEXT_BYTES / GIB,
-            train_s=p.compile_s + p.warmup_s + p.timed_s, trained_seq_len=spec.seq_len,
+            train_s=p.compile_s + p.warmup_s + timed_s, trained_seq_len=spec.seq_len,
             n_params=shape_of(spec.model_config).parameters, **parts,
         )  # fmt: skip
+
+
+def stopped_early(spec: TrialSpec, steps_ms: list[float], samples: int) -> str | None:
+    """Why a trial of these timed steps stops early, as the worker's `StepTimer` decides it:
+    after `stop_after_steps`, when even the fastest was under the spec's pace; else None."""
+    first = steps_ms[: spec.stop_after_steps]
+    if spec.stop_below_samples_per_s is None or len(steps_ms) <= spec.stop_after_steps:
+        return None
+    fastest = samples * spec.devices / (min(first) / 1e3)
+    if fastest >= spec.stop_below_samples_per_s:
+        return None
+    return stopped_reason(len(first), fastest, spec.stop_below_samples_per_s)
 
 
 def device_info(gpu: model.Gpu | str, software: DeviceInfo, count: int = 1) -> DeviceInfo:

@@ -207,6 +207,23 @@ def tiny_spec(number: int) -> TrialSpec:
     )  # fmt: skip
 
 
+def test_a_trial_clearly_slower_than_the_best_so_far_stops_early_with_what_it_measured(tmp_path):
+    """A pace no CPU reaches: the trial stops after its first 2 of 6 timed steps, and its
+    result says what those measured (the search's model counts it as a slower point)."""
+    spec = dataclasses.replace(tiny_spec(0), measure_steps=6, stop_below_samples_per_s=1e9,
+                               stop_after_steps=2)  # fmt: skip
+    launcher = ForkserverLauncher()
+    result = launch_trial(spec, tmp_path / "0", timeout_s=300, launcher=launcher)
+    assert result.status is Status.STOPPED, result.reason
+    assert result.measured_steps == len(result.step_times_ms) == 2
+    assert result.samples_per_s > 0 and result.peak_memory_gib is not None
+    assert result.reason.startswith("stopped after 2 timed steps: at most ")
+    assert not result.feasible(budget_gib=100.0), "never recommended"
+    unstopped = launch_trial(dataclasses.replace(spec, stop_below_samples_per_s=1e-3),
+                             tmp_path / "1", timeout_s=300, launcher=launcher)  # fmt: skip
+    assert unstopped.status is Status.OK and unstopped.measured_steps == 6
+
+
 SERVER_MODULES = """
 import sys
 from pathlib import Path

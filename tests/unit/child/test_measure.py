@@ -184,3 +184,30 @@ def test_the_longest_batch_stands_in_for_one_steps_batches_once_in_the_run():
     replaced = measure._LongestBatches(loader, size=2, start=1, count=1)
     lengths = [[len(row["input_ids"]) for row in batch] for _ in range(2) for batch in replaced]
     assert lengths == [[2, 5], [5, 4], [2, 5], [3, 4]]
+
+
+class Control:
+    should_training_stop = False
+
+
+@pytest.mark.parametrize(("below", "stops"), [(40.0, True), (30.0, False)])
+def test_a_trial_stops_after_its_first_timed_steps_when_even_the_fastest_is_too_slow(
+    monkeypatch, below, stops
+):
+    """8 samples a step; timed steps of 0.5, 0.25 and 0.4 s: at most 32 samples/s."""
+    clock = iter([0.0, 1.0, 1.5, 1.75, 2.15, 2.65, 3.15])
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(clock))
+    counter = measure.BatchCounter()
+    timer = measure.StepTimer(warmup_steps=1, counter=counter, stop_below=below, stop_after=3)
+    control = Control()
+    timer.on_train_begin(None, None, control)
+    for _ in range(4):  # warm-up, then three timed steps
+        counter.count({"input_ids": torch.ones(8, 4, dtype=torch.long)})
+        timer.on_step_end(None, None, control)
+    assert control.should_training_stop is stops
+    assert (timer.stopped is not None) is stops
+    if stops:
+        assert timer.stopped == (
+            "stopped after 3 timed steps: at most 32.00 samples/s, under the 40.00 of the "
+            "early stop (half the fastest trial's so far)"
+        )

@@ -159,6 +159,8 @@ class Timed:
         return measure.Counts(samples=16, tokens=16 * 512, padded_tokens=16 * 512,
                               squared_lengths=16 * 512**2)  # fmt: skip
 
+    stopped = None
+
 
 # bert-large's shape: only `model.config` and the matmul parameters (patched below) are read.
 BERT_LARGE = types.SimpleNamespace(

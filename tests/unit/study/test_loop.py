@@ -80,3 +80,32 @@ def not_to_run(study, trial, params, n_trials):
     from autotune.study.loop import _not_to_run
 
     return _not_to_run(trial, params, n_trials, study.get_trials(deepcopy=False))
+
+
+def test_a_trial_stops_early_under_half_the_fastest_feasible_trials_pace(tmp_path):
+    import dataclasses
+
+    from autotune.common.device import DeviceInfo
+    from autotune.common.trial import Status, TrialResult
+    from autotune.plan.config import load_config
+    from autotune.plan.plan import make_plan
+    from autotune.store.records import TrialRecord
+    from autotune.study.loop import stop_threshold
+    from tests.conftest import TINY_MODEL
+
+    cpu = DeviceInfo(cuda_available=False, name="cpu", total_memory_bytes=2**34,
+                     free_memory_bytes=2**34, cpu_name="cpu",
+                     host_available_memory_bytes=2**34)  # fmt: skip
+    plan = make_plan(load_config([f"model={TINY_MODEL}", f"out={tmp_path}",
+                                  "memory_budget=8GiB"]), cpu)  # fmt: skip
+
+    def ran(number, speed, peak, status=Status.OK):
+        return TrialRecord(number=number, params={}, result=TrialResult(
+            status=status, samples_per_s=speed, peak_memory_gib=peak))  # fmt: skip
+
+    assert stop_threshold(plan, []) is None, "nothing to compare with yet"
+    records = [ran(0, 40.0, 1.0), ran(1, 300.0, 9.0),  # past the 8 GiB budget: not counted
+               ran(2, 100.0, 2.0), ran(3, 30.0, 1.0, Status.STOPPED)]  # fmt: skip
+    assert stop_threshold(plan, records) == 50.0
+    off = dataclasses.replace(plan, config=plan.config.model_copy(update={"early_stop": False}))
+    assert stop_threshold(off, records) is None

@@ -1,6 +1,7 @@
 """The GPU twin's performance model: calibrated on every GPU figure the repository holds, and
 moving the way the hardware does where no figure pins it."""
 
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -98,6 +99,23 @@ def test_the_answer_is_a_gpu_trial_s_result_with_its_noise_and_the_same_on_a_rer
     assert first.wall_s == pytest.approx(first.overhead_s + first.build_s + first.train_s)
     assert 0.2 < first.mfu < 0.5  # of the 16-bit peak
     json.dumps(first.to_dict())  # a result the study can store
+
+
+def test_a_twin_trial_under_the_early_stop_pace_stops_and_costs_less():
+    spec = TrialSpec(trial_number=3, model_name="bert-large-uncased", model_config=BERT, task=TASK,
+                     seq_len=512, device="cuda", params={"precision": "fp32", "batch_size": 8},
+                     warmup_steps=3, measure_steps=10, seed=0)  # fmt: skip
+    full = TwinAnswer("H100", seed=1)(spec)
+    stopped = TwinAnswer("H100", seed=1)(dataclasses.replace(
+        spec, stop_below_samples_per_s=2 * full.samples_per_s))  # fmt: skip
+    assert full.status is Status.OK and stopped.status is Status.STOPPED
+    assert stopped.measured_steps == len(stopped.step_times_ms) == 3
+    assert stopped.step_times_ms == full.step_times_ms[:3]
+    assert stopped.wall_s < full.wall_s - 6 * min(full.step_times_ms) / 1e3
+    assert stopped.wall_s == pytest.approx(stopped.overhead_s + stopped.build_s + stopped.train_s)
+    kept = TwinAnswer("H100", seed=1)(dataclasses.replace(
+        spec, stop_below_samples_per_s=full.samples_per_s / 2))  # fmt: skip
+    assert kept == full
 
 
 def test_ddp_on_two_gpus_is_faster_than_one_but_not_twice():
