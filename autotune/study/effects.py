@@ -62,6 +62,8 @@ wrong advice costs a few trials, not the search."""
 WIDEN_AFTER = 3
 """Trials without a faster one after which the model looks one knob further from the fastest
 (its trust radius)."""
+RECOMPUTES = ("gradient_checkpointing", "activation_offload")
+"""Knobs that buy memory with time: turned on alone they only slow a trial down."""
 MEASURED = frozenset({Status.OK, Status.STOPPED})
 """Trials whose samples/s the model learns from as measured (a stopped one: over fewer steps)."""
 OOM_OVER = 1.25
@@ -263,12 +265,13 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         the fastest."""
         points = self.points
         if late and incumbent is not None:
-            differ = points.differ(untried, incumbent)
             compiled = is_compiled(points.params[incumbent])
             near = [
                 i
-                for i, d in zip(untried, differ, strict=True)
-                if d <= 1 and (compiled or _default_mode(points.params[i]))
+                for i, changed in zip(untried, self._changed(untried, incumbent), strict=True)
+                if len(changed) <= 1
+                and (compiled or _default_mode(points.params[i]))
+                and not self._pointless(changed, points.params[i], batch=False)
             ]
             if near:
                 return near
@@ -287,9 +290,30 @@ class EffectsSampler(optuna.samplers.BaseSampler):
                 break
             since += record.status is not Status.SKIPPED
         radius = 1 + since // WIDEN_AFTER
-        differ = self.points.differ(untried, incumbent)
-        near = [i for i, d in zip(untried, differ, strict=True) if d <= radius]
+        near = [
+            index
+            for index, changed in zip(untried, self._changed(untried, incumbent), strict=True)
+            if len(changed) <= radius and not self._pointless(changed, self.points.params[index])
+        ]
         return near or untried
+
+    def _changed(self, untried: list[int], incumbent: int) -> list[list[str]]:
+        """For each setting, the knobs (active in both) in which it differs from `incumbent`."""
+        names = self.points.names
+        rows = self.points.differing(untried, incumbent)
+        return [[names[j] for j in np.flatnonzero(row)] for row in rows]
+
+    def _pointless(self, changed: list[str], params: dict[str, Any], batch: bool = True) -> bool:
+        """A change of the fastest trial not worth a trial: its batch alone (`batch`: the
+        ladder moved it; with a fixed effective batch the accumulation follows), or recomputing
+        activations at the same batch (slower by design: it pays only with a batch that did
+        not fit)."""
+        batch_knobs = {"batch_size"}
+        if self.plan.rules.effective_batch_size:
+            batch_knobs.add("grad_accum")
+        if batch and changed and set(changed) <= batch_knobs:
+            return True
+        return len(changed) == 1 and changed[0] in RECOMPUTES and bool(params.get(changed[0]))
 
     def within_budget(self, untried: list[int], records: list[TrialRecord]) -> list[int]:
         """The settings whose estimate, calibrated on the measured peaks

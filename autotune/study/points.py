@@ -89,9 +89,13 @@ class Points:
 
     def differ(self, a: list[int], b: int) -> np.ndarray:
         """How many knobs active in both differ between each setting of `a` and `b`."""
+        return self.differing(a, b).sum(axis=1)
+
+    def differing(self, a: list[int], b: int) -> np.ndarray:
+        """settings of `a` x knobs: whether the knob is active in both and differs from `b`."""
         mine, theirs = self.levels[a], self.levels[b]
         active = (mine != self.unset) & (theirs != self.unset)
-        return ((mine != theirs) & active).sum(axis=1)
+        return (mine != theirs) & active
 
     def kernel(self, a: list[int], b: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """(knob values shared, product of the numeric knobs' trends) between `a` and `b`."""
