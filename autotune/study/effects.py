@@ -250,12 +250,13 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         fastest = np.array([cost.predict_s(p, s) for p, s
                             in zip(params, np.exp(mean + UCB_BETA * sd), strict=True)])  # fmt: skip
         limits = np.array([self._limit_s(p) for p in params])
+        within = fastest <= limits
         ranks = np.array([prior_rank(p, self.plan.device) for p in params])
         advice = PRIOR_WEIGHT ** (ranks * PRIOR_BETA / len(observed))
         score = advice * gain / np.maximum(seconds, 1e-3) ** self.cost_weight(done, records)
         optimistic = np.exp(mean + UCB_BETA * sd)
         order = np.lexsort((-optimistic, -score))
-        return [untried[i] for i in order if fastest[i] <= limits[i]]
+        return [untried[i] for i in order if within[i]]
 
     def refinements(self, untried: list[int], incumbent: int | None, late: bool) -> list[int]:
         """The settings the model may choose from now: before the last LOCAL_TRIALS trials,
