@@ -10,7 +10,7 @@ from typing import Any
 
 import optuna
 
-from autotune.common.knobs import MathChange, math_changes
+from autotune.common.knobs import KNOBS, MathChange, is_compiled, math_changes
 from autotune.common.trial import Status
 from autotune.outputs.pareto import Confirmed, Picks, non_dominated, pick
 from autotune.plan import conditions
@@ -88,6 +88,31 @@ class StudySnapshot:
         """The best feasible trial and when it was found, and when a trial first reached
         `share` of it; None before a feasible trial ended."""
         return anytime(self.records, self.info.memory_budget_gib, share)
+
+    def compile_payoff(self, record: TrialRecord) -> str | None:
+        """For a compiled trial: what compiling cost, and after how many training steps its
+        faster steps repay it, against the trial of the same settings run eagerly; None for
+        an eager trial."""
+        result = record.result
+        if not is_compiled(record.params) or result.compile_s is None:
+            return None
+        eager = {
+            k: v for k, v in record.params.items()
+            if "torch_compile" not in KNOBS[k].requires and k != "compile_mode"
+        } | {"torch_compile": "off"}  # fmt: skip
+        twin = next((r for r in self.records if r.status is Status.OK
+                     and r.params == eager), None)  # fmt: skip
+        spent = f"compiling took {result.compile_s:.0f} s"
+        if twin is None or not twin.result.step_time_median_ms or not result.step_time_median_ms:
+            return f"{spent} (no trial of the same settings ran eagerly to compare)"
+        saved_ms = twin.result.step_time_median_ms - result.step_time_median_ms
+        if saved_ms <= 0:
+            return (f"{spent}, and its steps are slower than trial {twin.number}'s eager ones "
+                    f"({result.step_time_median_ms:.0f} vs {twin.result.step_time_median_ms:.0f} "
+                    "ms): it never pays off")  # fmt: skip
+        steps = result.compile_s / (saved_ms / 1e3)
+        return (f"{spent}; it pays off after {steps:,.0f} training steps (each {saved_ms:.0f} ms "
+                f"faster than trial {twin.number}'s eager steps)")  # fmt: skip
 
     def math_changes(self, record: TrialRecord) -> list[MathChange]:
         """What in its settings changes the training itself compared with the baseline trial

@@ -394,6 +394,8 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
                 launch = launch_command(snapshot.info, record.params)
                 report.line(f"  run it as its trials ran, in the study folder: {escape(launch)}")
                 report.line(f"  or through accelerate: {escape(accelerate)}")
+        if (payoff := snapshot.compile_payoff(record)) is not None:
+            report.line(f"  {escape(payoff)}")
         for change in snapshot.math_changes(record):
             report.line(f"  [yellow]changes the training:[/] {escape(change.describe())}")
     shown_picks = (picks.recommended, picks.fastest)

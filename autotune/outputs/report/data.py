@@ -215,6 +215,8 @@ def _summary(snapshot: StudySnapshot) -> dict[str, str]:
     # baseline measured noisily and there was no confirmation.
     summary["recommended"] = picks.describe(picks.recommended)
     summary["recommended: why"] = picks.why
+    if (payoff := snapshot.compile_payoff(picks.recommended)) is not None:
+        summary["recommended: compile"] = payoff
     summary["recommended: changes the training"] = _changes_text(snapshot, picks.recommended)
     summary["same-training pick"] = picks.describe_same_training()
     if picks.fastest is not None and picks.fastest.number != picks.recommended.number:

@@ -199,3 +199,36 @@ def test_the_best_found_and_how_soon_on_the_trials_clock():
         "search; 90% of it by trial 1, 47 s"
     )
     assert anytime(records[2:3], budget_gib=80.0) is None
+
+
+def test_a_compiled_trial_says_after_how_many_steps_its_compile_pays_off():
+    from autotune.outputs.snapshot import StudySnapshot
+
+    eager = {"batch_size": 64, "precision": "bf16", "torch_compile": "off"}
+    compiled = {**eager, "torch_compile": "inductor", "compile_mode": "default"}
+
+    def ran(number, params, step_ms, compile_s=None):
+        return TrialRecord(number=number, params=params, result=TrialResult(
+            status=Status.OK, samples_per_s=64e3 / step_ms, step_time_median_ms=step_ms,
+            compile_s=compile_s, peak_memory_gib=4.0))  # fmt: skip
+
+    def snapshot(*records):
+        return StudySnapshot(info=INFO, records=list(records), front=[], picks=None,
+                             search_s=None)  # fmt: skip
+
+    faster = ran(2, compiled, 200.0, compile_s=77.0)
+    said = snapshot(ran(1, eager, 205.0), faster).compile_payoff(faster)
+    assert said == ("compiling took 77 s; it pays off after 15,400 training steps (each 5 ms "
+                    "faster than trial 1's eager steps)")  # fmt: skip
+    slower = ran(2, compiled, 272.0, compile_s=77.0)  # bert-large bf16 bs 64 on the H100
+    assert (
+        snapshot(ran(1, eager, 205.0), slower)
+        .compile_payoff(slower)
+        .endswith(
+            "its steps are slower than trial 1's eager ones (272 vs 205 ms): it never pays off"
+        )
+    )
+    assert snapshot(slower).compile_payoff(slower) == (
+        "compiling took 77 s (no trial of the same settings ran eagerly to compare)"
+    )
+    assert snapshot(ran(1, eager, 205.0)).compile_payoff(ran(1, eager, 205.0)) is None
