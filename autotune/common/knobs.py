@@ -456,6 +456,9 @@ KNOBS: dict[str, Knob] = {
         Knob(
             name="strategy", kind=str, check=lambda v: v in STRATEGIES,
             expected="one of " + ", ".join(STRATEGIES), training_args=_strategy_args,
+            prior={"cuda": ("ddp",), "cpu": ("ddp",)},
+            prior_source="PyTorch distributed overview: DDP while the model fits one device; "
+            "sharding (FSDP, ZeRO) when it does not",
         ),  # applied by the worker's ranks (child/ranks.py); DeepSpeed through the Trainer
         Knob(
             name="ddp_find_unused_parameters", kind=bool, check=lambda v: True,
