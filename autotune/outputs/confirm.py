@@ -25,7 +25,7 @@ from autotune.outputs.pareto import Confirmed, candidates
 from autotune.outputs.snapshot import StudySnapshot, changes_training_of
 from autotune.plan.plan import SearchPlan
 from autotune.store.records import CONFIRMATION_ATTR, TrialRecord
-from autotune.study.loop import launch
+from autotune.study.launch import launch
 from autotune.study.observer import SearchObserver
 
 """Under the study folder: `confirm/rR-tNNNN/`, one folder per run."""

@@ -23,7 +23,7 @@ from autotune.execute.base import TrialExecutor
 from autotune.execute.local import LocalExecutor
 from autotune.plan.plan import SearchPlan
 from autotune.store.records import VERIFICATION_PREFIX, TrialRecord, Verification
-from autotune.study.loop import launch
+from autotune.study.launch import launch
 from autotune.study.observer import SearchObserver
 
 

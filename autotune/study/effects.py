@@ -46,6 +46,7 @@ from autotune.study import checks
 from autotune.study.cost import TrialCost
 from autotune.study.guess import expert_guess, ladder_step, prior_rank
 from autotune.study.model import expected_gain, normal_cdf, predict
+from autotune.study.neighbourhood import Neighbourhood
 from autotune.study.points import Points
 
 UCB_BETA = 2.0
@@ -59,11 +60,6 @@ PRIOR_BETA = 6.0
 setting is from the advice (`guess.prior_rank`) weighs its promise by PRIOR_WEIGHT raised to
 PRIOR_BETA / the settings measured, a weight that fades as measurements accumulate, so that
 wrong advice costs a few trials, not the search."""
-WIDEN_AFTER = 3
-"""Trials without a faster one after which the model looks one knob further from the fastest
-(its trust radius)."""
-RECOMPUTES = ("gradient_checkpointing", "activation_offload")
-"""Knobs that buy memory with time: turned on alone they only slow a trial down."""
 MEASURED = frozenset({Status.OK, Status.STOPPED})
 """Trials whose samples/s the model learns from as measured (a stopped one: over fewer steps)."""
 OOM_OVER = 1.25
@@ -236,9 +232,10 @@ class EffectsSampler(optuna.samplers.BaseSampler):
                      if any(feasible) else None)  # fmt: skip
         done = sum(r.status is not Status.SKIPPED for r in records)
         late = self.plan.config.n_trials - done <= LOCAL_TRIALS
-        untried = self.refinements(untried, incumbent, late)
+        near = Neighbourhood(self.points, self.plan)
+        untried = near.refinements(untried, incumbent, late)
         if incumbent is not None and not late:
-            untried = self.around(untried, incumbent, observed, records)
+            untried = near.around(untried, incumbent, records)
         untried = self.within_budget(untried, records)
         mean, sd = predict(self.points, observed, y, untried)
         best = float(np.max(np.where(feasible, y, -np.inf))) if any(feasible) else float(y.max())
@@ -257,64 +254,6 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         optimistic = np.exp(mean + UCB_BETA * sd)
         order = np.lexsort((-optimistic, -score))
         return [untried[i] for i in order if within[i]]
-
-    def refinements(self, untried: list[int], incumbent: int | None, late: bool) -> list[int]:
-        """The settings the model may choose from now: before the last LOCAL_TRIALS trials,
-        none compiled or in fp8 (their compile and scaling cost most and pay off least often:
-        tried last, on the best eager settings); in them, those one knob from the fastest
-        feasible trial, a compile mode other than the default only once a compiled trial is
-        the fastest."""
-        points = self.points
-        if late and incumbent is not None:
-            compiled = is_compiled(points.params[incumbent])
-            near = [
-                i
-                for i, changed in zip(untried, self._changed(untried, incumbent), strict=True)
-                if len(changed) <= 1
-                and (compiled or _default_mode(points.params[i]))
-                and not self._pointless(changed, points.params[i], batch=False)
-            ]
-            if near:
-                return near
-        plain = [i for i in untried if not _refinement(points.params[i])]
-        return plain or untried
-
-    def around(
-        self, untried: list[int], incumbent: int, observed: list[int], records: list[TrialRecord]
-    ) -> list[int]:
-        """The settings within a trust radius of the fastest feasible trial: one knob away,
-        widened by one knob for each `WIDEN_AFTER` trials that found nothing faster since it
-        ended (all of them where none is left within)."""
-        since = 0
-        for record in reversed(records):
-            if self.points.find(record.params) == incumbent:
-                break
-            since += record.status is not Status.SKIPPED
-        radius = 1 + since // WIDEN_AFTER
-        near = [
-            index
-            for index, changed in zip(untried, self._changed(untried, incumbent), strict=True)
-            if len(changed) <= radius and not self._pointless(changed, self.points.params[index])
-        ]
-        return near or untried
-
-    def _changed(self, untried: list[int], incumbent: int) -> list[list[str]]:
-        """For each setting, the knobs (active in both) in which it differs from `incumbent`."""
-        names = self.points.names
-        rows = self.points.differing(untried, incumbent)
-        return [[names[j] for j in np.flatnonzero(row)] for row in rows]
-
-    def _pointless(self, changed: list[str], params: dict[str, Any], batch: bool = True) -> bool:
-        """A change of the fastest trial not worth a trial: its batch alone (`batch`: the
-        ladder moved it; with a fixed effective batch the accumulation follows), or recomputing
-        activations at the same batch (slower by design: it pays only with a batch that did
-        not fit)."""
-        batch_knobs = {"batch_size"}
-        if self.plan.rules.effective_batch_size:
-            batch_knobs.add("grad_accum")
-        if batch and changed and set(changed) <= batch_knobs:
-            return True
-        return len(changed) == 1 and changed[0] in RECOMPUTES and bool(params.get(changed[0]))
 
     def within_budget(self, untried: list[int], records: list[TrialRecord]) -> list[int]:
         """The settings whose estimate, calibrated on the measured peaks
@@ -397,12 +336,3 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         self._estimate(index)
         params, estimate = self.points.params[index], self.estimates[index]
         return checks.first_skip(params, records, self.pre_trial, estimate) is None
-
-
-def _refinement(params: dict[str, Any]) -> bool:
-    """Compiled or fp8: tried last, as refinements of the best eager settings."""
-    return is_compiled(params) or params.get("precision") == "fp8"
-
-
-def _default_mode(params: dict[str, Any]) -> bool:
-    return params.get("compile_mode", "default") == "default"

@@ -90,7 +90,7 @@ def test_a_trial_stops_early_under_half_the_fastest_feasible_trials_pace(tmp_pat
     from autotune.plan.config import load_config
     from autotune.plan.plan import make_plan
     from autotune.store.records import TrialRecord
-    from autotune.study.loop import stop_threshold
+    from autotune.study.launch import stop_threshold
     from tests.conftest import TINY_MODEL
 
     cpu = DeviceInfo(cuda_available=False, name="cpu", total_memory_bytes=2**34,
