@@ -31,7 +31,7 @@ def test_a_search_on_a_simulated_h100_runs_every_stage_without_a_gpu_or_a_proces
     records = result.snapshot.records
     ran = [r for r in records if r.status is not Status.SKIPPED]  # skips use up no trial
     assert len(ran) == 8 and records[0].baseline
-    assert {r.status for r in ran} <= {Status.OK, Status.OOM}
+    assert {r.status for r in ran} <= {Status.OK, Status.OOM, Status.STOPPED}  # losers stop early
     # Every trial the search ran was answered here, and confirmation ran the picks again.
     assert len(executor.answered) >= 8 + 2
     assert all(r.result.wall_s is not None for r in ran)  # the answer's cost, kept
