@@ -23,6 +23,8 @@ import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from autotune.common.knobs import KNOBS, SAMPLE_ORDER, left_out
 from autotune.common.trial import Status
 from autotune.plan.estimate import Measured, calibrated_gib
@@ -95,8 +97,9 @@ def ladder_step(points: Points, guess: int, plan: SearchPlan, records: list[Tria
     """The next rung of the batch ladder at the guess, or None when the ladder is over (or
     the guess has not ended yet)."""
     free = _batch_knobs(plan)
-    key = _line_key(points.params[guess], free)
-    line = {_batch(p): i for i, p in enumerate(points.params) if _line_key(p, free) == key}
+    same = [j for j, name in enumerate(points.names) if name not in free]
+    on_line = (points.levels[:, same] == points.levels[guess, same]).all(axis=1)
+    line = {_batch(points.params[i]): int(i) for i in np.flatnonzero(on_line)}
     budget = plan.info.memory_budget_gib
     measured: dict[int, float | None] = {}
     """batch -> samples/s; None where it failed (out of memory, timeout, ...)."""

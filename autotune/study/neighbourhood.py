@@ -38,8 +38,8 @@ class Neighbourhood:
             compiled = is_compiled(points.params[incumbent])
             near = [
                 i
-                for i, changed in zip(untried, self._changed(untried, incumbent), strict=True)
-                if len(changed) <= 1
+                for i, changed in zip(untried, self._changed(untried, incumbent, 1), strict=True)
+                if changed is not None
                 and (compiled or _default_mode(points.params[i]))
                 and not self._pointless(changed, points.params[i], batch=False)
             ]
@@ -60,16 +60,21 @@ class Neighbourhood:
         radius = 1 + since // WIDEN_AFTER
         near = [
             index
-            for index, changed in zip(untried, self._changed(untried, incumbent), strict=True)
-            if len(changed) <= radius and not self._pointless(changed, self.points.params[index])
+            for index, changed in zip(
+                untried, self._changed(untried, incumbent, radius), strict=True
+            )
+            if changed is not None and not self._pointless(changed, self.points.params[index])
         ]
         return near or untried
 
-    def _changed(self, untried: list[int], incumbent: int) -> list[list[str]]:
-        """For each setting, the knobs (active in both) in which it differs from `incumbent`."""
+    def _changed(self, untried: list[int], incumbent: int, most: int) -> list[list[str] | None]:
+        """For each setting, the knobs (active in both) in which it differs from `incumbent`;
+        None where they are more than `most`."""
         names = self.points.names
         rows = self.points.differing(untried, incumbent)
-        return [[names[j] for j in np.flatnonzero(row)] for row in rows]
+        counts = rows.sum(axis=1)
+        return [None if count > most else [names[j] for j in np.flatnonzero(row)]
+                for row, count in zip(rows, counts, strict=True)]  # fmt: skip
 
     def _pointless(self, changed: list[str], params: dict[str, Any], batch: bool = True) -> bool:
         """A change of the fastest trial not worth a trial: its batch alone (`batch`: the
