@@ -75,12 +75,7 @@ def over_budget_by_estimate(
     ) -> Skip | None:
         if estimate_gib is None:
             return None
-        measured = [
-            Measured(params=r.params, estimate_gib=r.result.estimate_gib,
-                     peak_gib=r.result.peak_memory_gib)
-            for r in records
-            if r.status is Status.OK and r.result.estimate_gib and r.result.peak_memory_gib
-        ]  # fmt: skip
+        measured = measured_peaks(records)
         predicted = calibrated_gib(params, estimate_gib, measured)
         if predicted <= limit_gib:
             return None
@@ -124,6 +119,17 @@ def over_time_by_pace(
                            f"{fastest.number}) and the trials' start-up")  # fmt: skip
 
     return check
+
+
+def measured_peaks(records: list[TrialRecord]) -> list[Measured]:
+    """The ok trials' peaks beside their estimates: what `estimate.calibrated_gib` corrects an
+    estimate by."""
+    return [
+        Measured(params=r.params, estimate_gib=r.result.estimate_gib,
+                 peak_gib=r.result.peak_memory_gib)
+        for r in records
+        if r.status is Status.OK and r.result.estimate_gib and r.result.peak_memory_gib
+    ]  # fmt: skip
 
 
 def cannot_run_together(

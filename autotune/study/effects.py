@@ -39,7 +39,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.common.knobs import is_compiled
 from autotune.common.trial import OUT_OF_MEMORY, Status
-from autotune.plan.estimate import Measured, calibrated_gib
+from autotune.plan.estimate import calibrated_gib
 from autotune.plan.plan import SearchPlan
 from autotune.store.records import PARAMS_ATTR, TrialRecord, is_recorded, record_of
 from autotune.study import checks
@@ -261,12 +261,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         does): the pre-trial check allows `estimate_margin` over it, for an estimate not yet
         calibrated; an out-of-memory trial costs a trial's start-up for nothing."""
         budget = self.plan.info.memory_budget_gib
-        peaks = [
-            Measured(params=r.params, estimate_gib=r.result.estimate_gib,
-                     peak_gib=r.result.peak_memory_gib)
-            for r in records
-            if r.status is Status.OK and r.result.estimate_gib and r.result.peak_memory_gib
-        ]  # fmt: skip
+        peaks = checks.measured_peaks(records)
         if not peaks:
             return untried
         within = [

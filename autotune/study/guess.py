@@ -27,9 +27,9 @@ import numpy as np
 
 from autotune.common.knobs import KNOBS, SAMPLE_ORDER, left_out
 from autotune.common.trial import Status
-from autotune.plan.estimate import Measured, calibrated_gib
+from autotune.plan.estimate import calibrated_gib
 from autotune.store.records import TrialRecord
-from autotune.study.checks import settings_key
+from autotune.study.checks import measured_peaks, settings_key
 
 if TYPE_CHECKING:
     from autotune.plan.plan import SearchPlan
@@ -67,7 +67,7 @@ def expert_guess(
         return tuple(_rank(name, params.get(name), kind) for name in order)
 
     ranked = sorted(range(len(points.params)), key=lambda i: rank(points.params[i]))
-    measured = _baseline_peaks(records)
+    measured = measured_peaks([r for r in records if r.baseline])
     limit = plan.info.memory_budget_gib * GUESS_FILL
     lines = itertools.groupby(ranked, key=lambda i: _line_key(points.params[i], free))
     for _, line in itertools.islice(lines, LINES_LOOKED_AT):
@@ -116,7 +116,7 @@ def ladder_step(points: Points, guess: int, plan: SearchPlan, records: list[Tria
     batches = sorted(line)
     speeds = {b: s for b, s in measured.items() if s}
 
-    peaks = _peaks(records)
+    peaks = measured_peaks(records)
 
     def first_running(candidates: list[int]) -> int | None:
         """The first batch not measured that runs and fits the budget by its estimate
@@ -181,18 +181,3 @@ def _line_key(params: dict[str, Any], free: tuple[str, ...]) -> str:
 
 def _batch(params: dict[str, Any]) -> int:
     return int(params.get("batch_size", KNOBS["batch_size"].baseline))
-
-
-def _baseline_peaks(records: list[TrialRecord]) -> list[Measured]:
-    return _peaks([r for r in records if r.baseline])
-
-
-def _peaks(records: list[TrialRecord]) -> list[Measured]:
-    """The measured peaks, for `estimate.calibrated_gib`."""
-    return [
-        Measured(
-            params=r.params, estimate_gib=r.result.estimate_gib, peak_gib=r.result.peak_memory_gib
-        )
-        for r in records
-        if r.status is Status.OK and r.result.estimate_gib and r.result.peak_memory_gib
-    ]
