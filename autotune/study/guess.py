@@ -115,7 +115,6 @@ def ladder_step(points: Points, guess: int, plan: SearchPlan, records: list[Tria
         return None
     batches = sorted(line)
     speeds = {b: s for b, s in measured.items() if s}
-
     peaks = measured_peaks(records)
 
     def first_running(candidates: list[int]) -> int | None:
@@ -141,7 +140,6 @@ def ladder_step(points: Points, guess: int, plan: SearchPlan, records: list[Tria
             speeds.get(neighbour) or 0.0
         )
 
-    up = None
     if not above and gained(max(below, default=None)):
         up = first_running([b for b in reversed(batches) if best < b <= 2 * best])
         if up is not None:
