@@ -146,10 +146,14 @@ def test_a_replay_runs_the_loop_on_the_recorded_answers_and_skips_use_up_no_tria
     assert [land.answer(r.params) for r in ran] == replayed.answered
     for record in ran:
         point = land.answer(record.params)
-        assert record.status.value == point["status"]
         assert record.result.samples_per_s == point.get("samples_per_s")
+        if record.status is Status.STOPPED:  # under half the best: its last timed steps cut
+            assert point["status"] == "ok" and record.result.wall_s < point["wall_s"]
+            continue
+        assert record.status.value == point["status"]
         assert record.result.wall_s == point["wall_s"]  # the trial's recorded cost, replayed
-    assert replayed.clock_s == pytest.approx(sum(p["wall_s"] for p in replayed.answered))
+    assert Status.STOPPED in {r.status for r in ran}, "TPE's losers stop early"
+    assert replayed.clock_s == pytest.approx(sum(r.result.wall_s for r in ran))
     again = replay(land, n_trials=15, seed=1, sampler="tpe")
     assert again.answered == replayed.answered, "seeded: repeatable"
     auto = replay(land, n_trials=15, seed=1)
