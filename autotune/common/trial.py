@@ -35,15 +35,13 @@ class Status(enum.StrEnum):
 
 OUT_OF_MEMORY = frozenset({Status.OOM, Status.HOST_OOM})
 MEMORY_STATUSES = OUT_OF_MEMORY | {Status.SKIPPED}
+"""No throughput, and too big for the budget: told to the sampler as infeasible."""
 
 
 def stopped_reason(steps: int, fastest: float, below: float) -> str:
     """Why a trial stopped early (`TrialSpec.stop_below_samples_per_s`)."""
     return (f"stopped after {steps} timed steps: at most {fastest:.2f} samples/s, under the "
             f"{below:.2f} of the early stop (half the fastest trial's so far)")  # fmt: skip
-
-
-"""No throughput, and too big for the budget: told to the sampler as infeasible."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

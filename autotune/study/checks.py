@@ -13,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.common.knobs import at_least_as_hungry, conflict, is_compiled
+from autotune.common.knobs import at_least_as_hungry, conflict
 from autotune.common.trial import OUT_OF_MEMORY, Status
 from autotune.plan.estimate import Measured, calibrated_gib
 from autotune.store.records import TrialRecord
 from autotune.study.cost import TrialCost
+from autotune.study.launch import time_limit_s
 
 if TYPE_CHECKING:
     from autotune.plan.plan import SearchPlan
@@ -87,7 +88,7 @@ def over_budget_by_estimate(
 
 
 def over_time_by_pace(
-    trial_timeout_s: float, compile_timeout_s: float, steps: int,
+    limit_s: Callable[[dict[str, Any]], float], steps: int,
     rate: Callable[[str], float | None],
 ) -> Check:  # fmt: skip
     """A check that skips settings sure to pass their trial's time limit: their warm-up and
@@ -109,7 +110,7 @@ def over_time_by_pace(
             return (record.result.samples_per_s or 0.0) * max(scale, 1.0)
 
         fastest = max(measured, key=pace)
-        limit = trial_timeout_s + (compile_timeout_s if is_compiled(params) else 0.0)
+        limit = limit_s(params)
         predicted = TrialCost.fit(records, steps).predict_s(params, pace(fastest))
         if predicted <= limit:
             return None
@@ -147,7 +148,7 @@ def for_plan(plan: SearchPlan) -> tuple[Check, ...]:
     """The checks a search of this plan runs before each trial."""
     config = plan.config
     by_time = over_time_by_pace(
-        config.trial_timeout, config.compile_timeout, config.warmup_steps + config.measure_steps,
+        lambda params: time_limit_s(config, params), config.warmup_steps + config.measure_steps,
         lambda precision: plan.device_info.compute_tflops(plan.device, precision),
     )  # fmt: skip
     if plan.estimate_limit_gib is None:

@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.common.knobs import is_compiled
+from autotune.common.knobs import effective_batch, is_compiled
 from autotune.common.trial import Status
 from autotune.store.records import TrialRecord
 
@@ -23,10 +23,6 @@ COMPILE_OVER_START = 6.0
 """Before any compiled trial ended, a compile is taken to cost this many start-ups: bert-large's
 default-mode compile on the H100, as the GPU twin fits it (24 layers x 3.2 s = 77 s,
 `autotune/twin/constants.json`), is 6x the eager trial's 12.6 s start-up there."""
-
-
-def samples_per_step(params: dict[str, Any]) -> int:
-    return int(params.get("batch_size", 8)) * int(params.get("grad_accum", 1))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,7 +42,7 @@ class TrialCost:
             result = record.result
             if record.status is not Status.OK or not result.wall_s or not result.samples_per_s:
                 continue
-            start = result.wall_s - steps * samples_per_step(record.params) / result.samples_per_s
+            start = result.wall_s - steps * effective_batch(record.params) / result.samples_per_s
             (compiled if is_compiled(record.params) else eager).append(max(start, 0.0))
         start_s = statistics.median(eager) if eager else 0.0
         compile_s = (max(statistics.median(compiled) - start_s, 0.0) if compiled
@@ -55,11 +51,11 @@ class TrialCost:
 
     def predict_s(self, params: dict[str, Any], samples_per_s: float) -> float:
         """The wall time of a trial of these settings at this pace."""
-        steps_s = self.steps * samples_per_step(params) / samples_per_s
+        steps_s = self.steps * effective_batch(params) / samples_per_s
         return self.start_s + (self.compile_s if is_compiled(params) else 0.0) + steps_s
 
     def pace_bound(self, params: dict[str, Any], limit_s: float) -> float | None:
         """The fastest a trial that took at least `limit_s` (a timeout) can have trained, in
         samples/s; None where its start-up alone could take that long."""
         left = limit_s - self.start_s - (self.compile_s if is_compiled(params) else 0.0)
-        return self.steps * samples_per_step(params) / left if left > 0 else None
+        return self.steps * effective_batch(params) / left if left > 0 else None

@@ -37,7 +37,6 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.common.knobs import is_compiled
 from autotune.common.trial import OUT_OF_MEMORY, Status
 from autotune.plan.estimate import calibrated_gib
 from autotune.plan.plan import SearchPlan
@@ -45,6 +44,7 @@ from autotune.store.records import PARAMS_ATTR, TrialRecord, is_recorded, record
 from autotune.study import checks
 from autotune.study.cost import TrialCost
 from autotune.study.guess import expert_guess, ladder_step, prior_rank
+from autotune.study.launch import time_limit_s
 from autotune.study.model import expected_gain, normal_cdf, predict
 from autotune.study.neighbourhood import Neighbourhood
 from autotune.study.points import Points
@@ -203,8 +203,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         return observed, np.log(speeds) if speeds else np.zeros(0), feasible
 
     def _limit_s(self, params: dict[str, Any]) -> float:
-        config = self.plan.config
-        return config.trial_timeout + (config.compile_timeout if is_compiled(params) else 0)
+        return time_limit_s(self.plan.config, params)
 
     def _designed(self, untried: list[int], records: list[TrialRecord]) -> list[int]:
         """Untried settings, most unseen knob values first, ties in random order: while fewer
@@ -244,14 +243,14 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         seconds = np.array(
             [cost.predict_s(p, s) for p, s in zip(params, np.exp(mean), strict=True)]
         )
+        optimistic = np.exp(mean + UCB_BETA * sd)
         fastest = np.array([cost.predict_s(p, s) for p, s
-                            in zip(params, np.exp(mean + UCB_BETA * sd), strict=True)])  # fmt: skip
+                            in zip(params, optimistic, strict=True)])  # fmt: skip
         limits = np.array([self._limit_s(p) for p in params])
         within = fastest <= limits
         ranks = np.array([prior_rank(p, self.plan.device) for p in params])
         advice = PRIOR_WEIGHT ** (ranks * PRIOR_BETA / len(observed))
         score = advice * gain / np.maximum(seconds, 1e-3) ** self.cost_weight(done, records)
-        optimistic = np.exp(mean + UCB_BETA * sd)
         order = np.lexsort((-optimistic, -score))
         return [untried[i] for i in order if within[i]]
 
@@ -307,9 +306,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         return normal_cdf((limit - mean) / sd)
 
     def _feasible(self, record: TrialRecord) -> bool:
-        return record.status is Status.OK and record.result.feasible(
-            self.plan.info.memory_budget_gib
-        )
+        return record.result.feasible(self.plan.info.memory_budget_gib)
 
     def _index(self, record: TrialRecord) -> int:
         index = self.points.find(record.params)

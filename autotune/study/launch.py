@@ -11,12 +11,19 @@ from autotune.common.knobs import is_compiled
 from autotune.common.layout import COMPILE_CACHE, trial_dir
 from autotune.common.trial import Progress, TrialResult, TrialSpec
 from autotune.execute.base import Submission, TrialExecutor, run_trial
+from autotune.plan.config import RunConfig
 from autotune.plan.plan import SearchPlan
 from autotune.store.records import TrialRecord
 
 STOP_SHARE = 0.5
 """A trial whose fastest timed step is under this share of the fastest trial's pace so far is
 stopped early (`early_stop=`)."""
+
+
+def time_limit_s(config: RunConfig, params: dict[str, Any]) -> float:
+    """How long a trial of these settings may run: `trial_timeout`, and `compile_timeout` on
+    top for compiling."""
+    return config.trial_timeout + (config.compile_timeout if is_compiled(params) else 0.0)
 
 
 def stop_threshold(plan: SearchPlan, records: list[TrialRecord]) -> float | None:
@@ -67,7 +74,7 @@ def launch(
         spec=spec,
         place=str(folder or trial_dir(plan.study_dir, number)),
         # Compiling gets its own allowance on top of the training time.
-        timeout_s=config.trial_timeout + (config.compile_timeout if is_compiled(params) else 0),
+        timeout_s=time_limit_s(config, params),
         # On CUDA the worker caps its allocator at the budget; on CPU the parent watches RSS.
         memory_limit_bytes=plan.info.memory_budget_bytes if plan.device == "cpu" else None,
     )
