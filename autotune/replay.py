@@ -38,6 +38,8 @@ from autotune.study.checks import settings_key
 from autotune.study.loop import run_search
 from autotune.study.opening import open_study
 
+STEPS = ("warmup_steps", "measure_steps")
+"""The settings of a recorded landscape that its replayed trials run with."""
 FIGURES = ("samples_per_s", "tokens_per_s", "peak_memory_gib", "step_time_cv",
            "step_time_median_ms", "estimate_gib", "wall_s")  # fmt: skip
 """What a landscape keeps of each measured trial."""
@@ -64,6 +66,9 @@ class Landscape:
     """`DeviceInfo` fields of the landscape's device beyond its name (a GPU's compute
     capability, bf16 support, ...)."""
     description: str = ""
+    steps: dict[str, int] = field(default_factory=dict)
+    """The `warmup_steps` and `measure_steps` the points were recorded with, where recorded:
+    a replayed trial runs (and stops within) the same steps, so its recorded `wall_s` holds."""
 
     @classmethod
     def load(cls, path: Path) -> Landscape:
@@ -88,6 +93,7 @@ class Landscape:
             answer=answer,
             points=data["points"],
             description=data["command"],
+            steps={k: v for k, v in data.get("settings", {}).items() if k in STEPS},
         )
 
     def feasible(self, point: dict[str, Any]) -> bool:
@@ -155,12 +161,14 @@ def replay(
     sampler: str = "auto",
     estimate_margin: float | None = 0.25,
     work_dir: Path | None = None,
+    **settings: Any,
 ) -> Replayed:
     """One search on the landscape, as `autotune search model=... sampler=... n_trials=...`
-    would run it on the landscape's machine."""
+    would run it on the landscape's machine (other keys in `settings`)."""
     with tempfile.TemporaryDirectory() as tmp:
         plan = plan_for(landscape, Path(work_dir or tmp), n_trials=n_trials, seed=seed,
-                        sampler=sampler, estimate_margin=estimate_margin)  # fmt: skip
+                        sampler=sampler, estimate_margin=estimate_margin,
+                        **settings)  # fmt: skip
         # Opened as a search opens its study (settled plan, sampler, baseline queued), in
         # memory: a replay runs hundreds of searches.
         study, plan = open_study(plan, storage=optuna.storages.InMemoryStorage())
@@ -185,6 +193,7 @@ def plan_for(landscape: Landscape, work_dir: Path, **settings: Any) -> SearchPla
         "memory_budget": int(landscape.memory_budget_gib * GIB),
         "out": str(work_dir / "out"),
         "quiet": True,
+        **landscape.steps,
         **settings,
     })  # fmt: skip
     return make_plan(config, device_info(landscape))

@@ -237,6 +237,13 @@ class RunConfig(_ModelSettings):
         "half the fastest trial's pace so far; recorded as stopped with what it measured, "
         "never recommended (one process a trial only)",
     )
+    min_gain_per_minute: float = Field(
+        0.001,
+        ge=0,
+        description="sampler=auto stops the search by itself when no untried setting is "
+        "expected (by its model) to gain this share of samples/s per minute of its trial: "
+        "0.001 breaks even on a training run of about 17 hours; 0 = run every trial",
+    )
     noise_cv: float = Field(
         0.1, gt=0, description="flag a trial as noisy when its step-time CV is above this"
     )

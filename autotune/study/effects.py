@@ -60,6 +60,11 @@ PRIOR_BETA = 6.0
 setting is from the advice (`guess.prior_rank`) weighs its promise by PRIOR_WEIGHT raised to
 PRIOR_BETA / the settings measured, a weight that fades as measurements accumulate, so that
 wrong advice costs a few trials, not the search."""
+ENOUGH_SAMPLE = 5_000
+"""Untried settings, beyond those the model chooses from now, that the search looks at for a
+gain worth its trial before it stops by itself (`min_gain_per_minute`)."""
+ENOUGH_CHECKS = 200
+"""The most promising of them checked against the memory budget and the pre-trial checks."""
 MEASURED = frozenset({Status.OK, Status.STOPPED})
 """Trials whose samples/s the model learns from as measured (a stopped one: over fewer steps)."""
 OOM_OVER = 1.25
@@ -77,6 +82,10 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         self.estimates: dict[int, float | None] = {}
         self.guesses: dict[tuple, int | None] = {}
         """The expert's guess, by the baseline records it was made from."""
+        self.enough_now: str | None = None
+        """Why no untried setting is worth its trial, as the last choice found."""
+        self.said_enough: dict[int, str] = {}
+        """trial number -> why the search should stop before it."""
 
     @functools.cached_property
     def points(self) -> Points:
@@ -103,6 +112,13 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         index = self.choose(study.get_trials(deepcopy=False))
         if index is not None:
             self.chosen[trial._trial_id] = self.points.optuna[index]
+        if self.enough_now is not None:
+            self.said_enough[trial.number] = self.enough_now
+
+    def enough(self, number: int) -> str | None:
+        """Why the search should stop before trial `number`, where the model says no untried
+        setting is worth its trial (`worth_going_on`)."""
+        return self.said_enough.pop(number, None)
 
     def sample_independent(
         self,
@@ -133,6 +149,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
 
     def choose(self, trials: list[FrozenTrial]) -> int | None:
         """The index of the setting to run next, or None when every setting was tried."""
+        self.enough_now = None
         tried = {self.points.find(t.user_attrs[PARAMS_ATTR]) for t in trials
                  if PARAMS_ATTR in t.user_attrs}  # fmt: skip
         untried = [i for i in range(len(self.points.keys)) if i not in tried]
@@ -229,6 +246,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         trial's time limit even at the model's optimistic pace is passed over."""
         incumbent = (observed[int(np.argmax(np.where(feasible, y, -np.inf)))]
                      if any(feasible) else None)  # fmt: skip
+        everywhere = untried
         done = sum(r.status is not Status.SKIPPED for r in records)
         late = self.plan.config.n_trials - done <= LOCAL_TRIALS
         near = Neighbourhood(self.points, self.plan)
@@ -252,7 +270,54 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         advice = PRIOR_WEIGHT ** (ranks * PRIOR_BETA / len(observed))
         score = advice * gain / np.maximum(seconds, 1e-3) ** self.cost_weight(done, records)
         order = np.lexsort((-optimistic, -score))
-        return [untried[i] for i in order if within[i]]
+        order = [untried[i] for i in order if within[i]]
+        if not self.worth_going_on(everywhere, order, observed, y, best, records, cost):
+            self.enough_now = (
+                "the model expects no untried setting to gain "
+                f"{self.plan.config.min_gain_per_minute:.2%} of samples/s a minute of its trial "
+                "(min_gain_per_minute)"
+            )
+        return order
+
+    def worth_going_on(
+        self, untried: list[int], near: list[int], observed: list[int], y: np.ndarray,
+        best: float, records: list[TrialRecord], cost: TrialCost,
+    ) -> bool:  # fmt: skip
+        """Whether some untried setting that would run is expected to gain at least
+        `min_gain_per_minute` of the fastest feasible trial's samples/s per minute of its
+        predicted trial: the expected gain, times its chance to fit the budget, within its
+        time limit. Looked for among the settings the model chooses from now (`near`) and a
+        sample of all the others (ENOUGH_SAMPLE: the trust radius is how the search moves,
+        not where gains can be); only the most promising (ENOUGH_CHECKS) are checked against
+        the memory budget and the time limit, and if all of those pass, the search goes on."""
+        threshold = self.plan.config.min_gain_per_minute
+        if not threshold:
+            return True
+        chosen_from = set(near)
+        others = [i for i in untried if i not in chosen_from]
+        if len(others) > ENOUGH_SAMPLE:
+            rng = np.random.default_rng(len(records))  # the same answer on a rerun
+            others = [int(i) for i in rng.choice(others, ENOUGH_SAMPLE, replace=False)]
+        candidates = near + others
+        if not candidates:
+            return False
+        mean, sd = predict(self.points, observed, y, candidates)
+        params = [self.points.params[i] for i in candidates]
+        minutes = np.array([cost.predict_s(p, s) for p, s
+                            in zip(params, np.exp(mean), strict=True)]) / 60  # fmt: skip
+        rate = expected_gain(mean, sd, best) / np.maximum(minutes, 1e-6)
+        top = [k for k in np.argsort(-rate)[:ENOUGH_CHECKS] if rate[k] >= threshold]
+        if len(top) == ENOUGH_CHECKS:
+            return True  # too many to check: far from enough
+        fastest = [cost.predict_s(params[k], math.exp(mean[k] + UCB_BETA * sd[k])) for k in top]
+        top = [
+            k for k, seconds in zip(top, fastest, strict=True)
+            if candidates[k] in chosen_from  # checked already
+            or (seconds <= self._limit_s(params[k]) and self._runs(candidates[k], records))
+        ]  # fmt: skip
+        indices = [candidates[k] for k in top]
+        fits = self._fits(indices, records) if indices else np.zeros(0)
+        return bool(np.any(rate[top] * fits >= threshold))
 
     def within_budget(self, untried: list[int], records: list[TrialRecord]) -> list[int]:
         """The settings whose estimate, calibrated on the measured peaks

@@ -43,7 +43,7 @@ from autotune.study import checks
 from autotune.study.launch import launch, stop_threshold
 from autotune.study.observer import SearchObserver
 from autotune.study.recovery import heartbeat, note_interruption, recover, this_process
-from autotune.study.sampler import AskTellGridSampler, suggest
+from autotune.study.sampler import AskTellGridSampler, says_enough, suggest
 
 MAX_REPEATS = 50
 RUNNING_BACKOFF_S = 0.5
@@ -196,6 +196,11 @@ class _Loop:
 
     def one_trial(self, trial: optuna.Trial) -> str | None:
         """Propose, check, run and tell one trial; a reason when the loop must stop."""
+        enough = says_enough(self.study.sampler, trial)
+        if enough is not None:  # before any parameter is set: a later run may still try it
+            trial.set_user_attr(NOT_RUN_ATTR, enough)
+            self.study.tell(trial, state=TrialState.FAIL)
+            return f"{enough}: {self.done} trials finished"
         params = self.propose(trial)
         # Read again, after publishing: a trial another process recorded since the refresh
         # (before `ask`) must count as measured here, or these settings would run twice (seen

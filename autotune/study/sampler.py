@@ -56,6 +56,13 @@ def make_sampler(plan: SearchPlan, *, seed: int) -> optuna.samplers.BaseSampler:
     return AskTellGridSampler(plan.space.grid(plan.rules), seed=seed)
 
 
+def says_enough(sampler: optuna.samplers.BaseSampler, trial: optuna.Trial) -> str | None:
+    """Why the search should stop before this trial, where the sampler can tell (`sampler=auto`:
+    no untried setting is worth its trial, `EffectsSampler.enough`)."""
+    enough = getattr(sampler, "enough", None)
+    return enough(trial.number) if enough is not None else None
+
+
 class AskTellGridSampler(optuna.samplers.GridSampler):
     """Optuna's grid, for an ask-and-tell loop: `run_search` checks `is_exhausted` itself.
 

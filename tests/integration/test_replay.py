@@ -17,6 +17,7 @@ import yaml
 from autotune.common.trial import Status
 from autotune.plan.estimate import Measured, calibrated_gib
 from autotune.replay import Landscape, replay
+from autotune.store.records import NOT_RUN_ATTR
 
 ROOT = Path(__file__).parents[2]
 LANDSCAPES = sorted((ROOT / "benchmarks" / "landscapes").glob("*.json"))
@@ -148,17 +149,37 @@ def test_a_replay_runs_the_loop_on_the_recorded_answers_and_skips_use_up_no_tria
         point = land.answer(record.params)
         assert record.result.samples_per_s == point.get("samples_per_s")
         if record.status is Status.STOPPED:  # under half the best: its last timed steps cut
-            assert point["status"] == "ok" and record.result.wall_s < point["wall_s"]
+            assert point["status"] == "ok" and 0 < record.result.wall_s < point["wall_s"]
             continue
         assert record.status.value == point["status"]
         assert record.result.wall_s == point["wall_s"]  # the trial's recorded cost, replayed
     assert Status.STOPPED in {r.status for r in ran}, "TPE's losers stop early"
+    # The trials run the steps the landscape was recorded with: its wall times hold.
+    assert (replayed.plan.config.warmup_steps, replayed.plan.config.measure_steps) == (2, 5)
     assert replayed.clock_s == pytest.approx(sum(r.result.wall_s for r in ran))
     again = replay(land, n_trials=15, seed=1, sampler="tpe")
     assert again.answered == replayed.answered, "seeded: repeatable"
     auto = replay(land, n_trials=15, seed=1)
     assert [r.status for r in auto.records].count(Status.SKIPPED) == 0
     assert replay(land, n_trials=15, seed=1).answered == auto.answered, "seeded: repeatable"
+
+
+def test_a_search_stops_by_itself_once_no_untried_setting_is_worth_its_trial():
+    """needle-tiny (96 settings, every one fits): with room for 80 trials, `sampler=auto`
+    stops when the model expects no untried setting to gain 0.1% of samples/s a minute of its
+    trial, having found the optimum within 2%; `min_gain_per_minute=0` runs on."""
+    land = next(land for land in RECORDED if land.name == "needle-tiny-s128")
+    replayed = replay(land, n_trials=80, seed=0)
+    last = replayed.study.trials[-1]
+    assert last.user_attrs[NOT_RUN_ATTR].startswith("the model expects no untried setting")
+    assert last.params == {}, "stopped before it was given settings: a later run may try them"
+    ran = replayed.answered
+    assert 20 <= len(ran) < 60
+    best = max(p["samples_per_s"] for p in ran if land.feasible(p))
+    assert best >= 0.98 * land.optimum()
+    on = replay(land, n_trials=80, seed=0, min_gain_per_minute=0)
+    assert len(on.answered) == 80
+    assert on.answered[: len(ran)] == ran, "the same search up to the stop"
 
 
 def test_relative_samplers_learn_from_the_baseline_on_and_differ_from_random():
