@@ -24,6 +24,7 @@ from autotune.common.device import DeviceInfo
 from autotune.common.errors import AutotuneError, DataError, StudyError
 from autotune.common.knobs import MathChange, describe_params
 from autotune.common.layout import OUTPUTS
+from autotune.common.output_files import make_folder
 from autotune.common.trial import Status, TrialResult
 from autotune.common.urls import safe_url
 from autotune.common.user_data import read_ready
@@ -483,6 +484,7 @@ def prepare_inputs(plan: SearchPlan, observer: SearchObserver) -> None:
     has it already), or check the user's Trainer factory; each in a subprocess, as both
     import torch. Problems are AutotuneErrors, raised before the study is touched."""
     if plan.data is not None and plan.data_dir is not None:
+        make_folder(plan.data_dir.parent, plan.study_dir)  # checked: the trials read it
         with observer.busy(f"preparing data={plan.data.data}") as status:
             show = getattr(status, "update", lambda text: None)  # a live terminal's spinner
             folder = user_data.prepare_in_subprocess(plan.data, plan.data_dir.parent, show)

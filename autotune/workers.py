@@ -41,6 +41,7 @@ from optuna.trial import TrialState
 
 from autotune.common.errors import AutotuneError, ConfigError
 from autotune.common.layout import PROGRESS_FILE, SPEC_FILE, WORKERS, trial_dir
+from autotune.common.output_files import make_folder, open_log
 from autotune.common.processes import die_with_parent
 from autotune.common.trial import Progress, read_progress, write_json_atomic
 from autotune.execute.base import Submission, TrialExecutor, TrialHandle
@@ -95,7 +96,7 @@ def run_workers(
         raise ConfigError(f"workers={len(plan.slots)}: a {shown} cannot be handed to worker "
                           "processes; use workers=1")  # fmt: skip
     folder = plan.study_dir / WORKERS / f"{socket.gethostname()}-{os.getpid()}"
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder, plan.study_dir)
     # What the workers were given, for people: without the storage URL, which may hold a
     # password, and the study folder is no place for one (it is kept, shared, copied).
     record = {"settings": plan.config.model_dump(mode="json", exclude={"storage"}),
@@ -162,7 +163,7 @@ class _Handoff:
 
 
 def _start(folder: Path, index: int, handoff: bytes) -> subprocess.Popen:
-    with open(_log(folder, index), "ab") as log:
+    with open(open_log(_log(folder, index), append=True), "ab") as log:
         worker = subprocess.Popen(
             [sys.executable, "-m", "autotune.workers", str(folder), str(index)],
             stdin=subprocess.PIPE,

@@ -35,7 +35,7 @@ def forked_main(spec_path: str, result_path: str, log_path: str) -> None:
     # fork server of this worker's own would hold its alive pipe and outlive everything. Fork
     # them, as a worker started by CommandLauncher does, so they die with this process.
     multiprocessing.set_start_method("fork", force=True)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     for fd in (1, 2):
         os.dup2(log_fd, fd)
     started_s = time.perf_counter()

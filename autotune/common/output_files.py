@@ -16,6 +16,7 @@ import errno
 import os
 import pwd
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -92,20 +93,76 @@ def _write_error(path: Path, size_bytes: int, exc: OSError) -> StudyError:
 
 
 def check_owner(folder: Path) -> None:
-    """Refuse an existing folder that another user owns, before anything is written into it.
+    """Refuse an existing study folder that another user owns or may write into, before
+    anything is written into it.
 
-    Whoever owns a folder can plant links and files in it at any moment, and a search trusts
-    what its study folder holds: trials read the data cache there, worker processes run the
-    command their spec there names."""
+    Whoever can write into a folder can plant links and files in it at any moment, and a
+    search trusts what its study folder holds: trials read the data cache there, worker
+    processes run the command their spec there names, and logs are written there."""
     try:
-        owner_uid = folder.stat().st_uid
+        info = folder.stat()
     except OSError:
         return  # none yet: made by this process, as this user (or its making says why not)
-    if owner_uid != os.geteuid():
+    _refuse_unsafe(folder, info)
+
+
+def make_folder(folder: Path, root: Path) -> Path:
+    """Create `folder` (and what is missing of it) inside the study folder `root`, each part
+    from `root` down checked as it is met: a real folder (not a link), this user's, and not
+    writable by others. Nobody else can then put a link on the way to what autotune writes in
+    it; a file there is still opened without following a link (`open_log`, `write_atomic`).
+    Raises a StudyError naming the part refused."""
+    _refuse_unsafe(root, root.stat())
+    current = root
+    for part in folder.relative_to(root).parts:
+        current = current / part
+        try:
+            os.mkdir(current, 0o755)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise _write_error(current, 0, exc) from exc
+        _refuse_unsafe(current, os.lstat(current))
+    return folder
+
+
+def open_log(path: Path, *, append: bool = False) -> int:
+    """A file descriptor for writing a log at `path`, created if missing, emptied unless
+    `append`, never through a link planted at its name (O_NOFOLLOW). Raises a StudyError."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags |= os.O_APPEND if append else os.O_TRUNC
+    try:
+        return os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StudyError(
+                f"{path} is a link: autotune does not write through links in a study folder "
+                "(someone may have planted it to have a file of yours overwritten). Remove it "
+                "and run again"
+            ) from None
+        raise _write_error(path, 0, exc) from exc
+
+
+def _refuse_unsafe(path: Path, info: os.stat_result) -> None:
+    if stat.S_ISLNK(info.st_mode):
         raise StudyError(
-            f"the study folder {folder} is owned by {_user(owner_uid)}, not by this user "
+            f"{path} is a link: autotune does not write through links in a study folder "
+            "(someone may have planted it to have a file of yours overwritten). Remove it and "
+            "run again"
+        )
+    if not stat.S_ISDIR(info.st_mode):
+        raise StudyError(f"cannot use {path} as a folder: it is not one")
+    if info.st_uid != os.geteuid():
+        raise StudyError(
+            f"{path} is owned by {_user(info.st_uid)}, not by this user "
             f"({_user(os.geteuid())}): its owner could replace what autotune writes and runs "
             "there. Use an out= folder of your own"
+        )
+    if info.st_mode & stat.S_IWOTH:
+        raise StudyError(
+            f"{path} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}): any of "
+            "them could plant a link there for autotune to write through. Run `chmod o-w "
+            f"{path}`, or use an out= folder of your own"
         )
 
 

@@ -37,6 +37,7 @@ from autotune.common.layout import (
     SPEC_FILE,
     WORKER_LOG,
 )
+from autotune.common.output_files import open_log
 from autotune.common.processes import descendants, die_with_parent, end_processes
 from autotune.common.trial import (
     Progress,
@@ -107,7 +108,7 @@ class CommandLauncher:
         pass  # every worker is a fresh process: nothing to prepare
 
     def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker:
-        with open(log_path, "wb") as log:
+        with open(open_log(log_path), "wb") as log:
             proc = subprocess.Popen(
                 [*self.command, str(spec_path), str(result_path)],
                 stdin=subprocess.DEVNULL,

@@ -14,6 +14,8 @@ import os
 import threading
 from pathlib import Path
 
+from autotune.common.output_files import open_log
+
 LOG_CAP_BYTES = 10 * 2**20
 LOG_KEEP_BYTES = 5 * 2**20
 """What is left once the cap is reached: room for as much again before the next cut."""
@@ -39,7 +41,8 @@ class CappedLog:
         self._read_fd = os.open(pipe_path, os.O_RDONLY | os.O_NONBLOCK)
         os.set_blocking(self._read_fd, True)
         self._write_fd: int | None = os.open(pipe_path, os.O_WRONLY)
-        self._log = open(log_path, "w+b")  # closed by the copying thread
+        # Never through a link planted at its name; closed by the copying thread.
+        self._log = open(open_log(log_path), "w+b")
         self._thread = threading.Thread(target=self._copy, name="worker-log", daemon=True)
         self._thread.start()
 
