@@ -34,6 +34,7 @@ from autotune.outputs.snapshot import StudySnapshot, read_snapshot
 from autotune.outputs.study_folder import table, write_study_folder
 from autotune.plan import conditions, factories, software_cache, user_data
 from autotune.plan.config import RunConfig, WorkerConfig, make_config
+from autotune.plan.factory_trust import describe
 from autotune.plan.plan import SearchPlan, make_plan
 from autotune.plan.run_info import RunInfo
 from autotune.store.records import (
@@ -343,6 +344,9 @@ def _plan_of_stored(
         with observer.busy("probing the device"):
             device_info = software_cache.probe_device()
     plan = make_plan(config, device_info)
+    if config.trainer is not None:  # the study's factory (join_config checked its sha256)
+        runs = describe(config.trainer, Path.cwd())  # where join_config looked it up
+        observer.runs_code(f"trainer={config.trainer}: runs {runs}")
     prepare_inputs(plan, observer)
     return stored, plan
 

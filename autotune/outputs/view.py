@@ -155,6 +155,9 @@ class TerminalView(SearchObserver):
             self.bar.running[number] = f"{self.running_params[number]}, {_step(progress)}"
             self.bar.refresh()
 
+    def runs_code(self, what: str) -> None:
+        self.report.line(escape(what))
+
     def warned(self, message: str) -> None:
         self.report.line(f"[yellow]warning:[/] {escape(message)}", always=True)
 

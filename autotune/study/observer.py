@@ -44,6 +44,10 @@ class SearchObserver:
     def worker_failed(self, index: int, how: str, log_tail: str) -> None:
         """Worker `index` of several (`workers=N`) ended in an error; the others go on."""
 
+    def runs_code(self, what: str) -> None:
+        """Code the stored study names is about to run (`autotune confirm`, `verify`): which
+        file, with its sha256, said before it is imported."""
+
     def warned(self, message: str) -> None:
         """Something the user must hear now, while a trial runs (the study file deleted)."""
 

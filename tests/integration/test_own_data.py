@@ -2,6 +2,7 @@
 as the README's "Your own data" and "Your own Trainer" sections show them."""
 
 import csv
+import hashlib
 import json
 import os
 import re
@@ -151,6 +152,18 @@ def test_the_users_trainer_is_what_each_trial_times(tmp_path):
     assert all(r.result.trained_model == "bert" for r in records)
     assert all(0 < r.result.trained_seq_len < 128 for r in records)
     assert "note: the factory trains bert on batches of up to" in proc.stdout
+
+    # Confirming and verifying import the factory the study's database names: each says which
+    # file it runs, with its sha256 (the one the search checked), before it does.
+    sha = hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()
+    for again, then in (
+        (["confirm", "rounds=1"], "confirming:"),
+        (["verify", "steps=4"], "verified:"),
+    ):
+        proc = autotune(again[0], str(tmp_path / "mine"), *again[1:], cwd=ROOT)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        said = f"trainer={EXAMPLE}:make_trainer: runs {EXAMPLE} (sha256 {sha})"
+        assert said in proc.stdout and proc.stdout.index(said) < proc.stdout.index(then)
 
     script = (tmp_path / "mine" / "recommended.py").read_text()
     assert f"'factory': '{EXAMPLE}:make_trainer'" in script
