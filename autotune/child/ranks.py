@@ -31,6 +31,7 @@ import datetime
 import json
 import os
 import signal
+import socket
 import sys
 import traceback
 from collections.abc import Callable, Mapping
@@ -46,6 +47,10 @@ from autotune.common.processes import die_with_parent
 from autotune.common.trial import Status, TrialResult, TrialSpec, write_json_atomic
 
 HOST = "127.0.0.1"
+"""Every rank of a trial runs on this host: the rendezvous store and the collectives' sockets
+listen on loopback alone, never on an address another host can reach."""
+LOOPBACK = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+"""The collectives' sockets on loopback (unless the user's environment says otherwise)."""
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)
 """How long a collective waits for a rank that does not come. The trial's own timeout (the
 parent's) is what ends a trial with a frozen rank; this only bounds a rank left alone."""
@@ -130,7 +135,9 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
         cuda_free.refuse_fork(f"the trial's {world_size} forked rank(s)")
     except cuda_free.CudaInitialised as exc:
         return TrialResult(status=Status.ERROR, reason=str(exc)[:300], stderr_tail=str(exc))
-    store = dist.TCPStore(HOST, 0, world_size, is_master=True, wait_for_workers=False)
+    listener = loopback_listener()
+    store = dist.TCPStore(HOST, listener.getsockname()[1], world_size, is_master=True,
+                          wait_for_workers=False, master_listen_fd=listener.fileno())  # fmt: skip
     worker = os.getpid()
     pids = {}
     for rank in range(world_size):
@@ -152,6 +159,15 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
             )
         pids[pid] = rank
     return _wait(pids, folder)
+
+
+def loopback_listener() -> socket.socket:
+    """A socket listening on HOST at a free port, for the rendezvous store to serve on:
+    `TCPStore` given a port alone listens on every interface."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind((HOST, 0))
+    listener.listen(128)
+    return listener
 
 
 def _rank_main(
@@ -186,6 +202,8 @@ def _join_and_train(
                 MASTER_ADDR=HOST, MASTER_PORT=str(port),
                 OMP_NUM_THREADS=str(len(cores)),  # else accelerate sets threads of its own
             )  # fmt: skip
+        for name, value in LOOPBACK.items():
+            os.environ.setdefault(name, value)
         store = dist.TCPStore(HOST, port, rank.world_size, is_master=False, timeout=GROUP_TIMEOUT)
         if rank.on_cuda:  # the rank's own GPU, of those its worker was given
             torch.cuda.set_device(own_device_first(rank) if rank.fsdp else rank.rank)

@@ -262,3 +262,27 @@ def test_the_exported_launch_command_trains_each_strategy_on_two_ranks(tmp_path,
         tmp_path / "run1", output_loading_info=True
     )
     assert not loading["missing_keys"] and not loading["mismatched_keys"], loading
+
+
+def test_nothing_a_two_rank_trial_listens_on_is_reachable_from_another_host(tmp_path):
+    """The rendezvous store (served by the worker) and the collectives' sockets (the ranks')
+    listen on 127.0.0.1 alone: `TCPStore` given a port listens on every interface."""
+    listening: list[tuple[str, int]] = []
+
+    def on_progress(progress):
+        if progress.stage is Stage.MEASURING and not listening:
+            workers = [p for p in psutil.Process().children()
+                       if "-m autotune.child " in " ".join(p.cmdline())]  # fmt: skip
+            for process in workers + [c for w in workers for c in w.children()]:
+                listening.extend(
+                    c.laddr[:2] for c in process.net_connections(kind="inet")
+                    if c.status == psutil.CONN_LISTEN
+                )  # fmt: skip
+
+    result = launch_trial(
+        two_rank_spec("ddp", measure_steps=30), tmp_path, timeout_s=600,
+        launcher=CommandLauncher(WORKER_COMMAND), on_progress=on_progress,
+    )  # fmt: skip
+    assert result.status is Status.OK, result.reason
+    assert len(listening) >= 2, "the store, and gloo's sockets between the ranks"
+    assert {address for address, _ in listening} == {"127.0.0.1"}, listening
