@@ -5,10 +5,12 @@ back)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
+from autotune.common.errors import StudyError
 from autotune.common.units import GIB
+from autotune.common.version import __version__
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,12 +77,21 @@ class RunInfo:
         return self.memory_budget_gib * (1 - self.headroom)
 
     @classmethod
-    def from_stored(cls, stored: dict[str, Any]) -> RunInfo:
-        """From the study's stored dict, as any autotune stored it."""
+    def from_stored(cls, stored: dict[str, Any], study: str = "") -> RunInfo:
+        """From the study's stored dict, as any earlier autotune stored it. Raises a StudyError
+        for one a later autotune wrote (keys this one does not know)."""
         stored = dict(stored)
         if "batch_mode" in stored:  # studies made before the setting itself was stored
             fixed = re.match(r"effective batch (\d+)", stored.pop("batch_mode"))
             stored["effective_batch_size"] = int(fixed.group(1)) if fixed else None
+        unknown = sorted(set(stored) - {f.name for f in fields(cls)})
+        if unknown:
+            made_by = (stored.get("versions") or {}).get("autotune", "an unknown version")
+            raise StudyError(
+                f"study={study} was made by autotune {made_by}, and stores settings this "
+                f"autotune ({__version__}) does not know: {', '.join(unknown)}. Open it with "
+                "the autotune that made it (or a later one), or start another study"
+            )
         return cls(**stored)
 
 

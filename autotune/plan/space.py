@@ -198,6 +198,20 @@ class SearchSpace:
                 found[name] = (optuna.distributions.CategoricalDistribution([value]), value)
         return found
 
+    def distributions(
+        self, rules: SamplingRules, *, draws: int = 256
+    ) -> dict[str, optuna.distributions.BaseDistribution]:
+        """The Optuna parameters `sample` suggests, with the distribution of each (a study holds
+        one per name), seen over `draws` random walks of the space (seeded: the same each time;
+        a parameter suggested on fewer than ~2% of the settings may be missed)."""
+        rng = np.random.default_rng(0)
+        seen: dict[str, optuna.distributions.BaseDistribution] = {}
+        for _ in range(draws):
+            walker = _Walker({}, rng)
+            self.sample(walker, rules)  # type: ignore[arg-type]
+            seen.update(walker.distributions)
+        return seen
+
     def holds(self, params: dict[str, Any], rules: SamplingRules) -> bool:
         """Whether every parameter `sample` would suggest for these settings holds their
         value: then they are a point of the space as the samplers see it."""
@@ -231,8 +245,10 @@ class _Walker:
     def __init__(self, fixed: dict[str, Any], rng: np.random.Generator | None = None) -> None:
         self.fixed = fixed
         self.rng = rng
+        self.distributions: dict[str, optuna.distributions.BaseDistribution] = {}
 
     def suggest_categorical(self, name: str, choices: tuple[Any, ...]) -> Any:
+        self.distributions[name] = optuna.distributions.CategoricalDistribution(choices)
         if name not in self.fixed:
             if self.rng is None:
                 raise _Branch(name, tuple(choices))
@@ -240,7 +256,9 @@ class _Walker:
         return self.fixed[name]
 
     def suggest_int(self, name: str, low: int, high: int) -> int:
-        return self.suggest_categorical(name, tuple(range(low, high + 1)))
+        value = self.suggest_categorical(name, tuple(range(low, high + 1)))
+        self.distributions[name] = optuna.distributions.IntDistribution(low, high)
+        return value
 
 
 class _Recorder:

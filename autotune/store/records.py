@@ -82,7 +82,7 @@ def run_info(study: optuna.Study) -> RunInfo:
     """The `RunInfo` the study was made with."""
     if RUN_ATTR not in study.user_attrs:
         raise StudyError(f"study {study.study_name} was not made by autotune search")
-    return RunInfo.from_stored(study.user_attrs[RUN_ATTR])
+    return RunInfo.from_stored(study.user_attrs[RUN_ATTR], study.study_name)
 
 
 def store_run_info(study: optuna.Study, info: RunInfo) -> None:

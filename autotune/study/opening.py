@@ -101,6 +101,7 @@ def open_study(
     stored = run_info(study) if RUN_ATTR in study.user_attrs else None
     plan = settle(plan, stored, joining=joining)
     trials = study.get_trials(deepcopy=False)
+    _refuse_other_values(plan, trials)
     # Offset the seed by the trials already run, so a resumed study does not replay the same
     # random start-up proposals it made the first time; a worker among several by its pid, so
     # that they do not all propose the same start-up points.
@@ -117,6 +118,33 @@ def open_study(
         # Queued before any worker starts, so that none of them queues it too.
         enqueue_baseline(study, trials, plan.space.optuna_params(plan.baseline, plan.rules))
     return study, plan
+
+
+def _refuse_other_values(plan: SearchPlan, trials: list[FrozenTrial]) -> None:
+    """Refuse a space whose knobs take other values than the study's trials were given (the
+    space file was edited): Optuna keeps one set of values per parameter in a study, and would
+    fail the first trial that asks with the new ones."""
+    stored: dict[str, optuna.distributions.BaseDistribution] = {}
+    for trial in trials:
+        stored.update(trial.distributions)
+    now = plan.space.distributions(plan.rules)
+    changed = [
+        f"{name} ({_values(stored[name])} in the study, {_values(now[name])} now)"
+        for name in sorted(set(stored) & set(now))
+        if stored[name] != now[name]
+    ]
+    if changed:
+        raise StudyError(
+            f"study={plan.study_name} was searched with other values of {'; '.join(changed)}. "
+            "A study keeps each knob's values: restore them in the space, or search the new "
+            "space as another study= name (or out= folder)"
+        )
+
+
+def _values(distribution: optuna.distributions.BaseDistribution) -> str:
+    if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+        return str(list(distribution.choices))
+    return f"{distribution.low}..{distribution.high}"  # type: ignore[attr-defined]
 
 
 def study_settings(plan: SearchPlan) -> dict[str, Any]:
@@ -150,7 +178,8 @@ def join_config(worker: WorkerConfig) -> RunConfig:
             f"study={name} stores no search settings (it was made by an older autotune or by "
             "Optuna alone): resume it with autotune search"
         )
-    stored_trainer = study.user_attrs.get(RUN_ATTR, {}).get("trainer")
+    # Read whole, before anything runs: a study a later autotune wrote is refused here.
+    stored_trainer = run_info(study).trainer if RUN_ATTR in study.user_attrs else None
     # Before anything imports it: the worker's own choice, or the very file the search checked.
     trainer = factory_to_run(stored_trainer, worker.trainer, Path.cwd(), name)
     own = worker.model_dump(exclude={"study", "storage", "trainer"})

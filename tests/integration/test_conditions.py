@@ -136,3 +136,45 @@ def test_recommended_json_and_the_report_say_where_the_study_came_from(tmp_path)
     assert provenance["started"] == first["started"] and provenance["ended"] == second["ended"]
     report = (tmp_path / "origin" / "report.html").read_text()
     assert "provenance: command" in report and "study=origin n_trials=2 seed=5" in report
+
+
+def test_a_resume_after_the_space_file_changed_a_knobs_values_is_refused_naming_it(
+    tmp_path, capsys
+):
+    """Optuna keeps one set of values per parameter: an edited space used to crash the first
+    trial that asked (ValueError, exit 1, a trial left RUNNING)."""
+    import optuna
+
+    space = tmp_path / "space.yaml"
+    space.write_text("device: any\nknobs:\n  batch_size: {choices: [8, 16]}\n  optim: sgd\n")
+    assert search(tmp_path, "edited", f"space={space}", "n_trials=2") == 0
+    space.write_text("device: any\nknobs:\n  batch_size: {choices: [8, 16, 32]}\n  optim: sgd\n")
+    capsys.readouterr()
+    assert search(tmp_path, "edited", f"space={space}", "n_trials=4") == 2
+    err = flat(capsys.readouterr().err)
+    assert "study=edited was searched with other values of batch_size ([8, 16] in the study, " \
+           "[8, 16, 32] now)" in err  # fmt: skip
+    assert "Traceback" not in err
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'edited/study.db'}")
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
+
+
+@pytest.mark.parametrize("command", ["search", "worker", "report", "confirm"])
+def test_a_study_a_later_autotune_wrote_is_refused_in_one_message(tmp_path, capsys, command):
+    import optuna
+
+    assert search(tmp_path, "later", "n_trials=1") == 0
+    url = f"sqlite:///{tmp_path / 'later/study.db'}"
+    study = optuna.load_study(study_name=None, storage=url)
+    info = study.user_attrs[RUN_ATTR]
+    study.set_user_attr(RUN_ATTR, info | {"versions": {"autotune": "9.0"}, "quantum": True})
+    capsys.readouterr()
+    where = [str(tmp_path / "later")] if command in ("report", "confirm") else []
+    argv = [command, *where, *([] if where else [f"out={tmp_path}", "study=later"])]
+    if command == "search":
+        argv += [f"model={TINY_MODEL}", "seq_len=32", "confirm_rounds=0", "n_trials=2"]
+    assert cli.main(argv, executor=fake_executor("ok")) == 2
+    err = flat(capsys.readouterr().err)
+    assert ("study=later was made by autotune 9.0, and stores settings this autotune "
+            f"({__version__}) does not know: quantum") in err, err  # fmt: skip
+    assert "Traceback" not in err
