@@ -21,7 +21,7 @@ import optuna
 
 from autotune import workers
 from autotune.common.device import DeviceInfo
-from autotune.common.errors import AutotuneError, DataError, StudyError
+from autotune.common.errors import AutotuneError, ConfigError, DataError, StudyError
 from autotune.common.knobs import MathChange, describe_params
 from autotune.common.layout import OUTPUTS
 from autotune.common.output_files import make_folder
@@ -260,6 +260,7 @@ def run(
         with observer.busy("probing the device"):
             device_info = software_cache.probe_device()
     plan = make_plan(config, device_info)
+    _refuse_certain_timeouts(plan)
     prepare_inputs(plan, observer)
     with locked_study(plan) as (study, plan), stop_signals() as signals:
         store_run_end(study, None)  # running: an earlier search's end no longer holds
@@ -509,6 +510,29 @@ def prepare_inputs(plan: SearchPlan, observer: SearchObserver) -> None:
             factories.check_in_subprocess(
                 plan.info.trainer["factory"], Path(plan.info.trainer["search_dir"])
             )
+
+
+def _refuse_certain_timeouts(plan: SearchPlan) -> None:
+    """Refuse a search whose every trial would time out: the least work any trial of the
+    space does needs more compute, at the fastest this device computes, than trial_timeout
+    allows (`force=true` runs it anyway)."""
+    least, config = plan.least_trial_s(), plan.config
+    if least is None or least[0] <= config.trial_timeout or config.force:
+        return
+    seconds, rate = least
+    steps = config.warmup_steps + config.measure_steps
+    raise ConfigError(
+        f"every trial would time out: the least work a trial of this space does ({steps} steps "
+        f"at its smallest batch) needs at least {_minutes(seconds)} of compute at "
+        f"{rate:.3g} TFLOP/s, the fastest this {plan.device} computes, over "
+        f"trial_timeout={_minutes(config.trial_timeout)}. Raise trial_timeout, lower "
+        "seq_len, measure_steps or warmup_steps, search a smaller model or on a faster device; "
+        "force=true runs it anyway"
+    )
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def _run_workers(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.common import trial
-from autotune.common.knobs import describe_params
+from autotune.common.knobs import describe_params, effective_batch
 from autotune.common.layout import SEARCH_LOG, WORKER_LOG, trial_dir
 from autotune.common.trial import Status, TrialResult
 from autotune.common.units import format_bytes, format_gib
@@ -32,6 +33,7 @@ from autotune.outputs.snapshot import StudySnapshot, trained_note
 from autotune.plan.plan import SearchPlan
 from autotune.plan.run_info import RunInfo
 from autotune.store.records import Ending, TrialRecord
+from autotune.study.cost import remaining_s
 from autotune.study.observer import SearchObserver
 
 # Piped output (logs, CI) gets long lines instead of rich's 80-column default, so names and
@@ -97,6 +99,7 @@ class TerminalView(SearchObserver):
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             TextColumn("{task.fields[best]}"),
+            TextColumn("{task.fields[eta]}"),
             console=console,
             transient=True,
             disable=not self.live,
@@ -107,6 +110,10 @@ class TerminalView(SearchObserver):
         self.trainer_info: RunInfo | None = None
         self.best = 0.0
         self.running_params: dict[int, str] = {}
+        self.records: list[TrialRecord] = []
+        self.steps = 0
+        self.space_batch = 8.0
+        self.floor: tuple[float, float] | None = None
 
     def busy(self, what: str) -> contextlib.AbstractContextManager[Any]:
         return console.status(what) if self.live else contextlib.nullcontext()
@@ -134,7 +141,28 @@ class TerminalView(SearchObserver):
         self.confirm_rounds = plan.config.confirm_rounds
         self.trainer_info = plan.info if plan.info.trainer is not None else None
         self.total = plan.config.n_trials
-        self.task = self.bar.add_task("trials", total=self.total, completed=done_before, best="")
+        self.steps = plan.config.warmup_steps + plan.config.measure_steps
+        self.space_batch = space_batch(plan)
+        self.floor = plan.compute_floor_s(plan.baseline)
+        self.task = self.bar.add_task("trials", total=self.total, completed=done_before, best="",
+                                      eta="")  # fmt: skip
+
+    def _slower_than_probed(self, baseline: TrialRecord) -> None:
+        """Said once, after the baseline: its steps computed at under SLOW_SHARE of the rate
+        the device's probe (or datasheet) promised."""
+        result = baseline.result
+        if self.floor is None or not result.samples_per_s:
+            return
+        floor_s, rate = self.floor
+        steps_s = self.steps * effective_batch(baseline.params) / result.samples_per_s
+        if floor_s < SLOW_SHARE * steps_s:
+            self.report.line(
+                f"[yellow]note:[/] the baseline computed at {floor_s / steps_s:.1%} of the "
+                f"{rate:.3g} TFLOP/s this device was probed at: slower than expected (other "
+                "processes on its cores, a throttled clock?); every time here is what it "
+                "measures now",
+                always=True,
+            )
 
     def watching(self) -> contextlib.AbstractContextManager[Any]:
         return self.bar
@@ -190,8 +218,13 @@ class TerminalView(SearchObserver):
             self.trainer_info = None  # said once, from the first successful trial
             if note:
                 self.report.line(f"[yellow]note:[/] {escape(note)}")
+        self.records.append(record)
+        left = remaining_s(self.records, self.steps, self.space_batch, self.total - done)
+        self.bar.update(self.task, eta="" if left is None else f"ETA {_duration(left)}")
         if record.baseline and record.status is Status.OK and record.result.wall_s:
-            self.report.line(_pace(record.result.wall_s, self.total - done, self.confirm_rounds))
+            self.report.line(_pace(record, left, self.total - done, self.space_batch,
+                                   self.confirm_rounds))  # fmt: skip
+            self._slower_than_probed(record)
 
     def ended(self, stopped: str) -> None:
         self.report.line(f"search ended: {stopped}")
@@ -213,6 +246,20 @@ class TerminalView(SearchObserver):
             figure = f"[red]{result.status.value}[/]: {escape(result.reason)}"
         self.report.line(f"{escape(f'[confirm {self.done}/{self.total}]')} round {round_number}, "
                          f"trial {record.number}: {figure}")  # fmt: skip
+
+
+def space_batch(plan: SearchPlan) -> float:
+    """The median samples a step of the space's settings: its batch sizes times its
+    accumulation steps (or the fixed effective batch)."""
+    if plan.rules.effective_batch_size:
+        return float(plan.rules.effective_batch_size)
+    knobs = plan.space.knobs
+
+    def median(name: str, default: int) -> float:
+        knob = knobs.get(name)
+        return statistics.median(knob.choices) if knob is not None else default
+
+    return median("batch_size", 8) * median("grad_accum", 1)
 
 
 def expectations(plan: SearchPlan) -> list[str]:
@@ -250,14 +297,23 @@ def expectations(plan: SearchPlan) -> list[str]:
     return lines
 
 
-def _pace(baseline_s: float, remaining: int, confirm_rounds: int) -> str:
-    confirming = (f", the confirmation about {_duration(baseline_s * confirm_rounds * 4)} at "
+def _pace(
+    baseline: TrialRecord, left_s: float | None, remaining: int, batch: float, confirm_rounds: int
+) -> str:
+    wall_s = baseline.result.wall_s or 0.0
+    confirming = (f", the confirmation about {_duration(wall_s * confirm_rounds * 4)} at "
                   "most") if confirm_rounds else ""  # fmt: skip
     return (
-        f"the baseline took {baseline_s:.1f} s: at its pace the {remaining} remaining trials "
-        f"take about {_duration(baseline_s * remaining)}{confirming} (larger batches take "
-        "longer)"
+        f"the baseline took {wall_s:.1f} s: at its pace a sample, the {remaining} remaining "
+        f"trials (the space's median batch: {batch:g} samples a step) take about "
+        f"{_duration(left_s or 0.0)}{confirming}; less where they train faster a sample, as "
+        "16-bit and larger batches often do (the bar's ETA follows the trials)"
     )
+
+
+SLOW_SHARE = 0.02
+"""A baseline computing at under this share of the device's probed rate is said to be slow:
+training reaches 5-50% of it (the quick start's baseline on an idle 2-core Xeon: 25%)."""
 
 
 def _duration(seconds: float) -> str:

@@ -198,6 +198,11 @@ class RunConfig(_ModelSettings):
         description="kill a trial after this long (e.g. 5m)",
         json_schema_extra={"metavar": "DURATION"},
     )
+    force: bool = Field(
+        False,
+        description="run a search even when every trial's least compute is over "
+        "trial_timeout (without it, such a search is refused before anything runs)",
+    )
     compile_timeout: Duration = Field(
         600.0,
         description="extra time a torch.compile trial gets for compiling (e.g. 10m)",

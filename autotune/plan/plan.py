@@ -91,6 +91,27 @@ class SearchPlan:
         samples = steps * int(params.get("batch_size", 8)) * int(params.get("grad_accum", 1))
         return samples * found.flops_per_sample / (rate * 1e12), rate
 
+    def least_trial_s(self) -> tuple[float, float] | None:
+        """`compute_floor_s` of the least work a trial of the space can do: its smallest batch
+        (and accumulation), without checkpointing, in its fastest precision; (seconds,
+        TFLOP/s), None when unknown. Over `trial_timeout`, every trial would time out."""
+        knobs = self.space.knobs
+        cheapest = dict(self.baseline) | {"gradient_checkpointing": False}
+        if "batch_size" in knobs:
+            cheapest["batch_size"] = min(knobs["batch_size"].choices)
+        if self.rules.effective_batch_size:
+            cheapest["grad_accum"] = max(
+                1, self.rules.effective_batch_size // int(cheapest.get("batch_size", 8))
+            )
+        elif "grad_accum" in knobs:
+            cheapest["grad_accum"] = min(knobs["grad_accum"].choices)
+        precisions = knobs["precision"].choices if "precision" in knobs else [None]
+        floors = [
+            self.compute_floor_s(cheapest | ({"precision": p} if p else {})) for p in precisions
+        ]
+        known = [floor for floor in floors if floor is not None]
+        return min(known) if known else None
+
     def _estimate(self, params: dict[str, Any]) -> Estimate | None:
         parameters = catalogue_parameter_counts().get(self.model.name)
         try:

@@ -59,3 +59,22 @@ class TrialCost:
         samples/s; None where its start-up alone could take that long."""
         left = limit_s - self.start_s - (self.compile_s if is_compiled(params) else 0.0)
         return self.steps * effective_batch(params) / left if left > 0 else None
+
+
+def remaining_s(
+    records: list[TrialRecord], steps: int, space_batch: float, trials: int
+) -> float | None:
+    """The wall time `trials` more trials take, predicted from the trials so far: each a
+    start-up (`TrialCost`) and its steps at the median per-sample pace measured, its work a
+    step the median effective batch of the trials since the baseline (before any: the
+    space's median, `space_batch`): a proposal training 8x the baseline's samples a step is
+    counted at 8x its steps' time. None before a trial was measured."""
+    measured = [r for r in records if r.status is Status.OK and r.result.samples_per_s]
+    if not measured:
+        return None
+    per_sample_s = statistics.median(1 / r.result.samples_per_s for r in measured)
+    proposals = [effective_batch(r.params) for r in records
+                 if not r.baseline and r.status is not Status.SKIPPED]  # fmt: skip
+    batch = statistics.median(proposals) if proposals else space_batch
+    cost = TrialCost.fit(records, steps)
+    return trials * (cost.start_s + steps * batch * per_sample_s)

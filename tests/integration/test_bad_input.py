@@ -95,3 +95,17 @@ def test_an_error_naming_a_user_string_prints_it_as_given(tmp_path, capsys):
     args = ["search", "model=[/x]not[bold]here", f"out={tmp_path}"]
     assert cli.main(args, executor=fake_executor("ok")) == 2
     assert "model=[/x]not[bold]here: not in the catalogue" in error_of(capsys)
+
+
+def test_a_search_whose_every_trial_would_time_out_is_refused_unless_forced(tmp_path, capsys):
+    """bert-large at seq 512 at 0.1 TFLOP/s: even the space's smallest batch needs more compute
+    than trial_timeout allows. It used to warn, then start hours of certain timeouts."""
+    argv = ["search", "model=bert-large-uncased", "seq_len=512", "peak_tflops=0.1",
+            f"out={tmp_path}", "study=big", "confirm_rounds=0", "n_trials=1"]  # fmt: skip
+    assert cli.main(argv, executor=fake_executor("ok")) == 2
+    err = " ".join(error_of(capsys).split())
+    assert "every trial would time out: the least work a trial of this space does (13 steps at " \
+           "its smallest batch) needs at least" in err  # fmt: skip
+    assert "over trial_timeout=10 min" in err and "force=true runs it anyway" in err
+    assert not (tmp_path / "big").exists()
+    assert cli.main([*argv, "force=true"], executor=fake_executor("ok")) == 0

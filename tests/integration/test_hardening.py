@@ -101,7 +101,8 @@ def test_kill_9_of_the_search_ends_every_process_it_started_within_two_seconds(t
     # The baseline (no loader workers) first, so trial 1 is the one: under the same measurement
     # conditions as the search below (a study keeps them), cut short by trial_timeout.
     first = subprocess.run(
-        search_command(tmp_path, f"space={space}", "n_trials=1", LONG, "trial_timeout=3s"),
+        search_command(tmp_path, f"space={space}", "n_trials=1", LONG, "trial_timeout=3s",
+                       "force=true"),
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert first.returncode == 3, first.stderr  # nothing to recommend: the baseline timed out
@@ -159,7 +160,7 @@ def test_the_first_trial_ends_within_trial_timeout_although_the_fork_server_star
     tmp_path,
 ):
     proc = subprocess.run(
-        search_command(tmp_path, "n_trials=1", LONG, "trial_timeout=3s"),
+        search_command(tmp_path, "n_trials=1", LONG, "trial_timeout=3s", "force=true"),
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 3, proc.stderr  # nothing to recommend: the only trial timed out

@@ -4,7 +4,7 @@ import pytest
 
 from autotune.common.trial import Status, TrialResult
 from autotune.store.records import TrialRecord
-from autotune.study.cost import COMPILE_OVER_START, TrialCost
+from autotune.study.cost import COMPILE_OVER_START, TrialCost, remaining_s
 
 EAGER = {"batch_size": 8, "precision": "fp32"}
 COMPILED = {"batch_size": 64, "precision": "bf16", "torch_compile": "inductor"}
@@ -43,3 +43,22 @@ def test_a_timeout_bounds_the_pace_it_could_have_had():
     bound = cost.pace_bound(big, 90.0)
     assert cost.predict_s(big, bound) == pytest.approx(90.0)
     assert cost.pace_bound(big, cost.start_s / 2) is None
+
+
+def test_the_trials_left_are_counted_at_the_work_they_do_a_step():
+    """The quick start's 5x low ETA: the baseline's batch 8 at its pace, while proposals
+    trained 32-64 samples a step. Before a proposal ended, the space's median batch; then
+    the proposals' own, at the median per-sample pace measured."""
+    result = TrialResult(status=Status.OK, samples_per_s=8.0, wall_s=14.0)
+    baseline = TrialRecord(number=0, params=EAGER, baseline=True, result=result)
+    assert remaining_s([], steps=13, space_batch=32, trials=5) is None
+    start = 14.0 - 13 * 8 / 8.0
+    assert remaining_s([baseline], steps=13, space_batch=32, trials=5) == pytest.approx(
+        5 * (start + 13 * 32 / 8.0)
+    )
+    big = {"batch_size": 64, "grad_accum": 2, "precision": "bf16"}
+    records = [baseline, ended(1, big, 32.0, start + 13 * 128 / 32.0)]
+    per_sample = (1 / 8.0 + 1 / 32.0) / 2
+    assert remaining_s(records, steps=13, space_batch=32, trials=4) == pytest.approx(
+        4 * (start + 13 * 128 * per_sample)
+    )
