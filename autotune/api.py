@@ -13,6 +13,7 @@ with the same defaults and checks (`autotune.plan.config.RunConfig`).
 from __future__ import annotations
 
 import contextlib
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ from autotune.plan.factory_trust import describe
 from autotune.plan.plan import SearchPlan, make_plan
 from autotune.plan.run_info import RunInfo
 from autotune.store.records import (
+    CONFIRMATION_ATTR,
     SETTINGS_ATTR,
     Ending,
     RunEnd,
@@ -263,12 +265,16 @@ def run(
     _refuse_certain_timeouts(plan)
     prepare_inputs(plan, observer)
     with locked_study(plan) as (study, plan), stop_signals() as signals:
+        done_before = trials_run(study)
         store_run_end(study, None)  # running: an earlier search's end no longer holds
-        observer.planned(plan, done_before=trials_run(study))
+        observer.planned(plan, done_before=done_before)
         this_run = _start_run(study, plan, "search", command, observer)
         try:
             stopped = _run_workers(plan, study, observer, executor)
-            _confirm(plan, study, config.confirm_rounds, observer, executor)
+            if trials_run(study) > done_before or CONFIRMATION_ATTR not in study.user_attrs:
+                _confirm(plan, study, config.confirm_rounds, observer, executor)
+            else:  # a finished search run again: its confirmed figures stand
+                observer.warned(_nothing_to_run(plan, done_before))
         except KeyboardInterrupt as exc:
             # Ctrl-C, SIGTERM or SIGHUP: the running trial was recorded as interrupted; what
             # finished is written, and the paths go with the exception to be said.
@@ -295,6 +301,16 @@ def run(
                        stopped=stopped)  # fmt: skip
             snapshot, paths = _write_outputs(study, plan, this_run)
     return SearchResult(snapshot=snapshot, study_dir=plan.study_dir, paths=paths, stopped=stopped)
+
+
+def _nothing_to_run(plan: SearchPlan, done: int) -> str:
+    folder = shlex.quote(str(plan.study_dir))
+    return (
+        f"nothing to run: study={plan.study_name} has {done} trials finished and no new one ran "
+        f"here (n_trials={plan.config.n_trials}); its confirmation stands. Raise n_trials to "
+        f"search further; `autotune confirm {folder}` measures its picks again, `autotune "
+        f"report {folder}` rewrites its outputs"
+    )
 
 
 def _store_end(

@@ -89,3 +89,18 @@ def test_autotune_confirm_measures_a_study_again(drifted, capsys):
     assert "[confirm 1/" in out and "confirmed: the baseline and the picks ran again 2 times" in out
     after = autotune.load(result.study_dir).snapshot.picks.confirmed
     assert after.rounds == 2 and after != before
+
+
+def test_a_finished_search_run_again_runs_nothing_and_keeps_its_confirmation(tmp_path, capsys):
+    argv = ["search", f"model={TINY_MODEL}", "seq_len=32", "n_trials=2", "confirm_rounds=1",
+            f"out={tmp_path}", "study=done"]  # fmt: skip
+    assert cli.main(argv, executor=fake_executor("ok")) == 0
+    confirmed = autotune.load(tmp_path / "done").snapshot.picks.confirmed
+    assert confirmed is not None
+    capsys.readouterr()
+    assert cli.main(argv, executor=fake_executor("ok")) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "nothing to run: study=done has 2 trials finished and no new one ran here" in out
+    assert f"`autotune confirm {tmp_path / 'done'}` measures its picks again" in out
+    assert "[confirm" not in out
+    assert autotune.load(tmp_path / "done").snapshot.picks.confirmed == confirmed
