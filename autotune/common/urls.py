@@ -10,9 +10,11 @@ MASK = "***"
 
 # Query (or libpq key=value) settings that hold a secret: libpq's `password` and `sslpassword`,
 # and what other dialects call theirs (`passwd`, `pwd`, tokens). Paths to files that hold one
-# (`passfile`, `sslkey`) say nothing secret and are shown.
+# (`passfile`, `sslkey`) say nothing secret and are shown, as is a `tokenizer=` (a token is
+# a secret, a tokenizer or a token count not).
 _SECRET_SETTING = re.compile(
-    r"(?P<key>(?:^|[?&;\s])[\w.-]*(?:passw|pwd|secret|token|credential)[\w.-]*=)(?P<value>[^&;\s]*)",
+    r"(?P<key>(?:^|[?&;\s])[\w.-]*(?:passw|pwd|secret|token(?![a-z])|credential)[\w.-]*=)"
+    r"(?P<value>[^&;\s]*)",
     re.IGNORECASE,
 )
 
