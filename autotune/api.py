@@ -13,6 +13,7 @@ with the same defaults and checks (`autotune.plan.config.RunConfig`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +23,16 @@ import optuna
 
 from autotune import workers
 from autotune.common.device import DeviceInfo
-from autotune.common.errors import AutotuneError, ConfigError, DataError, StudyError
+from autotune.common.errors import (
+    AutotuneError,
+    ConfigError,
+    DataError,
+    OutputsNotWritten,
+    StudyError,
+)
 from autotune.common.knobs import MathChange, describe_params
-from autotune.common.layout import OUTPUTS
-from autotune.common.output_files import make_folder
+from autotune.common.layout import OUTPUTS, STUDY_DB
+from autotune.common.output_files import check_owner, make_folder
 from autotune.common.trial import Status, TrialResult
 from autotune.common.urls import safe_url
 from autotune.common.user_data import read_ready
@@ -355,12 +362,17 @@ def _plan_of_stored(
     stored = load_study_dir(study_dir, storage, study)
     same = {k: v for k, v in stored.user_attrs.get(SETTINGS_ATTR, {}).items()
             if k in ("workers", "devices")}  # fmt: skip
+    # The folder as given, and its study.db: a study folder may have been copied or renamed
+    # since the search made it under out/STUDY_NAME.
+    url = storage or f"sqlite:///{(study_dir / STUDY_DB).resolve()}"
     config = join_config(WorkerConfig(out=study_dir.parent, study=stored.study_name,
-                                      storage=storage, **same))  # fmt: skip
+                                      storage=url, **same))  # fmt: skip
     if device_info is None:
         with observer.busy("probing the device"):
             device_info = software_cache.probe_device()
     plan = make_plan(config, device_info)
+    check_owner(study_dir)
+    plan = dataclasses.replace(plan, study_dir=study_dir.resolve())
     if config.trainer is not None:  # the study's factory (join_config checked its sha256)
         runs = describe(config.trainer, Path.cwd())  # where join_config looked it up
         observer.runs_code(f"trainer={config.trainer}: runs {runs}")
@@ -383,7 +395,7 @@ def confirm_study(
     with and its lock, and write its outputs anew."""
     observer = observer or SearchObserver()
     _, plan = _plan_of_stored(Path(study_dir), storage, study, observer, device_info)
-    with locked_study(plan) as (optuna_study, plan), stop_signals() as signals:
+    with locked_study(plan, "confirm") as (optuna_study, plan), stop_signals() as signals:
         this_run = _start_run(optuna_study, plan, "confirm", command, observer)
         try:
             _confirm(plan, optuna_study, rounds, observer, executor)
@@ -412,7 +424,7 @@ def verify_study(
     observer = observer or SearchObserver()
     stored, plan = _plan_of_stored(Path(study_dir), storage, study, observer, device_info)
     record = _record_to_verify(read_snapshot(stored), trial)
-    with locked_study(plan) as (optuna_study, plan), stop_signals() as signals:
+    with locked_study(plan, "verify") as (optuna_study, plan), stop_signals() as signals:
         this_run = _start_run(optuna_study, plan, "verify", command, observer)
         try:
             with plan.slots[0].applied():  # the cores (or device) the trials had
@@ -444,7 +456,16 @@ def _write_outputs(
         with contextlib.suppress(AutotuneError, optuna.exceptions.StorageInternalError):
             end_run(study, *this_run)
     snapshot = read_snapshot(study)
-    return snapshot, write_study_folder(snapshot, plan.study_dir)
+    try:
+        return snapshot, write_study_folder(snapshot, plan.study_dir)
+    except StudyError as exc:
+        if not snapshot.records:
+            raise
+        folder = shlex.quote(str(plan.study_dir))
+        raise OutputsNotWritten(
+            f"{exc}. The study's {len(snapshot.records)} trials are kept in its storage: "
+            f"`autotune report {folder}` writes its outputs once it can"
+        ) from exc
 
 
 def join(

@@ -15,7 +15,12 @@ import optuna
 from rich.markup import escape
 
 from autotune.cli import catalog, estimate, results, search
-from autotune.common.errors import AutotuneError, ConfigError
+from autotune.common.errors import (
+    OUTPUTS_NOT_WRITTEN_EXIT_CODE,
+    AutotuneError,
+    ConfigError,
+    OutputsNotWritten,
+)
 from autotune.common.version import __version__
 from autotune.execute.base import TrialExecutor
 from autotune.outputs.view import errors
@@ -64,6 +69,10 @@ def main(argv: list[str] | None = None, *, executor: TrialExecutor | None = None
         errors.print(f"[bold red]error:[/] {escape(str(exc) + written)}", markup=True,
                      soft_wrap=True)  # fmt: skip
         return STUDY_FILE_LOST_EXIT_CODE
+    except OutputsNotWritten as exc:
+        # Trials ran (kept in the study); only the files could not be written: not exit 2.
+        errors.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, soft_wrap=True)
+        return OUTPUTS_NOT_WRITTEN_EXIT_CODE
     except StorageUnavailable as exc:
         # Not a mistake to fix but a server to bring back: the same command then resumes.
         errors.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, soft_wrap=True)

@@ -37,6 +37,15 @@ class StudyError(AutotuneError):
     """The study folder or storage cannot be used (missing, unreadable, incompatible)."""
 
 
+class OutputsNotWritten(StudyError):
+    """Trials ran and are kept in the study's storage, but its outputs could not be written (a
+    full disk): not a mistake in what was asked, so not exit 2."""
+
+
+OUTPUTS_NOT_WRITTEN_EXIT_CODE = 73
+"""sysexits' EX_CANTCREAT: an output file could not be created."""
+
+
 def first_line(exc: BaseException) -> str:
     """`TypeName: the first line of its message`: an exception in one line of a message."""
     text = str(exc).strip()

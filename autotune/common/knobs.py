@@ -10,7 +10,7 @@ Adding a knob is one entry here plus the spaces that search it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -278,14 +278,27 @@ def _flag(variable: str) -> Callable[[Any, dict[str, Any]], dict[str, str]]:
     return lambda value, params: {variable: str(bool(value)).lower()}
 
 
-def _on(value: str) -> bool:
-    """A `requires` test: torch_compile names a backend."""
-    return value != "off"
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """A `requires` test of another knob's value, with the words a message says it in
+    (`takes effect only with strategy fsdp, fsdp_grad_op or fsdp_offload`)."""
+
+    words: str
+    test: Callable[[Any], bool]
+
+    def __call__(self, value: Any) -> bool:
+        return self.test(value)
 
 
-def positive(value: Any) -> bool:
-    """A `requires` test: the knob it names is above 0 (loader workers)."""
-    return value > 0
+def one_of(values: Iterable[str]) -> Needs:
+    names = sorted(values)
+    return Needs(", ".join(names[:-1]) + f" or {names[-1]}", lambda value: value in names)
+
+
+_on = Needs("other than off", lambda value: value != "off")
+"""torch_compile names a backend."""
+positive = Needs("above 0", lambda value: value > 0)
+"""Loader workers: some."""
 
 
 def _strategy_args(value: str, params: dict[str, Any], fields: Collection[str]) -> dict[str, Any]:
@@ -484,16 +497,16 @@ KNOBS: dict[str, Knob] = {
         # recommended.py); the gradients are views into DDP's buckets, not a second copy
         Knob(
             name="fsdp_prefetch", kind=bool, check=lambda v: True, expected="true or false",
-            short="prefetch_blocks", requires={"strategy": lambda v: v in FSDP},
+            short="prefetch_blocks", requires={"strategy": one_of(FSDP)},
         ),  # applied by the ranks' fully_shard (child/ranks.py) and recommended.py
         Knob(
             name="zero_overlap_comm", kind=bool, check=lambda v: True, expected="true or false",
-            short="overlap", requires={"strategy": lambda v: v in ZERO_STAGES},
+            short="overlap", requires={"strategy": one_of(ZERO_STAGES)},
         ),  # in the DeepSpeed config the strategy's entry writes (`deepspeed_config`)
         Knob(
             name="packing", kind=bool, check=lambda v: True, expected="true or false",
             short="packing", memory="off is hungrier", data_only=True, collator=True,
-            requires={"attn_implementation": lambda v: v in FLASH_ATTENTION},
+            requires={"attn_implementation": one_of(FLASH_ATTENTION)},
         ),  # DataCollatorWithFlattening: one row of every sample, no padding, exact only under
         # FlashAttention's variable-length kernel (with SDPA or eager, samples attend across)
         Knob(

@@ -29,6 +29,10 @@ class Submission:
     for the local executor, a key of a cluster's storage for a remote one."""
     timeout_s: float
     """The trial is `timeout` when it has no result after this long."""
+    within: str | None = None
+    """The study folder `place` (and the spec's compile cache) lies in: the local executor
+    makes them there, each part checked (no link, this user's, not writable by others:
+    `output_files.make_folder`); None: `place` is made as it is (a benchmark's own folder)."""
     memory_limit_bytes: int | None = None
     """A host-memory budget the executor enforces itself (CPU trials; on a GPU the worker caps
     its allocator at `spec.memory_budget_bytes`): past it the trial is `oom`."""

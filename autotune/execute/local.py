@@ -37,7 +37,7 @@ from autotune.common.layout import (
     SPEC_FILE,
     WORKER_LOG,
 )
-from autotune.common.output_files import open_log
+from autotune.common.output_files import make_folder, open_log
 from autotune.common.processes import descendants, die_with_parent, end_processes
 from autotune.common.trial import (
     Progress,
@@ -240,7 +240,13 @@ class LocalTrial:
     ) -> None:
         self.submission = submission
         folder = Path(submission.place)
-        folder.mkdir(parents=True, exist_ok=True)
+        if submission.within is None:
+            folder.mkdir(parents=True, exist_ok=True)
+        else:  # the worker and this process then write in them: spec, log, result, cache
+            make_folder(folder, Path(submission.within))
+            cache = submission.spec.compile_cache_dir
+            if cache and Path(cache).is_relative_to(submission.within):
+                make_folder(Path(cache), Path(submission.within))
         spec_path, self.result_path, log_path = (folder / n for n in (SPEC_FILE, RESULT_FILE,
                                                                       WORKER_LOG))  # fmt: skip
         self.log_path = log_path

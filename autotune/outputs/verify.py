@@ -21,8 +21,15 @@ from autotune.common.layout import VERIFY
 from autotune.common.trial import Status, TrialResult
 from autotune.execute.base import TrialExecutor
 from autotune.execute.local import LocalExecutor
+from autotune.outputs.pareto import Confirmed
+from autotune.outputs.snapshot import read_snapshot
 from autotune.plan.plan import SearchPlan
-from autotune.store.records import VERIFICATION_PREFIX, TrialRecord, Verification
+from autotune.store.records import (
+    VERIFICATION_PREFIX,
+    TrialRecord,
+    Verification,
+    read_verifications,
+)
 from autotune.study.launch import launch
 from autotune.study.observer import SearchObserver
 
@@ -51,15 +58,26 @@ def verify(
     })  # fmt: skip
     folder = plan.study_dir / VERIFY / f"t{record.number:04d}"
     on_progress = functools.partial(observer.progress, record.number)
-    result = launch(dataclasses.replace(plan, config=long_run), record.number, record.params,
-                    executor, on_progress, folder=folder)  # fmt: skip
-    verification = of(record, result, steps)
-    study.set_user_attr(f"{VERIFICATION_PREFIX}{record.number}", verification.to_json())
+    observer.trial_started(record.number, record.params)
+    with observer.watching():  # its steps and ETA shown, as a search's trials
+        result = launch(dataclasses.replace(plan, config=long_run), record.number,
+                        record.params, executor, on_progress, folder=folder)  # fmt: skip
+    confirmed = read_snapshot(study).picks.confirmed
+    verification = of(record, result, steps, confirmed)
+    key = f"{VERIFICATION_PREFIX}{record.number}"
+    earlier = read_verifications(study).get(record.number)
+    if result.status is Status.OK or earlier is None or earlier.status != Status.OK.value:
+        study.set_user_attr(key, verification.to_json())  # a failed run never replaces an ok one
     return verification
 
 
-def of(record: TrialRecord, result: TrialResult, steps: int) -> Verification:
+def of(
+    record: TrialRecord, result: TrialResult, steps: int, confirmed: Confirmed | None = None
+) -> Verification:
+    """The comparison: with the trial's confirmed median where it was confirmed (its own
+    measurement may be a lucky or disturbed one), else with its measurement."""
     ok = result.status is Status.OK
+    median = confirmed.median(record.number) if confirmed is not None else None
     return Verification(
         trial=record.number,
         steps=steps,
@@ -69,6 +87,7 @@ def of(record: TrialRecord, result: TrialResult, steps: int) -> Verification:
         peak_memory_gib=result.peak_memory_gib if ok else None,
         peak_allocated_gib=result.peak_allocated_gib if ok else None,
         step_time_cv=result.step_time_cv if ok else None,
-        searched_samples_per_s=record.result.samples_per_s,
+        searched_samples_per_s=median or record.result.samples_per_s,
+        searched_rounds=confirmed.rounds if median else 0,
         searched_peak_memory_gib=record.result.peak_memory_gib,
     )

@@ -12,6 +12,7 @@ import contextlib
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from autotune.common.knobs import describe_params, effective_batch
 from autotune.common.layout import SEARCH_LOG, WORKER_LOG, trial_dir
 from autotune.common.trial import Status, TrialResult
 from autotune.common.units import format_bytes, format_gib
+from autotune.outputs.confirm import picks_to_confirm
 from autotune.outputs.export import accelerate_command, launch_command
 from autotune.outputs.pareto import NOTHING_TO_RECOMMEND
 from autotune.outputs.report.data import shared_mfu_peak
@@ -111,6 +113,8 @@ class TerminalView(SearchObserver):
         self.best = 0.0
         self.running_params: dict[int, str] = {}
         self.records: list[TrialRecord] = []
+        self.said_at: dict[int, float] = {}
+        """Trial number -> when its progress was last printed (piped output)."""
         self.steps = 0
         self.space_batch = 8.0
         self.floor: tuple[float, float] | None = None
@@ -172,6 +176,7 @@ class TerminalView(SearchObserver):
 
     def trial_started(self, number: int, params: dict[str, Any]) -> None:
         self.running_params[number] = f"trial {number}: {describe_params(params)}"
+        self.said_at[number] = time.monotonic()
         if self.live:
             self.bar.running[number] = self.running_params[number] + ", starting"
             self.report.line(f"trial {number} started: {describe_params(params)}", log_only=True)
@@ -179,9 +184,15 @@ class TerminalView(SearchObserver):
             self.report.line(f"trial {number} started: {describe_params(params)}")
 
     def progress(self, number: int, progress: trial.Progress) -> None:
-        if self.live and number in self.running_params:
+        if number not in self.running_params:
+            return
+        if self.live:
             self.bar.running[number] = f"{self.running_params[number]}, {_step(progress)}"
             self.bar.refresh()
+        elif time.monotonic() - self.said_at.get(number, time.monotonic()) >= PIPED_EVERY_S:
+            # Piped (a log, a batch job): a long trial's step and ETA now and then.
+            self.report.line(escape(f"trial {number}: {_step(progress)}"))
+            self.said_at[number] = time.monotonic()
 
     def runs_code(self, what: str) -> None:
         self.report.line(escape(what))
@@ -311,6 +322,8 @@ def _pace(
     )
 
 
+PIPED_EVERY_S = 60.0
+"""How often a running trial's progress is printed when the output is not a terminal."""
 SLOW_SHARE = 0.02
 """A baseline computing at under this share of the device's probed rate is said to be slow:
 training reaches 5-50% of it (the quick start's baseline on an idle 2-core Xeon: 25%)."""
@@ -403,9 +416,11 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
             f"interleaved, in {confirmed.wall_s:.0f} s; their figures below are medians "
             + escape("[lowest-highest round]")
         )
-    elif snapshot.front:
+    elif snapshot.front and picks_to_confirm(snapshot):
         report.line("[yellow]not confirmed: each figure is one short measurement[/] "
                     "(autotune confirm STUDY_DIR measures the picks again)")  # fmt: skip
+    elif snapshot.front:
+        report.line("not confirmed: a single trial measured ok, nothing to compare it with")
     if (ended := snapshot.ended) is not None and ended.how is not Ending.COMPLETE:
         resume = "; the same command resumes it" if ended.how is Ending.INTERRUPTED else ""
         report.line(f"[yellow]the search was {escape(ended.describe())}{resume}[/]")

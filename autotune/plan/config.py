@@ -521,7 +521,7 @@ class ConfirmConfig(ReportConfig):
     """`autotune confirm STUDY_DIR key=value ...`"""
 
     rounds: int = Field(
-        3, ge=1, description="times each pick runs again, interleaved with the others"
+        3, ge=1, le=20, description="times each pick runs again, interleaved with the others"
     )
     quiet: bool = Field(False, description="print only errors")
 
@@ -531,7 +531,10 @@ class VerifyConfig(ReportConfig):
 
     trial: int | None = Field(None, ge=0, description="trial number; null = the recommended one")
     steps: int = Field(
-        200, ge=2, description="optimizer steps to train, the study's warm-up steps included"
+        200,
+        ge=2,
+        le=100_000,
+        description="optimizer steps to train, the study's warm-up steps included",
     )
     quiet: bool = Field(False, description="print only errors")
 

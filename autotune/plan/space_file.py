@@ -98,22 +98,30 @@ def load_space(name_or_path: str, facts: SoftwareFacts | None = None) -> SearchS
         raise SpaceError(f"{path}: cannot read it: {exc.strerror}") from exc
     try:
         data = yaml.safe_load(text)
-        lines = _key_lines(yaml.compose(text))
+        twice: list[str] = []
+        lines = _key_lines(yaml.compose(text), twice=twice)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise SpaceError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from exc
+    if twice:  # YAML keeps the last silently: a knob edited in one place, run from another
+        raise SpaceError("\n".join(f"{path}:{where}" for where in twice))
     return parse_space(data, name=path.stem, source=str(path), lines=lines, facts=facts)
 
 
-def _key_lines(node: yaml.Node | None, prefix: str = "") -> dict[str, int]:
-    """Dotted key path -> 1-based line, for messages that point into the file."""
+def _key_lines(node: yaml.Node | None, prefix: str = "", *, twice: list[str]) -> dict[str, int]:
+    """Dotted key path -> 1-based line, for messages that point into the file; a key given
+    twice in one mapping is added to `twice` as `LINE: PATH: ...`."""
     lines: dict[str, int] = {}
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             path = f"{prefix}{key.value}"
-            lines[path] = key.start_mark.line + 1
-            lines |= _key_lines(value, path + ".")
+            line = key.start_mark.line + 1
+            if path in lines:
+                twice.append(f"{line}: {path}: given twice (first on line {lines[path]}); "
+                             "keep one")  # fmt: skip
+            lines[path] = line
+            lines |= _key_lines(value, path + ".", twice=twice)
     return lines
 
 
@@ -307,7 +315,7 @@ def _condition_problems(knob: SpaceKnob, knobs: dict[str, SpaceKnob]) -> list[st
         other = knobs.get(required)
         met = callable(need) and other and any(need(v) for v in other.choices)
         if not met and (other is None or need not in other.choices):
-            wanted = f"{required} {need.__name__}" if callable(need) else (
+            wanted = f"{required} {need.words}" if callable(need) else (
                 f"{required}={str(need).lower()}")  # fmt: skip
             problems.append(f"takes effect only with {wanted}, which this space never chooses")
     for condition in knob.when:

@@ -356,6 +356,9 @@ class Verification:
     step_time_cv: float | None
     searched_samples_per_s: float
     searched_peak_memory_gib: float
+    searched_rounds: int = 0
+    """The confirmation rounds `searched_samples_per_s` is the median of; 0: the trial's own
+    measurement (it was not confirmed)."""
 
     @property
     def samples_per_s_ratio(self) -> float | None:
@@ -375,9 +378,12 @@ class Verification:
     def describe(self) -> str:
         if self.status != Status.OK.value:
             return f"trial {self.trial} over {self.steps} steps: {self.status} ({self.reason})"
+        searched = (f"its confirmed {self.searched_samples_per_s:.1f} (median of "
+                    f"{self.searched_rounds} rounds)" if self.searched_rounds
+                    else f"the trial's {self.searched_samples_per_s:.1f}")  # fmt: skip
         text = (
             f"trial {self.trial} over {self.steps} steps: {self.samples_per_s:.1f} samples/s "
-            f"({self.samples_per_s_ratio:.2f}x the trial's {self.searched_samples_per_s:.1f}), "
+            f"({self.samples_per_s_ratio:.2f}x {searched}), "
             f"peak {self.peak_memory_gib:.2f} GiB ({self.peak_memory_ratio:.2f}x the trial's "
             f"{self.searched_peak_memory_gib:.2f})"
         )

@@ -35,7 +35,9 @@ class StudyLock:
         self._fd: int | None = fd
 
     @classmethod
-    def acquire(cls, study_dir: Path, study_name: str) -> Self:
+    def acquire(cls, study_dir: Path, study_name: str, what: str = "search") -> Self:
+        """The study folder's lock, for `autotune {what}` (named in the lock file, for whoever
+        finds the study busy)."""
         path = study_dir / LOCK_FILE
         try:
             # Not inherited by child processes (PEP 446), so only this process holds it.
@@ -51,16 +53,22 @@ class StudyLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _describe_holder(fd)
+            holder, running = _describe_holder(fd)
             join = shlex.join(["autotune", "worker", f"study={study_name}",
                                f"out={study_dir.parent}"])  # fmt: skip
             os.close(fd)
+            if running != "search":  # a confirm or a verify: nothing to join
+                raise StudyError(
+                    f"study {study_name} is busy: `autotune {running}` runs on it right now "
+                    f"({holder}); wait for it to end"
+                ) from None
             raise StudyError(
                 f"study {study_name} is being searched right now by {holder}. To add a "
                 f"worker to it: {join}; else wait for it to end, or use another study= name "
                 "or out= folder"
             ) from None
         holder = {
+            "what": what,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "since": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -82,9 +90,11 @@ class StudyLock:
         self.release()
 
 
-def _describe_holder(fd: int) -> str:
+def _describe_holder(fd: int) -> tuple[str, str]:
+    """Who holds the lock, in words, and what it runs (`search`, `confirm`, `verify`)."""
     try:
         holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        return f"pid {holder['pid']} on host {holder['host']} (since {holder['since']})"
-    except (ValueError, KeyError, TypeError):
-        return "another process (it has not written its name yet)"
+        who = f"pid {holder['pid']} on host {holder['host']} (since {holder['since']})"
+        return who, str(holder.get("what", "search"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return "another process (it has not written its name yet)", "search"

@@ -9,7 +9,6 @@ from typing import Any
 
 from autotune.common.knobs import is_compiled
 from autotune.common.layout import COMPILE_CACHE, trial_dir
-from autotune.common.output_files import make_folder
 from autotune.common.trial import Progress, TrialResult, TrialSpec
 from autotune.execute.base import Submission, TrialExecutor, run_trial
 from autotune.plan.config import RunConfig
@@ -51,10 +50,7 @@ def launch(
     """Run one trial of the plan's study, its files in `folder` (default: `trials/NNNN/`);
     it stops early under `stop_below` samples/s (`TrialSpec.stop_below_samples_per_s`)."""
     config = plan.config
-    # Made here, each part checked (no link, this user's, not writable by others): the worker
-    # and the executor then write in it (spec, log, result; torch's compile cache).
-    folder = make_folder(folder or trial_dir(plan.study_dir, number), plan.study_dir)
-    make_folder(plan.study_dir / COMPILE_CACHE, plan.study_dir)
+    folder = folder or trial_dir(plan.study_dir, number)
     spec = TrialSpec(
         trial_number=number,
         model_name=plan.model.name,
@@ -78,6 +74,7 @@ def launch(
     submission = Submission(
         spec=spec,
         place=str(folder),
+        within=str(plan.study_dir),
         # Compiling gets its own allowance on top of the training time.
         timeout_s=time_limit_s(config, params),
         # On CUDA the worker caps its allocator at the budget; on CPU the parent watches RSS.

@@ -40,7 +40,9 @@ from autotune.study.sampler import make_sampler
 
 
 @contextlib.contextmanager
-def locked_study(plan: SearchPlan) -> Iterator[tuple[optuna.Study, SearchPlan]]:
+def locked_study(
+    plan: SearchPlan, what: str = "search"
+) -> Iterator[tuple[optuna.Study, SearchPlan]]:
     """The study, opened under the study folder's lock, and the plan with the stored budget.
 
     Refuses a study another search holds. A failure before the study opens leaves no trace: a
@@ -51,7 +53,7 @@ def locked_study(plan: SearchPlan) -> Iterator[tuple[optuna.Study, SearchPlan]]:
     created = _make_study_dir(plan.study_dir)
     opened = False
     try:
-        with StudyLock.acquire(plan.study_dir, plan.study_name):
+        with StudyLock.acquire(plan.study_dir, plan.study_name, what):
             study, plan = open_study(plan)
             opened = True
             yield study, plan

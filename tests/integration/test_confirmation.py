@@ -104,3 +104,33 @@ def test_a_finished_search_run_again_runs_nothing_and_keeps_its_confirmation(tmp
     assert f"`autotune confirm {tmp_path / 'done'}` measures its picks again" in out
     assert "[confirm" not in out
     assert autotune.load(tmp_path / "done").snapshot.picks.confirmed == confirmed
+
+
+def test_a_renamed_study_folder_is_confirmed_and_verified_where_it_is(tmp_path, capsys):
+    """`verify` and `confirm` on a copied or renamed study folder used the folder the study
+    was made in (`out/STUDY_NAME`), a path the user never gave."""
+    import shutil
+
+    argv = ["search", f"model={TINY_MODEL}", "seq_len=32", "n_trials=2", "confirm_rounds=0",
+            f"out={tmp_path}", "study=made"]  # fmt: skip
+    assert cli.main(argv, executor=fake_executor("ok")) == 0
+    moved = tmp_path / "moved"
+    shutil.move(tmp_path / "made", moved)
+    capsys.readouterr()
+    assert cli.main(["confirm", str(moved), "rounds=1"], executor=fake_executor("ok")) == 0
+    assert cli.main(["verify", str(moved), "steps=4"], executor=fake_executor("ok")) == 0
+    out = capsys.readouterr().out
+    assert "made/" not in out.replace(str(moved), "MOVED") and not (tmp_path / "made").exists()
+    assert (moved / "confirm").is_dir() and (moved / "verify").is_dir()
+    # Bounded: an absurd run is refused before it could replace a stored figure.
+    assert cli.main(["verify", str(moved), "steps=1000000"]) == 2
+    assert cli.main(["confirm", str(moved), "rounds=1000"]) == 2
+
+
+def test_a_study_with_nothing_to_compare_does_not_ask_for_a_confirmation(tmp_path, capsys):
+    argv = ["search", f"model={TINY_MODEL}", "seq_len=32", "n_trials=1", "confirm_rounds=0",
+            f"out={tmp_path}", "study=one"]  # fmt: skip
+    assert cli.main(argv, executor=fake_executor("ok")) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "not confirmed: a single trial measured ok, nothing to compare it with" in out
+    assert "autotune confirm STUDY_DIR" not in out

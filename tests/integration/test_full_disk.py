@@ -92,3 +92,23 @@ def test_a_first_report_on_a_full_disk_leaves_no_empty_output(small_disk):
     fill(small_disk)
     says_no_space_for(report(study_dir), study_dir / "trials.csv")
     assert sorted(p.name for p in study_dir.iterdir()) == ["study.db"]
+
+
+def test_a_search_whose_outputs_meet_a_full_disk_says_its_trials_are_kept(small_disk, capsys):
+    """Room for the trials and the study, not for the report (~5 MiB): the trials ran, so not
+    exit 2 ("a mistake, nothing run") but 73, and how to write the outputs later."""
+    from autotune import cli
+    from tests.conftest import TINY_MODEL, fake_executor
+
+    with open(small_disk / "filler", "wb") as f:
+        f.write(b"\0" * (TMPFS_BYTES - 2 * 1024**2))
+    out = small_disk / "out"
+    argv = ["search", f"model={TINY_MODEL}", "seq_len=32", "n_trials=2", "confirm_rounds=0",
+            f"out={out}", "study=s"]  # fmt: skip
+    assert cli.main(argv, executor=fake_executor("ok")) == 73
+    err = " ".join(capsys.readouterr().err.split())
+    assert "No space left on device" in err and "Traceback" not in err
+    assert f"The study's 2 trials are kept in its storage: `autotune report {out / 's'}` " \
+           "writes its outputs once it can" in err  # fmt: skip
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 's' / 'study.db'}")
+    assert len(study.trials) == 2

@@ -300,7 +300,14 @@ def check_verification(study_dir: Path, proc: subprocess.CompletedProcess) -> No
     verified = recommended["verification"]
     assert (verified["trial"], verified["steps"], verified["status"]) == (
         recommended["trial"], 200, "ok"), verified  # fmt: skip
-    assert verified["searched_samples_per_s"] == recommended["metrics"]["samples_per_s"]
+    # Compared with the confirmed median where the trial was confirmed, else its measurement.
+    confirmation = recommended.get("confirmation") or {"trials": {}}
+    confirmed = confirmation["trials"].get(str(recommended["trial"]))
+    searched = (confirmed["median_samples_per_s"] if confirmed
+                else recommended["metrics"]["samples_per_s"])  # fmt: skip
+    assert verified["searched_samples_per_s"] == searched
+    assert verified["searched_rounds"] == (confirmation["rounds"] if confirmed else 0)
+    assert f"trial {verified['trial']} started: " in proc.stdout, "its progress is shown"
     ratio = verified["samples_per_s"] / verified["searched_samples_per_s"]
     assert verified["samples_per_s_ratio"] == pytest.approx(ratio)
     assert verified["fragmentation"] is None  # CPU: no allocator cache to weigh

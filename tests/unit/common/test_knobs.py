@@ -320,3 +320,10 @@ def test_todays_gpu_knobs_map_to_their_arguments_environment_and_collator():
     assert KNOBS["packing"].collator and not active("packing", {"attn_implementation": "sdpa",
                                                                  "packing": True})  # fmt: skip
     assert active("packing", {"attn_implementation": "flash_attention_2", "packing": True})
+
+
+def test_a_knob_that_needs_one_of_some_values_says_them_in_words():
+    with pytest.raises(SpaceError, match=r"takes effect only with strategy fsdp, fsdp_grad_op or "
+                       r"fsdp_offload, which this space never chooses"):  # fmt: skip
+        parse_space({"knobs": {"strategy": "ddp", "fsdp_prefetch": True}},
+                    name="t", source="t.yaml")  # fmt: skip

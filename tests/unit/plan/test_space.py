@@ -199,3 +199,15 @@ def test_the_baseline_as_optuna_parameters_uses_the_spaces_own_distributions():
     assert found["dataloader_num_workers"] == (CategoricalDistribution((0,)), 0)
     # The space fixes checkpointing on; the baseline's off is a parameter of its own.
     assert found["gradient_checkpointing"] == (CategoricalDistribution((False,)), False)
+
+
+def test_a_knob_given_twice_in_a_space_file_is_refused_naming_both_lines(tmp_path):
+    """YAML keeps the last silently: the knob edited in one place would run from the other."""
+    path = tmp_path / "twice.yaml"
+    path.write_text("device: any\nknobs:\n  batch_size: {choices: [8]}\n  optim: sgd\n"
+                    "  batch_size: {choices: [16]}\n")  # fmt: skip
+    with pytest.raises(SpaceError) as refused:
+        load_space(str(path))
+    assert str(refused.value) == (
+        f"{path}:5: knobs.batch_size: given twice (first on line 3); keep one"
+    )

@@ -27,6 +27,15 @@ def test_a_second_lock_on_a_study_is_refused_naming_the_holder(tmp_path):
         pass
 
 
+def test_a_study_a_verify_holds_says_so_and_offers_no_worker(tmp_path):
+    with StudyLock.acquire(tmp_path, "s", "verify"):
+        with pytest.raises(StudyError) as refused:
+            StudyLock.acquire(tmp_path, "s")
+    message = str(refused.value)
+    assert message.startswith("study s is busy: `autotune verify` runs on it right now (pid ")
+    assert "worker" not in message and "searched" not in message
+
+
 def test_a_locked_study_refuses_a_second_search_and_leaves_its_folder(tmp_path):
     plan = plan_for(tmp_path, "study=s")
     with locked_study(plan) as (study, _):
