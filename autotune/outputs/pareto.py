@@ -157,7 +157,15 @@ class Picks:
             return None
         if (confirmed := self._confirmed_ratio(record, self.baseline)) is not None:
             return confirmed[0]
-        return record.result.samples_per_s / self.baseline.result.samples_per_s
+        return self.measured_speedup(record)
+
+    def measured_speedup(self, record: TrialRecord) -> float | None:
+        """The trial's own samples/s over the baseline trial's (not confirmed); None where
+        either has no figure."""
+        if self.baseline is None or self.baseline.status is not Status.OK:
+            return None
+        mine, theirs = record.result.samples_per_s, self.baseline.result.samples_per_s
+        return mine / theirs if mine and theirs else None
 
     def speedup_interval(self, record: TrialRecord) -> tuple[float, float] | None:
         """The lowest and highest round's ratio to the baseline; None unconfirmed."""

@@ -29,7 +29,7 @@ from autotune.common.trial import Status, TrialResult
 from autotune.common.units import format_bytes, format_gib
 from autotune.outputs.confirm import picks_to_confirm
 from autotune.outputs.export import accelerate_command, launch_command
-from autotune.outputs.pareto import NOTHING_TO_RECOMMEND
+from autotune.outputs.pareto import NOTHING_TO_RECOMMEND, Picks
 from autotune.outputs.report.data import shared_mfu_peak
 from autotune.outputs.snapshot import StudySnapshot, trained_note
 from autotune.plan.plan import SearchPlan
@@ -373,6 +373,23 @@ def _why_nothing_to_recommend(snapshot: StudySnapshot) -> str:
     return f"no successful trial stays below {limit} (budget less headroom)"
 
 
+def _confirmed_cells(picks: Picks, record: TrialRecord) -> tuple[str, str]:
+    """The confirmed median samples/s and ratio to the baseline, each with its interval; "-"
+    for a trial not confirmed."""
+    confirmed = picks.confirmed
+    assert confirmed is not None
+    median, spread = confirmed.median(record.number), confirmed.interval(record.number)
+    if median is None or spread is None:
+        return "-", "-"
+    figure = f"{median:.2f}" + escape(f" [{spread[0]:.2f}-{spread[1]:.2f}]")
+    speedup, interval = picks.speedup(record), picks.speedup_interval(record)
+    if speedup is None or interval is None:
+        return figure, "-"
+    times = f"{speedup:.2f}x" + ("" if record.baseline else
+                                 escape(f" [{interval[0]:.2f}-{interval[1]:.2f}]"))  # fmt: skip
+    return figure, times
+
+
 def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
     """The front table, the baseline, the picks with their caveats and what in them changes
     the training (after a search, and for `autotune report`)."""
@@ -380,8 +397,12 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
     table = Table(title="Pareto front (fastest first)")
     peak = shared_mfu_peak(snapshot.front)  # one denominator for every trial, named
     mfu = f"MFU of {peak:g} TFLOP/s" if peak else "MFU"
-    columns = ("trial", "settings", "samples/s", "x baseline", "peak GiB", mfu, "step CV",
-               "changes training")  # fmt: skip
+    # One kind of figure a column: the trials' own measurements, then (confirmed picks) the
+    # medians of the confirmation rounds.
+    confirmed = picks.confirmed
+    again = ("confirmed samples/s", "confirmed x baseline") if confirmed is not None else ()
+    columns = ("trial", "settings", "samples/s", "x baseline", *again, "peak GiB", mfu,
+               "step CV", "changes training")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column in ("settings", "changes training")
                          else "right")  # fmt: skip
@@ -389,15 +410,13 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
         r = record.result
         marks = ((picks.recommended, " *"), (picks.saver, " m"))
         mark = "".join(m for pick, m in marks if pick is not None and pick.number == record.number)
-        speedup, interval = picks.speedup(record), picks.speedup_interval(record)
-        times = "n/a" if speedup is None else f"{speedup:.2f}x"
-        if interval is not None and not record.baseline:
-            times += escape(f" [{interval[0]:.2f}-{interval[1]:.2f}]")
+        measured = picks.measured_speedup(record)
         table.add_row(
             f"{record.number}{mark}",
             escape(describe_params(record.params)),
             f"{r.samples_per_s:.2f}",
-            times,
+            "n/a" if measured is None else f"{measured:.2f}x",
+            *(_confirmed_cells(picks, record) if confirmed is not None else ()),
             format_gib(r.peak_memory_gib, 3).removesuffix(" GiB"),
             "n/a" if r.mfu is None else f"{r.mfu:.1%}",
             f"{r.step_time_cv:.0%}" + (" noisy" if snapshot.is_noisy(record) else ""),
@@ -405,12 +424,12 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
         )
     if not report.quiet and snapshot.front:  # all out of memory: the lines below say so
         console.print(table)
-        if picks.confirmed is not None:
-            report.line("samples/s: each trial's own measurement; x baseline: confirmed "
-                        "trials show the median " + escape("[lowest-highest]") + " of their "
-                        "round-by-round ratios, the others their measurement over the "
-                        "baseline's")  # fmt: skip
-    if (confirmed := picks.confirmed) is not None:
+        if confirmed is not None:
+            report.line("samples/s and x baseline: each trial's own measurement (over the "
+                        "baseline trial's); confirmed: the median "
+                        + escape("[lowest-highest]") + " of the confirmation rounds, and of "
+                        "their round-by-round ratios to the baseline")  # fmt: skip
+    if confirmed is not None:
         report.line(
             f"confirmed: the baseline and the picks ran again {confirmed.rounds} times, "
             f"interleaved, in {confirmed.wall_s:.0f} s; their figures below are medians "

@@ -134,3 +134,24 @@ def test_a_study_with_nothing_to_compare_does_not_ask_for_a_confirmation(tmp_pat
     out = " ".join(capsys.readouterr().out.split())
     assert "not confirmed: a single trial measured ok, nothing to compare it with" in out
     assert "autotune confirm STUDY_DIR" not in out
+
+
+def test_measured_and_confirmed_figures_each_have_columns_and_marks_of_their_own(drifted, capsys):
+    """The front table's samples/s and x baseline are each trial's own measurement; the
+    confirmed medians have columns of their own, and marks of their own on the chart."""
+    from autotune.outputs.report.data import build_report_data
+    from autotune.outputs.report.html import pareto_figure
+
+    result, _ = drifted
+    capsys.readouterr()
+    assert cli.main(["report", str(result.study_dir)]) in (0, 3)
+    out = capsys.readouterr().out
+    assert "confirmed samples/s" in out and "confirmed x baseline" in out
+    assert "samples/s and x baseline: each trial's own measurement (over the baseline" in out
+    snapshot = autotune.load(result.study_dir).snapshot
+    confirmed = snapshot.picks.confirmed
+    data = build_report_data(snapshot)
+    marked = {p.number: p.confirmed for p in data.points if p.confirmed is not None}
+    assert marked and all(m[0] == confirmed.median(n) for n, m in marked.items())
+    names = [trace.name for trace in pareto_figure(data).data]
+    assert "confirmed: median [lowest-highest round]" in names

@@ -58,6 +58,9 @@ class Point:
     samples_per_s_spread: float | None
     """Its error bar: +- this much samples/s (`charts.speed_spread`); None: none drawn."""
     hover: str
+    confirmed: tuple[float, float, float] | None = None
+    """Confirmed: the median samples/s of the confirmation rounds, its lowest and highest
+    round (drawn as a mark of their own: the point itself is the trial's measurement)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -335,9 +338,18 @@ def _points(snapshot: StudySnapshot) -> list[Point]:
                 noisy=snapshot.is_noisy(r),
                 samples_per_s_spread=speed_spread(r.result) if r.status is Status.OK else None,
                 hover=_hover(r, snapshot),
+                confirmed=_confirmed(snapshot, r.number),
             )
         )
     return points
+
+
+def _confirmed(snapshot: StudySnapshot, number: int) -> tuple[float, float, float] | None:
+    confirmed = snapshot.picks.confirmed
+    if confirmed is None:
+        return None
+    median, spread = confirmed.median(number), confirmed.interval(number)
+    return None if median is None or spread is None else (median, *spread)
 
 
 def _row(record: TrialRecord, snapshot: StudySnapshot) -> Row:

@@ -100,6 +100,23 @@ def pareto_figure(data: ReportData) -> go.Figure:
         if points:
             marker = {"line": {"width": 2}, "color": "#202124", **marker}
             fig.add_trace(_points_trace(label, points, mode="markers", marker=marker))
+    confirmed = [p for p in data.points if p.confirmed is not None]
+    if confirmed:  # beside the trial's own measurement, never instead of it
+        medians = [p.confirmed for p in confirmed if p.confirmed is not None]
+        fig.add_trace(go.Scatter(
+            name="confirmed: median [lowest-highest round]",
+            x=[p.peak_memory_gib for p in confirmed],
+            y=[m[0] for m in medians],
+            text=[f"trial {p.number} confirmed: {m[0]:.2f} samples/s (rounds {m[1]:.2f}-"
+                  f"{m[2]:.2f})" for p, m in zip(confirmed, medians, strict=True)],
+            hovertemplate="%{text}<extra></extra>",
+            mode="markers",
+            marker={"symbol": "line-ew-open", "size": 22, "color": "#202124",
+                    "line": {"width": 2}},
+            error_y={"type": "data", "symmetric": False, "thickness": 1.5, "width": 8,
+                     "array": [m[2] - m[0] for m in medians],
+                     "arrayminus": [m[0] - m[1] for m in medians], "color": "#202124"},
+        ))  # fmt: skip
     largest = max((p.peak_memory_gib for p in data.points), default=data.memory_budget_gib)
     title = HEADINGS["pareto"]
     if data.memory_limit_gib > 2 * largest:
