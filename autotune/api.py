@@ -579,7 +579,8 @@ def _run_workers(
     with observer.watching():
         if len(plan.slots) == 1:
             with plan.slots[0].applied():
-                stopped = run_search(plan, study, observer=observer, executor=executor)
+                stopped = run_search(plan, study, observer=observer, executor=executor,
+                                     show_others=True)  # fmt: skip
         else:
             stopped = workers.run_workers(plan, study, observer, executor)
     observer.ended(stopped)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import optuna
+import psutil
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.common.layout import trial_dir
@@ -42,7 +43,13 @@ from autotune.store.records import (
 from autotune.study import checks
 from autotune.study.launch import launch, stop_threshold
 from autotune.study.observer import SearchObserver
-from autotune.study.recovery import heartbeat, note_interruption, recover, this_process
+from autotune.study.recovery import (
+    heartbeat,
+    note_interruption,
+    recover,
+    shares_with,
+    this_process,
+)
 from autotune.study.sampler import AskTellGridSampler, says_enough, suggest
 
 MAX_REPEATS = 50
@@ -60,6 +67,7 @@ def run_search(
     *,
     observer: SearchObserver | None = None,
     executor: TrialExecutor | None = None,
+    show_others: bool = False,
 ) -> str:
     """Run trials until the study has `n_trials` run (skipped ones run nothing and do not
     count) or `timeout` has passed; says why it stopped. Other processes may run the same
@@ -78,9 +86,16 @@ def run_search(
     A SQLite study file deleted or replaced meanwhile stops the loop after the running trial
     (`StudyFileLost`): SQLite would go on writing to the deleted file, and a resume would find
     nothing.
+
+    `show_others`: the trials other processes record (an `autotune worker` that joined) are
+    told to the observer as they are found, as this loop's own are (a search of one worker;
+    with several, the process that started them watches the study itself).
     """
     executor = executor or LocalExecutor()
     loop = _Loop.start(plan, study, observer or SearchObserver(), executor)
+    loop.told = None if not show_others else {
+        t.number for t in study.get_trials(deepcopy=False) if is_recorded(t)
+    }  # fmt: skip
     while True:
         trials = loop.refresh()
         stopped = loop.stop_reason()
@@ -120,6 +135,10 @@ class _Loop:
     """Proposals in a row that ran nothing (repeats, skips, settings running elsewhere)."""
     done: int = 0
     """Trials of the study that count toward n_trials, at the last refresh."""
+    told: set[int] | None = None
+    """The trials the observer knows of (this loop's, and others' found recorded); None: it is
+    told of this loop's alone."""
+    warned_sharing: bool = False
 
     @classmethod
     def start(cls, plan: SearchPlan, study: optuna.Study, observer: SearchObserver,
@@ -149,6 +168,11 @@ class _Loop:
         for number in retried:
             self.observer.retried(number)
         self.done = sum(counts_toward_n_trials(t) for t in trials)
+        if self.told is not None:
+            for trial in trials:
+                if is_recorded(trial) and trial.number not in self.told:
+                    self.told.add(trial.number)
+                    self.observer.trial_ended(record_of(trial))
         return trials
 
     def stop_reason(self) -> str | None:
@@ -196,6 +220,8 @@ class _Loop:
 
     def one_trial(self, trial: optuna.Trial) -> str | None:
         """Propose, check, run and tell one trial; a reason when the loop must stop."""
+        if self.told is not None:
+            self.told.add(trial.number)
         enough = says_enough(self.study.sampler, trial)
         if enough is not None:  # before any parameter is set: a later run may still try it
             trial.set_user_attr(NOT_RUN_ATTR, enough)
@@ -211,6 +237,7 @@ class _Loop:
         if not_run is not None:
             return self.not_run(trial, not_run)
         records = [record_of(t) for t in trials if is_recorded(t)]
+        self.warn_sharing(trials, trial.number)
         estimate_gib = self.plan.estimate_gib(params)  # once: the check and the record
         skip = checks.first_skip(params, records, self.pre_trial, estimate_gib)
         stopped = self.count_repeat(trial, skip)
@@ -225,6 +252,32 @@ class _Loop:
             result = self.run(trial, params, records)
         self.tell(trial, params, dataclasses.replace(result, estimate_gib=estimate_gib))
         return None
+
+    def warn_sharing(self, trials: list[FrozenTrial], number: int) -> None:
+        """Say once when another process of this study runs a trial on this host's cores (or
+        GPUs) that this one's trials use too: both measure less than either would alone, and
+        each may take the whole memory budget (`workers=` splits a host among its workers)."""
+        if self.warned_sharing:
+            return
+        me = this_process()
+        for other in trials:
+            owner = other.user_attrs.get(OWNER_ATTR)
+            if (other.state is not TrialState.RUNNING or other.number == number or not owner
+                    or owner.get("host") != me["host"] or owner.get("pid") == me["pid"]
+                    or not psutil.pid_exists(owner["pid"])):  # fmt: skip
+                continue
+            shared = shares_with(owner, me, cuda=self.plan.device == "cuda")
+            if shared:
+                self.warned_sharing = True
+                self.observer.warned(
+                    f"trial {other.number} of this study runs on this host now (pid "
+                    f"{owner['pid']}), on {shared} that this search's trials use too: both "
+                    "measure less than either would alone, and each may take the whole memory "
+                    "budget. Run one search or worker of a study per host (workers= splits a "
+                    "host's cores or GPUs among its workers), or give each process its own "
+                    "(taskset, CUDA_VISIBLE_DEVICES)"
+                )
+                return
 
     def not_run(self, trial: optuna.Trial, not_run: _NotRun) -> str | None:
         """Record why a proposal does not run; a reason to stop when too many in a row were

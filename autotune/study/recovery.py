@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import socket
 import threading
 import warnings
@@ -72,8 +73,29 @@ def note_interruption(trial: optuna.Trial, exc: BaseException) -> None:
 
 
 def this_process() -> dict[str, Any]:
+    """Who runs a trial (`OWNER_ATTR`): host, pid and its start, and what it trains on (the
+    cores it may use, the GPUs it sees), for another process of the study to compare with."""
     me = psutil.Process()
-    return {"host": socket.gethostname(), "pid": me.pid, "pid_started": me.create_time()}
+    return {"host": socket.gethostname(), "pid": me.pid, "pid_started": me.create_time(),
+            "cpus": sorted(os.sched_getaffinity(0)),
+            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}  # fmt: skip
+
+
+def shares_with(owner: dict[str, Any], me: dict[str, Any], *, cuda: bool) -> str | None:
+    """What two processes of one host (`this_process` records) both train on, in words (`cores
+    0-3`, `every GPU`); None when nothing (or, for a record without it, unknown)."""
+    if cuda:
+        theirs, mine = owner.get("cuda", ""), me.get("cuda")
+        if theirs == "":  # an older record: unknown
+            return None
+        if theirs is None or mine is None:
+            return "every GPU" if theirs is None and mine is None else "GPUs"
+        both = set(theirs.split(",")) & set(mine.split(","))
+        return f"GPU {','.join(sorted(both))}" if both else None
+    both = sorted(set(owner.get("cpus") or ()) & set(me.get("cpus") or ()))
+    if not both:
+        return None
+    return f"core{'s' * (len(both) > 1)} {','.join(map(str, both))}"
 
 
 def _owner_is_gone(trial: FrozenTrial) -> bool:

@@ -372,6 +372,10 @@ def test_the_readme_commands_for_several_hosts(tmp_path, postgres_server_url, mo
                 *(tmp_path / "bert-large" / "workers").glob("*.log")]  # fmt: skip
         for log in logs:
             assert "started:" in log.read_text(), f"{log.name}: ran no trial"
+        # The search shows every trial of its study, the joined worker's too.
+        shown = logs[0].read_text()
+        for number in range(6):
+            assert re.search(rf"\] trial +{number} ", shown), (number, shown)
         study = optuna.load_study(study_name="bert-large", storage=here(dashboard)[1])
         assert_counted_once(study, 6)
 

@@ -109,3 +109,53 @@ def test_a_trial_stops_early_under_half_the_fastest_feasible_trials_pace(tmp_pat
     assert stop_threshold(plan, records) == 50.0
     off = dataclasses.replace(plan, config=plan.config.model_copy(update={"early_stop": False}))
     assert stop_threshold(off, records) is None
+
+
+def test_another_process_training_on_this_searchs_cores_is_said_once(tmp_path):
+    """An `autotune worker` started on the search's host without cores of its own trains on
+    the same cores: each trial then measures less than it would alone. Said once; a process
+    on other cores (a sibling of workers=N) is not."""
+    import os
+    import socket
+
+    from autotune.common.device import DeviceInfo
+    from autotune.execute.local import LocalExecutor
+    from autotune.plan.config import load_config
+    from autotune.plan.plan import make_plan
+    from autotune.store.records import OWNER_ATTR
+    from autotune.study.loop import _Loop
+    from autotune.study.observer import SearchObserver
+    from autotune.study.recovery import shares_with, this_process
+    from tests.conftest import TINY_MODEL
+
+    cpu = DeviceInfo(cuda_available=False, name="cpu", total_memory_bytes=2**34,
+                     free_memory_bytes=2**34, cpu_name="cpu",
+                     host_available_memory_bytes=2**34)  # fmt: skip
+    plan = make_plan(load_config([f"model={TINY_MODEL}", f"out={tmp_path}"]), cpu)
+
+    said: list[str] = []
+
+    class Heard(SearchObserver):
+        def warned(self, message):
+            said.append(message)
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    loop = _Loop.start(plan, study, Heard(), LocalExecutor())
+    me = this_process()
+    theirs = {**me, "pid": os.getppid()}  # alive, on this host, not this process
+    elsewhere = {**theirs, "cpus": [max(me["cpus"]) + 1]}
+    assert shares_with(elsewhere, me, cuda=False) is None
+    assert shares_with(theirs, me, cuda=False).startswith("core")
+    assert shares_with({"cuda": "0,1"}, {"cuda": "1"}, cuda=True) == "GPU 1"
+    assert shares_with({"cuda": "0"}, {"cuda": "1"}, cuda=True) is None
+    running = study.ask()
+    running.set_user_attr(OWNER_ATTR, elsewhere)
+    loop.warn_sharing(study.get_trials(deepcopy=False), number=99)
+    assert said == []
+    running.set_user_attr(OWNER_ATTR, theirs)
+    for _ in range(2):
+        loop.warn_sharing(study.get_trials(deepcopy=False), number=99)
+    (warning,) = said
+    assert warning.startswith(f"trial 0 of this study runs on this host now (pid {os.getppid()}), "
+                           "on core")  # fmt: skip
+    assert socket.gethostname() == me["host"]
