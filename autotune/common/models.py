@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from autotune.common.errors import ModelNotFoundError
+from autotune.common.errors import AutotuneError, ModelNotFoundError
 
 # Task -> (the Auto class that builds its head, the transformers table of model types it has).
 TASK_CLASSES = {
@@ -77,6 +77,18 @@ def _catalogue_dir() -> resources.abc.Traversable:
 def catalogue_names() -> list[str]:
     names = [p.name.removesuffix(".json") for p in _catalogue_dir().iterdir()]
     return sorted((n.replace("--", "/") for n in names if not n.startswith(".")), key=str.lower)
+
+
+def resolve_offline(name: str) -> ModelSpec | None:
+    """The model from the catalogue or a local folder, without asking the hub; None otherwise
+    (or when its folder cannot be read: `resolve_model` says why)."""
+    try:
+        bundled = _catalogue_dir() / (name.replace("/", "--") + ".json")
+        if bundled.is_file() or (Path(name).expanduser() / "config.json").is_file():
+            return resolve_model(name)
+    except (AutotuneError, OSError, ValueError):
+        return None
+    return None
 
 
 def resolve_model(name: str) -> ModelSpec:

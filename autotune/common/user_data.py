@@ -7,6 +7,7 @@ each trial reads the prepared entry.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 from pathlib import Path
@@ -93,5 +94,18 @@ def source_format(data: str) -> tuple[str, list[str]]:
             )
         return str(kinds.pop()), [str(p) for p in files]
     if path.suffix.lower() in BUILDERS or data.startswith((".", "/", "~")):
-        raise DataError(f"data={data}: no such file or folder")
+        raise DataError(f"data={data}: no such file or folder{did_you_mean(path)}")
     return "hub", []
+
+
+def did_you_mean(path: Path) -> str:
+    """`; did you mean ./train.csv?`: the closest name in the folder the missing path names, of
+    a file or folder the data could be; none when nothing is close (or the folder is gone)."""
+    folder = path.expanduser().parent
+    try:
+        names = [p.name for p in folder.iterdir()
+                 if p.is_dir() or p.suffix.lower() in BUILDERS]  # fmt: skip
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    return f"; did you mean {folder / close[0]}?" if close else ""

@@ -32,6 +32,8 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from autotune.common.errors import ConfigError
+from autotune.common.models import resolve_offline
+from autotune.common.user_data import did_you_mean
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _DURATION_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -562,9 +564,29 @@ def make_config(
         config = schema(**known)
     except ValidationError as exc:
         problems += [_describe(error, values) for error in exc.errors()]
+    if problems and schema is RunConfig:
+        problems += _found_without_a_probe(known, problems)
     if problems:
         raise ConfigError(_format_problems(problems))
     return config
+
+
+def _found_without_a_probe(values: dict[str, Any], found: list[str]) -> list[str]:
+    """Beside the settings' own problems, the ones the plan would find next that need neither
+    the device nor the hub: a seq_len past a bundled (or local) model's positions, a data file
+    that is not there. So that one run names every problem it can."""
+    problems = []
+    name, seq_len = values.get("model"), values.get("seq_len")
+    model = resolve_offline(name) if isinstance(name, str) else None
+    limit = model.max_seq_len if model is not None else None
+    if isinstance(seq_len, int) and limit is not None and seq_len > limit:
+        problems.append(f"seq_len={seq_len}: {name} takes at most {limit} tokens")
+    data = values.get("data")
+    if isinstance(data, str) and data.startswith((".", "/", "~")):
+        if not Path(data).expanduser().exists():
+            problems.append(f"data={data}: no such file or folder{did_you_mean(Path(data))}")
+    said = {p.split(":", 1)[0] for p in found}
+    return [p for p in problems if p.split(":", 1)[0] not in said]
 
 
 def _numeric(schema: type[BaseModel], key: str) -> bool:

@@ -156,7 +156,9 @@ def parse_space(
     for knob_name, spec in raw_knobs.items():
         path = f"knobs.{knob_name}"
         if knob_name not in KNOBS:
-            problem(path, f"unknown knob (known: {', '.join(KNOBS)})")
+            close = difflib.get_close_matches(str(knob_name), KNOBS, n=1, cutoff=0.75)
+            hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(KNOBS)}"
+            problem(path, f"unknown knob ({hint})")
             continue
         try:
             knobs[knob_name] = _parse_knob(knob_name, spec, facts)

@@ -109,3 +109,23 @@ def test_a_search_whose_every_trial_would_time_out_is_refused_unless_forced(tmp_
     assert "over trial_timeout=10 min" in err and "force=true runs it anyway" in err
     assert not (tmp_path / "big").exists()
     assert cli.main([*argv, "force=true"], executor=fake_executor("ok")) == 0
+
+
+def test_every_problem_found_without_a_probe_is_named_in_one_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.csv").write_text("text,label\nhi,0\n")
+    argv = ["search", f"model={TINY_MODEL}", "memory_budget=abc", "seq_len=100000",
+            "data=./trian.csv"]  # fmt: skip
+    assert cli.main(argv, executor=fake_executor("ok")) == 2
+    err = " ".join(error_of(capsys).split())
+    assert "3 problems in the run configuration" in err
+    assert "memory_budget=abc: expected a size" in err
+    assert f"seq_len=100000: {TINY_MODEL} takes at most 512 tokens" in err
+    assert "data=./trian.csv: no such file or folder; did you mean train.csv?" in err
+
+
+def test_a_misspelt_knob_gets_a_did_you_mean(tmp_path, capsys):
+    space = tmp_path / "typo.yaml"
+    space.write_text("device: any\nknobs:\n  precison: bf16\n")
+    assert cli.main(["validate", str(space)]) == 2
+    assert f"{space}:3: knobs.precison: unknown knob (did you mean precision?)" in error_of(capsys)
