@@ -23,7 +23,7 @@ from autotune.common.errors import (
 )
 from autotune.common.version import __version__
 from autotune.execute.base import TrialExecutor
-from autotune.outputs.view import errors
+from autotune.outputs.view import errors, shown_paths
 from autotune.plan.config import (
     ConfirmConfig,
     ExportConfig,
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None, *, executor: TrialExecutor | None = None
         return args.handler(args)
     except StudyFileLost as exc:
         # The study is gone: not a mistake to fix, nor a server to wait for; say what is left.
-        written = f"; wrote {', '.join(map(str, exc.paths))}" if exc.paths else ""
+        written = f"; wrote {shown_paths(exc.paths)}" if exc.paths else ""
         errors.print(f"[bold red]error:[/] {escape(str(exc) + written)}", markup=True,
                      soft_wrap=True)  # fmt: skip
         return STUDY_FILE_LOST_EXIT_CODE
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None, *, executor: TrialExecutor | None = None
     except SearchInterrupted as exc:
         # What finished is written; the exit code is a shell's for that signal (143 for
         # SIGTERM, 129 for SIGHUP, 130 for Ctrl-C), so a scheduler sees why it ended.
-        written = f"; wrote {', '.join(map(str, exc.paths))}" if exc.paths else ""
+        written = f"; wrote {shown_paths(exc.paths)}" if exc.paths else ""
         said = exc.ended or f"interrupted by {exc.signal_name}"  # `interrupted after 2 of 6 ...`
         errors.print(said + written, markup=False, soft_wrap=True)
         return exc.exit_code

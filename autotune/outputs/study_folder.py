@@ -17,7 +17,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from autotune.common.knobs import KNOBS
+from autotune.common.knobs import KNOBS, active, left_out
 from autotune.common.layout import (
     ACCELERATE_YAML,
     DEEPSPEED_JSON,
@@ -113,7 +113,7 @@ def table(
         {
             "number": r.number,
             "baseline": r.baseline,
-            **{k: r.params.get(k) for k in knobs},
+            **{k: _value(k, r.params) for k in knobs},
             "status": r.status.value,
             **{m: getattr(r.result, m) for m in METRIC_COLUMNS},
             "noisy": None if r.result.step_time_cv is None else snapshot.is_noisy(r),
@@ -206,6 +206,14 @@ def _settings_and_metrics(record: TrialRecord, snapshot: StudySnapshot) -> dict[
         # Differences from the baseline that change the training, not only its speed.
         "changes_training": [dataclasses.asdict(c) for c in snapshot.math_changes(record)],
     }
+
+
+def _value(knob: str, params: dict[str, Any]) -> Any:
+    """The knob's value in a trial: as set, else what training did about it where it applies
+    (the baseline's loader workers: 0), else nothing (blank)."""
+    if knob in params:
+        return params[knob]
+    return left_out(knob) if active(knob, params) else None
 
 
 def confirmation(picks: Picks) -> dict[str, Any] | None:

@@ -501,7 +501,12 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
 
 
 def print_paths(report: Reporter, paths: list[Path]) -> None:
-    report.line(always=True, markup="wrote " + escape(", ".join(_shown(p) for p in paths)))
+    report.line(always=True, markup="wrote " + escape(shown_paths(paths)))
+
+
+def shown_paths(paths: list[Path]) -> str:
+    """`reports/s/trials.csv, ...`: as the end of a search names what it wrote."""
+    return ", ".join(_shown(p) for p in paths)
 
 
 def _shown(path: Path) -> str:

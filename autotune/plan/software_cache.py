@@ -11,8 +11,10 @@ never memory or CUDA state: `autotune search` probes the device afresh every tim
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,13 @@ from autotune.plan.space_file import SoftwareFacts
 CACHE_DIR_ENV = "AUTOTUNE_CACHE_DIR"
 """Overrides the cache folder (tests point it at a temporary one)."""
 SCHEMA_VERSION = 5
-FILE_NAME = "software-facts.json"
+
+
+def file_name() -> str:
+    """One cache file per Python environment (`sys.prefix`): two virtual environments with
+    other packages would otherwise overwrite each other's facts and each probe again (~30 s)."""
+    prefix = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
+    return f"software-facts-{prefix}.json"
 
 
 def cache_dir() -> Path:
@@ -88,7 +96,7 @@ def probe_device() -> DeviceInfo:
         "software": {k: facts[k] for k in SOFTWARE_FACTS},
     }
     try:
-        write_json_atomic(cache_dir() / FILE_NAME, record)
+        write_json_atomic(cache_dir() / file_name(), record)
     except StudyError:
         pass  # a read-only home or a full disk: the same answer, the next run probes again
     return info
@@ -96,7 +104,7 @@ def probe_device() -> DeviceInfo:
 
 def _cached() -> dict[str, Any] | None:
     """The cache's record when it was written for the installed packages."""
-    cached = _read(cache_dir() / FILE_NAME)
+    cached = _read(cache_dir() / file_name())
     if cached.get("schema_version") == SCHEMA_VERSION and cached.get("key") == installed_key():
         return cached
     return None

@@ -67,7 +67,7 @@ def test_validate_probes_once_then_answers_from_the_cache(no_heavy_imports, tmp_
     real = {**env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     first = run("-m", "autotune", "validate", CPU_SPACE, env=real)
     assert first.returncode == 0, first.stderr
-    assert (tmp_path / software_cache.FILE_NAME).is_file()
+    assert (tmp_path / software_cache.file_name()).is_file()
 
     again = run("-m", "autotune", "validate", CPU_SPACE, env=env)
     assert again.returncode == 0, again.stderr

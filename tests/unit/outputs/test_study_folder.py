@@ -190,3 +190,23 @@ def test_a_search_lock_that_is_a_symlink_is_refused_and_its_target_left_alone(tm
     with pytest.raises(AutotuneError, match=rf"{study_dir / LOCK_FILE}: .*link"):
         StudyLock.acquire(study_dir, "s").release()
     assert elsewhere.read_text() == "someone else's file\n"
+
+
+def test_a_knob_a_trial_leaves_out_shows_what_training_did_where_it_applies():
+    """The baseline sets no loader workers: its row says 0 (what the Trainer uses), not blank;
+    a knob that does not apply to a trial (re-entrant checkpointing without checkpointing)
+    stays blank."""
+    from autotune.outputs.study_folder import table
+    from autotune.store.records import TrialRecord
+
+    def record(number, params):
+        result = TrialResult(status=Status.OK, samples_per_s=100.0, peak_memory_gib=1.0)
+        return TrialRecord(number=number, params=params, result=result, baseline=number == 0)
+
+    records = [record(0, {"batch_size": 8, "gradient_checkpointing": False}),
+               record(1, {"batch_size": 8, "gradient_checkpointing": True,
+                          "checkpointing_reentrant": True, "dataloader_num_workers": 2})]  # fmt: skip
+    study = add_trials(optuna.create_study(directions=["maximize", "minimize"]))
+    _, rows = table(records, read_snapshot(study))
+    assert rows[0]["dataloader_num_workers"] == 0 and rows[1]["dataloader_num_workers"] == 2
+    assert rows[0]["checkpointing_reentrant"] is None

@@ -17,7 +17,7 @@ def test_a_second_validate_reuses_the_first_probe(probes, tmp_path):
     assert second == first
     assert first.optimizer_names == ("adamw_torch", "optim_1")
     assert first.compile_backends == ("inductor",)
-    cached = json.loads((tmp_path / software_cache.FILE_NAME).read_text())
+    cached = json.loads((tmp_path / software_cache.file_name()).read_text())
     assert cached["key"] == software_cache.installed_key()
     # Device state is never cached: search must see the memory free now.
     assert not {"free_memory_bytes", "cuda_available", "name"} & cached.keys()
@@ -34,7 +34,7 @@ def test_new_package_versions_probe_again(probes, monkeypatch):
 
 @pytest.mark.parametrize("content", ["not json {", "[1, 2]", '{"schema_version": 0}'])
 def test_a_damaged_or_older_cache_file_is_probed_again_and_replaced(probes, tmp_path, content):
-    (tmp_path / software_cache.FILE_NAME).write_text(content)
+    (tmp_path / software_cache.file_name()).write_text(content)
     assert software_cache.software_facts().optimizer_names == ("adamw_torch", "optim_1")
     assert software_cache.software_facts().optimizer_names == ("adamw_torch", "optim_1")
     assert len(probes) == 1
@@ -73,3 +73,14 @@ def test_a_search_probes_the_device_each_time_and_the_packages_once(probes):
     assert probes[0] is None and len(probes) == 2, "both probe the device"
     assert probes[1]["bitsandbytes_error"] == "no GPU library", "the second is told the rest"
     assert second.optimizer_names == first.optimizer_names == ("adamw_torch", "optim_1")
+
+
+def test_each_python_environment_keeps_its_own_cache_file(monkeypatch):
+    """Two virtual environments with other packages each probed again (~30 s) when they
+    shared one file, every time the other had run."""
+    import sys
+
+    mine = software_cache.file_name()
+    monkeypatch.setattr(sys, "prefix", "/opt/other-venv")
+    assert software_cache.file_name() != mine
+    assert software_cache.file_name().startswith("software-facts-")
