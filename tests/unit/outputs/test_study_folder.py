@@ -203,9 +203,9 @@ def test_a_knob_a_trial_leaves_out_shows_what_training_did_where_it_applies():
         result = TrialResult(status=Status.OK, samples_per_s=100.0, peak_memory_gib=1.0)
         return TrialRecord(number=number, params=params, result=result, baseline=number == 0)
 
-    records = [record(0, {"batch_size": 8, "gradient_checkpointing": False}),
-               record(1, {"batch_size": 8, "gradient_checkpointing": True,
-                          "checkpointing_reentrant": True, "dataloader_num_workers": 2})]  # fmt: skip
+    loader = {"batch_size": 8, "gradient_checkpointing": True, "checkpointing_reentrant": True,
+              "dataloader_num_workers": 2}  # fmt: skip
+    records = [record(0, {"batch_size": 8, "gradient_checkpointing": False}), record(1, loader)]
     study = add_trials(optuna.create_study(directions=["maximize", "minimize"]))
     _, rows = table(records, read_snapshot(study))
     assert rows[0]["dataloader_num_workers"] == 0 and rows[1]["dataloader_num_workers"] == 2
