@@ -63,6 +63,8 @@ METRIC_COLUMNS = (
     "finish_s",
     "cpu_threads",
 )
+RANK_COLUMNS = ("rank_peak_memory_gib", "rank_params", "rank_model_state_bytes")
+"""Each rank's figures, `;`-separated in rank order: columns only where a trial had ranks."""
 
 
 def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
@@ -107,7 +109,8 @@ def table(
     `;`-separated), and `other_versions` (measured under other versions than the study's: kept
     out of the front). trials.csv, pareto.csv and `SearchResult.to_dataframe()` hold these."""
     knobs = [k for k in KNOBS if any(k in r.params for r in records)]
-    columns = ["number", "baseline", *knobs, "status", *METRIC_COLUMNS, "noisy",
+    ranks = [c for c in RANK_COLUMNS if any(getattr(r.result, c) for r in records)]
+    columns = ["number", "baseline", *knobs, "status", *METRIC_COLUMNS, *ranks, "noisy",
                "changes_training", "reason", "other_versions"]  # fmt: skip
     rows = [
         {
@@ -116,6 +119,7 @@ def table(
             **{k: _value(k, r.params) for k in knobs},
             "status": r.status.value,
             **{m: getattr(r.result, m) for m in METRIC_COLUMNS},
+            **{c: _per_rank(getattr(r.result, c)) for c in ranks},
             "noisy": None if r.result.step_time_cv is None else snapshot.is_noisy(r),
             "changes_training": ";".join(c.setting for c in snapshot.math_changes(r)),
             "reason": r.result.reason,
@@ -257,6 +261,12 @@ RECOMMENDATION_METRICS = (
 
 def _metrics(record: TrialRecord) -> dict[str, Any]:
     return {m: getattr(record.result, m) for m in RECOMMENDATION_METRICS}
+
+
+def _per_rank(values: list[Any] | None) -> str | None:
+    if not values:
+        return None
+    return ";".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in values)
 
 
 def _cell(value: Any) -> Any:

@@ -165,6 +165,9 @@ def test_a_search_on_two_devices_a_trial_searches_the_strategy_from_a_ddp_baseli
                                              "zero3"}  # fmt: skip
     for row in rows:  # Adafactor cannot step FSDP's sharded parameters: never proposed
         assert row["status"] == "ok", row
+        # Each rank's figures in trials.csv too, in rank order.
+        assert len(row["rank_peak_memory_gib"].split(";")) == 2, row
+        assert all(int(n) > 0 for n in row["rank_params"].split(";")), row
         assert not (row["strategy"].startswith("fsdp") and row["optim"] == "adafactor"), row
     assert (
         "strategy searched among ddp, fsdp, fsdp_grad_op, zero1, zero2, zero3: 2 devices per trial"
