@@ -74,6 +74,8 @@ def test_report_renders_every_plot_without_console_errors(report, tmp_path):
         # after the page unpacked plotly.js.
         section = re.search(rf'<div id="{plot}-plot".*?</section>', dom, re.S)
         assert section and 'class="main-svg"' in section.group(0), plot
+        # The tool bar upright at the right edge, clear of a long title at 800 px.
+        assert re.search(r'class="modebar[^"]* vertical"', section.group(0)), plot
         if plot in ("pareto", "speed-by-batch"):  # each trial's step-time spread, drawn
             assert 'class="errorbar"' in section.group(0), plot
     assert "Throughput vs peak memory" in dom

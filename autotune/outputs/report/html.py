@@ -49,7 +49,9 @@ MARKS = (
     ("memory saver", "saver", {"symbol": "square-open", "size": 25, "color": "#188038"}),
     ("recommended", "recommended", {"symbol": "star", "size": 18, "color": "#e8710a"}),
 )  # fmt: skip
-LAYOUT = {"template": "plotly_white", "height": 460, "margin": {"t": 50, "b": 50}}
+LAYOUT = {"template": "plotly_white", "height": 460, "margin": {"t": 50, "b": 50},
+          "modebar": {"orientation": "v"}}  # fmt: skip
+"""The tool bar upright at the right edge: across the top it ran into a long title at 800 px."""
 TILT_AXES = 9
 """From this many parallel-coordinate axes, their titles are tilted (`parallel_figure`)."""
 TILT_DEGREES = -25
