@@ -139,20 +139,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"model states (weights, gradients, optimizer) per rank of {devices}, "
                       f"most to least: {_states(at, fixed)}")  # fmt: skip
     if free:
-        grid = Table(title="Largest batch that fits, by the knobs left free")
-        for name in free:
-            grid.add_column(name)
-        grid.add_column("largest batch", justify="right")
-        if timed is not None:
-            grid.add_column("samples/s there", justify="right")
-        for values in itertools.product(*free.values()):
-            combo = dict(zip(free, values, strict=True))
-            largest = _largest(at, fixed | combo, batches, budget)
-            row = [*(str(v).lower() for v in values), str(largest or "none")]
-            if timed is not None:
-                row.append(timed(fixed | combo | {"batch_size": largest})[1] if largest else "-")
-            grid.add_row(*row)
-        console.print(grid)
+        console.print(_grid(free, at, fixed, batches, budget, timed))
     console.print(
         "Estimated by the HF guide's anatomy, before any training: the peak is not the sum, as "
         "gradients fill in while the last backward frees activations. A trial measures it."
@@ -259,12 +246,49 @@ def check(
 
 
 def _states(at: Callable[[dict[str, Any]], Estimate], fixed: dict[str, Any]) -> str:
-    """Each strategy's model states on a rank, in the catalogue's order (most held first),
-    with what offload keeps in host memory."""
+    """Each strategy's model states on a rank, most held on the device first (ties in the
+    catalogue's order), with what offload keeps in host memory."""
     parts = []
     for strategy in MEMORY_ORDER:
         figures = at(fixed | {"strategy": strategy})
-        held = format_bytes(figures.model_states - figures.offloaded)
+        held = figures.model_states - figures.offloaded
         host = f" (+{format_bytes(figures.offloaded)} on the host)" * bool(figures.offloaded)
-        parts.append(f"{strategy} {held}{host}")
-    return ", ".join(parts)
+        parts.append((-held, f"{strategy} {format_bytes(held)}{host}"))
+    return ", ".join(text for _, text in sorted(parts, key=lambda part: part[0]))
+
+
+def _grid(
+    free: dict[str, list[Any]],
+    at: Callable[[dict[str, Any]], Estimate],
+    fixed: dict[str, Any],
+    batches: list[int],
+    budget: float,
+    timed: Callable[[dict[str, Any]], tuple[Any, str]] | None,
+) -> Table:
+    """The largest batch that fits for each combination of the knobs left free: a row for each
+    value of the first, a column for each combination of the others (a table of 4 rows where a
+    row per combination made 36), each cell `largest batch` (and its samples/s)."""
+    first, *others = free
+    columns = list(itertools.product(*(free[name] for name in others)))
+    grid = Table(title="Largest batch that fits, by the knobs left free"
+                 + (" (samples/s there)" if timed is not None else ""))  # fmt: skip
+    grid.add_column(first)
+    for values in columns:
+        pairs = zip(others, values, strict=True)
+        heading = ", ".join(f"{_short(n)}={str(v).lower()}" for n, v in pairs)
+        grid.add_column(heading or "largest batch", justify="right")
+    for value in free[first]:
+        row = [str(value).lower()]
+        for values in columns:
+            combo = {first: value, **dict(zip(others, values, strict=True))}
+            largest = _largest(at, fixed | combo, batches, budget)
+            cell = str(largest or "none")
+            if timed is not None and largest:
+                cell += f" ({timed(fixed | combo | {'batch_size': largest})[1]})"
+            row.append(cell)
+        grid.add_row(*row)
+    return grid
+
+
+def _short(name: str) -> str:
+    return KNOBS[name].short or name if name in KNOBS else name

@@ -97,9 +97,15 @@ def test_a_run_on_gpus_not_in_hand_is_planned_per_rank_from_the_built_in_table()
     # fp32 AdamW: DDP 16 bytes a parameter, ZeRO-1 8 + 12 / 8, ZeRO-2 4 + 16 / 8, FSDP 16 / 8
     # and ZeRO-3 20 / 8 (DeepSpeed's fp32 copy); offload keeps the optimizer's on the host.
     line = " ".join(proc.stdout.split())  # the terminal may wrap it
+    # The grid folded: a row a strategy, a column for each precision and checkpointing.
+    rows = [row for row in proc.stdout.splitlines() if row.startswith("│ ")]
+    assert [row.split()[1] for row in rows if "gc=" not in row][-9:] == [
+        "ddp", "zero1", "zero2", "fsdp_grad_op", "fsdp", "zero3", "zero2_offload",
+        "fsdp_offload", "zero3_offload"]  # fmt: skip
+    # Most held on the GPU first (an offloaded strategy among them by what stays there).
     assert ("model states (weights, gradients, optimizer) per rank of 8, most to least: ddp "
-            "4.99 GiB, zero1 2.97 GiB, zero2 1.87 GiB, fsdp_grad_op 0.62 GiB, fsdp 0.62 GiB, "
-            "zero3 0.78 GiB, zero2_offload 1.40 GiB (+") in line  # fmt: skip
+            "4.99 GiB, zero1 2.97 GiB, zero2 1.87 GiB, zero2_offload 1.40 GiB (+0.62 GiB on the "
+            "host), zero3 0.78 GiB, fsdp_grad_op 0.62 GiB, fsdp 0.62 GiB,") in line  # fmt: skip
     assert "fsdp_grad_op" in proc.stdout.split("by the knobs left free")[1]  # a free knob
 
 
