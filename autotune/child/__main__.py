@@ -10,9 +10,10 @@ import time
 
 started_s = time.perf_counter()
 
-from autotune.child import cuda_free  # noqa: E402 - timed: it imports torch
+from autotune.child import cuda_free, quiet_imports  # noqa: E402 - timed: it imports torch
 
 cuda_free.install()
+quiet_imports.install()
 
 from autotune.child import worker  # noqa: E402 - after install: it imports the Trainer
 

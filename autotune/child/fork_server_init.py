@@ -8,13 +8,14 @@ death signal is SIGTERM rather than SIGKILL so that it can first end the trial's
 the worker, and what the worker started in sessions of its own, which no death signal reaches.
 
 It also keeps what the server imports next from initialising CUDA (`cuda_free`): every trial
-is forked from it and needs a CUDA context of its own.
+is forked from it and needs a CUDA context of its own; and from printing, on the search's
+terminal, import-time lines about nothing a trial does (`quiet_imports`).
 """
 
 import os
 import signal
 
-from autotune.child import cuda_free
+from autotune.child import cuda_free, quiet_imports
 from autotune.common.processes import die_with_parent, end_own_descendants
 
 
@@ -26,3 +27,4 @@ def _end_with_the_search(signum: int, frame: object) -> None:
 signal.signal(signal.SIGTERM, _end_with_the_search)
 die_with_parent(signal.SIGTERM)
 cuda_free.install()
+quiet_imports.install()

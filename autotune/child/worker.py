@@ -9,17 +9,21 @@ device; it never imports optuna. Exit code 0 means the result file says what hap
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
 import gc
 import json
 import math
+import multiprocessing
 import os
+import shutil
 import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +37,7 @@ from autotune.child import factory as factories
 from autotune.child.models import build_model
 from autotune.common import knobs
 from autotune.common.device import tensor_peak_tflops
-from autotune.common.layout import PROGRESS_FILE
+from autotune.common.layout import PROGRESS_FILE, TRIAL_TEMP_PREFIX, socket_folder_prefix
 from autotune.common.models import ModelSpec
 from autotune.common.processes import (
     children_die_with_this_process,
@@ -559,14 +563,65 @@ def main(argv: list[str], imports_s: float | None = None) -> int:
               "starts again in a fresh process", flush=True)  # fmt: skip
         os.execv(sys.executable, [sys.executable, "-m", "autotune.child", *argv])
 
-    if ranks.needed(spec):
-        attempt = functools.partial(attempt_trial, spec, progress_path)
-        result = ranks.run(spec, result_path.parent, attempt)
-    else:
-        result, _ = attempt_trial(spec, progress_path)
-        assert result is not None  # one device: this process is rank 0
-    result = dataclasses.replace(result, worker_pid=os.getpid(), imports_s=imports_s)
-    write_json_atomic(result_path, result.to_dict())
-    # Exited, this process would leave its descendants to PID 1, out of the search's sight.
-    end_own_descendants()
+    with temporary_files_in(result_path.parent):
+        if ranks.needed(spec):
+            attempt = functools.partial(attempt_trial, spec, progress_path)
+            result = ranks.run(spec, result_path.parent, attempt)
+        else:
+            result, _ = attempt_trial(spec, progress_path)
+            assert result is not None  # one device: this process is rank 0
+        result = dataclasses.replace(result, worker_pid=os.getpid(), imports_s=imports_s)
+        write_json_atomic(result_path, result.to_dict())
+        # Exited, this process would leave its descendants to PID 1, out of the search's sight.
+        end_own_descendants()
     return 0
+
+
+def _short_folder(system: str) -> str | None:
+    """A new folder for sockets under the system's temp folder, or /tmp, or /var/tmp: the
+    first whose path leaves room for a socket's name; None where none does."""
+    for base in dict.fromkeys((system, "/tmp", "/var/tmp")):
+        if len(base) + len("/autotune-mp-XXXXXXXX") <= SOCKET_FOLDER_CHARS and os.access(
+            base, os.W_OK
+        ):
+            return tempfile.mkdtemp(dir=base, prefix=socket_folder_prefix(os.getpid()))
+    return None
+
+
+SOCKET_FOLDER_CHARS = 80
+"""The longest folder multiprocessing's sockets go in: an AF_UNIX path holds 107 bytes, and a
+socket's own name (`/listener-XXXXXXXX`) takes 18 of them."""
+
+
+@contextlib.contextmanager
+def temporary_files_in(trial_dir: Path) -> Iterator[None]:
+    """Every temporary file of this process, and of the processes it starts, in a new folder
+    inside `trial_dir`, removed when the trial ends.
+
+    Nothing of a trial lands in the system's temp folder: a worker killed at its timeout
+    (SIGKILL: none of its code runs) leaves its Trainer's output folder and its DataLoader
+    workers' sockets among the trial's own files, not as `autotune-trainer-*` and `pymp-*`
+    folders in $TMPDIR that nothing removes."""
+    system = tempfile.gettempdir()
+    folder = tempfile.mkdtemp(dir=trial_dir, prefix=TRIAL_TEMP_PREFIX)
+    # multiprocessing keeps the folder of its sockets in the process's config, copied from the
+    # parent: forked from the fork server, the search's own `pymp-*` folder in $TMPDIR. Its
+    # sockets (a DataLoader worker hands tensors over one) need a path of at most 107 bytes:
+    # a deep study folder gets a short folder of the system's instead, removed as well.
+    sockets = folder if len(folder) <= SOCKET_FOLDER_CHARS else _short_folder(system) or folder
+    config = multiprocessing.current_process()._config
+    before = tempfile.tempdir, os.environ.get("TMPDIR"), config.get("tempdir")
+    tempfile.tempdir = folder  # this process and what it forks (DataLoader workers, ranks)
+    os.environ["TMPDIR"] = folder  # the programs it runs (compilers, a factory's subprocesses)
+    config["tempdir"] = sockets
+    try:
+        yield
+    finally:
+        # What cannot be removed stays in the trial's folder; the result is written already.
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(sockets, ignore_errors=True)
+        tempfile.tempdir, environ, config["tempdir"] = before
+        if environ is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = environ

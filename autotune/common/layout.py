@@ -6,7 +6,8 @@ OUT/STUDY/
   search.log          what the terminal showed
   trials.csv  pareto.csv  recommended.json  recommended.py  report.html
   trials/NNNN/        one trial: spec.json, result.json, progress.json, worker.log
-                      (copied from worker.pipe), result.interrupted.json (set aside)
+                      (copied from worker.pipe), result.interrupted.json (set aside),
+                      tmp-*/ (its temporary files while it runs)
   confirm/            the confirmation's runs, one trial folder each
   data/FINGERPRINT/   the user's data, tokenized once
   workers/HOST-PID/   a search's worker processes: their logs and stop reasons
@@ -49,6 +50,16 @@ DATA_CACHE = "data"
 """One prepared entry per fingerprint of the user's data."""
 WORKERS = "workers"
 COMPILE_CACHE = "inductor-cache"
+TRIAL_TEMP_PREFIX = "tmp-"
+"""A trial's temporary files: `trials/NNNN/tmp-*/`, removed when it ends (by the worker, or
+after a kill by the search)."""
+
+
+def socket_folder_prefix(worker_pid: int) -> str:
+    """The folder a worker whose trial folder is too deep for an AF_UNIX path keeps its
+    multiprocessing sockets in, under the system's temp folder: named by the worker's pid, so
+    the search removes it after a kill."""
+    return f"autotune-mp-{worker_pid}-"
 
 
 def trial_dir(study_dir: Path, number: int) -> Path:

@@ -17,9 +17,11 @@ import io
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
@@ -35,7 +37,9 @@ from autotune.common.layout import (
     PROGRESS_FILE,
     RESULT_FILE,
     SPEC_FILE,
+    TRIAL_TEMP_PREFIX,
     WORKER_LOG,
+    socket_folder_prefix,
 )
 from autotune.common.output_files import make_folder, open_log
 from autotune.common.processes import descendants, die_with_parent, end_processes
@@ -319,6 +323,18 @@ class LocalTrial:
         finally:
             self.ended = True
             self.log.close()
+            _remove_temporary_files(self.result_path.parent, self.worker.pid)
+
+
+def _remove_temporary_files(trial_dir: Path, worker_pid: int) -> None:
+    """What a killed worker could not remove: its trial's temporary folder, and the one of the
+    system's it kept its sockets in (`layout.socket_folder_prefix`)."""
+    sockets = f"{socket_folder_prefix(worker_pid)}*"
+    bases = dict.fromkeys((tempfile.gettempdir(), "/tmp", "/var/tmp"))  # the worker's choice
+    folders = [*trial_dir.glob(f"{TRIAL_TEMP_PREFIX}*"),
+               *(found for base in bases for found in Path(base).glob(sockets))]  # fmt: skip
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def set_aside_result(trial_dir: Path) -> None:

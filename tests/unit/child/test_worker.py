@@ -1,6 +1,7 @@
 import json
 import math
 import types
+from pathlib import Path
 
 import pytest
 import transformers
@@ -182,3 +183,31 @@ def test_every_trials_mfu_is_of_the_devices_16_bit_peak_whatever_its_precision(m
     assert len({r.mfu for r in results.values()}) == 1  # same steps: the same MFU
     flops = measure.training_flops(BERT_LARGE, Timed().measured_counts())
     assert results["fp32"].mfu == pytest.approx(flops / 0.2 / 989.4e12)
+
+
+@pytest.mark.parametrize("depth", [1, 12])
+def test_a_trials_temporary_files_and_sockets_live_in_folders_removed_with_it(tmp_path, depth):
+    """Everything temporary goes in a folder of the trial's own; multiprocessing's sockets (a
+    DataLoader worker hands tensors over one) too, unless that folder is too deep for an
+    AF_UNIX path (107 bytes): then in a short one of the system's. Both go when it ends, and
+    the process's settings are as before."""
+    import multiprocessing.connection
+    import multiprocessing.util
+    import os
+    import tempfile
+
+    from autotune.child.worker import SOCKET_FOLDER_CHARS, temporary_files_in
+
+    trial_dir = tmp_path.joinpath(*["deeper-folder"] * depth)
+    trial_dir.mkdir(parents=True)
+    before = tempfile.gettempdir(), os.environ.get("TMPDIR")
+    with temporary_files_in(trial_dir):
+        made = Path(tempfile.mkdtemp(prefix="autotune-trainer-"))
+        assert made.parent.parent == trial_dir
+        sockets = Path(multiprocessing.util.get_temp_dir())
+        assert len(str(sockets)) <= SOCKET_FOLDER_CHARS
+        assert (sockets == made.parent) == (len(str(made.parent)) <= SOCKET_FOLDER_CHARS)
+        with multiprocessing.connection.Listener(family="AF_UNIX") as listener:
+            assert Path(listener.address).parent == sockets  # bound: the path fits
+    assert list(trial_dir.iterdir()) == [] and not sockets.exists()
+    assert (tempfile.gettempdir(), os.environ.get("TMPDIR")) == before

@@ -1,0 +1,133 @@
+"""What a trial leaves outside its folder and prints beside its work: no temporary folder in
+$TMPDIR however it ends, and no import-time lines about nothing a trial does (torchao's kernel
+libraries, torch's pytree notices) in its log or on the search's terminal. Real CPU trials."""
+
+import enum
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.child import quiet_imports
+from autotune.common.models import resolve_model
+from autotune.common.trial import Progress, Stage, Status, TrialSpec
+from autotune.execute.local import CommandLauncher, launch_trial
+from tests.conftest import TINY_MODEL
+
+pytestmark = pytest.mark.slow
+LEFTOVER = re.compile(r"autotune-trainer-|pymp-")
+IMPORT_NOISE = re.compile(r"_pytree|Failed to load")
+
+
+class EndedByTheSearch(Exception):
+    """What `on_progress` raises to end a trial mid-measurement."""
+
+
+def spec(measure_steps: int) -> TrialSpec:
+    model = resolve_model(TINY_MODEL)
+    return TrialSpec(
+        trial_number=0, model_name=model.name, model_config=model.config,
+        task="sequence-classification", seq_len=16, device="cpu",
+        # DataLoader workers: the processes that open multiprocessing's socket folders.
+        params={"batch_size": 8, "precision": "fp32", "optim": "sgd",
+                "dataloader_num_workers": 2},
+        warmup_steps=1, measure_steps=measure_steps, seed=0,
+    )  # fmt: skip
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if LEFTOVER.match(p.name))
+
+
+@pytest.fixture
+def tmpdir_of_trials(tmp_path, monkeypatch):
+    """An empty $TMPDIR, which a worker started as a fresh process inherits."""
+    folder = tmp_path / "system-tmp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    return folder
+
+
+def end_when_measuring(progress: Progress) -> None:
+    if progress.stage is Stage.MEASURING:
+        raise EndedByTheSearch
+
+
+def test_a_finished_trial_leaves_no_temporary_folder_in_tmpdir(tmp_path, tmpdir_of_trials):
+    result = launch_trial(spec(measure_steps=2), tmp_path / "trial", timeout_s=300,
+                          launcher=CommandLauncher())  # fmt: skip
+    assert result.status is Status.OK, result.reason + result.stderr_tail
+    assert leftovers(tmpdir_of_trials) == []
+
+
+def test_a_trial_killed_mid_measurement_leaves_no_temporary_folder_in_tmpdir(
+    tmp_path, tmpdir_of_trials
+):
+    with pytest.raises(EndedByTheSearch):  # the worker is SIGKILLed: none of its code runs
+        launch_trial(spec(measure_steps=100_000), tmp_path / "trial", timeout_s=300,
+                     launcher=CommandLauncher(), on_progress=end_when_measuring)  # fmt: skip
+    assert leftovers(tmpdir_of_trials) == []
+
+
+def test_a_trials_log_holds_no_import_noise(tmp_path):
+    # Started as a fresh process, the worker imports the Trainer itself, its log open.
+    result = launch_trial(spec(measure_steps=2), tmp_path / "trial", timeout_s=300,
+                          launcher=CommandLauncher())  # fmt: skip
+    assert result.status is Status.OK, result.reason + result.stderr_tail
+    log = (tmp_path / "trial" / "worker.log").read_text()
+    assert "step 3/3" in log  # the log is the trial's
+    assert not IMPORT_NOISE.search(log), log
+
+
+@pytest.fixture(scope="module")
+def timed_out_search(tmp_path_factory):
+    """A search (trials forked from its fork server) whose one trial is killed at its
+    timeout, run with an empty $TMPDIR: (that folder, what the terminal showed)."""
+    root = tmp_path_factory.mktemp("timed-out")
+    system_tmp = root / "system-tmp"
+    system_tmp.mkdir()
+    command = [
+        sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=16",
+        "n_trials=1", "warmup_steps=1", "measure_steps=100000", "trial_timeout=20s",
+        "force=true", "confirm_rounds=0", f"out={root / 'out'}", "study=s",
+    ]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TMPDIR": str(system_tmp)})  # fmt: skip
+    assert "timeout: no result before trial_timeout" in proc.stdout, proc.stdout + proc.stderr
+    return system_tmp, proc.stdout + proc.stderr
+
+
+def test_a_timed_out_trial_of_a_search_leaves_no_temporary_folder_in_tmpdir(timed_out_search):
+    system_tmp, _ = timed_out_search
+    assert leftovers(system_tmp) == []
+
+
+def test_a_search_terminal_shows_no_import_noise(timed_out_search):
+    _, terminal = timed_out_search
+    assert not IMPORT_NOISE.search(terminal), terminal
+
+
+class Precision(enum.Enum):
+    FP8 = "fp8"
+
+
+def test_only_the_import_noise_is_dropped(monkeypatch, caplog):
+    torchao, pytree = logging.getLogger("torchao"), logging.getLogger("torch.utils._pytree")
+    for logger in (torchao, pytree):
+        monkeypatch.setattr(logger, "filters", [])  # this process's loggers as they were
+    quiet_imports.install()
+    enum_notice = "%s is an Enum subclass and is now natively supported by torch.compile"
+    kernel_enum = enum.Enum("KernelPreference", "AUTO", module="torchao.quantization")
+    with caplog.at_level(logging.WARNING):
+        torchao.warning("Failed to load /venv/torchao/_C_mxfp8.so: Could not load this library")
+        pytree.warning(enum_notice, kernel_enum)
+        torchao.warning("Skipping import of cpp extensions due to incompatible torch version")
+        pytree.warning(enum_notice, Precision)  # the user's own Enum: still told
+    assert caplog.messages == [
+        "Skipping import of cpp extensions due to incompatible torch version",
+        enum_notice % Precision,
+    ]
