@@ -4,11 +4,12 @@ autotune calls `make_trainer(args, model_kwargs)` in each trial with the Trainin
 is trying (batch size, precision, loader settings, ... plus max_steps and no saving) and times
 the Trainer it returns. Everything else is yours: here a small BERT classifier, built from a
 config (no download), on the labelled lines of reviews.jsonl next to this file, tokenized by a
-WordPiece tokenizer trained on them, and padded per batch by the HF padding collator.
+WordPiece tokenizer counted from them, and padded per batch by the HF padding collator.
 
 Runs offline: python examples/classifier_trainer.py trains it for 3 steps.
 """
 
+import collections
 from pathlib import Path
 
 import datasets
@@ -17,16 +18,31 @@ import transformers
 
 DATA = Path(__file__).with_name("reviews.jsonl")
 MAX_LENGTH = 128
+VOCAB_SIZE = 500
 
 
 def make_tokenizer(texts: list[str]) -> transformers.PreTrainedTokenizerFast:
-    model = tokenizers.Tokenizer(tokenizers.models.WordPiece(unk_token="[UNK]"))
-    model.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
-    model.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    model.train_from_iterator(
-        texts, tokenizers.trainers.WordPieceTrainer(vocab_size=500, special_tokens=special)
+    """A WordPiece tokenizer with its vocabulary counted from `texts`: the special tokens,
+    every character (alone and continuing a word), then the most frequent words (equal counts
+    alphabetically) up to VOCAB_SIZE. Counted here rather than by the `tokenizers` WordPiece
+    trainer, which orders equal counts differently from run to run: the same texts give the
+    same tokenizer, byte for byte."""
+    normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
+    pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+    counts = collections.Counter(
+        word
+        for text in texts
+        for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))
     )
+    characters = sorted({c for word in counts for c in word})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *characters,
+             *(f"##{c}" for c in characters)]  # fmt: skip
+    frequent = sorted((w for w in counts if w not in vocab), key=lambda w: (-counts[w], w))
+    vocab += frequent[: max(0, VOCAB_SIZE - len(vocab))]
+    model = tokenizers.Tokenizer(tokenizers.models.WordPiece(
+        vocab={token: i for i, token in enumerate(vocab)}, unk_token="[UNK]"))  # fmt: skip
+    model.normalizer = normalizer
+    model.pre_tokenizer = pre_tokenizer
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=model, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
         sep_token="[SEP]", mask_token="[MASK]",

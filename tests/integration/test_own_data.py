@@ -263,3 +263,23 @@ def test_loader_workers_pay_off_when_the_data_costs_cpu_time(corpus, tmp_path):
     # On data tokenized before the search a worker has only rows to read and pad: what it
     # takes off the training process is small beside a transform's work.
     assert heavy > 1.3 * tokenized
+
+
+def test_the_readme_recipe_makes_the_shipped_tokenizer_byte_for_byte(tmp_path):
+    """The README says how examples/tokenizer was made: run that command in a copy of
+    examples/, and the files it saves are the shipped ones."""
+    import shutil
+
+    found = re.search(r"`(python -c \"import json, sys;.*?\('examples/tokenizer'\)\")`",
+                      README.read_text())  # fmt: skip
+    recipe = found.group(1)
+    shutil.copytree(ROOT / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns(
+        "tokenizer", "__pycache__"))  # fmt: skip
+    made = subprocess.run(recipe, shell=True, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    assert made.returncode == 0, made.stderr[-2000:]
+    shipped = sorted(p.name for p in (ROOT / "examples/tokenizer").iterdir())
+    assert sorted(p.name for p in (tmp_path / "examples/tokenizer").iterdir()) == shipped
+    for name in shipped:
+        assert (tmp_path / "examples/tokenizer" / name).read_bytes() == (
+            ROOT / "examples/tokenizer" / name).read_bytes(), name  # fmt: skip
