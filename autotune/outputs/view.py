@@ -231,10 +231,10 @@ class TerminalView(SearchObserver):
                 self.report.line(f"[yellow]note:[/] {escape(note)}")
         self.records.append(record)
         left = remaining_s(self.records, self.steps, self.space_batch, self.total - done)
-        self.bar.update(self.task, eta="" if left is None else f"ETA {_duration(left)}")
+        self.bar.update(self.task, eta=_eta(left))
         if record.baseline and record.status is Status.OK and record.result.wall_s:
-            self.report.line(_pace(record, left, self.total - done, self.space_batch,
-                                   self.confirm_rounds))  # fmt: skip
+            self.report.line(_pace(record, left[0] if left else None, self.total - done,
+                                   self.space_batch, self.confirm_rounds))  # fmt: skip
             self._slower_than_probed(record)
 
     def ended(self, stopped: str) -> None:
@@ -318,7 +318,8 @@ def _pace(
         f"the baseline took {wall_s:.1f} s: at its pace a sample, the {remaining} remaining "
         f"trials (the space's median batch: {batch:g} samples a step) take about "
         f"{_duration(left_s or 0.0)}{confirming}; less where they train faster a sample, as "
-        "16-bit and larger batches often do (the bar's ETA follows the trials)"
+        "16-bit and larger batches often do (the bar's ETA follows the trials, with its range "
+        "at the fastest and slowest pace measured)"
     )
 
 
@@ -327,6 +328,15 @@ PIPED_EVERY_S = 60.0
 SLOW_SHARE = 0.02
 """A baseline computing at under this share of the device's probed rate is said to be slow:
 training reaches 5-50% of it (the quick start's baseline on an idle 2-core Xeon: 25%)."""
+
+
+def _eta(left: tuple[float, float, float] | None) -> str:
+    """`ETA 40 s (25-60 s)`: the trials left at the median, fastest and slowest pace."""
+    if left is None:
+        return ""
+    likely, least, most = left
+    spread = f" ({_duration(least)}-{_duration(most)})" if most > least * 1.1 else ""
+    return f"ETA {_duration(likely)}{spread}"
 
 
 def _duration(seconds: float) -> str:

@@ -63,18 +63,23 @@ class TrialCost:
 
 def remaining_s(
     records: list[TrialRecord], steps: int, space_batch: float, trials: int
-) -> float | None:
+) -> tuple[float, float, float] | None:
     """The wall time `trials` more trials take, predicted from the trials so far: each a
     start-up (`TrialCost`) and its steps at the median per-sample pace measured, its work a
     step the median effective batch of the trials since the baseline (before any: the
     space's median, `space_batch`): a proposal training 8x the baseline's samples a step is
-    counted at 8x its steps' time. None before a trial was measured."""
+    counted at 8x its steps' time. With the same work at the fastest and the slowest pace
+    measured: (likely, least, most); None before a trial was measured."""
     measured = [r for r in records if r.status is Status.OK and r.result.samples_per_s]
     if not measured:
         return None
-    per_sample_s = statistics.median(1 / r.result.samples_per_s for r in measured)
+    paces = [1 / r.result.samples_per_s for r in measured]
     proposals = [effective_batch(r.params) for r in records
                  if not r.baseline and r.status is not Status.SKIPPED]  # fmt: skip
     batch = statistics.median(proposals) if proposals else space_batch
-    cost = TrialCost.fit(records, steps)
-    return trials * (cost.start_s + steps * batch * per_sample_s)
+    start_s = TrialCost.fit(records, steps).start_s
+    likely, least, most = (
+        trials * (start_s + steps * batch * pace)
+        for pace in (statistics.median(paces), min(paces), max(paces))
+    )
+    return likely, least, most

@@ -54,11 +54,11 @@ def test_the_trials_left_are_counted_at_the_work_they_do_a_step():
     assert remaining_s([], steps=13, space_batch=32, trials=5) is None
     start = 14.0 - 13 * 8 / 8.0
     assert remaining_s([baseline], steps=13, space_batch=32, trials=5) == pytest.approx(
-        5 * (start + 13 * 32 / 8.0)
+        (5 * (start + 13 * 32 / 8.0),) * 3  # one pace measured: no range yet
     )
     big = {"batch_size": 64, "grad_accum": 2, "precision": "bf16"}
     records = [baseline, ended(1, big, 32.0, start + 13 * 128 / 32.0)]
     per_sample = (1 / 8.0 + 1 / 32.0) / 2
     assert remaining_s(records, steps=13, space_batch=32, trials=4) == pytest.approx(
-        4 * (start + 13 * 128 * per_sample)
+        tuple(4 * (start + 13 * 128 * pace) for pace in (per_sample, 1 / 32.0, 1 / 8.0))
     )
