@@ -526,7 +526,8 @@ def prepare_inputs(plan: SearchPlan, observer: SearchObserver) -> None:
     has it already), or check the user's Trainer factory; each in a subprocess, as both
     import torch. Problems are AutotuneErrors, raised before the study is touched."""
     if plan.data is not None and plan.data_dir is not None:
-        make_folder(plan.data_dir.parent, plan.study_dir)  # checked: the trials read it
+        if plan.study_dir.exists():  # a resumed study: its data folder checked, the trials read it
+            make_folder(plan.data_dir.parent, plan.study_dir)
         with observer.busy(f"preparing data={plan.data.data}") as status:
             show = getattr(status, "update", lambda text: None)  # a live terminal's spinner
             folder = user_data.prepare_in_subprocess(plan.data, plan.data_dir.parent, show)
