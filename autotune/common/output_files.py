@@ -126,10 +126,11 @@ def make_folder(folder: Path, root: Path) -> Path:
     return folder
 
 
-def open_log(path: Path, *, append: bool = False) -> int:
-    """A file descriptor for writing a log at `path`, created if missing, emptied unless
-    `append`, never through a link planted at its name (O_NOFOLLOW). Raises a StudyError."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+def open_log(path: Path, *, append: bool = False, read: bool = False) -> int:
+    """A file descriptor for writing a log at `path` (and reading it back: `read`), created if
+    missing, emptied unless `append`, never through a link planted at its name (O_NOFOLLOW).
+    Raises a StudyError."""
+    flags = (os.O_RDWR if read else os.O_WRONLY) | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     flags |= os.O_APPEND if append else os.O_TRUNC
     try:
         return os.open(path, flags, 0o644)

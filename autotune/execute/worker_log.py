@@ -42,7 +42,7 @@ class CappedLog:
         os.set_blocking(self._read_fd, True)
         self._write_fd: int | None = os.open(pipe_path, os.O_WRONLY)
         # Never through a link planted at its name; closed by the copying thread.
-        self._log = open(open_log(log_path), "w+b")
+        self._log = open(open_log(log_path, read=True), "w+b")
         self._thread = threading.Thread(target=self._copy, name="worker-log", daemon=True)
         self._thread.start()
 

@@ -220,7 +220,7 @@ class TerminalView(SearchObserver):
         self._drop(record.number)
         # A skip runs nothing and uses up no trial.
         done = int(self.bar.tasks[0].completed) + (record.status is not Status.SKIPPED)
-        if record.status is Status.OK:
+        if record.status is Status.OK and record.result.samples_per_s:
             self.best = max(self.best, record.result.samples_per_s)
         self.bar.update(self.task, completed=done, best=f"best {self.best:.2f} samples/s")
         self.report.line(_trial_line(record, done, self.total))
@@ -360,11 +360,13 @@ def _trial_line(record: TrialRecord, done: int, total: int) -> str:
     status = r.status.value if r.status is Status.OK else f"[red]{r.status.value}[/]"
     head = f"[{done}/{total}] trial {record.number:>3} {status:<7} {describe_params(record.params)}"
     if r.status is Status.OK:
+        # Each figure where the record has it (one another process recorded may lack some).
         padding = f" ({r.padding_share:.0%} padding)" if r.padding_share else ""
-        return (
-            f"{head}: {r.samples_per_s:.2f} samples/s{padding}, "
-            f"{format_gib(r.peak_memory_gib, 3)}, step CV {r.step_time_cv:.0%}, {r.wall_s:.1f} s"
-        )
+        figures = [f"{r.samples_per_s:.2f} samples/s{padding}" if r.samples_per_s else None,
+                   format_gib(r.peak_memory_gib, 3) if r.peak_memory_gib is not None else None,
+                   f"step CV {r.step_time_cv:.0%}" if r.step_time_cv is not None else None,
+                   f"{r.wall_s:.1f} s" if r.wall_s is not None else None]  # fmt: skip
+        return f"{head}: {', '.join(f for f in figures if f)}"
     return f"{head}: {escape(r.reason)}"
 
 

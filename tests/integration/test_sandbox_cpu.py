@@ -60,10 +60,11 @@ def test_over_budget_batches_are_oom_and_larger_ones_after_an_oom_are_skipped(tm
     # Measured here: batch 8 and 16 grow the worker by ~0.1-0.2 GiB, batch 256 by ~0.9 GiB.
     space = tmp_path / "batches.yaml"
     space.write_text(SPACE.replace("[8, 16, 256]", "[8, 16, 256, 384, 512, 640]"))
-    # Skipping by estimate off: these batches must run to meet the watchdog.
+    # Skipping by estimate off, and the search's own stop (the model sees the large batches
+    # unlikely to fit): these batches must run to meet the watchdog.
     proc = subprocess.run(
         search_command(tmp_path, space, "n_trials=7", "memory_budget=600MiB",
-                       "estimate_margin=null"),
+                       "estimate_margin=null", "min_gain_per_minute=0"),
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
