@@ -14,10 +14,12 @@ import copy
 import dataclasses
 import functools
 import gc
+import getpass
 import json
 import math
 import multiprocessing
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -577,6 +579,14 @@ def main(argv: list[str], imports_s: float | None = None) -> int:
     return 0
 
 
+def _user_name() -> str:
+    """As torch names its default compile cache (`torchinductor_<user>`)."""
+    try:
+        return re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    except (KeyError, OSError):
+        return f"uid_{os.getuid()}"
+
+
 def _short_folder(system: str) -> str | None:
     """A new folder for sockets under the system's temp folder, or /tmp, or /var/tmp: the
     first whose path leaves room for a socket's name; None where none does."""
@@ -611,6 +621,11 @@ def temporary_files_in(trial_dir: Path) -> Iterator[None]:
     sockets = folder if len(folder) <= SOCKET_FOLDER_CHARS else _short_folder(system) or folder
     config = multiprocessing.current_process()._config
     before = tempfile.tempdir, os.environ.get("TMPDIR"), config.get("tempdir")
+    # torch.compile's cache stays where it was (torch derives it from the temp folder): a
+    # trial without a study's cache (`compile_cache_dir`) reuses what earlier ones compiled.
+    cache = "TORCHINDUCTOR_CACHE_DIR"
+    kept_cache = cache in os.environ
+    os.environ.setdefault(cache, os.path.join(system, f"torchinductor_{_user_name()}"))
     tempfile.tempdir = folder  # this process and what it forks (DataLoader workers, ranks)
     os.environ["TMPDIR"] = folder  # the programs it runs (compilers, a factory's subprocesses)
     config["tempdir"] = sockets
@@ -621,6 +636,8 @@ def temporary_files_in(trial_dir: Path) -> Iterator[None]:
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(sockets, ignore_errors=True)
         tempfile.tempdir, environ, config["tempdir"] = before
+        if not kept_cache:
+            os.environ.pop(cache, None)
         if environ is None:
             os.environ.pop("TMPDIR", None)
         else:

@@ -63,7 +63,7 @@ wrong advice costs a few trials, not the search."""
 ENOUGH_SAMPLE = 5_000
 """Untried settings, beyond those the model chooses from now, that the search looks at for a
 gain worth its trial before it stops by itself (`min_gain_per_minute`)."""
-ENOUGH_CHECKS = 200
+ENOUGH_CHECKS = 50
 """The most promising of them checked against the memory budget and the pre-trial checks."""
 MEASURED = frozenset({Status.OK, Status.STOPPED})
 """Trials whose samples/s the model learns from as measured (a stopped one: over fewer steps)."""
@@ -271,7 +271,12 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         score = advice * gain / np.maximum(seconds, 1e-3) ** self.cost_weight(done, records)
         order = np.lexsort((-optimistic, -score))
         order = [untried[i] for i in order if within[i]]
-        if not self.worth_going_on(everywhere, order, observed, y, best, records, cost):
+        threshold = self.plan.config.min_gain_per_minute
+        rate = gain / np.maximum(seconds / 60, 1e-6)  # share of samples/s a minute of trial
+        near_worth = not threshold or bool(np.any(within & (rate >= threshold)))
+        if not near_worth and not self.worth_going_on(
+            everywhere, order, observed, y, best, records, cost
+        ):
             self.enough_now = (
                 "the model expects no untried setting to gain "
                 f"{self.plan.config.min_gain_per_minute:.2%} of samples/s a minute of its trial "
@@ -286,19 +291,19 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         """Whether some untried setting that would run is expected to gain at least
         `min_gain_per_minute` of the fastest feasible trial's samples/s per minute of its
         predicted trial: the expected gain, times its chance to fit the budget, within its
-        time limit. Looked for among the settings the model chooses from now (`near`) and a
-        sample of all the others (ENOUGH_SAMPLE: the trust radius is how the search moves,
-        not where gains can be); only the most promising (ENOUGH_CHECKS) are checked against
-        the memory budget and the time limit, and if all of those pass, the search goes on."""
+        time limit. Asked once none the model chooses from now (`near`) is: among a sample of
+        all the others (ENOUGH_SAMPLE: the trust radius is how the search moves, not where
+        gains can be); only the most promising (ENOUGH_CHECKS) are checked against the memory
+        budget, the pre-trial checks and the time limit, and if all of those pass, the search
+        goes on."""
         threshold = self.plan.config.min_gain_per_minute
         if not threshold:
             return True
         chosen_from = set(near)
-        others = [i for i in untried if i not in chosen_from]
-        if len(others) > ENOUGH_SAMPLE:
+        candidates = [i for i in untried if i not in chosen_from]
+        if len(candidates) > ENOUGH_SAMPLE:
             rng = np.random.default_rng(len(records))  # the same answer on a rerun
-            others = [int(i) for i in rng.choice(others, ENOUGH_SAMPLE, replace=False)]
-        candidates = near + others
+            candidates = [int(i) for i in rng.choice(candidates, ENOUGH_SAMPLE, replace=False)]
         if not candidates:
             return False
         mean, sd = predict(self.points, observed, y, candidates)
@@ -312,8 +317,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         fastest = [cost.predict_s(params[k], math.exp(mean[k] + UCB_BETA * sd[k])) for k in top]
         top = [
             k for k, seconds in zip(top, fastest, strict=True)
-            if candidates[k] in chosen_from  # checked already
-            or (seconds <= self._limit_s(params[k]) and self._runs(candidates[k], records))
+            if seconds <= self._limit_s(params[k]) and self._runs(candidates[k], records)
         ]  # fmt: skip
         indices = [candidates[k] for k in top]
         fits = self._fits(indices, records) if indices else np.zeros(0)

@@ -1,15 +1,15 @@
 """A study folder someone else tampered with: links planted where a search writes (a trial's log,
 the trials folder) and a folder others may write into are refused, and the files the links point
-to are left as they were. Real searches, from the command line."""
+to are left as they were. Searches from the command line, their trials run through the real
+executor by the stand-in worker."""
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_MODEL
+from autotune import cli
+from tests.conftest import TINY_MODEL, fake_executor
 
 pytestmark = pytest.mark.slow
 SPACE = """
@@ -21,15 +21,17 @@ knobs:
 """
 
 
-def search(tmp_path: Path) -> subprocess.CompletedProcess:
+def search(tmp_path: Path, capsys) -> tuple[int, str]:
+    """The command line in this process, its trials run by the stand-in worker through the
+    real executor (which makes the trial folders and opens their logs): exit code, stderr."""
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
-    command = [
-        sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
-        "warmup_steps=1", "measure_steps=2", "confirm_rounds=0", "n_trials=1",
-        f"space={space}", f"out={tmp_path / 'out'}", "study=s",
-    ]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+    argv = ["search", f"model={TINY_MODEL}", "seq_len=32", "warmup_steps=1", "measure_steps=2",
+            "confirm_rounds=0", "n_trials=1", f"space={space}", f"out={tmp_path / 'out'}",
+            "study=s"]  # fmt: skip
+    capsys.readouterr()
+    code = cli.main(argv, executor=fake_executor("ok"))
+    return code, " ".join(capsys.readouterr().err.split())
 
 
 @pytest.fixture
@@ -39,39 +41,39 @@ def victim(tmp_path):
     return path
 
 
-def test_a_link_planted_at_a_trials_log_is_refused_and_its_target_left_alone(tmp_path, victim):
+def test_a_link_planted_at_a_trials_log_is_refused_and_its_target_left_alone(
+    tmp_path, victim, capsys
+):
     trial = tmp_path / "out" / "s" / "trials" / "0000"
     trial.mkdir(parents=True)
     (trial / "worker.log").symlink_to(victim)
-    done = search(tmp_path)
-    assert done.returncode == 2, done.stderr
-    assert f"{trial / 'worker.log'} is a link" in done.stderr
-    assert "Traceback" not in done.stderr
+    code, err = search(tmp_path, capsys)
+    assert code == 2, err
+    assert f"{trial / 'worker.log'} is a link" in err
     assert victim.read_text() == "precious\n"
 
 
 def test_a_trials_folder_that_is_a_link_is_refused_and_nothing_written_where_it_points(
-    tmp_path, victim
+    tmp_path, victim, capsys
 ):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     study = tmp_path / "out" / "s"
     study.mkdir(parents=True)
     (study / "trials").symlink_to(elsewhere)
-    done = search(tmp_path)
-    assert done.returncode == 2, done.stderr
-    assert f"{study / 'trials'} is a link" in done.stderr
+    code, err = search(tmp_path, capsys)
+    assert code == 2, err
+    assert f"{study / 'trials'} is a link" in err
     assert list(elsewhere.iterdir()) == []
 
 
-def test_a_study_folder_others_may_write_into_is_refused_before_anything_runs(tmp_path):
+def test_a_study_folder_others_may_write_into_is_refused_before_anything_runs(tmp_path, capsys):
     study = tmp_path / "out" / "s"
     study.mkdir(parents=True)
     os.chmod(study, 0o777)
-    done = search(tmp_path)
-    assert done.returncode == 2, done.stderr
-    assert f"{study} is writable by other users (mode 777)" in done.stderr
-    assert "chmod o-w" in done.stderr
+    code, err = search(tmp_path, capsys)
+    assert code == 2, err
+    assert f"{study} is writable by other users (mode 777)" in err and "chmod o-w" in err
     assert not (study / "trials").exists()
     os.chmod(study, 0o755)
-    assert search(tmp_path).returncode == 0, "once fixed, the same command runs"
+    assert search(tmp_path, capsys)[0] == 0, "once fixed, the same command runs"

@@ -57,11 +57,17 @@ def end_when_measuring(progress: Progress) -> None:
         raise EndedByTheSearch
 
 
-def test_a_finished_trial_leaves_no_temporary_folder_in_tmpdir(tmp_path, tmpdir_of_trials):
+def test_a_finished_trial_leaves_no_temporary_folder_in_tmpdir_nor_import_noise_in_its_log(
+    tmp_path, tmpdir_of_trials
+):
+    # Started as a fresh process, the worker imports the Trainer itself, its log open.
     result = launch_trial(spec(measure_steps=2), tmp_path / "trial", timeout_s=300,
                           launcher=CommandLauncher())  # fmt: skip
     assert result.status is Status.OK, result.reason + result.stderr_tail
     assert leftovers(tmpdir_of_trials) == []
+    log = (tmp_path / "trial" / "worker.log").read_text()
+    assert "step 3/3" in log  # the log is the trial's
+    assert not IMPORT_NOISE.search(log), log
 
 
 def test_a_trial_killed_mid_measurement_leaves_no_temporary_folder_in_tmpdir(
@@ -71,16 +77,6 @@ def test_a_trial_killed_mid_measurement_leaves_no_temporary_folder_in_tmpdir(
         launch_trial(spec(measure_steps=100_000), tmp_path / "trial", timeout_s=300,
                      launcher=CommandLauncher(), on_progress=end_when_measuring)  # fmt: skip
     assert leftovers(tmpdir_of_trials) == []
-
-
-def test_a_trials_log_holds_no_import_noise(tmp_path):
-    # Started as a fresh process, the worker imports the Trainer itself, its log open.
-    result = launch_trial(spec(measure_steps=2), tmp_path / "trial", timeout_s=300,
-                          launcher=CommandLauncher())  # fmt: skip
-    assert result.status is Status.OK, result.reason + result.stderr_tail
-    log = (tmp_path / "trial" / "worker.log").read_text()
-    assert "step 3/3" in log  # the log is the trial's
-    assert not IMPORT_NOISE.search(log), log
 
 
 @pytest.fixture(scope="module")
