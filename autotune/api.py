@@ -304,8 +304,12 @@ def run(
                 _write_outputs(study, plan, this_run)
             raise
         with signals.deferred():  # a signal now stops the search once the outputs are whole
-            _store_end(study, plan, Ending.TIMEOUT if TIMED_OUT in stopped else Ending.COMPLETE,
-                       stopped=stopped)  # fmt: skip
+            _store_end(
+                study,
+                plan,
+                Ending.TIMEOUT if TIMED_OUT in stopped else Ending.COMPLETE,
+                stopped=stopped,
+            )
             snapshot, paths = _write_outputs(study, plan, this_run)
     return SearchResult(snapshot=snapshot, study_dir=plan.study_dir, paths=paths, stopped=stopped)
 
@@ -321,12 +325,20 @@ def _nothing_to_run(plan: SearchPlan, done: int) -> str:
 
 
 def _store_end(
-    study: optuna.Study, plan: SearchPlan, how: Ending, signal: str | None = None,
+    study: optuna.Study,
+    plan: SearchPlan,
+    how: Ending,
+    signal: str | None = None,
     stopped: str = "",
-) -> RunEnd:  # fmt: skip
+) -> RunEnd:
     """How this search ended, kept in the study for the outputs and `autotune report`."""
-    end = RunEnd(how=how, done=trials_run(study), planned=plan.config.n_trials, signal=signal,
-                 stopped=stopped)  # fmt: skip
+    end = RunEnd(
+        how=how,
+        done=trials_run(study),
+        planned=plan.config.n_trials,
+        signal=signal,
+        stopped=stopped,
+    )
     store_run_end(study, end)
     store_confidence(study, effects_model.confidence(plan, load_records(study)))
     return end
@@ -344,8 +356,9 @@ def _confirm(
     if rounds < 1 or conditions.other_versions(plan.versions, plan.info.versions):
         return
     with plan.slots[0].applied():
-        confirm.confirm(plan, study, read_snapshot(study), rounds, observer=observer,
-                        executor=executor)  # fmt: skip
+        confirm.confirm(
+            plan, study, read_snapshot(study), rounds, observer=observer, executor=executor
+        )
 
 
 def _plan_of_stored(
@@ -360,13 +373,17 @@ def _plan_of_stored(
     trials' settings again (`autotune confirm`, `autotune verify`), on the device
     `device_info` describes (default: probed)."""
     stored = load_study_dir(study_dir, storage, study)
-    same = {k: v for k, v in stored.user_attrs.get(SETTINGS_ATTR, {}).items()
-            if k in ("workers", "devices")}  # fmt: skip
+    same = {
+        k: v
+        for k, v in stored.user_attrs.get(SETTINGS_ATTR, {}).items()
+        if k in ("workers", "devices")
+    }
     # The folder as given, and its study.db: a study folder may have been copied or renamed
     # since the search made it under out/STUDY_NAME.
     url = storage or f"sqlite:///{(study_dir / STUDY_DB).resolve()}"
-    config = join_config(WorkerConfig(out=study_dir.parent, study=stored.study_name,
-                                      storage=url, **same))  # fmt: skip
+    config = join_config(
+        WorkerConfig(out=study_dir.parent, study=stored.study_name, storage=url, **same)
+    )
     if device_info is None:
         with observer.busy("probing the device"):
             device_info = software_cache.probe_device()
@@ -428,8 +445,9 @@ def verify_study(
         this_run = _start_run(optuna_study, plan, "verify", command, observer)
         try:
             with plan.slots[0].applied():  # the cores (or device) the trials had
-                verified = verify.verify(plan, optuna_study, record, steps, observer=observer,
-                                         executor=executor)  # fmt: skip
+                verified = verify.verify(
+                    plan, optuna_study, record, steps, observer=observer, executor=executor
+                )
         except KeyboardInterrupt as exc:
             raise signals.interrupted(exc) from None
         with signals.deferred():
@@ -504,20 +522,26 @@ _CALLED_AS = {"search": "run", "worker": "join", "confirm": "confirm_study",
 
 
 def _start_run(
-    study: optuna.Study, plan: SearchPlan, kind: str, command: str | None,
+    study: optuna.Study,
+    plan: SearchPlan,
+    kind: str,
+    command: str | None,
     observer: SearchObserver,
-) -> tuple[str, dict[str, Any]]:  # fmt: skip
+) -> tuple[str, dict[str, Any]]:
     """Store this run's provenance with the study; say once when its versions are not the
     study's (its trials are then marked and kept out of the front)."""
     if note := conditions.versions_note(plan.study_name, plan.info.versions, plan.versions):
         observer.warned(note)
     # Every string through safe_url: a storage= URL's password is never stored.
-    settings = {k: safe_url(v) if isinstance(v, str) else v
-                for k, v in plan.config.model_dump(mode="json").items()}  # fmt: skip
+    settings = {
+        k: safe_url(v) if isinstance(v, str) else v
+        for k, v in plan.config.model_dump(mode="json").items()
+    }
     if command is None:  # called as a function of this module: `settings` hold its config
         command = f"autotune.api.{_CALLED_AS[kind]}(...)"
-    record = conditions.run_record(kind=kind, command=command, settings=settings,
-                                   info=plan.info, versions=plan.versions)  # fmt: skip
+    record = conditions.run_record(
+        kind=kind, command=command, settings=settings, info=plan.info, versions=plan.versions
+    )
     return start_run(study, record), record
 
 
@@ -580,8 +604,9 @@ def _run_workers(
     with observer.watching():
         if len(plan.slots) == 1:
             with plan.slots[0].applied():
-                stopped = run_search(plan, study, observer=observer, executor=executor,
-                                     show_others=True)  # fmt: skip
+                stopped = run_search(
+                    plan, study, observer=observer, executor=executor, show_others=True
+                )
         else:
             stopped = workers.run_workers(plan, study, observer, executor)
     observer.ended(stopped)

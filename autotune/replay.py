@@ -126,9 +126,12 @@ class LandscapeAnswers:
             # Stopped early: its timed steps after the stop are not run (the landscape keeps
             # one pace a point: every step at it).
             figures["wall_s"] -= (spec.measure_steps - spec.stop_after_steps) * step_ms / 1e3
-            return TrialResult(status=Status.STOPPED, measured_steps=spec.stop_after_steps,
-                               reason=stopped_reason(spec.stop_after_steps, speed, below),
-                               **figures)  # fmt: skip
+            return TrialResult(
+                status=Status.STOPPED,
+                measured_steps=spec.stop_after_steps,
+                reason=stopped_reason(spec.stop_after_steps, speed, below),
+                **figures,
+            )
         return TrialResult(
             status=Status(point["status"]),
             reason=point.get("reason", ""),
@@ -166,18 +169,29 @@ def replay(
     """One search on the landscape, as `autotune search model=... sampler=... n_trials=...`
     would run it on the landscape's machine (other keys in `settings`)."""
     with tempfile.TemporaryDirectory() as tmp:
-        plan = plan_for(landscape, Path(work_dir or tmp), n_trials=n_trials, seed=seed,
-                        sampler=sampler, estimate_margin=estimate_margin,
-                        **settings)  # fmt: skip
+        plan = plan_for(
+            landscape,
+            Path(work_dir or tmp),
+            n_trials=n_trials,
+            seed=seed,
+            sampler=sampler,
+            estimate_margin=estimate_margin,
+            **settings,
+        )
         # Opened as a search opens its study (settled plan, sampler, baseline queued), in
         # memory: a replay runs hundreds of searches.
         study, plan = open_study(plan, storage=optuna.storages.InMemoryStorage())
         answers = LandscapeAnswers(landscape)
         executor = SimulatedExecutor(answers)
         run_search(plan, study, executor=executor)
-        return Replayed(records=load_records(study), answered=answers.answered, study=study,
-                        plan=plan, clock_s=executor.clock_s,
-                        results=executor.answered)  # fmt: skip
+        return Replayed(
+            records=load_records(study),
+            answered=answers.answered,
+            study=study,
+            plan=plan,
+            clock_s=executor.clock_s,
+            results=executor.answered,
+        )
 
 
 def plan_for(landscape: Landscape, work_dir: Path, **settings: Any) -> SearchPlan:
@@ -185,17 +199,19 @@ def plan_for(landscape: Landscape, work_dir: Path, **settings: Any) -> SearchPla
     device; the space file and the study folder go in `work_dir`."""
     space_path = work_dir / "space.yaml"
     space_path.write_text(yaml.safe_dump({"device": landscape.device, "knobs": landscape.knobs}))
-    config = make_config({
-        "model": landscape.model,
-        "seq_len": landscape.seq_len,
-        "device": landscape.device,
-        "space": str(space_path),
-        "memory_budget": int(landscape.memory_budget_gib * GIB),
-        "out": str(work_dir / "out"),
-        "quiet": True,
-        **landscape.steps,
-        **settings,
-    })  # fmt: skip
+    config = make_config(
+        {
+            "model": landscape.model,
+            "seq_len": landscape.seq_len,
+            "device": landscape.device,
+            "space": str(space_path),
+            "memory_budget": int(landscape.memory_budget_gib * GIB),
+            "out": str(work_dir / "out"),
+            "quiet": True,
+            **landscape.steps,
+            **settings,
+        }
+    )
     return make_plan(config, device_info(landscape))
 
 
@@ -205,9 +221,14 @@ def device_info(landscape: Landscape) -> DeviceInfo:
     # A host with room for 4x the budget once the search's own share is kept: the landscape was
     # recorded with its budget, and the live machine's RAM has no part in a replay.
     host = memory + cpu_reserve_bytes(memory)
-    device = {"cuda_available": landscape.device == "cuda", "name": landscape.device_name,
-              "total_memory_bytes": memory, "free_memory_bytes": memory,
-              "host_available_memory_bytes": host, "host_total_memory_bytes": memory}  # fmt: skip
+    device = {
+        "cuda_available": landscape.device == "cuda",
+        "name": landscape.device_name,
+        "total_memory_bytes": memory,
+        "free_memory_bytes": memory,
+        "host_available_memory_bytes": host,
+        "host_total_memory_bytes": memory,
+    }
     # The landscape's space as it was recorded: a CPU landscape holds the bf16 points it ran,
     # which a search on such a CPU now leaves out (emulated, slow) unless told otherwise.
     recorded = {"bf16_supported": True} if landscape.device == "cpu" else {}

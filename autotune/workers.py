@@ -93,15 +93,19 @@ def run_workers(
     else:
         # Each worker process runs trials of its own: what it is told is how to start them.
         shown = type(launcher or executor).__name__
-        raise ConfigError(f"workers={len(plan.slots)}: a {shown} cannot be handed to worker "
-                          "processes; use workers=1")  # fmt: skip
+        raise ConfigError(
+            f"workers={len(plan.slots)}: a {shown} cannot be handed to worker "
+            "processes; use workers=1"
+        )
     folder = plan.study_dir / WORKERS / f"{socket.gethostname()}-{os.getpid()}"
     make_folder(folder, plan.study_dir)
     # What the workers were given, for people: without the storage URL, which may hold a
     # password, and the study folder is no place for one (it is kept, shared, copied).
-    record = {"settings": plan.config.model_dump(mode="json", exclude={"storage"}),
-              "slots": [dataclasses.asdict(s) for s in plan.slots],
-              "trial_command": trial_command}  # fmt: skip
+    record = {
+        "settings": plan.config.model_dump(mode="json", exclude={"storage"}),
+        "slots": [dataclasses.asdict(s) for s in plan.slots],
+        "trial_command": trial_command,
+    }
     write_json_atomic(folder / SPEC_FILE, record)
     # The plan itself, storage URL included, goes through each worker's stdin (see above).
     handoff = pickle.dumps(_Handoff(plan=plan, trial_command=trial_command))
@@ -121,8 +125,11 @@ def run_workers(
                 # its trials without it (its trial, stale, was run again elsewhere).
                 workers[k].kill()
                 watcher.failed.add(k)
-                observer.worker_failed(k, "stopped (SIGSTOP) while the study got all its "
-                                       "trials: ended it", _tail(_log(folder, k)))  # fmt: skip
+                observer.worker_failed(
+                    k,
+                    "stopped (SIGSTOP) while the study got all its trials: ended it",
+                    _tail(_log(folder, k)),
+                )
             if all(done):
                 watcher.look()  # what the last worker recorded just before it ended
                 break
@@ -294,9 +301,17 @@ def _run_threads(
     plans = [_worker_plan(plan, k) for k in range(len(plan.slots))]
     handles = [_handle(p, study.sampler) for p in plans]  # opened before any runs
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(plans)) as pool:
-        futures = [pool.submit(_loop_in_thread, f"worker {k}: {p.slots[0].describe()}", p,
-                               handle, view, _UntilStopped(executor, stop))
-                   for k, (p, handle) in enumerate(zip(plans, handles, strict=True))]  # fmt: skip
+        futures = [
+            pool.submit(
+                _loop_in_thread,
+                f"worker {k}: {p.slots[0].describe()}",
+                p,
+                handle,
+                view,
+                _UntilStopped(executor, stop),
+            )
+            for k, (p, handle) in enumerate(zip(plans, handles, strict=True))
+        ]
         try:
             concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
         finally:
@@ -316,8 +331,13 @@ def _handle(plan: SearchPlan, sampler: optuna.samplers.BaseSampler) -> optuna.St
     return optuna.load_study(study_name=plan.study_name, storage=storage, sampler=sampler)
 
 
-def _loop_in_thread(name: str, plan: SearchPlan, study: optuna.Study,
-                    observer: SearchObserver, executor: TrialExecutor) -> str:  # fmt: skip
+def _loop_in_thread(
+    name: str,
+    plan: SearchPlan,
+    study: optuna.Study,
+    observer: SearchObserver,
+    executor: TrialExecutor,
+) -> str:
     threading.current_thread().name = name  # a pool's thread, this worker's while it runs
     return run_search(plan, study, observer=observer, executor=executor)
 

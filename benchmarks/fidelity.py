@@ -31,14 +31,19 @@ def main() -> None:
     report = verified.to_json() | {
         "study": result.snapshot.info.study,
         # The figure the search printed: confirmed (median of the rounds) when it was.
-        "confirmed": None if not confirmed else {
+        "confirmed": None
+        if not confirmed
+        else {
             "samples_per_s": picks.samples_per_s(picked),
             "interval": picks.confirmed.interval(picked.number),
             "rounds": picks.confirmed.rounds,
         },
-        "confirmed_ratio": (verified.samples_per_s / picks.samples_per_s(picked)
-                            if confirmed and verified.samples_per_s else None),
-    }  # fmt: skip
+        "confirmed_ratio": (
+            verified.samples_per_s / picks.samples_per_s(picked)
+            if confirmed and verified.samples_per_s
+            else None
+        ),
+    }
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

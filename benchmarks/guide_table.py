@@ -69,16 +69,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="guide-") as work:
         for number, (label, knobs, guide_speed, guide_gb) in enumerate(GUIDE):
             spec = TrialSpec(
-                trial_number=number, model_name=model.name, model_config=model.config,
-                task="sequence-classification", seq_len=args.seq_len, device=device,
-                params=params(knobs), warmup_steps=args.warmup_steps,
-                measure_steps=args.measure_steps, seed=0,
-            )  # fmt: skip
-            result = launch_trial(spec, Path(work) / str(number), timeout_s=args.timeout_s,
-                               launcher=launcher)  # fmt: skip
+                trial_number=number,
+                model_name=model.name,
+                model_config=model.config,
+                task="sequence-classification",
+                seq_len=args.seq_len,
+                device=device,
+                params=params(knobs),
+                warmup_steps=args.warmup_steps,
+                measure_steps=args.measure_steps,
+                seed=0,
+            )
+            result = launch_trial(
+                spec, Path(work) / str(number), timeout_s=args.timeout_s, launcher=launcher
+            )
             rows.append((label, guide_speed, guide_gb, result))
-            print(f"{label}: {result.status.value} {result.samples_per_s} samples/s "
-                  f"{result.peak_memory_gib} GiB {result.reason}", flush=True)  # fmt: skip
+            print(
+                f"{label}: {result.status.value} {result.samples_per_s} samples/s "
+                f"{result.peak_memory_gib} GiB {result.reason}",
+                flush=True,
+            )
 
     vanilla = rows[0][3]
     lines = [
@@ -95,10 +105,15 @@ def main() -> None:
     for label, guide_speed, guide_gb, r in rows:
         ok = r.status is Status.OK and vanilla.status is Status.OK
         cells = (
-            [f"{r.samples_per_s:.2f}", f"{r.samples_per_s / vanilla.samples_per_s:.2f}",
-             f"{r.peak_memory_gib:.2f}", f"{r.peak_memory_gib / vanilla.peak_memory_gib:.2f}"]
-            if ok else [r.status.value, "", r.reason[:60], ""]
-        )  # fmt: skip
+            [
+                f"{r.samples_per_s:.2f}",
+                f"{r.samples_per_s / vanilla.samples_per_s:.2f}",
+                f"{r.peak_memory_gib:.2f}",
+                f"{r.peak_memory_gib / vanilla.peak_memory_gib:.2f}",
+            ]
+            if ok
+            else [r.status.value, "", r.reason[:60], ""]
+        )
         lines.append(
             f"| {label} | " + " | ".join(cells) + f" | {guide_speed} | "
             f"{guide_speed / GUIDE[0][2]:.2f} | {guide_gb} | {guide_gb / GUIDE[0][3]:.2f} |"
@@ -106,9 +121,9 @@ def main() -> None:
     if device == "cpu":
         lines += ["", "On CPU the Trainer ignores fp16: the fp16 rows ran in fp32."]
     args.out.write_text("\n".join(lines) + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps(
-        [{"config": label, **r.to_dict()} for label, _, _, r in rows], indent=2
-    ))  # fmt: skip
+    args.out.with_suffix(".json").write_text(
+        json.dumps([{"config": label, **r.to_dict()} for label, _, _, r in rows], indent=2)
+    )
 
 
 if __name__ == "__main__":

@@ -36,8 +36,10 @@ def main(argv: list[str]) -> int:
         print(f"refused on {info.name}: {exc}", file=sys.stderr)
         return 2
     print(f"plan on {info.name} ({probe}): {' '.join(overrides)}")
-    print(f"  device {plan.device}, memory budget {plan.info.memory_budget_gib:.2f} GiB, "
-          f"skip by estimate past {plan.estimate_limit_gib or float('inf'):.2f} GiB")  # fmt: skip
+    print(
+        f"  device {plan.device}, memory budget {plan.info.memory_budget_gib:.2f} GiB, "
+        f"skip by estimate past {plan.estimate_limit_gib or float('inf'):.2f} GiB"
+    )
     precisions = plan.space.knobs["precision"].choices if "precision" in plan.space.knobs else ()
     for precision in precisions or (None,):
         batches = plan.space.batch_candidates(precision, plan.rules)

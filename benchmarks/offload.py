@@ -52,32 +52,59 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="offload-") as work:
         for number, strategy in enumerate(STRATEGIES):
-            params = {"batch_size": args.batch_size, "precision": "bf16",
-                      "optim": "adamw_torch", "strategy": strategy}  # fmt: skip
+            params = {
+                "batch_size": args.batch_size,
+                "precision": "bf16",
+                "optim": "adamw_torch",
+                "strategy": strategy,
+            }
             spec = TrialSpec(
-                trial_number=number, model_name=model.name, model_config=model.config,
-                task="causal-lm", seq_len=args.seq_len, device="cuda", params=params,
-                warmup_steps=2, measure_steps=4, seed=0,
+                trial_number=number,
+                model_name=model.name,
+                model_config=model.config,
+                task="causal-lm",
+                seq_len=args.seq_len,
+                device="cuda",
+                params=params,
+                warmup_steps=2,
+                measure_steps=4,
+                seed=0,
                 memory_budget_bytes=int(args.budget_gib * GIB),
-            )  # fmt: skip
-            result = launch_trial(spec, Path(work) / str(number), timeout_s=args.timeout_s,
-                                  launcher=launcher)  # fmt: skip
-            expected = estimate(model.config, task="causal-lm", seq_len=args.seq_len,
-                                params=params, device="cuda")  # fmt: skip
-            rows.append({
-                "strategy": strategy, "status": result.status.value, "reason": result.reason,
-                "samples_per_s": result.samples_per_s, "peak_memory_gib": result.peak_memory_gib,
-                "rank_model_state_bytes": result.rank_model_state_bytes,
-                "estimate_gib": expected.total / GIB,
-                "estimate_model_state_bytes": expected.model_states,
-                "estimate_offloaded_bytes": expected.offloaded,
-                "training_args": result.training_args, "stderr_tail": result.stderr_tail[-1500:],
-            })  # fmt: skip
-            print(f"{strategy}: {result.status.value} {result.samples_per_s} samples/s "
-                  f"{result.peak_memory_gib} GiB (estimate {expected.total / GIB:.2f}) "
-                  f"{result.reason}", flush=True)  # fmt: skip
-    summary = {"device": info.name, "model": args.model, "seq_len": args.seq_len,
-               "budget_gib": args.budget_gib, "trials": rows}  # fmt: skip
+            )
+            result = launch_trial(
+                spec, Path(work) / str(number), timeout_s=args.timeout_s, launcher=launcher
+            )
+            expected = estimate(
+                model.config, task="causal-lm", seq_len=args.seq_len, params=params, device="cuda"
+            )
+            rows.append(
+                {
+                    "strategy": strategy,
+                    "status": result.status.value,
+                    "reason": result.reason,
+                    "samples_per_s": result.samples_per_s,
+                    "peak_memory_gib": result.peak_memory_gib,
+                    "rank_model_state_bytes": result.rank_model_state_bytes,
+                    "estimate_gib": expected.total / GIB,
+                    "estimate_model_state_bytes": expected.model_states,
+                    "estimate_offloaded_bytes": expected.offloaded,
+                    "training_args": result.training_args,
+                    "stderr_tail": result.stderr_tail[-1500:],
+                }
+            )
+            print(
+                f"{strategy}: {result.status.value} {result.samples_per_s} samples/s "
+                f"{result.peak_memory_gib} GiB (estimate {expected.total / GIB:.2f}) "
+                f"{result.reason}",
+                flush=True,
+            )
+    summary = {
+        "device": info.name,
+        "model": args.model,
+        "seq_len": args.seq_len,
+        "budget_gib": args.budget_gib,
+        "trials": rows,
+    }
     args.out.write_text(json.dumps(summary, indent=2))
 
 

@@ -62,9 +62,13 @@ def main() -> None:
         overhead: dict[str, list[float]] = {"data": [], "synthetic": []}
         for repeat in range(cli.repeats):
             trials = search(
-                folder, f"padding-{repeat}", data=str(data), tokenizer=str(tokenizer),
-                space=str(folder / "padding.yaml"), n_trials=5,
-            )  # fmt: skip
+                folder,
+                f"padding-{repeat}",
+                data=str(data),
+                tokenizer=str(tokenizer),
+                space=str(folder / "padding.yaml"),
+                n_trials=5,
+            )
             for t in trials:
                 overhead["data"].append(t.result.wall_s - t.result.train_s)
                 if t.number == 0:

@@ -48,28 +48,54 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="ranks-gpu-") as work:
         for number, strategy in enumerate(STRATEGIES):
-            params = {"batch_size": 16, "precision": "bf16", "optim": "adamw_torch",
-                      "strategy": strategy}  # fmt: skip
+            params = {
+                "batch_size": 16,
+                "precision": "bf16",
+                "optim": "adamw_torch",
+                "strategy": strategy,
+            }
             spec = TrialSpec(
-                trial_number=number, model_name=model.name, model_config=model.config,
-                task="sequence-classification", seq_len=args.seq_len, device="cuda",
-                params=params, warmup_steps=3, measure_steps=10, seed=0, devices=args.devices,
-            )  # fmt: skip
-            result = launch_trial(spec, Path(work) / str(number), timeout_s=args.timeout_s,
-                                  launcher=launcher)  # fmt: skip
-            rows.append({
-                "strategy": strategy, "status": result.status.value, "reason": result.reason,
-                "samples_per_s": result.samples_per_s,
-                "rank_peak_memory_gib": result.rank_peak_memory_gib,
-                "rank_params": result.rank_params, "n_params": result.n_params,
-                "rank_model_state_bytes": result.rank_model_state_bytes,
-                "stderr_tail": result.stderr_tail[-1500:],
-            })  # fmt: skip
-            print(f"{strategy}: {result.status.value} {result.samples_per_s} samples/s, rank "
-                  f"peaks {result.rank_peak_memory_gib} GiB, params {result.rank_params} "
-                  f"{result.reason}", flush=True)  # fmt: skip
-    summary = {"devices": args.devices, "device": info.name, "model": args.model,
-               "seq_len": args.seq_len, "trials": rows}  # fmt: skip
+                trial_number=number,
+                model_name=model.name,
+                model_config=model.config,
+                task="sequence-classification",
+                seq_len=args.seq_len,
+                device="cuda",
+                params=params,
+                warmup_steps=3,
+                measure_steps=10,
+                seed=0,
+                devices=args.devices,
+            )
+            result = launch_trial(
+                spec, Path(work) / str(number), timeout_s=args.timeout_s, launcher=launcher
+            )
+            rows.append(
+                {
+                    "strategy": strategy,
+                    "status": result.status.value,
+                    "reason": result.reason,
+                    "samples_per_s": result.samples_per_s,
+                    "rank_peak_memory_gib": result.rank_peak_memory_gib,
+                    "rank_params": result.rank_params,
+                    "n_params": result.n_params,
+                    "rank_model_state_bytes": result.rank_model_state_bytes,
+                    "stderr_tail": result.stderr_tail[-1500:],
+                }
+            )
+            print(
+                f"{strategy}: {result.status.value} {result.samples_per_s} samples/s, rank "
+                f"peaks {result.rank_peak_memory_gib} GiB, params {result.rank_params} "
+                f"{result.reason}",
+                flush=True,
+            )
+    summary = {
+        "devices": args.devices,
+        "device": info.name,
+        "model": args.model,
+        "seq_len": args.seq_len,
+        "trials": rows,
+    }
     args.out.write_text(json.dumps(summary, indent=2))
 
 

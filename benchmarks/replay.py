@@ -131,8 +131,14 @@ def search(name: str, policy: str, seed: int, trials: int) -> tuple[list[Trial],
     # Skipped proposals run nothing, cost no time and use up no trial: the trials are the runs.
     # As the executor returned them: a point past the trial's limit (a long compile on a GPU
     # twin) is a timeout that cost the limit.
-    trials = [Trial(r.status.value, r.samples_per_s if r.feasible(land.memory_budget_gib)
-                    else None, r.wall_s) for r in replayed.results]  # fmt: skip
+    trials = [
+        Trial(
+            r.status.value,
+            r.samples_per_s if r.feasible(land.memory_budget_gib) else None,
+            r.wall_s,
+        )
+        for r in replayed.results
+    ]
     wall_s = _wall(trials)
     assert wall_s is None or math.isclose(wall_s, replayed.clock_s), (wall_s, replayed.clock_s)
     return trials, could_beat
@@ -215,8 +221,10 @@ def peer(name: str, policy: str) -> dict[str, Any]:
     trials = [_as_trial(land, p) for p in tried]
     # The pick is handed over when the peer stops: it counts from the end of the last trial.
     *before, last = trials
-    picked = [*(replace(t, samples_per_s=None) for t in before),
-              replace(last, samples_per_s=chosen["samples_per_s"] if found else None)]  # fmt: skip
+    picked = [
+        *(replace(t, samples_per_s=None) for t in before),
+        replace(last, samples_per_s=chosen["samples_per_s"] if found else None),
+    ]
     return {
         "found": found,
         "trials": len(tried),
@@ -267,15 +275,20 @@ def summarise_clock(trials_by_seed: list[list[Trial]], optimum: float, name: str
         }
     reached = [score.within_s for score in scores]
     median_s = statistics.median(s if s is not None else float("inf") for s in reached)
-    out["to_2pct"] = {"median_s": median_s, "median_x": median_s / baseline_s(name),
-                      "reached": sum(s is not None for s in reached)}  # fmt: skip
+    out["to_2pct"] = {
+        "median_s": median_s,
+        "median_x": median_s / baseline_s(name),
+        "reached": sum(s is not None for s in reached),
+    }
     return out
 
 
 def summarise(
-    trials_by_seed: list[list[Trial]], optimum: float, marks: list[int],
+    trials_by_seed: list[list[Trial]],
+    optimum: float,
+    marks: list[int],
     could_beat: list[int | None] | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """Median (and min) found/optimum at each mark, trials to within 2%, OOM trials, wall;
     and whether the confidence said more trials may pay where the search missed the optimum
     by more than 2% (and where it did not)."""
@@ -299,13 +312,15 @@ def summarise(
     if could_beat is not None:
         at_end = [best(t) >= WITHIN for t in trials_by_seed]
         out["confidence"] = {
-            "missed_said_may_pay": sum(not r and bool(c) for r, c in zip(at_end, could_beat,
-                                                                       strict=True)),
+            "missed_said_may_pay": sum(
+                not r and bool(c) for r, c in zip(at_end, could_beat, strict=True)
+            ),
             "missed": at_end.count(False),
-            "reached_said_unlikely": sum(r and not c for r, c in zip(at_end, could_beat,
-                                                                     strict=True)),
+            "reached_said_unlikely": sum(
+                r and not c for r, c in zip(at_end, could_beat, strict=True)
+            ),
             "reached": at_end.count(True),
-        }  # fmt: skip
+        }
     reached = [to_within(t) for t in trials_by_seed]
     out["trials_to_2pct"] = {
         "median": statistics.median(r if r is not None else float("inf") for r in reached),
@@ -372,8 +387,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--landscapes", nargs="+",
-                        default=list(SOURCES))  # fmt: skip
+    parser.add_argument("--landscapes", nargs="+", default=list(SOURCES))
     parser.add_argument("--policies", nargs="+", default=[*SEARCHES, *PEERS])
     args = parser.parse_args()
     marks = [m for m in (10, 20, 30, 50) if m <= args.trials]
@@ -423,8 +437,14 @@ def main() -> None:
     out = HERE / "results"
     errors = {n: estimate_errors(n) for n in args.landscapes if landscape(n).device == "cpu"}
     wall_s = time.perf_counter() - started
-    summary = {"seeds": args.seeds, "trials": args.trials, "landscapes": results,
-               "estimate": errors, "wall_s": wall_s, "jobs": args.jobs}  # fmt: skip
+    summary = {
+        "seeds": args.seeds,
+        "trials": args.trials,
+        "landscapes": results,
+        "estimate": errors,
+        "wall_s": wall_s,
+        "jobs": args.jobs,
+    }
     (out / "replay.json").write_text(json.dumps(summary, indent=1) + "\n")
     text = (
         tables(results, args.trials)
@@ -461,11 +481,20 @@ def tables(results: dict[str, dict[str, Any]], trials: int) -> str:
     text = "\n".join(lines) + "\n\n" + clock_table(results)
     for name, r in results.items():
         base = r["baseline_wall_s"]
-        heads = ["policy", "found @10", "found @20 (worst seed)", "seeds within 2% @20",
-                 "trials to 2% (median, seeds reaching)", "OOM trials @20", "wall @20",
-                 *(f"found @{m} base" + ("" if base is None else f" ({m * base:.0f} s)")
-                   for m in CLOCK_MARKS),
-                 "time to 2% (median, seeds reaching)"]  # fmt: skip
+        heads = [
+            "policy",
+            "found @10",
+            "found @20 (worst seed)",
+            "seeds within 2% @20",
+            "trials to 2% (median, seeds reaching)",
+            "OOM trials @20",
+            "wall @20",
+            *(
+                f"found @{m} base" + ("" if base is None else f" ({m * base:.0f} s)")
+                for m in CLOCK_MARKS
+            ),
+            "time to 2% (median, seeds reaching)",
+        ]
         cost = "no recorded trial costs" if base is None else f"baseline trial {base:.1f} s"
         text += (
             f"\n`{name}`: {r['points']} points ({r['oom_points']} out of memory), optimum "
@@ -476,9 +505,11 @@ def tables(results: dict[str, dict[str, Any]], trials: int) -> str:
             clock = " | ".join(_clock_cells(p.get("clock"), seeds=p.get("seeds", 1)))
             if p.get("peer"):
                 wall = "-" if p["wall_s"] is None else f"{p['wall_s'] / 60:.1f} min"
-                text += (f"| {policy} | | {p['found']:.2f} (batch {p['chosen_batch']}) | "
-                         f"{'yes' if p['within_2pct'] else 'no'} | {p['trials']} trials run | "
-                         f"{p['oom_trials']} | {wall} | {clock} |\n")  # fmt: skip
+                text += (
+                    f"| {policy} | | {p['found']:.2f} (batch {p['chosen_batch']}) | "
+                    f"{'yes' if p['within_2pct'] else 'no'} | {p['trials']} trials run | "
+                    f"{p['oom_trials']} | {wall} | {clock} |\n"
+                )
                 continue
             reach = p["trials_to_2pct"]
             median = "never" if reach["median"] == float("inf") else f"{reach['median']:g}"
@@ -520,10 +551,12 @@ def headline_lines(results: dict[str, dict[str, Any]]) -> str:
         if said is None or landscape(name).device != "cuda":
             continue
         optimum, baseline = said["of_optimum@180s"], said["x_baseline@600s"]
-        lines.append(f"- `{name}`, sampler=auto: {optimum['median']:.2f} of the optimum "
-                     f"within 3 minutes (worst seed {optimum['min']:.2f}); "
-                     f"{baseline['median']:.1f}x the HF defaults within 10 minutes (worst seed "
-                     f"{baseline['min']:.1f}x)")  # fmt: skip
+        lines.append(
+            f"- `{name}`, sampler=auto: {optimum['median']:.2f} of the optimum "
+            f"within 3 minutes (worst seed {optimum['min']:.2f}); "
+            f"{baseline['median']:.1f}x the HF defaults within 10 minutes (worst seed "
+            f"{baseline['min']:.1f}x)"
+        )
     if not lines:
         return ""
     return (
@@ -537,8 +570,10 @@ def clock_table(results: dict[str, dict[str, Any]]) -> str:
     """Policy x landscape: the median found/optimum within 5 and 10 baseline-times."""
     names = list(results)
     policies = list(dict.fromkeys(p for r in results.values() for p in r["policies"]))
-    heads = [f"`{n}`" + ("" if (base := results[n]["baseline_wall_s"]) is None
-                         else f" ({base:.1f} s)") for n in names]  # fmt: skip
+    heads = [
+        f"`{n}`" + ("" if (base := results[n]["baseline_wall_s"]) is None else f" ({base:.1f} s)")
+        for n in names
+    ]
     lines = [
         "Found within 5 / 10 baseline-times of simulated search time (median over seeds, and "
         "the worst seed's within 10 in brackets; a baseline-time is the HF-defaults trial's "
@@ -553,8 +588,7 @@ def clock_table(results: dict[str, dict[str, Any]]) -> str:
             clock = results[name]["policies"].get(policy, {}).get("clock")
             found = None if clock is None else [clock[f"found@{m}x"]["median"] for m in (5, 10)]
             worst = None if clock is None else clock["found@10x"]["min"]
-            cells.append("-" if found is None
-                         else f"{found[0]:.2f} / {found[1]:.2f} ({worst:.2f})")  # fmt: skip
+            cells.append("-" if found is None else f"{found[0]:.2f} / {found[1]:.2f} ({worst:.2f})")
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -565,22 +599,31 @@ def _clock_cells(clock: dict | None, seeds: int) -> list[str]:
         return ["-"] * (len(CLOCK_MARKS) + 1)
     cells = [f"{clock[f'found@{mark}x']['median']:.2f}" for mark in CLOCK_MARKS]
     reach = clock["to_2pct"]
-    median = ("never" if reach["median_s"] == float("inf")
-              else f"{reach['median_s']:.0f} s = {reach['median_x']:.1f} base")  # fmt: skip
+    median = (
+        "never"
+        if reach["median_s"] == float("inf")
+        else f"{reach['median_s']:.0f} s = {reach['median_x']:.1f} base"
+    )
     return [*cells, median + (f" ({reach['reached']}/{seeds})" if seeds > 1 else "")]
 
 
 def confidence_table(results: dict[str, dict[str, Any]]) -> str:
     """Whether `sampler=auto`'s confidence at the end told the seeds that missed the optimum by
     more than 2% that more trials may pay, and the others that they are unlikely to."""
-    lines = ["", f"The confidence at the end of `{AUTO}`'s searches:", "",
-             "| landscape | missed by >2%: said more trials may pay "
-             "| within 2%: said unlikely to pay |", "|---|---|---|"]  # fmt: skip
+    lines = [
+        "",
+        f"The confidence at the end of `{AUTO}`'s searches:",
+        "",
+        "| landscape | missed by >2%: said more trials may pay | within 2%: said unlikely to pay |",
+        "|---|---|---|",
+    ]
     for name, r in results.items():
         said = r["policies"].get(AUTO, {}).get("confidence")
         if said is not None:
-            lines.append(f"| `{name}` | {said['missed_said_may_pay']} of {said['missed']} "
-                         f"| {said['reached_said_unlikely']} of {said['reached']} |")  # fmt: skip
+            lines.append(
+                f"| `{name}` | {said['missed_said_may_pay']} of {said['missed']} "
+                f"| {said['reached_said_unlikely']} of {said['reached']} |"
+            )
     return "\n".join(lines) + "\n"
 
 

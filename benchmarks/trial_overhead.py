@@ -38,11 +38,17 @@ def main() -> None:
     model = resolve_model(args.model)
     device = "cuda" if probe().cuda_available else "cpu"
     spec = TrialSpec(
-        trial_number=0, model_name=model.name, model_config=model.config,
-        task=model.default_task, seq_len=args.seq_len, device=device,
+        trial_number=0,
+        model_name=model.name,
+        model_config=model.config,
+        task=model.default_task,
+        seq_len=args.seq_len,
+        device=device,
         params={"batch_size": args.batch_size, "precision": "fp32", "optim": "sgd"},
-        warmup_steps=1, measure_steps=2, seed=0,
-    )  # fmt: skip
+        warmup_steps=1,
+        measure_steps=2,
+        seed=0,
+    )
     print(f"{args.model}, seq {args.seq_len}, batch {args.batch_size}, {device}: seconds")
     print(" | ".join(["launcher", *PARTS, "timed steps"]))
     launchers = {"forked": ForkserverLauncher(), "cold": CommandLauncher(WORKER_COMMAND)}
@@ -50,8 +56,9 @@ def main() -> None:
         for name, launcher in launchers.items():
             for number in range(args.repeats):
                 trial = dataclasses.replace(spec, trial_number=number)
-                result = launch_trial(trial, Path(work) / f"{name}{number}", timeout_s=900,
-                                      launcher=launcher)  # fmt: skip
+                result = launch_trial(
+                    trial, Path(work) / f"{name}{number}", timeout_s=900, launcher=launcher
+                )
                 if result.train_s is None:
                     print(f"{name} | {result.status.value}: {result.reason}")
                     continue

@@ -67,15 +67,28 @@ def landscape_points(path: Path, gpu: str | None) -> list[dict[str, Any]]:
     for p in land["points"]:
         measured: dict[str, Any] = {"status": p["status"]}
         if p["status"] == "ok":
-            measured |= {"samples_per_s": p["samples_per_s"], "peak_gib": p["peak_memory_gib"],
-                         "peak_kind": "reserved"}  # fmt: skip
+            measured |= {
+                "samples_per_s": p["samples_per_s"],
+                "peak_gib": p["peak_memory_gib"],
+                "peak_kind": "reserved",
+            }
         elif p["status"] != "oom":
             continue  # an error says nothing of speed or memory
-        points.append({"id": f"{land['name']} {land['recorded']} #{p['number']}", "gpu": key,
-                       "source": f"{path.name} ({land['command']})", "runner": "trial",
-                       "model": land["model"], "task": land["task"], "seq_len": land["seq_len"],
-                       "params": p["params"], "warmup_steps": steps["warmup_steps"],
-                       "measure_steps": steps["measure_steps"], "measured": measured})  # fmt: skip
+        points.append(
+            {
+                "id": f"{land['name']} {land['recorded']} #{p['number']}",
+                "gpu": key,
+                "source": f"{path.name} ({land['command']})",
+                "runner": "trial",
+                "model": land["model"],
+                "task": land["task"],
+                "seq_len": land["seq_len"],
+                "params": p["params"],
+                "warmup_steps": steps["warmup_steps"],
+                "measure_steps": steps["measure_steps"],
+                "measured": measured,
+            }
+        )
     return points
 
 
@@ -93,11 +106,16 @@ def predict(point: dict[str, Any]) -> model.Prediction:
     spec = resolve_model(point["model"])
     budget = point.get("memory_budget_gib")
     return model.predict(
-        model.gpu(point["gpu"]), spec.config, task=point["task"], seq_len=point["seq_len"],
-        params=point["params"], warmup_steps=point["warmup_steps"],
-        measure_steps=point["measure_steps"], trainer=point["runner"] == "trial",
+        model.gpu(point["gpu"]),
+        spec.config,
+        task=point["task"],
+        seq_len=point["seq_len"],
+        params=point["params"],
+        warmup_steps=point["warmup_steps"],
+        measure_steps=point["measure_steps"],
+        trainer=point["runner"] == "trial",
         memory_budget_bytes=None if budget is None else int(budget * 2**30),
-    )  # fmt: skip
+    )
 
 
 def rows(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -107,10 +125,19 @@ def rows(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         p = predict(point)
         m = point["measured"]
 
-        def row(figure: str, measured: float, twin: float, kind: str = "",
-                at: dict[str, Any] = point) -> None:  # fmt: skip
-            out.append({"point": at["id"], "figure": figure, "measured": measured,
-                        "twin": twin, "error": twin / measured - 1, "kind": kind})  # fmt: skip
+        def row(
+            figure: str, measured: float, twin: float, kind: str = "", at: dict[str, Any] = point
+        ) -> None:
+            out.append(
+                {
+                    "point": at["id"],
+                    "figure": figure,
+                    "measured": measured,
+                    "twin": twin,
+                    "error": twin / measured - 1,
+                    "kind": kind,
+                }
+            )
 
         if m["status"] == "ok":
             row("samples/s", m["samples_per_s"], p.samples_per_s or 0.0, "speed")
@@ -148,8 +175,15 @@ def _ending(point: dict[str, Any], p: model.Prediction) -> dict[str, Any]:
     error = None
     if same and m["status"] == "oom" and "wall_s" in m:
         error = p.wall_s / m["wall_s"] - 1
-    return {"point": point["id"], "figure": "ending", "measured": shown, "twin": twin,
-            "error": error, "kind": "ending", "same": same}  # fmt: skip
+    return {
+        "point": point["id"],
+        "figure": "ending",
+        "measured": shown,
+        "twin": twin,
+        "error": error,
+        "kind": "ending",
+        "same": same,
+    }
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -189,8 +223,9 @@ def loss(points: list[dict[str, Any]]) -> float:
     total = sum(log_error(r) for r in table if r["kind"] in ("speed", "wall", "memory"))
     # An ending the twin gets wrong weighs as a 50% error.
     total += sum(0.0 if r["same"] else math.log(1.5) ** 2 for r in table if r["kind"] == "ending")
-    return total + sum(log_error(r) for r in table
-                       if r["kind"] == "ending" and r["error"] is not None)  # fmt: skip
+    return total + sum(
+        log_error(r) for r in table if r["kind"] == "ending" and r["error"] is not None
+    )
 
 
 def _parent(tree: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
@@ -249,8 +284,15 @@ def leave_one_out(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         measured = point["measured"]["samples_per_s"]
         kind = _kind(point)
         alone = sum(_kind(q) == kind for q in points if q["measured"]["status"] == "ok") == 1
-        out.append({"point": point["id"], "measured": measured, "twin": twin,
-                    "error": twin / measured - 1, "alone": alone})  # fmt: skip
+        out.append(
+            {
+                "point": point["id"],
+                "measured": measured,
+                "twin": twin,
+                "error": twin / measured - 1,
+                "alone": alone,
+            }
+        )
     model.constants().update(fitted)
     return out
 
@@ -262,10 +304,15 @@ def _kind(point: dict[str, Any]) -> tuple[str, bool]:
 
 
 def markdown(table: list[dict[str, Any]], s: dict[str, Any]) -> str:
-    lines = ["# The GPU twin against every GPU figure the repository holds", "",
-             "`python benchmarks/twin_calibration.py` (constants: `autotune/twin/constants.json`;",
-             "points: `benchmarks/twin/points.json`, each with its source file).", "",
-             "| point | figure | measured | twin | error |", "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "# The GPU twin against every GPU figure the repository holds",
+        "",
+        "`python benchmarks/twin_calibration.py` (constants: `autotune/twin/constants.json`;",
+        "points: `benchmarks/twin/points.json`, each with its source file).",
+        "",
+        "| point | figure | measured | twin | error |",
+        "|---|---|---|---|---|",
+    ]
     for r in table:
         if r["kind"] == "ending":
             error = "same" if r["same"] else "differs"
@@ -273,13 +320,19 @@ def markdown(table: list[dict[str, Any]], s: dict[str, Any]) -> str:
                 error += f" ({r['error']:+.0%} in time)"
             lines.append(f"| {r['point']} | ending | {r['measured']} | {r['twin']} | {error} |")
         else:
-            lines.append(f"| {r['point']} | {r['figure']} | {r['measured']:.4g} | "
-                         f"{r['twin']:.4g} | {r['error']:+.1%} |")  # fmt: skip
-    lines += ["", f"Speeds within 10%: {s['speeds_within_10pct']} of {s['speeds']} "
-              f"(largest error {s['speed_max_error']:.1%}); Spearman's rank correlation of the "
-              f"speeds {s['spearman']:.3f}; peaks within {s['memory_max_error']:.1%}; wall "
-              f"times within {s['wall_max_error']:.1%}; failed trials' endings reproduced: "
-              f"{s['endings_reproduced']} of {s['endings']}.", ""]  # fmt: skip
+            lines.append(
+                f"| {r['point']} | {r['figure']} | {r['measured']:.4g} | "
+                f"{r['twin']:.4g} | {r['error']:+.1%} |"
+            )
+    lines += [
+        "",
+        f"Speeds within 10%: {s['speeds_within_10pct']} of {s['speeds']} "
+        f"(largest error {s['speed_max_error']:.1%}); Spearman's rank correlation of the "
+        f"speeds {s['spearman']:.3f}; peaks within {s['memory_max_error']:.1%}; wall "
+        f"times within {s['wall_max_error']:.1%}; failed trials' endings reproduced: "
+        f"{s['endings_reproduced']} of {s['endings']}.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -288,8 +341,11 @@ def main() -> None:
     parser.add_argument("--add", type=Path, help="a GPU landscape whose points to add")
     parser.add_argument("--gpu", help="the twin's name of the landscape's GPU (default: its own)")
     parser.add_argument("--fit", action="store_true", help="re-fit FITTED and write them back")
-    parser.add_argument("--leave-one-out", action="store_true",
-                        help="predict each speed from constants fitted on the others")  # fmt: skip
+    parser.add_argument(
+        "--leave-one-out",
+        action="store_true",
+        help="predict each speed from constants fitted on the others",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "twin-calibration.md")
     args = parser.parse_args()
     if args.add:
@@ -299,24 +355,33 @@ def main() -> None:
         before = loss(points)
         after = fit(points)
         CONSTANTS.write_text(json.dumps(model.constants(), indent=2) + "\n")
-        print(f"fitted {len(FITTED)} constants on {len(points)} points: loss {before:.4f} -> "
-              f"{after:.4f}; wrote {CONSTANTS}")  # fmt: skip
+        print(
+            f"fitted {len(FITTED)} constants on {len(points)} points: loss {before:.4f} -> "
+            f"{after:.4f}; wrote {CONSTANTS}"
+        )
     table = rows(points)
     s = summary(table)
     text = markdown(table, s)
     if args.leave_one_out:
         held = leave_one_out(points)
-        text += ("\n## Each speed predicted by constants fitted without it\n\n"
-                 "| point | measured | twin | error |\n|---|---|---|---|\n")  # fmt: skip
-        text += "".join(f"| {r['point']}{' (alone)' * r['alone']} | {r['measured']:.4g} | "
-                        f"{r['twin']:.4g} | {r['error']:+.1%} |\n" for r in held)  # fmt: skip
+        text += (
+            "\n## Each speed predicted by constants fitted without it\n\n"
+            "| point | measured | twin | error |\n|---|---|---|---|\n"
+        )
+        text += "".join(
+            f"| {r['point']}{' (alone)' * r['alone']} | {r['measured']:.4g} | "
+            f"{r['twin']:.4g} | {r['error']:+.1%} |\n"
+            for r in held
+        )
         errors = sorted(abs(r["error"]) for r in held if not r["alone"])
-        text += (f"\nOf the {len(errors)} points not alone: within 10%, "
-                 f"{sum(e <= SPEED_LIMIT for e in errors)}; median error "
-                 f"{statistics.median(errors):.1%}, largest {errors[-1]:.1%}. (alone): the only "
-                 "measured point of its precision (fp32, tf32, 16-bit) compiled or not: held "
-                 "out, nothing else fits its constants, so its figure tests nothing; the next "
-                 "GPU run's landscape adds such points.\n")  # fmt: skip
+        text += (
+            f"\nOf the {len(errors)} points not alone: within 10%, "
+            f"{sum(e <= SPEED_LIMIT for e in errors)}; median error "
+            f"{statistics.median(errors):.1%}, largest {errors[-1]:.1%}. (alone): the only "
+            "measured point of its precision (fp32, tf32, 16-bit) compiled or not: held "
+            "out, nothing else fits its constants, so its figure tests nothing; the next "
+            "GPU run's landscape adds such points.\n"
+        )
     args.out.write_text(text)
     print(text)
 

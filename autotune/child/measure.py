@@ -84,9 +84,10 @@ class BatchCounter:
         self.longest = max(self.longest, int(ids.shape[-1]))
         mask = batch.get("attention_mask")
         lengths = (
-            mask.sum(dim=-1) if isinstance(mask, torch.Tensor) else torch.full(
-                (ids.shape[0],), ids.shape[-1], device=ids.device)
-        )  # fmt: skip
+            mask.sum(dim=-1)
+            if isinstance(mask, torch.Tensor)
+            else torch.full((ids.shape[0],), ids.shape[-1], device=ids.device)
+        )
         tokens, squared = torch.stack([lengths.sum(), (lengths * lengths).sum()]).tolist()
         self.counts = Counts(
             self.counts.samples + ids.shape[0],

@@ -101,8 +101,9 @@ def load(spec: DataSpec) -> Any:
         ) from exc
     if isinstance(loaded, datasets.DatasetDict):
         if spec.split not in loaded:
-            raise DataError(f"data_split={spec.split}: data={spec.data} has the splits "
-                            f"{', '.join(loaded)}")  # fmt: skip
+            raise DataError(
+                f"data_split={spec.split}: data={spec.data} has the splits {', '.join(loaded)}"
+            )
         loaded = loaded[spec.split]
     if len(loaded) == 0:
         raise DataError(f"data={spec.data}: the {spec.split} split has no rows")

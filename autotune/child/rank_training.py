@@ -165,8 +165,13 @@ class ModelStates(TrainerCallback):
         states = [v for s in inner.state.values() for v in s.values() if torch.is_tensor(v)]
         # ZeRO-3 keeps small parameters whole on every rank besides their partition.
         whole = [p.data for p in model.parameters() if getattr(p, "ds_persist", False)]
-        return (_bytes(model.parameters()) + _bytes(whole) + (self.gradient_bytes or 0)
-                + _bytes(master) + _bytes(states))  # fmt: skip
+        return (
+            _bytes(model.parameters())
+            + _bytes(whole)
+            + (self.gradient_bytes or 0)
+            + _bytes(master)
+            + _bytes(states)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,9 +188,14 @@ def gather(
 ) -> Gathered:
     """Every rank's figures, on every rank; raises StrategyNotApplied when the training was
     not the strategy asked."""
-    mine = (counts.astuple(), peak_memory_gib, local_parameters(trainer.model),
-            full_parameters(trainer.model), _applied(trainer, rank.on_cuda),
-            states.total_bytes())  # fmt: skip
+    mine = (
+        counts.astuple(),
+        peak_memory_gib,
+        local_parameters(trainer.model),
+        full_parameters(trainer.model),
+        _applied(trainer, rank.on_cuda),
+        states.total_bytes(),
+    )
     everyone: list[Any] = [None] * rank.world_size
     dist.all_gather_object(everyone, mine)
     params = [theirs[2] for theirs in everyone]
@@ -217,16 +227,22 @@ def _applied(trainer: Any, on_cuda: bool) -> str:
     master = _master_weights(wrapped.optimizer)
     if master and master[0].device.type == "cpu":
         applied += " optimizer on host"
-    if any(p.ds_tensor.device.type == "cpu" for p in trainer.model.parameters()
-           if hasattr(p, "ds_tensor")):  # fmt: skip
+    if any(
+        p.ds_tensor.device.type == "cpu"
+        for p in trainer.model.parameters()
+        if hasattr(p, "ds_tensor")
+    ):
         applied += " parameters on host"
     return applied
 
 
 def _master_weights(optimizer: Any) -> list[torch.Tensor]:
     """DeepSpeed's fp32 partition of the weights, which its optimizer updates."""
-    return (getattr(optimizer, "single_partition_of_fp32_groups", None)  # ZeRO-1/2
-            or getattr(optimizer, "fp32_partitioned_groups_flat", None) or [])  # fmt: skip
+    return (
+        getattr(optimizer, "single_partition_of_fp32_groups", None)  # ZeRO-1/2
+        or getattr(optimizer, "fp32_partitioned_groups_flat", None)
+        or []
+    )
 
 
 def _expected_wrapper(strategy: str, on_cuda: bool, bucket_view: bool = False) -> str | None:
@@ -252,8 +268,11 @@ def _check_applied(rank: Rank, params: list[int], full: int, applied: list[str])
     expected = _expected_wrapper(rank.strategy, rank.on_cuda, rank.bucket_view)
     if expected is None:
         host = rank.on_cuda and rank.strategy == "fsdp_offload"
-        wrapped = any(a.startswith(("DistributedDataParallel", "DeepSpeed"))
-                      or a.endswith(" parameters on host") != host for a in applied)  # fmt: skip
+        wrapped = any(
+            a.startswith(("DistributedDataParallel", "DeepSpeed"))
+            or a.endswith(" parameters on host") != host
+            for a in applied
+        )
     else:
         wrapped = any(a != expected for a in applied)
     if rank.strategy in SHARDED:  # of one rank (offloading on one GPU): every parameter
@@ -261,8 +280,10 @@ def _check_applied(rank: Rank, params: list[int], full: int, applied: list[str])
     else:
         held = all(p == full for p in params)
     if wrapped or not held:
-        raise StrategyNotApplied(f"{rank.strategy} asked, but the ranks trained {applied} "
-                                 f"holding {params} of {full} parameters")  # fmt: skip
+        raise StrategyNotApplied(
+            f"{rank.strategy} asked, but the ranks trained {applied} "
+            f"holding {params} of {full} parameters"
+        )
 
 
 def barrier_sync(on_cuda: bool) -> Callable[[], None]:

@@ -76,8 +76,13 @@ class Rank:
     ) -> Rank:
         """The rank torchrun (or any launcher that sets its environment) started this process
         as: its `RANK` among `WORLD_SIZE`."""
-        return cls(int(environ["RANK"]), int(environ["WORLD_SIZE"]), strategy, on_cuda=on_cuda,
-                   bucket_view=bucket_view)  # fmt: skip
+        return cls(
+            int(environ["RANK"]),
+            int(environ["WORLD_SIZE"]),
+            strategy,
+            on_cuda=on_cuda,
+            bucket_view=bucket_view,
+        )
 
     @property
     def fsdp(self) -> bool:
@@ -136,8 +141,14 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
     except cuda_free.CudaInitialised as exc:
         return TrialResult(status=Status.ERROR, reason=str(exc)[:300], stderr_tail=str(exc))
     listener = loopback_listener()
-    store = dist.TCPStore(HOST, listener.getsockname()[1], world_size, is_master=True,
-                          wait_for_workers=False, master_listen_fd=listener.fileno())  # fmt: skip
+    store = dist.TCPStore(
+        HOST,
+        listener.getsockname()[1],
+        world_size,
+        is_master=True,
+        wait_for_workers=False,
+        master_listen_fd=listener.fileno(),
+    )
     worker = os.getpid()
     pids = {}
     for rank in range(world_size):
@@ -197,20 +208,26 @@ def _join_and_train(
         torch.set_num_threads(len(cores))
         if rank.trainer_distributed:  # what torchrun sets: accelerate reads it
             os.environ.update(
-                RANK=str(rank.rank), LOCAL_RANK=str(rank.rank),
-                WORLD_SIZE=str(rank.world_size), LOCAL_WORLD_SIZE=str(rank.world_size),
-                MASTER_ADDR=HOST, MASTER_PORT=str(port),
+                RANK=str(rank.rank),
+                LOCAL_RANK=str(rank.rank),
+                WORLD_SIZE=str(rank.world_size),
+                LOCAL_WORLD_SIZE=str(rank.world_size),
+                MASTER_ADDR=HOST,
+                MASTER_PORT=str(port),
                 OMP_NUM_THREADS=str(len(cores)),  # else accelerate sets threads of its own
-            )  # fmt: skip
+            )
         for name, value in LOOPBACK.items():
             os.environ.setdefault(name, value)
         store = dist.TCPStore(HOST, port, rank.world_size, is_master=False, timeout=GROUP_TIMEOUT)
         if rank.on_cuda:  # the rank's own GPU, of those its worker was given
             torch.cuda.set_device(own_device_first(rank) if rank.fsdp else rank.rank)
         dist.init_process_group(
-            rank.backend, store=store, rank=rank.rank, world_size=rank.world_size,
+            rank.backend,
+            store=store,
+            rank=rank.rank,
+            world_size=rank.world_size,
             timeout=GROUP_TIMEOUT,
-        )  # fmt: skip
+        )
         if rank.deepspeed:
             # DeepSpeed's communication layer, on the group just made: the model's construction
             # under ZeRO-3 (`zero.Init`, before the Trainer's own setup) asks it for the ranks.
@@ -218,8 +235,11 @@ def _join_and_train(
 
             deepspeed.init_distributed(dist_backend=dist.get_backend())
     except Exception as exc:  # noqa: BLE001 - the rank could not join: its result says why
-        result = TrialResult(status=Status.ERROR, reason=f"{type(exc).__name__}: {exc}"[:300],
-                             stderr_tail=traceback.format_exc()[-4000:])  # fmt: skip
+        result = TrialResult(
+            status=Status.ERROR,
+            reason=f"{type(exc).__name__}: {exc}"[:300],
+            stderr_tail=traceback.format_exc()[-4000:],
+        )
         return result, True
     return attempt(rank)
 
@@ -269,7 +289,10 @@ def _rank_failure(rank: int, code: int, folder: Path) -> TrialResult:
     path = rank_file(folder, rank)
     if path.exists():
         result = TrialResult.from_dict(json.loads(path.read_text()))
-        return TrialResult(status=result.status, reason=f"rank {rank}: {result.reason}",
-                           stderr_tail=result.stderr_tail)  # fmt: skip
+        return TrialResult(
+            status=result.status,
+            reason=f"rank {rank}: {result.reason}",
+            stderr_tail=result.stderr_tail,
+        )
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
     return TrialResult(status=Status.CRASHED, reason=f"rank {rank} {how}")

@@ -83,8 +83,9 @@ def train_trial(
             sync = torch.cuda.synchronize if on_cuda else _no_sync
         # Stopping a loser early is for one process: ranks would each decide on their own.
         stop_below = spec.stop_below_samples_per_s if rank is None else None
-        timer = measure.StepTimer(spec.warmup_steps, sync, stop_below=stop_below,
-                                  stop_after=spec.stop_after_steps)  # fmt: skip
+        timer = measure.StepTimer(
+            spec.warmup_steps, sync, stop_below=stop_below, stop_after=spec.stop_after_steps
+        )
         reporter = ProgressReporter(
             progress_path,
             timer,
@@ -130,8 +131,9 @@ def train_trial(
         memory = _cuda_memory() if on_cuda else _cpu_memory(baseline_rss, rank)
         counts = None
         if rank is not None:
-            gathered = rank_training.gather(rank, trainer, timer.measured_counts(),
-                                    memory["peak_memory_gib"], states)  # fmt: skip
+            gathered = rank_training.gather(
+                rank, trainer, timer.measured_counts(), memory["peak_memory_gib"], states
+            )
             if rank.rank != 0:
                 return None
             counts = gathered.counts
@@ -165,9 +167,12 @@ def train_trial(
         # The worker's time outside its named stages: seeds and caches before, the memory
         # figures and the result after (the directory's removal and the exit are the parent's).
         measured["finish_s"] = (
-            time.perf_counter() - trial_started_s - build_s - train_s
+            time.perf_counter()
+            - trial_started_s
+            - build_s
+            - train_s
             - clock.seconds.get("cuda_init_s", 0.0)
-        )  # fmt: skip
+        )
         return _result(spec, timer, model, output.training_loss, measured, counts)
 
 
@@ -561,8 +566,11 @@ def main(argv: list[str], imports_s: float | None = None) -> int:
     if spec.device == "cuda" and torch.cuda._is_in_bad_fork():
         # The fork server initialised CUDA after all (an import `cuda_free` does not cover):
         # forked from it, this process cannot use the GPU. A fresh interpreter can.
-        print(f"the fork server initialised CUDA ({cuda_free.first_init()}); the trial "
-              "starts again in a fresh process", flush=True)  # fmt: skip
+        print(
+            f"the fork server initialised CUDA ({cuda_free.first_init()}); the trial "
+            "starts again in a fresh process",
+            flush=True,
+        )
         os.execv(sys.executable, [sys.executable, "-m", "autotune.child", *argv])
 
     with temporary_files_in(result_path.parent):

@@ -66,8 +66,9 @@ def main(argv: list[str] | None = None, *, executor: TrialExecutor | None = None
     except StudyFileLost as exc:
         # The study is gone: not a mistake to fix, nor a server to wait for; say what is left.
         written = f"; wrote {shown_paths(exc.paths)}" if exc.paths else ""
-        errors.print(f"[bold red]error:[/] {escape(str(exc) + written)}", markup=True,
-                     soft_wrap=True)  # fmt: skip
+        errors.print(
+            f"[bold red]error:[/] {escape(str(exc) + written)}", markup=True, soft_wrap=True
+        )
         return STUDY_FILE_LOST_EXIT_CODE
     except OutputsNotWritten as exc:
         # Trials ran (kept in the study); only the files could not be written: not exit 2.

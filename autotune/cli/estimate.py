@@ -81,8 +81,15 @@ def run(args: argparse.Namespace) -> int:
         free = {"strategy": MEMORY_ORDER} | free
 
     def at(params: dict[str, Any]) -> Estimate:
-        return estimate(model.config, task=task, seq_len=config.seq_len, params=params,
-                        device=device, parameters=parameters, devices=devices)  # fmt: skip
+        return estimate(
+            model.config,
+            task=task,
+            seq_len=config.seq_len,
+            params=params,
+            device=device,
+            parameters=parameters,
+            devices=devices,
+        )
 
     per_rank = f", per rank of {devices}" * (devices > 1)
     console.print(
@@ -104,8 +111,10 @@ def run(args: argparse.Namespace) -> int:
     if "batch_size" in knobs:
         batches = [knobs["batch_size"]]
     timed = _twin_times(config, model, task, parameters, budget)
-    table = Table(title="Peak training memory (GiB) by part"
-                  + " and the GPU twin's time" * (timed is not None))  # fmt: skip
+    table = Table(
+        title="Peak training memory (GiB) by part"
+        + " and the GPU twin's time" * (timed is not None)
+    )
     for column in ("batch", *PARTS, "peak", "fits", *(TIME_COLUMNS if timed else ())):
         table.add_column(column, justify="right")
     for batch in batches:
@@ -136,8 +145,10 @@ def run(args: argparse.Namespace) -> int:
     if timed is not None:
         console.print(_twin_note(config))
     if devices > 1:
-        console.print(f"model states (weights, gradients, optimizer) per rank of {devices}, "
-                      f"most to least: {_states(at, fixed)}")  # fmt: skip
+        console.print(
+            f"model states (weights, gradients, optimizer) per rank of {devices}, "
+            f"most to least: {_states(at, fixed)}"
+        )
     if free:
         console.print(_grid(free, at, fixed, batches, budget, timed))
     console.print(
@@ -169,9 +180,17 @@ def _twin_times(
         strategy = params.get("strategy", "ddp" if devices > 1 else "single")
         if strategy not in ("single", "ddp"):
             return ("-", "-", "-")  # the twin models one GPU a trial, or DDP
-        p = twin.predict(g, model.config, task=task, seq_len=config.seq_len, params=params,
-                         parameters=parameters, devices=devices, memory_budget_bytes=budget,
-                         **steps)  # fmt: skip
+        p = twin.predict(
+            g,
+            model.config,
+            task=task,
+            seq_len=config.seq_len,
+            params=params,
+            parameters=parameters,
+            devices=devices,
+            memory_budget_bytes=budget,
+            **steps,
+        )
         if p.samples_per_s is None:
             return ("oom", "-", f"{p.wall_s:.0f}")
         return (f"{p.step_s * 1e3:.0f}", f"{p.samples_per_s:.1f}", f"{p.wall_s:.0f}")
@@ -181,10 +200,12 @@ def _twin_times(
 
 def _twin_note(config: EstimateConfig) -> str:
     g = twin.gpu(config.gpu or "")
-    return (f"times: the GPU twin of the {escape(g.name)} (a performance model calibrated on "
-            "this project's H100 and H200 measurements, within 10% of each; "
-            "benchmarks/results/twin-calibration.md); a trial: start, build, compile and "
-            "warm-up, and the timed steps")  # fmt: skip
+    return (
+        f"times: the GPU twin of the {escape(g.name)} (a performance model calibrated on "
+        "this project's H100 and H200 measurements, within 10% of each; "
+        "benchmarks/results/twin-calibration.md); a trial: start, build, compile and "
+        "warm-up, and the timed steps"
+    )
 
 
 def _largest(at: Any, params: dict[str, Any], batches: list[int], budget: int) -> int | None:
@@ -224,8 +245,9 @@ def check(
     problems = []
     if config.gpu and gpu_memory_bytes(config.gpu) is None and not config.memory_budget:
         known = ", ".join(name for name, _ in GPU_MEMORY_MIB)
-        problems.append(f"gpu={config.gpu}: not in the built-in table ({known}); give "
-                        "memory_budget= for it")  # fmt: skip
+        problems.append(
+            f"gpu={config.gpu}: not in the built-in table ({known}); give memory_budget= for it"
+        )
     if config.gpu and config.device == "cpu":
         problems.append(f"gpu={config.gpu} with device=cpu: a GPU plan is for device=cuda")
     for key, value in knobs.items():
@@ -270,8 +292,10 @@ def _grid(
     row per combination made 36), each cell `largest batch` (and its samples/s)."""
     first, *others = free
     columns = list(itertools.product(*(free[name] for name in others)))
-    grid = Table(title="Largest batch that fits, by the knobs left free"
-                 + (" (samples/s there)" if timed is not None else ""))  # fmt: skip
+    grid = Table(
+        title="Largest batch that fits, by the knobs left free"
+        + (" (samples/s there)" if timed is not None else "")
+    )
     grid.add_column(first)
     for values in columns:
         pairs = zip(others, values, strict=True)

@@ -36,12 +36,20 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     for name, schema, handler, summary in (
         ("report", ReportConfig, _report, "rebuild every output of a study from its storage"),
         ("export", ExportConfig, _export, "print a trial's settings as json, yaml, py or cli"),
-        ("confirm", ConfirmConfig, _confirm,
-         "measure a study's baseline and picks again, interleaved, and rebuild its outputs"),
-        ("verify", VerifyConfig, _verify,
-         "train the recommended settings for many steps, compare with their trial, and rebuild "
-         "the study's outputs"),
-    ):  # fmt: skip
+        (
+            "confirm",
+            ConfirmConfig,
+            _confirm,
+            "measure a study's baseline and picks again, interleaved, and rebuild its outputs",
+        ),
+        (
+            "verify",
+            VerifyConfig,
+            _verify,
+            "train the recommended settings for many steps, compare with their trial, and rebuild "
+            "the study's outputs",
+        ),
+    ):
         parser = commands.add_parser(
             name,
             help=summary,
@@ -82,9 +90,14 @@ def _confirm(args: argparse.Namespace) -> int:
     config = load_config(args.overrides, ConfirmConfig)
     view = TerminalView(quiet=config.quiet)
     result = api.confirm_study(
-        args.study_dir, rounds=config.rounds, storage=config.storage, study=config.study,
-        observer=view, executor=args.executor, command=conditions.cli_command(args.argv),
-    )  # fmt: skip
+        args.study_dir,
+        rounds=config.rounds,
+        storage=config.storage,
+        study=config.study,
+        observer=view,
+        executor=args.executor,
+        command=conditions.cli_command(args.argv),
+    )
     print_outcome(view.report, result.snapshot)
     print_paths(view.report, result.paths)
     return 0 if result.recommended is not None else NOTHING_TO_RECOMMEND
@@ -94,10 +107,15 @@ def _verify(args: argparse.Namespace) -> int:
     config = load_config(args.overrides, VerifyConfig)
     view = TerminalView(quiet=config.quiet)
     verified, result = api.verify_study(
-        args.study_dir, trial=config.trial, steps=config.steps, storage=config.storage,
-        study=config.study, observer=view, executor=args.executor,
+        args.study_dir,
+        trial=config.trial,
+        steps=config.steps,
+        storage=config.storage,
+        study=config.study,
+        observer=view,
+        executor=args.executor,
         command=conditions.cli_command(args.argv),
-    )  # fmt: skip
+    )
     view.report.line(f"verified: {escape(verified.describe())}")
     print_paths(view.report, result.paths)
     return 0 if verified.status == Status.OK.value else 1

@@ -73,8 +73,9 @@ def _settings_help(
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.overrides)
     view = TerminalView(quiet=config.quiet)
-    result = api.run(config, observer=view, executor=args.executor,
-                     command=conditions.cli_command(args.argv))  # fmt: skip
+    result = api.run(
+        config, observer=view, executor=args.executor, command=conditions.cli_command(args.argv)
+    )
     print_outcome(view.report, result.snapshot)
     print_paths(view.report, result.paths)
     return 0 if result.recommended is not None else NOTHING_TO_RECOMMEND
@@ -88,10 +89,12 @@ def run_worker(args: argparse.Namespace) -> int:
     # is not the one the search checked, or the worker's own trainer=).
     trainer = join_config(worker).trainer
     if trainer and not worker.quiet:
-        console.print(f"trainer={trainer}: runs {describe(trainer, Path.cwd())}", markup=False,
-                      soft_wrap=True)  # fmt: skip
-    plan, _ = api.join(worker, observer=view, executor=args.executor,
-                       command=conditions.cli_command(args.argv))  # fmt: skip
+        console.print(
+            f"trainer={trainer}: runs {describe(trainer, Path.cwd())}", markup=False, soft_wrap=True
+        )
+    plan, _ = api.join(
+        worker, observer=view, executor=args.executor, command=conditions.cli_command(args.argv)
+    )
     shown = safe_url(plan.storage_url)
     storage, study = f"storage={shown}", f"study={plan.study_name}"
     report = shlex.join(["autotune", "report", str(plan.study_dir), storage, study])

@@ -208,8 +208,11 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
 def cpu_reserve_bytes(total_bytes: int, workers: int = 1) -> int:
     """Host RAM a CPU search keeps out of its trials' budget: the search process, each
     worker's fork server, and a share of the machine's RAM."""
-    return (SEARCH_RESERVE_BYTES + FORK_SERVER_RESERVE_BYTES * workers
-            + int(MACHINE_RESERVE_SHARE * total_bytes))  # fmt: skip
+    return (
+        SEARCH_RESERVE_BYTES
+        + FORK_SERVER_RESERVE_BYTES * workers
+        + int(MACHINE_RESERVE_SHARE * total_bytes)
+    )
 
 
 def cpu_budget_bytes(available_bytes: int, total_bytes: int, workers: int = 1) -> int:

@@ -77,13 +77,18 @@ def deepspeed_config(strategy: str, overlap_comm: bool | None = None) -> dict[st
     if overlap_comm is not None:
         zero["overlap_comm"] = overlap_comm
     if ZERO_STAGES[strategy] == 3:  # the sizes HF's ZeRO-3 example derives from the model
-        zero |= {"stage3_param_persistence_threshold": "auto",
-                 "stage3_prefetch_bucket_size": "auto", "reduce_bucket_size": "auto"}  # fmt: skip
+        zero |= {
+            "stage3_param_persistence_threshold": "auto",
+            "stage3_prefetch_bucket_size": "auto",
+            "reduce_bucket_size": "auto",
+        }
     optimizer = {}
     if strategy in OFFLOADED:  # DeepSpeed's own AdamW, which it runs on the host (CPU Adam)
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        optimizer["optimizer"] = {"type": "AdamW", "params": {
-            "lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}  # fmt: skip
+        optimizer["optimizer"] = {
+            "type": "AdamW",
+            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
+        }
     if strategy == "zero3_offload":
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     return optimizer | {
@@ -174,8 +179,11 @@ def is_compiled(params: dict[str, Any]) -> bool:
 # transformers 5.23 renamed gradient_checkpointing to activation_checkpointing (the old name
 # warns); older 5.x releases have only the old one. The worker passes the installed fields.
 def _checkpointing_field(fields: Collection[str], suffix: str = "") -> str:
-    return next(f + suffix for f in ("activation_checkpointing", "gradient_checkpointing")
-                if f + suffix in fields)  # fmt: skip
+    return next(
+        f + suffix
+        for f in ("activation_checkpointing", "gradient_checkpointing")
+        if f + suffix in fields
+    )
 
 
 def _group_args(value: bool, params: dict[str, Any], fields: Collection[str]) -> dict:
@@ -268,8 +276,10 @@ def conflict(params: dict[str, Any]) -> str | None:
     if strategy == "ddp" and params.get("ddp_static_graph") and params.get("grad_accum", 1) > 1:
         # pytorch/pytorch#143580: the accumulation steps' no_sync() trips an internal assert
         # in DDP's reducer on the first backward (accelerate#3679 is the Trainer's case).
-        return ("ddp_static_graph with grad_accum > 1: DDP's reducer fails under the "
-                "accumulation steps' no_sync() (pytorch/pytorch#143580)")  # fmt: skip
+        return (
+            "ddp_static_graph with grad_accum > 1: DDP's reducer fails under the "
+            "accumulation steps' no_sync() (pytorch/pytorch#143580)"
+        )
     return None
 
 
@@ -644,8 +654,9 @@ def math_changes(
     if before != after:
         why = "another number of samples per optimizer update: retune the learning rate, "
         why += f"or keep it with effective_batch_size={before}"
-        changes.append(MathChange(setting="effective_batch_size", baseline=before, value=after,
-                                  why=why))  # fmt: skip
+        changes.append(
+            MathChange(setting="effective_batch_size", baseline=before, value=after, why=why)
+        )
     for name, knob in KNOBS.items():
         if name in params and name in baseline and params[name] != baseline[name]:
             why = knob.math(baseline[name], params[name])

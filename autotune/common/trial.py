@@ -40,8 +40,10 @@ MEMORY_STATUSES = OUT_OF_MEMORY | {Status.SKIPPED}
 
 def stopped_reason(steps: int, fastest: float, below: float) -> str:
     """Why a trial stopped early (`TrialSpec.stop_below_samples_per_s`)."""
-    return (f"stopped after {steps} timed steps: at most {fastest:.2f} samples/s, under the "
-            f"{below:.2f} of the early stop (half the fastest trial's so far)")  # fmt: skip
+    return (
+        f"stopped after {steps} timed steps: at most {fastest:.2f} samples/s, under the "
+        f"{below:.2f} of the early stop (half the fastest trial's so far)"
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -42,16 +42,23 @@ class DataSpec:
         """Hex digest of everything that decides the tokens: the files' names (relative) and
         bytes, or the hub id; the split, the column and seq_len. A dataset moved to another
         folder keeps its fingerprint."""
-        settings = {"split": self.split, "text_column": self.text_column,
-                    "seq_len": self.seq_len, "format": FORMAT_VERSION}  # fmt: skip
+        settings = {
+            "split": self.split,
+            "text_column": self.text_column,
+            "seq_len": self.seq_len,
+            "format": FORMAT_VERSION,
+        }
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
         for source in (self.data, self.tokenizer):
             root = Path(source)
             files = _files(root)
             digest.update(b"\0" + (b"" if files else source.encode()))  # a hub id: its name
             for path in files:
-                digest.update(path.relative_to(root).as_posix().encode() if root.is_dir()
-                              else path.name.encode())  # fmt: skip
+                digest.update(
+                    path.relative_to(root).as_posix().encode()
+                    if root.is_dir()
+                    else path.name.encode()
+                )
                 with open(path, "rb") as f:
                     for chunk in iter(lambda f=f: f.read(1 << 20), b""):
                         digest.update(chunk)
@@ -103,8 +110,7 @@ def did_you_mean(path: Path) -> str:
     a file or folder the data could be; none when nothing is close (or the folder is gone)."""
     folder = path.expanduser().parent
     try:
-        names = [p.name for p in folder.iterdir()
-                 if p.is_dir() or p.suffix.lower() in BUILDERS]  # fmt: skip
+        names = [p.name for p in folder.iterdir() if p.is_dir() or p.suffix.lower() in BUILDERS]
     except OSError:
         return ""
     close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)

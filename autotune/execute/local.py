@@ -251,8 +251,9 @@ class LocalTrial:
             cache = submission.spec.compile_cache_dir
             if cache and Path(cache).is_relative_to(submission.within):
                 make_folder(Path(cache), Path(submission.within))
-        spec_path, self.result_path, log_path = (folder / n for n in (SPEC_FILE, RESULT_FILE,
-                                                                      WORKER_LOG))  # fmt: skip
+        spec_path, self.result_path, log_path = (
+            folder / n for n in (SPEC_FILE, RESULT_FILE, WORKER_LOG)
+        )
         self.log_path = log_path
         self.progress_path = folder / PROGRESS_FILE
         for stale in (self.result_path, self.progress_path):
@@ -283,8 +284,14 @@ class LocalTrial:
     def result(self, on_progress: Callable[[Progress], None] | None = None) -> TrialResult:
         s = self.submission
         try:
-            verdict = supervise(self.worker, self.started + s.timeout_s, s.memory_limit_bytes,
-                                self.progress_path, on_progress, self.seen)  # fmt: skip
+            verdict = supervise(
+                self.worker,
+                self.started + s.timeout_s,
+                s.memory_limit_bytes,
+                self.progress_path,
+                on_progress,
+                self.seen,
+            )
         finally:
             # Also on Ctrl-C: nothing of the trial may outlive it, in whatever session it runs.
             self._end()
@@ -331,8 +338,10 @@ def _remove_temporary_files(trial_dir: Path, worker_pid: int) -> None:
     system's it kept its sockets in (`layout.socket_folder_prefix`)."""
     sockets = f"{socket_folder_prefix(worker_pid)}*"
     bases = dict.fromkeys((tempfile.gettempdir(), "/tmp", "/var/tmp"))  # the worker's choice
-    folders = [*trial_dir.glob(f"{TRIAL_TEMP_PREFIX}*"),
-               *(found for base in bases for found in Path(base).glob(sockets))]  # fmt: skip
+    folders = [
+        *trial_dir.glob(f"{TRIAL_TEMP_PREFIX}*"),
+        *(found for base in bases for found in Path(base).glob(sockets)),
+    ]
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -364,8 +373,9 @@ def launch_trial(
     what it raises ends the trial (the worker is killed) and propagates.
     """
     executor = LocalExecutor(launcher, oom_witness)
-    submission = Submission(spec=spec, place=str(trial_dir), timeout_s=timeout_s,
-                            memory_limit_bytes=rss_limit_bytes)  # fmt: skip
+    submission = Submission(
+        spec=spec, place=str(trial_dir), timeout_s=timeout_s, memory_limit_bytes=rss_limit_bytes
+    )
     handle = executor.submit(submission)
     return handle.result(on_progress)
 

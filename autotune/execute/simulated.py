@@ -58,8 +58,11 @@ class SimulatedExecutor:
         wall_s = result.wall_s
         if wall_s is not None and wall_s > submission.timeout_s:
             # As the local executor ends it: no figures, the time spent is the limit.
-            result = TrialResult(status=Status.TIMEOUT, wall_s=submission.timeout_s,
-                                 reason="no result before trial_timeout")  # fmt: skip
+            result = TrialResult(
+                status=Status.TIMEOUT,
+                wall_s=submission.timeout_s,
+                reason="no result before trial_timeout",
+            )
             wall_s = submission.timeout_s
         if wall_s is not None:
             result = dataclasses.replace(result, device_s=wall_s * submission.spec.devices)

@@ -36,8 +36,9 @@ def picks_to_confirm(snapshot: StudySnapshot) -> list[TrialRecord]:
     single successful trial)."""
     feasible = [r for r in snapshot.records if r.result.feasible(snapshot.info.memory_budget_gib)]
     baseline = snapshot.picks.baseline
-    chosen = candidates(feasible, snapshot.info.memory_limit_gib, baseline,
-                        changes_training_of(baseline))  # fmt: skip
+    chosen = candidates(
+        feasible, snapshot.info.memory_limit_gib, baseline, changes_training_of(baseline)
+    )
     return chosen if len(chosen) > 1 else []
 
 

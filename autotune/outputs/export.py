@@ -50,10 +50,13 @@ def write_recommendation(
     deepspeed = recommendation["training_args"].get("deepspeed")
     on_ranks = recommendation["params"].get("strategy", "single") != "single"
     processes = recommendation["devices_per_trial"] if on_ranks else None
-    accelerate = accelerate_config(recommendation["training_args"], processes,
-                                   recommendation["environment"])  # fmt: skip
-    for name, content, write in ((DEEPSPEED_JSON, deepspeed, write_json_atomic),
-                                 (ACCELERATE_YAML, accelerate, write_atomic)):  # fmt: skip
+    accelerate = accelerate_config(
+        recommendation["training_args"], processes, recommendation["environment"]
+    )
+    for name, content, write in (
+        (DEEPSPEED_JSON, deepspeed, write_json_atomic),
+        (ACCELERATE_YAML, accelerate, write_atomic),
+    ):
         path = study_dir / name
         if content is None:
             path.unlink(missing_ok=True)
@@ -96,15 +99,19 @@ def render_cli(
     comment = ""
     if model_kwargs:
         # repr() writes a newline as `\n`: nothing in a value can end the comment line.
-        kwargs = ", ".join(f"{k}={v!r}" if k.isidentifier() else f"{k!r}: {v!r}"
-                           for k, v in model_kwargs.items())  # fmt: skip
+        kwargs = ", ".join(
+            f"{k}={v!r}" if k.isidentifier() else f"{k!r}: {v!r}" for k, v in model_kwargs.items()
+        )
         comment = (
             f"# not a flag of the HF example scripts: the trials built the model with {kwargs}; "
             "pass it to from_pretrained/from_config (recommended.py does)\n"
         )
     if environment:
-        odd = [f"{k!r}={v!r}" for k, v in environment.items()
-               if not (k.isidentifier() and re.fullmatch(r"[\w.-]+", v, re.ASCII))]  # fmt: skip
+        odd = [
+            f"{k!r}={v!r}"
+            for k, v in environment.items()
+            if not (k.isidentifier() and re.fullmatch(r"[\w.-]+", v, re.ASCII))
+        ]
         if odd:  # a study.db from elsewhere may hold anything: none of it reaches a shell line
             raise StudyError(f"environment {', '.join(odd)}: not a setting autotune makes")
         assignments = " ".join(f"{k}={v}" for k, v in environment.items())

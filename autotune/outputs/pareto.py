@@ -177,10 +177,16 @@ class Picks:
         """The other confirmed picks the rounds cannot tell from this one."""
         if self.confirmed is None or not self.is_confirmed(record):
             return []
-        others = {r.number: r for r in (self.fastest, self.same_training, self.saver,
-                                         self.baseline) if r is not None}  # fmt: skip
-        return [r for n, r in sorted(others.items())
-                if n != record.number and self.confirmed.tied(record.number, n)]  # fmt: skip
+        others = {
+            r.number: r
+            for r in (self.fastest, self.same_training, self.saver, self.baseline)
+            if r is not None
+        }
+        return [
+            r
+            for n, r in sorted(others.items())
+            if n != record.number and self.confirmed.tied(record.number, n)
+        ]
 
     def _confirmed_ratio(
         self, record: TrialRecord, other: TrialRecord
@@ -205,8 +211,9 @@ class Picks:
         speedup = speedup and not (self.baseline and record.number == self.baseline.number)
         if self.confirmed is not None and self.is_confirmed(record):
             low, high = self.confirmed.interval(record.number) or (0.0, 0.0)
-            notes.append(f"confirmed: median of {self.confirmed.rounds} rounds, "
-                         f"{low:.2f}-{high:.2f}")  # fmt: skip
+            notes.append(
+                f"confirmed: median of {self.confirmed.rounds} rounds, {low:.2f}-{high:.2f}"
+            )
             interval = self.speedup_interval(record)
             if speedup and (times := self.speedup(record)) is not None and interval is not None:
                 notes.append(f"{times:.2f}x [{interval[0]:.2f}-{interval[1]:.2f}] the baseline")
@@ -266,10 +273,14 @@ def candidates(
     them are the baseline (its one measurement, taken first, beat every other trial's), the
     runner-up under the limit runs too when it is within `DRIFT_WITHIN` of the baseline: the
     baseline may have won by drift alone."""
-    single = pick(feasible, limit_gib, baseline, noise_cv=float("inf"),
-                  changes_training=changes_training)  # fmt: skip
-    chosen = {r.number: r for r in (single.baseline, single.fastest, single.saver,
-                                     single.same_training) if r is not None}  # fmt: skip
+    single = pick(
+        feasible, limit_gib, baseline, noise_cv=float("inf"), changes_training=changes_training
+    )
+    chosen = {
+        r.number: r
+        for r in (single.baseline, single.fastest, single.saver, single.same_training)
+        if r is not None
+    }
     if baseline is not None and baseline.status is Status.OK and set(chosen) == {baseline.number}:
         fits = [r for r in feasible if r.result.peak_memory_gib <= limit_gib]
         others = [r for r in fits if r.number != baseline.number]
@@ -320,9 +331,17 @@ def pick(
             saver = _saver(covered, recommended, speed)
         else:
             confirmed = None  # made for other picks (trials were added since)
-    return Picks(recommended=recommended, why=why, fastest=fastest, same_training=same,
-                 saver=saver, baseline=baseline, noise_cv=noise_cv, min_gain=min_gain,
-                 confirmed=confirmed)  # fmt: skip
+    return Picks(
+        recommended=recommended,
+        why=why,
+        fastest=fastest,
+        same_training=same,
+        saver=saver,
+        baseline=baseline,
+        noise_cv=noise_cv,
+        min_gain=min_gain,
+        confirmed=confirmed,
+    )
 
 
 def _saver(

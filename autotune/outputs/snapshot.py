@@ -77,9 +77,14 @@ class StudySnapshot:
         devices = self.info.devices_per_trial or 1
         if devices == 1 or record.params.get("strategy") == "single":
             return None
-        singles = [r.result.samples_per_s for r in self.records
-                   if r.params.get("strategy") == "single" and r.status is Status.OK
-                   and r.result.samples_per_s and not self.other_versions(r)]  # fmt: skip
+        singles = [
+            r.result.samples_per_s
+            for r in self.records
+            if r.params.get("strategy") == "single"
+            and r.status is Status.OK
+            and r.result.samples_per_s
+            and not self.other_versions(r)
+        ]
         if not singles or not record.result.samples_per_s:
             return None
         return record.result.samples_per_s / (devices * max(singles))
@@ -97,22 +102,26 @@ class StudySnapshot:
         if not is_compiled(record.params) or result.compile_s is None:
             return None
         eager = {
-            k: v for k, v in record.params.items()
+            k: v
+            for k, v in record.params.items()
             if "torch_compile" not in KNOBS[k].requires and k != "compile_mode"
-        } | {"torch_compile": "off"}  # fmt: skip
-        twin = next((r for r in self.records if r.status is Status.OK
-                     and r.params == eager), None)  # fmt: skip
+        } | {"torch_compile": "off"}
+        twin = next((r for r in self.records if r.status is Status.OK and r.params == eager), None)
         spent = f"compiling took {result.compile_s:.0f} s"
         if twin is None or not twin.result.step_time_median_ms or not result.step_time_median_ms:
             return f"{spent} (no trial of the same settings ran eagerly to compare)"
         saved_ms = twin.result.step_time_median_ms - result.step_time_median_ms
         if saved_ms <= 0:
-            return (f"{spent}, and its steps are slower than trial {twin.number}'s eager ones "
-                    f"({result.step_time_median_ms:.0f} vs {twin.result.step_time_median_ms:.0f} "
-                    "ms): it never pays off")  # fmt: skip
+            return (
+                f"{spent}, and its steps are slower than trial {twin.number}'s eager ones "
+                f"({result.step_time_median_ms:.0f} vs {twin.result.step_time_median_ms:.0f} "
+                "ms): it never pays off"
+            )
         steps = result.compile_s / (saved_ms / 1e3)
-        return (f"{spent}; it pays off after {steps:,.0f} training steps (each {saved_ms:.0f} ms "
-                f"faster than trial {twin.number}'s eager steps)")  # fmt: skip
+        return (
+            f"{spent}; it pays off after {steps:,.0f} training steps (each {saved_ms:.0f} ms "
+            f"faster than trial {twin.number}'s eager steps)"
+        )
 
     def math_changes(self, record: TrialRecord) -> list[MathChange]:
         """What in its settings changes the training itself compared with the baseline trial
@@ -140,9 +149,11 @@ class Anytime:
     def describe(self, baseline: float | None) -> str:
         speed = self.best.result.samples_per_s
         times = f" ({speed / baseline:.2f}x the baseline)" if baseline else ""
-        return (f"best {speed:.2f} samples/s{times} by trial {self.best.number}, "
-                f"{_minutes(self.best_s)} of trials into the search; {self.share:.0%} of it by "
-                f"trial {self.near.number}, {_minutes(self.near_s)}")  # fmt: skip
+        return (
+            f"best {speed:.2f} samples/s{times} by trial {self.best.number}, "
+            f"{_minutes(self.best_s)} of trials into the search; {self.share:.0%} of it by "
+            f"trial {self.near.number}, {_minutes(self.near_s)}"
+        )
 
 
 def anytime(records: list[TrialRecord], budget_gib: float, share: float = 0.9) -> Anytime | None:
@@ -184,8 +195,9 @@ def trained_note(info: RunInfo, records: list[TrialRecord]) -> str | None:
 
 def changes_training_of(baseline: TrialRecord | None) -> Callable[[TrialRecord], bool]:
     """Whether a trial's settings change the training compared with the baseline's."""
-    return lambda record: baseline is not None and bool(math_changes(record.params,
-                                                                    baseline.params))  # fmt: skip
+    return lambda record: (
+        baseline is not None and bool(math_changes(record.params, baseline.params))
+    )
 
 
 def read_snapshot(study: optuna.Study) -> StudySnapshot:

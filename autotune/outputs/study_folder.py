@@ -83,8 +83,12 @@ def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
         flags = export.render_cli(result.training_args, result.model_kwargs, result.environment)
         paths += export.write_recommendation(out, recommendation(snapshot), script)
     else:  # no trial to recommend now: a recommendation left from before would mislead
-        for stale in (out / RECOMMENDED_JSON, out / RECOMMENDED_PY, out / DEEPSPEED_JSON,
-                      out / ACCELERATE_YAML):  # fmt: skip
+        for stale in (
+            out / RECOMMENDED_JSON,
+            out / RECOMMENDED_PY,
+            out / DEEPSPEED_JSON,
+            out / ACCELERATE_YAML,
+        ):
             stale.unlink(missing_ok=True)
     data = build_report_data(snapshot, code=script, cli_flags=flags)
     paths.append(write_report(data, out / REPORT_HTML))
@@ -110,8 +114,18 @@ def table(
     out of the front). trials.csv, pareto.csv and `SearchResult.to_dataframe()` hold these."""
     knobs = [k for k in KNOBS if any(k in r.params for r in records)]
     ranks = [c for c in RANK_COLUMNS if any(getattr(r.result, c) for r in records)]
-    columns = ["number", "baseline", *knobs, "status", *METRIC_COLUMNS, *ranks, "noisy",
-               "changes_training", "reason", "other_versions"]  # fmt: skip
+    columns = [
+        "number",
+        "baseline",
+        *knobs,
+        "status",
+        *METRIC_COLUMNS,
+        *ranks,
+        "noisy",
+        "changes_training",
+        "reason",
+        "other_versions",
+    ]
     rows = [
         {
             "number": r.number,
@@ -158,7 +172,9 @@ def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
         # How many untried settings the search's model thinks could still beat this one.
         "search_confidence": _confidence(snapshot),
         **_settings_and_metrics(fastest, snapshot),
-        "baseline": None if baseline is None else {
+        "baseline": None
+        if baseline is None
+        else {
             "trial": baseline.number,
             "status": baseline.status.value,
             "reason": baseline.result.reason,
@@ -167,15 +183,23 @@ def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
             "noisy": snapshot.is_noisy(baseline),
         },
         "why": picks.why,
-        "same_training": None if picks.same_training is None else {
+        "same_training": None
+        if picks.same_training is None
+        else {
             "trial": picks.same_training.number,
             **_settings_and_metrics(picks.same_training, snapshot),
         },
-        "fastest": None if picks.fastest is None else {
-            "trial": picks.fastest.number, **_settings_and_metrics(picks.fastest, snapshot),
+        "fastest": None
+        if picks.fastest is None
+        else {
+            "trial": picks.fastest.number,
+            **_settings_and_metrics(picks.fastest, snapshot),
         },
-        "memory_saver": None if picks.saver is None else {
-            "trial": picks.saver.number, **_settings_and_metrics(picks.saver, snapshot),
+        "memory_saver": None
+        if picks.saver is None
+        else {
+            "trial": picks.saver.number,
+            **_settings_and_metrics(picks.saver, snapshot),
         },
         "confirmation": confirmation(picks),
         "math_change_min_gain": info.math_change_min_gain,
@@ -185,7 +209,7 @@ def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
         "report_to": info.report_to,
         # Where the study came from: its command line, settings, versions, device, host, times.
         "provenance": conditions.provenance(list(snapshot.runs)),
-    }  # fmt: skip
+    }
 
 
 def _settings_and_metrics(record: TrialRecord, snapshot: StudySnapshot) -> dict[str, Any]:
@@ -226,9 +250,13 @@ def confirmation(picks: Picks) -> dict[str, Any] | None:
     confirmed = picks.confirmed
     if confirmed is None:
         return None
-    roles = {"baseline": picks.baseline, "recommended": picks.recommended,
-             "same_training": picks.same_training, "fastest": picks.fastest,
-             "memory_saver": picks.saver}  # fmt: skip
+    roles = {
+        "baseline": picks.baseline,
+        "recommended": picks.recommended,
+        "same_training": picks.same_training,
+        "fastest": picks.fastest,
+        "memory_saver": picks.saver,
+    }
     trials = {}
     for number, rounds in sorted(confirmed.samples_per_s.items()):
         speedup = None
@@ -243,8 +271,12 @@ def confirmation(picks: Picks) -> dict[str, Any] | None:
             "speedup_vs_baseline": speedup,
             "tied_with": [r.number for r in picks.ties(r)] if (r := _record(picks, number)) else [],
         }
-    return {"rounds": confirmed.rounds, "order": "A B C D, D C B A, ... (each a fresh trial "
-            "process)", "wall_s": confirmed.wall_s, "trials": trials}  # fmt: skip
+    return {
+        "rounds": confirmed.rounds,
+        "order": "A B C D, D C B A, ... (each a fresh trial process)",
+        "wall_s": confirmed.wall_s,
+        "trials": trials,
+    }
 
 
 def _record(picks: Picks, number: int) -> TrialRecord | None:

@@ -52,16 +52,25 @@ def verify(
     measure = steps - warmup
     # The trial's time allowance grows with its steps.
     scale = steps / (config.warmup_steps + config.measure_steps)
-    long_run = config.model_copy(update={
-        "warmup_steps": warmup, "measure_steps": measure,
-        "trial_timeout": config.trial_timeout * max(1.0, scale),
-    })  # fmt: skip
+    long_run = config.model_copy(
+        update={
+            "warmup_steps": warmup,
+            "measure_steps": measure,
+            "trial_timeout": config.trial_timeout * max(1.0, scale),
+        }
+    )
     folder = plan.study_dir / VERIFY / f"t{record.number:04d}"
     on_progress = functools.partial(observer.progress, record.number)
     observer.trial_started(record.number, record.params)
     with observer.watching():  # its steps and ETA shown, as a search's trials
-        result = launch(dataclasses.replace(plan, config=long_run), record.number,
-                        record.params, executor, on_progress, folder=folder)  # fmt: skip
+        result = launch(
+            dataclasses.replace(plan, config=long_run),
+            record.number,
+            record.params,
+            executor,
+            on_progress,
+            folder=folder,
+        )
     confirmed = read_snapshot(study).picks.confirmed
     verification = of(record, result, steps, confirmed)
     key = f"{VERIFICATION_PREFIX}{record.number}"

@@ -68,8 +68,10 @@ class Reporter:
             with open(os.open(path, flags, 0o644), "a") as log:
                 log.write(text)
         except OSError as exc:  # a full disk: the search goes on, its lines on the terminal
-            errors.print(f"[yellow]warning:[/] cannot append to {escape(str(path))}: "
-                         f"{exc.strerror}; the search goes on without it")  # fmt: skip
+            errors.print(
+                f"[yellow]warning:[/] cannot append to {escape(str(path))}: "
+                f"{exc.strerror}; the search goes on without it"
+            )
             self.log_path = None
 
 
@@ -148,8 +150,9 @@ class TerminalView(SearchObserver):
         self.steps = plan.config.warmup_steps + plan.config.measure_steps
         self.space_batch = space_batch(plan)
         self.floor = plan.compute_floor_s(plan.baseline)
-        self.task = self.bar.add_task("trials", total=self.total, completed=done_before, best="",
-                                      eta="")  # fmt: skip
+        self.task = self.bar.add_task(
+            "trials", total=self.total, completed=done_before, best="", eta=""
+        )
 
     def _slower_than_probed(self, baseline: TrialRecord) -> None:
         """Said once, after the baseline: its steps computed at under SLOW_SHARE of the rate
@@ -233,8 +236,15 @@ class TerminalView(SearchObserver):
         left = remaining_s(self.records, self.steps, self.space_batch, self.total - done)
         self.bar.update(self.task, eta=_eta(left))
         if record.baseline and record.status is Status.OK and record.result.wall_s:
-            self.report.line(_pace(record, left[0] if left else None, self.total - done,
-                                   self.space_batch, self.confirm_rounds))  # fmt: skip
+            self.report.line(
+                _pace(
+                    record,
+                    left[0] if left else None,
+                    self.total - done,
+                    self.space_batch,
+                    self.confirm_rounds,
+                )
+            )
             self._slower_than_probed(record)
 
     def ended(self, stopped: str) -> None:
@@ -251,12 +261,15 @@ class TerminalView(SearchObserver):
     def confirmed_run(self, round_number: int, record: TrialRecord, result: TrialResult) -> None:
         self.done += 1
         if result.status is Status.OK:
-            figure = (f"{result.samples_per_s:.2f} samples/s, "
-                      f"{format_gib(result.peak_memory_gib, 3)}")  # fmt: skip
+            figure = (
+                f"{result.samples_per_s:.2f} samples/s, {format_gib(result.peak_memory_gib, 3)}"
+            )
         else:
             figure = f"[red]{result.status.value}[/]: {escape(result.reason)}"
-        self.report.line(f"{escape(f'[confirm {self.done}/{self.total}]')} round {round_number}, "
-                         f"trial {record.number}: {figure}")  # fmt: skip
+        self.report.line(
+            f"{escape(f'[confirm {self.done}/{self.total}]')} round {round_number}, "
+            f"trial {record.number}: {figure}"
+        )
 
 
 def space_batch(plan: SearchPlan) -> float:
@@ -312,8 +325,11 @@ def _pace(
     baseline: TrialRecord, left_s: float | None, remaining: int, batch: float, confirm_rounds: int
 ) -> str:
     wall_s = baseline.result.wall_s or 0.0
-    confirming = (f", the confirmation about {_duration(wall_s * confirm_rounds * 4)} at "
-                  "most") if confirm_rounds else ""  # fmt: skip
+    confirming = (
+        (f", the confirmation about {_duration(wall_s * confirm_rounds * 4)} at most")
+        if confirm_rounds
+        else ""
+    )
     return (
         f"the baseline took {wall_s:.1f} s: at its pace a sample, the {remaining} remaining "
         f"trials (the space's median batch: {batch:g} samples a step) take about "
@@ -362,10 +378,12 @@ def _trial_line(record: TrialRecord, done: int, total: int) -> str:
     if r.status is Status.OK:
         # Each figure where the record has it (one another process recorded may lack some).
         padding = f" ({r.padding_share:.0%} padding)" if r.padding_share else ""
-        figures = [f"{r.samples_per_s:.2f} samples/s{padding}" if r.samples_per_s else None,
-                   format_gib(r.peak_memory_gib, 3) if r.peak_memory_gib is not None else None,
-                   f"step CV {r.step_time_cv:.0%}" if r.step_time_cv is not None else None,
-                   f"{r.wall_s:.1f} s" if r.wall_s is not None else None]  # fmt: skip
+        figures = [
+            f"{r.samples_per_s:.2f} samples/s{padding}" if r.samples_per_s else None,
+            format_gib(r.peak_memory_gib, 3) if r.peak_memory_gib is not None else None,
+            f"step CV {r.step_time_cv:.0%}" if r.step_time_cv is not None else None,
+            f"{r.wall_s:.1f} s" if r.wall_s is not None else None,
+        ]
         return f"{head}: {', '.join(f for f in figures if f)}"
     return f"{head}: {escape(r.reason)}"
 
@@ -379,8 +397,9 @@ def _why_nothing_to_recommend(snapshot: StudySnapshot) -> str:
         first = ran[0]
         reason = (first.result.reason.strip().splitlines() or ["no reason given"])[0][:200]
         log = trial_dir(Path(), first.number) / WORKER_LOG
-        return (f"every trial that ran ended {first.status} ({reason}); see {log} in the study "
-                "folder")  # fmt: skip
+        return (
+            f"every trial that ran ended {first.status} ({reason}); see {log} in the study folder"
+        )
     limit = format_gib(snapshot.info.memory_limit_gib)
     return f"no successful trial stays below {limit} (budget less headroom)"
 
@@ -397,8 +416,9 @@ def _confirmed_cells(picks: Picks, record: TrialRecord) -> tuple[str, str]:
     speedup, interval = picks.speedup(record), picks.speedup_interval(record)
     if speedup is None or interval is None:
         return figure, "-"
-    times = f"{speedup:.2f}x" + ("" if record.baseline else
-                                 escape(f" [{interval[0]:.2f}-{interval[1]:.2f}]"))  # fmt: skip
+    times = f"{speedup:.2f}x" + (
+        "" if record.baseline else escape(f" [{interval[0]:.2f}-{interval[1]:.2f}]")
+    )
     return figure, times
 
 
@@ -413,11 +433,21 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
     # medians of the confirmation rounds.
     confirmed = picks.confirmed
     again = ("confirmed samples/s", "confirmed x baseline") if confirmed is not None else ()
-    columns = ("trial", "settings", "samples/s", "x baseline", *again, "peak GiB", mfu,
-               "step CV", "changes training")  # fmt: skip
+    columns = (
+        "trial",
+        "settings",
+        "samples/s",
+        "x baseline",
+        *again,
+        "peak GiB",
+        mfu,
+        "step CV",
+        "changes training",
+    )
     for column in columns:
-        table.add_column(column, justify="left" if column in ("settings", "changes training")
-                         else "right")  # fmt: skip
+        table.add_column(
+            column, justify="left" if column in ("settings", "changes training") else "right"
+        )
     for record in snapshot.front:
         r = record.result
         marks = ((picks.recommended, " *"), (picks.saver, " m"))
@@ -437,10 +467,13 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
     if not report.quiet and snapshot.front:  # all out of memory: the lines below say so
         console.print(table)
         if confirmed is not None:
-            report.line("samples/s and x baseline: each trial's own measurement (over the "
-                        "baseline trial's); confirmed: the median "
-                        + escape("[lowest-highest]") + " of the confirmation rounds, and of "
-                        "their round-by-round ratios to the baseline")  # fmt: skip
+            report.line(
+                "samples/s and x baseline: each trial's own measurement (over the "
+                "baseline trial's); confirmed: the median "
+                + escape("[lowest-highest]")
+                + " of the confirmation rounds, and of "
+                "their round-by-round ratios to the baseline"
+            )
     if confirmed is not None:
         report.line(
             f"confirmed: the baseline and the picks ran again {confirmed.rounds} times, "
@@ -448,8 +481,10 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
             + escape("[lowest-highest round]")
         )
     elif snapshot.front and picks_to_confirm(snapshot):
-        report.line("[yellow]not confirmed: each figure is one short measurement[/] "
-                    "(autotune confirm STUDY_DIR measures the picks again)")  # fmt: skip
+        report.line(
+            "[yellow]not confirmed: each figure is one short measurement[/] "
+            "(autotune confirm STUDY_DIR measures the picks again)"
+        )
     elif snapshot.front:
         report.line("not confirmed: a single trial measured ok, nothing to compare it with")
     if (ended := snapshot.ended) is not None and ended.how is not Ending.COMPLETE:
@@ -465,11 +500,15 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
         report.line("[yellow]the HF defaults did not run here, so there is no speedup figure[/]")
     if picks.recommended is None:
         if ended is not None and ended.how is Ending.INTERRUPTED:  # its exit code is the signal's
-            report.line(f"[yellow]{escape(_why_nothing_to_recommend(snapshot))}: nothing to "
-                        "recommend yet[/]")  # fmt: skip
+            report.line(
+                f"[yellow]{escape(_why_nothing_to_recommend(snapshot))}: nothing to "
+                "recommend yet[/]"
+            )
             return
-        report.line(f"[yellow]{escape(_why_nothing_to_recommend(snapshot))}: nothing to "
-                    f"recommend (exit code {NOTHING_TO_RECOMMEND})[/]")  # fmt: skip
+        report.line(
+            f"[yellow]{escape(_why_nothing_to_recommend(snapshot))}: nothing to "
+            f"recommend (exit code {NOTHING_TO_RECOMMEND})[/]"
+        )
         return
     shown = [("recommended (*)", picks.recommended)]
     if picks.same_training is not None:
@@ -492,9 +531,11 @@ def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
         if record is picks.recommended:
             report.line(f"  why: {escape(picks.why)}")
             if (efficiency := snapshot.scaling_efficiency(record)) is not None:
-                report.line(f"  scaling efficiency {efficiency:.0%}: its samples/s over "
-                            f"{snapshot.info.devices_per_trial} times the best single-device "
-                            "trial's")  # fmt: skip
+                report.line(
+                    f"  scaling efficiency {efficiency:.0%}: its samples/s over "
+                    f"{snapshot.info.devices_per_trial} times the best single-device "
+                    "trial's"
+                )
             if (accelerate := accelerate_command(snapshot.info, record.params)) is not None:
                 launch = launch_command(snapshot.info, record.params)
                 report.line(f"  run it as its trials ran, in the study folder: {escape(launch)}")

@@ -45,8 +45,10 @@ def _precision(value: str, device: str, info: DeviceInfo) -> str | None:
         this = f" (this one is {info.compute_capability})" if device == "cuda" else ""
         return f"fp8 matmuls need a GPU of compute capability 8.9 or newer (Ada, Hopper){this}"
     if "fp8" in parts and info.torchao_error:
-        return (f"fp8 trains through torchao's Float8Linear; torchao does not import here "
-                f"({info.torchao_error})")  # fmt: skip
+        return (
+            f"fp8 trains through torchao's Float8Linear; torchao does not import here "
+            f"({info.torchao_error})"
+        )
     if device == "cpu" and "bf16" in parts and not info.bf16_supported:
         return (
             "this CPU has no bf16 instructions (AVX-512 BF16, AMX; oneDNN's test): autocast "
@@ -91,12 +93,15 @@ def _attention(value: str, device: str, info: DeviceInfo) -> str | None:
     if device == "cpu":
         return "FlashAttention's kernels run on CUDA GPUs only"
     version, error, (major, generation) = (
-        ("2", info.flash_attn_error, (8, "Ampere")) if value == "flash_attention_2"
+        ("2", info.flash_attn_error, (8, "Ampere"))
+        if value == "flash_attention_2"
         else ("3", info.flash_attn_3_error, (9, "Hopper"))
-    )  # fmt: skip
+    )
     if not info.capability_at_least(major):
-        return (f"FlashAttention {version} needs a{'n' * (generation == 'Ampere')} {generation} "
-                f"or newer GPU (this one is {info.compute_capability})")  # fmt: skip
+        return (
+            f"FlashAttention {version} needs a{'n' * (generation == 'Ampere')} {generation} "
+            f"or newer GPU (this one is {info.compute_capability})"
+        )
     if error:
         return f"FlashAttention {version} does not import here ({error})"
     return None
@@ -118,8 +123,10 @@ def _activation_offload(value: bool, device: str, info: DeviceInfo) -> str | Non
 
 def _packing(value: bool, device: str, info: DeviceInfo) -> str | None:
     if value and device == "cpu":
-        return ("packed samples stay apart only under FlashAttention's variable-length kernel, "
-                "a CUDA one (under SDPA or eager attention they attend to each other)")  # fmt: skip
+        return (
+            "packed samples stay apart only under FlashAttention's variable-length kernel, "
+            "a CUDA one (under SDPA or eager attention they attend to each other)"
+        )
     return None
 
 
@@ -145,8 +152,10 @@ def _model_limits(
         limits.append(("use_liger_kernel", True, why))
     packing = space.knobs.get("packing")
     if packing and True in packing.choices and task != "causal-lm":
-        why = (f"packing flattens causal-lm samples into one row; a {task} model keeps its "
-               "samples apart")  # fmt: skip
+        why = (
+            f"packing flattens causal-lm samples into one row; a {task} model keeps its "
+            "samples apart"
+        )
         limits.append(("packing", True, why))
     return limits
 
@@ -214,12 +223,13 @@ def fit_space(
             emptied.append(f"{name}: its only value {_shown(value)} is removed: {reason}")
         else:
             notes.append(f"removed {name}={_shown(value)}: {reason}")
-            space = space.with_choices(name, tuple(v for v in space.knobs[name].choices
-                                                   if v != value))  # fmt: skip
+            space = space.with_choices(
+                name, tuple(v for v in space.knobs[name].choices if v != value)
+            )
     if emptied:
-        raise SpaceError(f"space {space.name} cannot run here:\n" + "\n".join(
-            f"  - {e}" for e in emptied
-        ))  # fmt: skip
+        raise SpaceError(
+            f"space {space.name} cannot run here:\n" + "\n".join(f"  - {e}" for e in emptied)
+        )
     space, data_notes = _fit_to_data(space, source)
     # After the data: synthetic data fixes the loader at 0 workers, which needs no note here.
     space, core_notes = _fit_to_cores(space, cores)
@@ -289,12 +299,13 @@ def _fit_strategy(space: SearchSpace, devices: int, device: str) -> tuple[Search
         kept = tuple(v for v in knob.choices if v in one)
         if not kept:
             values = ", ".join(knob.choices)
-            raise SpaceError(f"space {space.name} cannot run here:\n  - strategy: its values "
-                             f"({values}) need devices_per_trial of 2 or more")  # fmt: skip
+            raise SpaceError(
+                f"space {space.name} cannot run here:\n  - strategy: its values "
+                f"({values}) need devices_per_trial of 2 or more"
+            )
         if kept != ("single",):  # offload on one GPU: for a model that does not fit it
             removed = [v for v in knob.choices if v not in kept]
-            notes = [f"removed strategy={v}: needs devices_per_trial of 2 or more"
-                     for v in removed]  # fmt: skip
+            notes = [f"removed strategy={v}: needs devices_per_trial of 2 or more" for v in removed]
             return space.with_choices("strategy", kept), notes
         knobs = {k: v for k, v in space.knobs.items() if k != "strategy"}
         return replace(space, knobs=knobs), ["strategy fixed at single: one device per trial"]
@@ -352,8 +363,9 @@ def _fit_to_data(space: SearchSpace, source: DataSource) -> tuple[SearchSpace, l
         if source == "trainer" and catalogue.collator:
             knobs = {k: v for k, v in space.knobs.items() if k != name}
             space = replace(space, knobs=knobs)
-            notes.append(f"removed {name}: it sets autotune's collator, and trainer= brings its "
-                         "own")  # fmt: skip
+            notes.append(
+                f"removed {name}: it sets autotune's collator, and trainer= brings its own"
+            )
         elif source == "synthetic" and catalogue.data_only and len(knob.choices) > 1:
             value = catalogue.baseline if catalogue.baseline in knob.choices else knob.choices[0]
             space = space.with_choices(name, (value,))

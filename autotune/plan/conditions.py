@@ -80,8 +80,11 @@ def refusal(study: str, changed: list[Changed]) -> str:
 
 def installed_versions(device_info: DeviceInfo) -> dict[str, str]:
     """The versions trials run under here (torch and transformers as the probe found them)."""
-    return {"torch": device_info.torch_version,
-            "transformers": device_info.transformers_version, "autotune": __version__}  # fmt: skip
+    return {
+        "torch": device_info.torch_version,
+        "transformers": device_info.transformers_version,
+        "autotune": __version__,
+    }
 
 
 def other_versions(measured: dict[str, str] | None, study: dict[str, str] | None) -> str | None:
@@ -95,8 +98,9 @@ def other_versions(measured: dict[str, str] | None, study: dict[str, str] | None
     return ", ".join(f"{k} {measured.get(k)} (the study's {study.get(k)})" for k in differ)
 
 
-def versions_note(study: str, study_versions: dict[str, str] | None,
-                  installed: dict[str, str]) -> str | None:  # fmt: skip
+def versions_note(
+    study: str, study_versions: dict[str, str] | None, installed: dict[str, str]
+) -> str | None:
     """What to say when this run's versions are not the study's; None when they are."""
     differ = other_versions(installed, study_versions)
     if differ is None:
@@ -131,8 +135,9 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
-def run_record(*, kind: str, command: str, settings: dict[str, Any], info: RunInfo,
-               versions: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+def run_record(
+    *, kind: str, command: str, settings: dict[str, Any], info: RunInfo, versions: dict[str, str]
+) -> dict[str, Any]:
     """One run's provenance as stored: `kind` is search, worker, confirm or verify; `settings` are
     every setting the run had (credentials masked by the caller)."""
     return {
@@ -157,8 +162,12 @@ def provenance(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not runs:
         return None
     ends = [r["ended"] for r in runs if r["ended"]]
-    return {"command": runs[0]["command"], "started": runs[0]["started"],
-            "ended": max(ends) if ends else None, "runs": runs}  # fmt: skip
+    return {
+        "command": runs[0]["command"],
+        "started": runs[0]["started"],
+        "ended": max(ends) if ends else None,
+        "runs": runs,
+    }
 
 
 def summary_lines(runs: list[dict[str, Any]]) -> dict[str, str]:

@@ -555,7 +555,7 @@ def make_config(
     problems = list(problems)
     problems += [
         _unknown_key_problem(key, schema) for key in values if key not in schema.model_fields
-    ]  # fmt: skip
+    ]
     known = {k: v for k, v in values.items() if k in schema.model_fields}
     for key in [k for k, v in known.items() if isinstance(v, bool) and _numeric(schema, k)]:
         # pydantic reads True as 1 (`seq_len=True` from the API): a slip, never meant
@@ -604,8 +604,10 @@ def _unknown_key_problem(key: str, schema: type[BaseModel]) -> str:
     if schema is WorkerConfig:  # a worker's few keys, said; a search's come from the study
         takes = ", ".join(WorkerConfig.model_fields)
         hint = f"did you mean {close[0]}? " if close else ""
-        return (f"{key}: not a setting of autotune worker: {hint}a worker takes {takes}; the "
-                "model and the search's other settings come from the study")  # fmt: skip
+        return (
+            f"{key}: not a setting of autotune worker: {hint}a worker takes {takes}; the "
+            "model and the search's other settings come from the study"
+        )
     hint = f"; did you mean {close[0]}?" if close else "; see --help"
     return f"{key}: unknown key{hint}"
 

@@ -144,9 +144,16 @@ def shape_of(config: dict[str, Any], parameters: int | None = None) -> Shape:
     counted = vocab * hidden + layers * (attention + mlp) + decoder * attention
     dropout = any(
         (config.get(k) or 0) > 0
-        for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop",
-                  "attn_pdrop", "dropout_rate", "dropout", "attention_dropout")
-    )  # fmt: skip
+        for k in (
+            "hidden_dropout_prob",
+            "attention_probs_dropout_prob",
+            "resid_pdrop",
+            "attn_pdrop",
+            "dropout_rate",
+            "dropout",
+            "attention_dropout",
+        )
+    )
     return Shape(
         hidden=hidden,
         layers=layers,
@@ -256,8 +263,9 @@ def estimate(
             offloaded = model_states
             weights, gradients, optimizer = weights - 4 * p // devices, 4 * block, 0
     elif strategy in ZERO_STAGES:
-        weights, gradients, optimizer, offloaded = _zero(strategy, p, block, devices,
-                                                         optimizer, mixed=mixed)  # fmt: skip
+        weights, gradients, optimizer, offloaded = _zero(
+            strategy, p, block, devices, optimizer, mixed=mixed
+        )
         model_states = weights + gradients + optimizer + offloaded
         if ZERO_STAGES[strategy] == 3:  # two blocks gathered, one block's gradients unreduced
             b = 2 if mixed else 4
@@ -279,8 +287,11 @@ def estimate(
         # a time; with every_n_layers=n only blocks 0, n, 2n, ... are, the others keep theirs.
         every = params.get("checkpointing_every_n_layers", 1)
         checkpointed = -(-shape.layers // every)
-        stored = (checkpointed * 4 * batch * seq_len * shape.hidden + layer
-                  + (shape.layers - checkpointed) * layer)  # fmt: skip
+        stored = (
+            checkpointed * 4 * batch * seq_len * shape.hidden
+            + layer
+            + (shape.layers - checkpointed) * layer
+        )
     else:
         stored = shape.layers * layer
     head = _head_activations(shape, task, batch, seq_len, mixed=mixed)

@@ -29,16 +29,20 @@ def factory_to_run(
     FactoryError saying why not, without running anything."""
     if stored is None:
         if own is not None:
-            raise FactoryError(f"trainer={own}: study={study} was made without trainer= (autotune "
-                               "builds its Trainer): leave trainer= out")  # fmt: skip
+            raise FactoryError(
+                f"trainer={own}: study={study} was made without trainer= (autotune "
+                "builds its Trainer): leave trainer= out"
+            )
         return None
     factory = stored["factory"]
     function = factory.rpartition(":")[2]
     if own is not None:
         if own.rpartition(":")[2] != function:
-            raise FactoryError(f"trainer={own}: study={study} runs the factory function "
-                               f"{function} (trainer={factory}); name a {function} of your "
-                               "own, or leave trainer= out")  # fmt: skip
+            raise FactoryError(
+                f"trainer={own}: study={study} runs the factory function "
+                f"{function} (trainer={factory}); name a {function} of your "
+                "own, or leave trainer= out"
+            )
         return own
     expected = stored.get("sha256")
     source = source_file(factory, search_dir)

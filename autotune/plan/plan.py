@@ -115,9 +115,15 @@ class SearchPlan:
     def _estimate(self, params: dict[str, Any]) -> Estimate | None:
         parameters = catalogue_parameter_counts().get(self.model.name)
         try:
-            return estimate(self.model.config, task=self.info.task, seq_len=self.info.seq_len,
-                            params=params, device=self.device, parameters=parameters,
-                            devices=self.config.devices_per_trial)  # fmt: skip
+            return estimate(
+                self.model.config,
+                task=self.info.task,
+                seq_len=self.info.seq_len,
+                params=params,
+                device=self.device,
+                parameters=parameters,
+                devices=self.config.devices_per_trial,
+            )
         except (UnknownShape, TypeError):  # a config of unexpected types: no estimate
             return None
 
@@ -138,8 +144,10 @@ class SearchPlan:
             return "memory_budget and estimate_margin allow"
         if self.device == "cuda":
             total = format_bytes(self.device_info.total_memory_bytes)
-            return (f"the GPU can give a trial's allocator (its {total} less a CUDA context of "
-                    f"{format_bytes(CUDA_CONTEXT_BYTES)})")  # fmt: skip
+            return (
+                f"the GPU can give a trial's allocator (its {total} less a CUDA context of "
+                f"{format_bytes(CUDA_CONTEXT_BYTES)})"
+            )
         return "this machine can give a trial (its free RAM less what the search keeps)"
 
     @property
@@ -190,8 +198,9 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         problems.append(str(exc))
     facts = SoftwareFacts.from_probe(dataclasses.asdict(device_info))
     source = "trainer" if config.trainer else "data" if config.data else "synthetic"
-    slots, slot_problems = assign(config.workers, config.devices, device, device_info,
-                                  config.devices_per_trial)  # fmt: skip
+    slots, slot_problems = assign(
+        config.workers, config.devices, device, device_info, config.devices_per_trial
+    )
     problems += slot_problems
     config = config.model_copy(update={"devices_per_trial": _ranks(config, slots)})
     per_device_batch = _per_device_batch(config, problems)
@@ -206,8 +215,9 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
     if model is not None:
         task = model.default_task if config.task == "auto" else config.task
     fitted_for = (model.config.get("model_type", ""), task) if model and task else None
-    space = _fitted_space(config, device, device_info, facts, rules, source, slots, problems,
-                          fitted_for)  # fmt: skip
+    space = _fitted_space(
+        config, device, device_info, facts, rules, source, slots, problems, fitted_for
+    )
     study_name = study_dir = data = data_info = None
     if model is not None:
         problems += input_problems(model, task, config.seq_len, facts)
@@ -227,34 +237,64 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         raise ConfigError("\n".join(problems))
     assert model is not None and task and space is not None and study_name and study_dir
     info = RunInfo(
-        study=study_name, model=model.name, model_config=model.config, task=task,
-        seq_len=config.seq_len, device=device, device_name=device_name, space=space.name,
-        space_notes=list(space.notes), effective_batch_size=config.effective_batch_size,
+        study=study_name,
+        model=model.name,
+        model_config=model.config,
+        task=task,
+        seq_len=config.seq_len,
+        device=device,
+        device_name=device_name,
+        space=space.name,
+        space_notes=list(space.notes),
+        effective_batch_size=config.effective_batch_size,
         memory_budget_bytes=int(config.memory_budget or available_bytes),
-        headroom=config.headroom, noise_cv=config.noise_cv,
-        math_change_min_gain=config.math_change_min_gain, report_to=config.report_to,
-        data=data_info, trainer=trainer, measure_steps=config.measure_steps,
-        warmup_steps=config.warmup_steps, cores_per_trial=trial_cores(slots),
+        headroom=config.headroom,
+        noise_cv=config.noise_cv,
+        math_change_min_gain=config.math_change_min_gain,
+        report_to=config.report_to,
+        data=data_info,
+        trainer=trainer,
+        measure_steps=config.measure_steps,
+        warmup_steps=config.warmup_steps,
+        cores_per_trial=trial_cores(slots),
         devices_per_trial=config.devices_per_trial,
         versions=conditions.installed_versions(device_info),
-    )  # fmt: skip
+    )
     baseline = baseline_params(
-        device_info.default_optim, per_device_batch,
-        own_data=source != "synthetic", own_collator=source != "trainer",
+        device_info.default_optim,
+        per_device_batch,
+        own_data=source != "synthetic",
+        own_collator=source != "trainer",
         devices=config.devices_per_trial,
-    )  # fmt: skip
+    )
     return SearchPlan(
-        config=config, model=model, info=info, space=space, rules=rules, baseline=baseline,
-        study_dir=study_dir, storage_url=config.storage or study_db_url(study_dir),
-        device_info=device_info, slots=slots, data=data, search_dir=search_dir,
+        config=config,
+        model=model,
+        info=info,
+        space=space,
+        rules=rules,
+        baseline=baseline,
+        study_dir=study_dir,
+        storage_url=config.storage or study_db_url(study_dir),
+        device_info=device_info,
+        slots=slots,
+        data=data,
+        search_dir=search_dir,
         host_limit_bytes=available_bytes if device == "cpu" else None,
-    )  # fmt: skip
+    )
 
 
-def _fitted_space(config: RunConfig, device: str, device_info: DeviceInfo,
-                  facts: SoftwareFacts, rules: SamplingRules, source: str, slots: list[Slot],
-                  problems: list[str], model_type_and_task: tuple[str, str] | None = None,
-                  ) -> SearchSpace | None:  # fmt: skip
+def _fitted_space(
+    config: RunConfig,
+    device: str,
+    device_info: DeviceInfo,
+    facts: SoftwareFacts,
+    rules: SamplingRules,
+    source: str,
+    slots: list[Slot],
+    problems: list[str],
+    model_type_and_task: tuple[str, str] | None = None,
+) -> SearchSpace | None:
     """The space `space=` names, fitted to the device, the model, the data source and the cores
     each trial has; None, with the problem added to `problems`, when it cannot be."""
     auto_space = "default" if device == "cuda" else "cpu"
@@ -266,8 +306,9 @@ def _fitted_space(config: RunConfig, device: str, device_info: DeviceInfo,
                 f"space={space.name} is for device={space.device}, but this search runs on {device}"
             )
         cores = trial_cores(slots)  # loader workers beyond them are taken out of the space
-        fitted = fit_space(space, device, device_info, source, cores, config.devices_per_trial,
-                           model_type_and_task)  # fmt: skip
+        fitted = fit_space(
+            space, device, device_info, source, cores, config.devices_per_trial, model_type_and_task
+        )
         return apply_sampling_rules(fitted, rules)
     except AutotuneError as exc:
         problems.append(str(exc))
@@ -280,8 +321,10 @@ def _per_device_batch(config: RunConfig, problems: list[str]) -> int | None:
     if total is None:
         return None
     if total % ranks:
-        problems.append(f"effective_batch_size={total} does not split evenly between "
-                        f"devices_per_trial={ranks} ranks")  # fmt: skip
+        problems.append(
+            f"effective_batch_size={total} does not split evenly between "
+            f"devices_per_trial={ranks} ranks"
+        )
         return None
     return total // ranks
 
@@ -298,13 +341,16 @@ def _devices_problems(config: RunConfig, device: str, cores: int | None) -> list
     if ranks == 1 or device == "cuda":  # GPUs: one a rank, counted by `assign`
         return []
     if cores is not None and cores < ranks:
-        return [f"devices_per_trial={ranks} with workers={config.workers}: a trial has {cores} "
-                f"core(s) and each rank needs one; lower one of them"]  # fmt: skip
+        return [
+            f"devices_per_trial={ranks} with workers={config.workers}: a trial has {cores} "
+            f"core(s) and each rank needs one; lower one of them"
+        ]
     return []
 
 
-def _study_folder(config: RunConfig, model: ModelSpec, device: str,
-                  problems: list[str]) -> tuple[str, Path]:  # fmt: skip
+def _study_folder(
+    config: RunConfig, model: ModelSpec, device: str, problems: list[str]
+) -> tuple[str, Path]:
     """The study's name and folder (inside `out=`, and this user's), problems added."""
     study_name = config.study or default_study_name(model.name, device, config.seq_len)
     study_dir = (config.out / study_name).resolve()
@@ -336,8 +382,11 @@ def trainer_info(ref: str, search_dir: Path) -> dict[str, str | None]:
     says so), which a worker joining the study checks before it runs that file."""
     factory = factories.normalise(ref, search_dir)
     source = factories.source_file(factory, search_dir)
-    return {"factory": factory, "search_dir": str(search_dir),
-            "sha256": factories.sha256_of(source) if source else None}  # fmt: skip
+    return {
+        "factory": factory,
+        "search_dir": str(search_dir),
+        "sha256": factories.sha256_of(source) if source else None,
+    }
 
 
 def settle(plan: SearchPlan, stored: RunInfo | None, *, joining: bool = False) -> SearchPlan:
@@ -394,8 +443,11 @@ def fit_batches_to_budget(plan: SearchPlan) -> SearchPlan:
     knob = plan.space.knobs.get("batch_size")
     if limit is None or knob is None or len(knob.choices) < 2:
         return plan
-    others = {name: plan.space.knobs[name].choices for name in KNOBS_READ
-              if name != "batch_size" and name in plan.space.knobs}  # fmt: skip
+    others = {
+        name: plan.space.knobs[name].choices
+        for name in KNOBS_READ
+        if name != "batch_size" and name in plan.space.knobs
+    }
     combos = [dict(zip(others, v, strict=True)) for v in itertools.product(*others.values())]
     kept = list(knob.choices)
     while len(kept) > 1:

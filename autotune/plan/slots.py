@@ -123,8 +123,13 @@ def assign(
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     entries = [e.strip() for e in visible.split(",")] if visible else None
     groups = [indices[k * each : (k + 1) * each] for k in range(count)]
-    slots = [Slot(cuda_devices=tuple(entries[i] if entries else str(i) for i in group),
-                  cuda_indices=tuple(group)) for group in groups]  # fmt: skip
+    slots = [
+        Slot(
+            cuda_devices=tuple(entries[i] if entries else str(i) for i in group),
+            cuda_indices=tuple(group),
+        )
+        for group in groups
+    ]
     return slots, problems
 
 

@@ -118,8 +118,7 @@ def _key_lines(node: yaml.Node | None, prefix: str = "", *, twice: list[str]) ->
             path = f"{prefix}{key.value}"
             line = key.start_mark.line + 1
             if path in lines:
-                twice.append(f"{line}: {path}: given twice (first on line {lines[path]}); "
-                             "keep one")  # fmt: skip
+                twice.append(f"{line}: {path}: given twice (first on line {lines[path]}); keep one")
             lines[path] = line
             lines |= _key_lines(value, path + ".", twice=twice)
     return lines
@@ -169,9 +168,9 @@ def parse_space(
         for message in _condition_problems(knob, knobs):
             problem(f"knobs.{knob.name}", message)
     if problems:
-        raise SpaceError(f"{len(problems)} problem(s) in {source}:\n" + "\n".join(
-            f"  - {p}" for p in problems
-        ))  # fmt: skip
+        raise SpaceError(
+            f"{len(problems)} problem(s) in {source}:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
     return SearchSpace(
         name=name,
         description=str(data.get("description", "")),
@@ -317,8 +316,11 @@ def _condition_problems(knob: SpaceKnob, knobs: dict[str, SpaceKnob]) -> list[st
         other = knobs.get(required)
         met = callable(need) and other and any(need(v) for v in other.choices)
         if not met and (other is None or need not in other.choices):
-            wanted = f"{required} {need.words}" if callable(need) else (
-                f"{required}={str(need).lower()}")  # fmt: skip
+            wanted = (
+                f"{required} {need.words}"
+                if callable(need)
+                else (f"{required}={str(need).lower()}")
+            )
             problems.append(f"takes effect only with {wanted}, which this space never chooses")
     for condition in knob.when:
         other = knobs.get(condition.knob)

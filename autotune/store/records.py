@@ -378,9 +378,12 @@ class Verification:
     def describe(self) -> str:
         if self.status != Status.OK.value:
             return f"trial {self.trial} over {self.steps} steps: {self.status} ({self.reason})"
-        searched = (f"its confirmed median of {self.searched_rounds} rounds, "
-                    f"{self.searched_samples_per_s:.1f}" if self.searched_rounds
-                    else f"the trial's {self.searched_samples_per_s:.1f}")  # fmt: skip
+        searched = (
+            f"its confirmed median of {self.searched_rounds} rounds, "
+            f"{self.searched_samples_per_s:.1f}"
+            if self.searched_rounds
+            else f"the trial's {self.searched_samples_per_s:.1f}"
+        )
         text = (
             f"trial {self.trial} over {self.steps} steps: {self.samples_per_s:.1f} samples/s "
             f"({self.samples_per_s_ratio:.2f}x {searched}), "

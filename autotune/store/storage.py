@@ -179,12 +179,14 @@ def load_named(
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
     if name is None:
         if len(names) != 1:
-            raise StudyError(f"{shown} holds {len(names)} studies ({', '.join(names)}): "
-                             "pick one with study=NAME")  # fmt: skip
+            raise StudyError(
+                f"{shown} holds {len(names)} studies ({', '.join(names)}): pick one with study=NAME"
+            )
         name = names[0]
     elif name not in names:
-        raise StudyError(f"study={name} is not in {shown} (it has: {', '.join(names) or 'none'})"
-                         f"{missing}")  # fmt: skip
+        raise StudyError(
+            f"study={name} is not in {shown} (it has: {', '.join(names) or 'none'}){missing}"
+        )
     return optuna.load_study(study_name=name, storage=storage)
 
 

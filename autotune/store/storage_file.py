@@ -55,11 +55,12 @@ def damage(exc: BaseException) -> str | None:
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, sqlite3.DatabaseError) and (
-            (getattr(seen, "sqlite_errorname", None) or "").startswith(("SQLITE_CORRUPT",
-                                                                         "SQLITE_NOTADB"))
+            (getattr(seen, "sqlite_errorname", None) or "").startswith(
+                ("SQLITE_CORRUPT", "SQLITE_NOTADB")
+            )
             # Python's sqlite3 says so itself for bytes that are no longer text.
             or str(seen).startswith("Could not decode to UTF-8")
-        ):  # fmt: skip
+        ):
             return str(seen).splitlines()[0].split(" with text ")[0]  # not the garbage
         seen = seen.__cause__ or seen.__context__
     return None

@@ -54,8 +54,9 @@ class StudyLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder, running = _describe_holder(fd)
-            join = shlex.join(["autotune", "worker", f"study={study_name}",
-                               f"out={study_dir.parent}"])  # fmt: skip
+            join = shlex.join(
+                ["autotune", "worker", f"study={study_name}", f"out={study_dir.parent}"]
+            )
             os.close(fd)
             if running != "search":  # a confirm or a verify: nothing to join
                 raise StudyError(

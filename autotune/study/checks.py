@@ -81,16 +81,19 @@ def over_budget_by_estimate(
         if predicted <= limit_gib:
             return None
         basis = f"calibrated on {len(measured)} trial(s)" if measured else "not yet calibrated"
-        return Skip(reason=f"estimated at {predicted:.2f} GiB ({basis}), over the "
-                           f"{limit_gib:.2f} GiB {limit_source}")  # fmt: skip
+        return Skip(
+            reason=f"estimated at {predicted:.2f} GiB ({basis}), over the "
+            f"{limit_gib:.2f} GiB {limit_source}"
+        )
 
     return check
 
 
 def over_time_by_pace(
-    limit_s: Callable[[dict[str, Any]], float], steps: int,
+    limit_s: Callable[[dict[str, Any]], float],
+    steps: int,
     rate: Callable[[str], float | None],
-) -> Check:  # fmt: skip
+) -> Check:
     """A check that skips settings sure to pass their trial's time limit: their warm-up and
     timed steps at the fastest pace any trial measured, scaled by the precision's peak rate
     over that trial's (`rate`: TFLOP/s by precision; 1:1 where unknown), plus the start-up
@@ -114,10 +117,12 @@ def over_time_by_pace(
         predicted = TrialCost.fit(records, steps).predict_s(params, pace(fastest))
         if predicted <= limit:
             return None
-        return Skip(reason=f"would take at least {predicted:.0f} s, over its {limit:.0f} s "
-                           f"limit (trial_timeout): its {steps} steps at the fastest pace "
-                           f"measured ({pace(fastest):.2f} samples/s, from trial "
-                           f"{fastest.number}) and the trials' start-up")  # fmt: skip
+        return Skip(
+            reason=f"would take at least {predicted:.0f} s, over its {limit:.0f} s "
+            f"limit (trial_timeout): its {steps} steps at the fastest pace "
+            f"measured ({pace(fastest):.2f} samples/s, from trial "
+            f"{fastest.number}) and the trials' start-up"
+        )
 
     return check
 
@@ -126,11 +131,12 @@ def measured_peaks(records: list[TrialRecord]) -> list[Measured]:
     """The ok trials' peaks beside their estimates: what `estimate.calibrated_gib` corrects an
     estimate by."""
     return [
-        Measured(params=r.params, estimate_gib=r.result.estimate_gib,
-                 peak_gib=r.result.peak_memory_gib)
+        Measured(
+            params=r.params, estimate_gib=r.result.estimate_gib, peak_gib=r.result.peak_memory_gib
+        )
         for r in records
         if r.status is Status.OK and r.result.estimate_gib and r.result.peak_memory_gib
-    ]  # fmt: skip
+    ]
 
 
 def cannot_run_together(
@@ -148,9 +154,10 @@ def for_plan(plan: SearchPlan) -> tuple[Check, ...]:
     """The checks a search of this plan runs before each trial."""
     config = plan.config
     by_time = over_time_by_pace(
-        lambda params: time_limit_s(config, params), config.warmup_steps + config.measure_steps,
+        lambda params: time_limit_s(config, params),
+        config.warmup_steps + config.measure_steps,
         lambda precision: plan.device_info.compute_tflops(plan.device, precision),
-    )  # fmt: skip
+    )
     if plan.estimate_limit_gib is None:
         return (*PRE_TRIAL_CHECKS, by_time)
     by_estimate = over_budget_by_estimate(plan.estimate_limit_gib, plan.estimate_limit_source)

@@ -45,8 +45,11 @@ class TrialCost:
             start = result.wall_s - steps * effective_batch(record.params) / result.samples_per_s
             (compiled if is_compiled(record.params) else eager).append(max(start, 0.0))
         start_s = statistics.median(eager) if eager else 0.0
-        compile_s = (max(statistics.median(compiled) - start_s, 0.0) if compiled
-                     else COMPILE_OVER_START * start_s)  # fmt: skip
+        compile_s = (
+            max(statistics.median(compiled) - start_s, 0.0)
+            if compiled
+            else COMPILE_OVER_START * start_s
+        )
         return cls(steps=steps, start_s=start_s, compile_s=compile_s)
 
     def predict_s(self, params: dict[str, Any], samples_per_s: float) -> float:
@@ -74,8 +77,11 @@ def remaining_s(
     if not measured:
         return None
     paces = [1 / r.result.samples_per_s for r in measured]
-    proposals = [effective_batch(r.params) for r in records
-                 if not r.baseline and r.status is not Status.SKIPPED]  # fmt: skip
+    proposals = [
+        effective_batch(r.params)
+        for r in records
+        if not r.baseline and r.status is not Status.SKIPPED
+    ]
     batch = statistics.median(proposals) if proposals else space_batch
     start_s = TrialCost.fit(records, steps).start_s
     likely, least, most = (

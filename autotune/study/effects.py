@@ -150,8 +150,11 @@ class EffectsSampler(optuna.samplers.BaseSampler):
     def choose(self, trials: list[FrozenTrial]) -> int | None:
         """The index of the setting to run next, or None when every setting was tried."""
         self.enough_now = None
-        tried = {self.points.find(t.user_attrs[PARAMS_ATTR]) for t in trials
-                 if PARAMS_ATTR in t.user_attrs}  # fmt: skip
+        tried = {
+            self.points.find(t.user_attrs[PARAMS_ATTR])
+            for t in trials
+            if PARAMS_ATTR in t.user_attrs
+        }
         untried = [i for i in range(len(self.points.keys)) if i not in tried]
         if not untried:
             return None
@@ -234,9 +237,14 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         return [untried[i] for i in np.argsort(-unseen)]
 
     def _by_model(
-        self, untried: list[int], observed: list[int], y: np.ndarray, feasible: list[bool],
-        records: list[TrialRecord], cost: TrialCost,
-    ) -> list[int]:  # fmt: skip
+        self,
+        untried: list[int],
+        observed: list[int],
+        y: np.ndarray,
+        feasible: list[bool],
+        records: list[TrialRecord],
+        cost: TrialCost,
+    ) -> list[int]:
         """Untried settings, most promising first: the model's expected gain over the fastest
         feasible trial, times the chance the setting fits the memory budget, per predicted
         second of its trial raised to a weight that fades from 1 to 0 over the search
@@ -244,8 +252,9 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         wait for the last LOCAL_TRIALS trials (`refinements`), which change one knob of the
         fastest feasible trial at a time (while any is left). A setting that would pass its
         trial's time limit even at the model's optimistic pace is passed over."""
-        incumbent = (observed[int(np.argmax(np.where(feasible, y, -np.inf)))]
-                     if any(feasible) else None)  # fmt: skip
+        incumbent = (
+            observed[int(np.argmax(np.where(feasible, y, -np.inf)))] if any(feasible) else None
+        )
         everywhere = untried
         done = sum(r.status is not Status.SKIPPED for r in records)
         late = self.plan.config.n_trials - done <= LOCAL_TRIALS
@@ -262,8 +271,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
             [cost.predict_s(p, s) for p, s in zip(params, np.exp(mean), strict=True)]
         )
         optimistic = np.exp(mean + UCB_BETA * sd)
-        fastest = np.array([cost.predict_s(p, s) for p, s
-                            in zip(params, optimistic, strict=True)])  # fmt: skip
+        fastest = np.array([cost.predict_s(p, s) for p, s in zip(params, optimistic, strict=True)])
         limits = np.array([self._limit_s(p) for p in params])
         within = fastest <= limits
         ranks = np.array([prior_rank(p, self.plan.device) for p in params])
@@ -285,9 +293,15 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         return order
 
     def worth_going_on(
-        self, untried: list[int], near: list[int], observed: list[int], y: np.ndarray,
-        best: float, records: list[TrialRecord], cost: TrialCost,
-    ) -> bool:  # fmt: skip
+        self,
+        untried: list[int],
+        near: list[int],
+        observed: list[int],
+        y: np.ndarray,
+        best: float,
+        records: list[TrialRecord],
+        cost: TrialCost,
+    ) -> bool:
         """Whether some untried setting that would run is expected to gain at least
         `min_gain_per_minute` of the fastest feasible trial's samples/s per minute of its
         predicted trial: the expected gain, times its chance to fit the budget, within its
@@ -308,17 +322,19 @@ class EffectsSampler(optuna.samplers.BaseSampler):
             return False
         mean, sd = predict(self.points, observed, y, candidates)
         params = [self.points.params[i] for i in candidates]
-        minutes = np.array([cost.predict_s(p, s) for p, s
-                            in zip(params, np.exp(mean), strict=True)]) / 60  # fmt: skip
+        minutes = (
+            np.array([cost.predict_s(p, s) for p, s in zip(params, np.exp(mean), strict=True)]) / 60
+        )
         rate = expected_gain(mean, sd, best) / np.maximum(minutes, 1e-6)
         top = [k for k in np.argsort(-rate)[:ENOUGH_CHECKS] if rate[k] >= threshold]
         if len(top) == ENOUGH_CHECKS:
             return True  # too many to check: far from enough
         fastest = [cost.predict_s(params[k], math.exp(mean[k] + UCB_BETA * sd[k])) for k in top]
         top = [
-            k for k, seconds in zip(top, fastest, strict=True)
+            k
+            for k, seconds in zip(top, fastest, strict=True)
             if seconds <= self._limit_s(params[k]) and self._runs(candidates[k], records)
-        ]  # fmt: skip
+        ]
         indices = [candidates[k] for k in top]
         fits = self._fits(indices, records) if indices else np.zeros(0)
         return bool(np.any(rate[top] * fits >= threshold))
@@ -333,10 +349,11 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         if not peaks:
             return untried
         within = [
-            i for i in untried
+            i
+            for i in untried
             if self._raw_estimate(i) is None
             or calibrated_gib(self.points.params[i], self._estimate(i), peaks) <= budget
-        ]  # fmt: skip
+        ]
         return within or untried
 
     def cost_weight(self, done: int, records: list[TrialRecord]) -> float:

@@ -59,9 +59,15 @@ def expert_guess(
     the study grows."""
     free = _batch_knobs(plan)
     kind = plan.device
-    order = [*RELAX_LAST, *(k for k in SAMPLE_ORDER if k not in RELAX_LAST
-                            and k not in free and k != "gradient_checkpointing"),
-             "gradient_checkpointing"]  # fmt: skip
+    order = [
+        *RELAX_LAST,
+        *(
+            k
+            for k in SAMPLE_ORDER
+            if k not in RELAX_LAST and k not in free and k != "gradient_checkpointing"
+        ),
+        "gradient_checkpointing",
+    ]
 
     def rank(params: dict[str, Any]) -> tuple[int, ...]:
         return tuple(_rank(name, params.get(name), kind) for name in order)
@@ -92,8 +98,9 @@ def expert_guess(
     return None
 
 
-def ladder_step(points: Points, guess: int, plan: SearchPlan, records: list[TrialRecord],
-                runs: Runs) -> int | None:  # fmt: skip
+def ladder_step(
+    points: Points, guess: int, plan: SearchPlan, records: list[TrialRecord], runs: Runs
+) -> int | None:
     """The next rung of the batch ladder at the guess, or None when the ladder is over (or
     the guess has not ended yet)."""
     free = _batch_knobs(plan)

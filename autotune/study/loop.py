@@ -93,9 +93,11 @@ def run_search(
     """
     executor = executor or LocalExecutor()
     loop = _Loop.start(plan, study, observer or SearchObserver(), executor)
-    loop.told = None if not show_others else {
-        t.number for t in study.get_trials(deepcopy=False) if is_recorded(t)
-    }  # fmt: skip
+    loop.told = (
+        None
+        if not show_others
+        else {t.number for t in study.get_trials(deepcopy=False) if is_recorded(t)}
+    )
     while True:
         trials = loop.refresh()
         stopped = loop.stop_reason()
@@ -141,8 +143,13 @@ class _Loop:
     warned_sharing: bool = False
 
     @classmethod
-    def start(cls, plan: SearchPlan, study: optuna.Study, observer: SearchObserver,
-              executor: TrialExecutor) -> _Loop:  # fmt: skip
+    def start(
+        cls,
+        plan: SearchPlan,
+        study: optuna.Study,
+        observer: SearchObserver,
+        executor: TrialExecutor,
+    ) -> _Loop:
         config = plan.config
         return cls(
             plan=plan,
@@ -262,9 +269,14 @@ class _Loop:
         me = this_process()
         for other in trials:
             owner = other.user_attrs.get(OWNER_ATTR)
-            if (other.state is not TrialState.RUNNING or other.number == number or not owner
-                    or owner.get("host") != me["host"] or owner.get("pid") == me["pid"]
-                    or not psutil.pid_exists(owner["pid"])):  # fmt: skip
+            if (
+                other.state is not TrialState.RUNNING
+                or other.number == number
+                or not owner
+                or owner.get("host") != me["host"]
+                or owner.get("pid") == me["pid"]
+                or not psutil.pid_exists(owner["pid"])
+            ):
                 continue
             shared = shares_with(owner, me, cuda=self.plan.device == "cuda")
             if shared:
@@ -305,8 +317,10 @@ class _Loop:
             return None
         trial.set_user_attr(NOT_RUN_ATTR, "the space looks exhausted")
         self.study.tell(trial, state=TrialState.FAIL)
-        return (f"the last {MAX_REPEATS} proposals repeated settings already run or were "
-                f"skipped: the space looks exhausted after {self.done} trials")  # fmt: skip
+        return (
+            f"the last {MAX_REPEATS} proposals repeated settings already run or were "
+            f"skipped: the space looks exhausted after {self.done} trials"
+        )
 
     # --- run and tell ------------------------------------------------------------------------
 
@@ -318,8 +332,14 @@ class _Loop:
             progress = _watching(self.observer, trial.number, self.watch)
             baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
             stop_below = None if baseline else stop_threshold(self.plan, records)
-            return launch(self.plan, trial.number, params, self.executor, on_progress=progress,
-                          stop_below=stop_below)  # fmt: skip
+            return launch(
+                self.plan,
+                trial.number,
+                params,
+                self.executor,
+                on_progress=progress,
+                stop_below=stop_below,
+            )
         except BaseException as exc:
             # Ctrl-C or a bug in the parent: the trial ends FAIL without a result, which is
             # how a later run of the study recognises it as interrupted (its executor has
@@ -331,11 +351,21 @@ class _Loop:
 
     def tell(self, trial: optuna.Trial, params: dict[str, Any], result: TrialResult) -> None:
         baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
-        tell_result(self.study, trial, result, self.plan.info.memory_budget_gib,
-                    noise_cv=self.plan.info.noise_cv,
-                    in_space=self.baseline_in_space or not baseline)  # fmt: skip
-        record = TrialRecord(number=trial.number, params=params, result=result,
-                             baseline=baseline, versions=self.plan.versions)  # fmt: skip
+        tell_result(
+            self.study,
+            trial,
+            result,
+            self.plan.info.memory_budget_gib,
+            noise_cv=self.plan.info.noise_cv,
+            in_space=self.baseline_in_space or not baseline,
+        )
+        record = TrialRecord(
+            number=trial.number,
+            params=params,
+            result=result,
+            baseline=baseline,
+            versions=self.plan.versions,
+        )
         self.observer.trial_ended(record)
 
     def lost(self, trial: optuna.Trial) -> bool:
@@ -415,7 +445,9 @@ def _watching(
         observer.progress(number, progress)
         if watch is not None and not warned and watch.lost():
             warned = True
-            observer.warned(f"{watch.path} was deleted or replaced: this search stops when "
-                            f"trial {number} ends, and the study cannot be resumed")  # fmt: skip
+            observer.warned(
+                f"{watch.path} was deleted or replaced: this search stops when "
+                f"trial {number} ends, and the study cannot be resumed"
+            )
 
     return on_progress

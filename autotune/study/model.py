@@ -50,8 +50,13 @@ class Kernel:
 
     def combine(self, parts: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
         shared, trend, differ = parts
-        return (self.constant + self.value * shared + self.pair * shared * (shared - 1) / 2
-                + self.trend * trend + self.whole * np.exp(-differ / self.length))  # fmt: skip
+        return (
+            self.constant
+            + self.value * shared
+            + self.pair * shared * (shared - 1) / 2
+            + self.trend * trend
+            + self.whole * np.exp(-differ / self.length)
+        )
 
 
 KERNELS = tuple(
@@ -76,10 +81,10 @@ def confidence(
     points = Points.of(plan, np.random.default_rng(0))
     budget = plan.info.memory_budget_gib
     measured = [
-        r for r in records
-        if r.status is Status.OK and r.result.samples_per_s
-        and points.find(r.params) is not None
-    ]  # fmt: skip
+        r
+        for r in records
+        if r.status is Status.OK and r.result.samples_per_s and points.find(r.params) is not None
+    ]
     fastest = [r.result.samples_per_s for r in measured if r.result.feasible(budget)]
     if len(measured) < 2 or not fastest:
         return None
@@ -91,10 +96,13 @@ def confidence(
         candidates = sorted(int(i) for i in rng.choice(candidates, CONFIDENCE_SAMPLE, False))
     pre_trial = checks.for_plan(plan)
     untried = [
-        i for i in candidates
-        if checks.first_skip(points.params[i], records, pre_trial,
-                             plan.estimate_gib(points.params[i])) is None
-    ]  # fmt: skip
+        i
+        for i in candidates
+        if checks.first_skip(
+            points.params[i], records, pre_trial, plan.estimate_gib(points.params[i])
+        )
+        is None
+    ]
     best = max(fastest)
     if not untried:
         could_beat, upper = 0, None
@@ -106,10 +114,16 @@ def confidence(
         could_beat = int((beats >= chance).sum())
         upper = float(np.exp(mean + 1.645 * sd).max())
     return SearchConfidence(
-        trials=len(measured), best_samples_per_s=best, untried=len(untried),
-        could_beat=could_beat, upper_samples_per_s=upper, gain=gain, chance=chance,
-        sampled=sampled, records_seen=len(records),
-    )  # fmt: skip
+        trials=len(measured),
+        best_samples_per_s=best,
+        untried=len(untried),
+        could_beat=could_beat,
+        upper_samples_per_s=upper,
+        gain=gain,
+        chance=chance,
+        sampled=sampled,
+        records_seen=len(records),
+    )
 
 
 def predict(

@@ -73,8 +73,10 @@ class Neighbourhood:
         names = self.points.names
         rows = self.points.differing(untried, incumbent)
         counts = rows.sum(axis=1)
-        return [None if count > most else [names[j] for j in np.flatnonzero(row)]
-                for row, count in zip(rows, counts, strict=True)]  # fmt: skip
+        return [
+            None if count > most else [names[j] for j in np.flatnonzero(row)]
+            for row, count in zip(rows, counts, strict=True)
+        ]
 
     def _pointless(self, changed: list[str], params: dict[str, Any], batch: bool = True) -> bool:
         """A change of the fastest trial not worth a trial: its batch alone (`batch`: the

@@ -163,16 +163,23 @@ def join_config(worker: WorkerConfig) -> RunConfig:
     url = worker.storage
     if url is None:
         if worker.study is None:
-            raise ConfigError("study: required when storage= is not given (the study folder "
-                              "OUT/STUDY holds study.db)")  # fmt: skip
+            raise ConfigError(
+                "study: required when storage= is not given (the study folder "
+                "OUT/STUDY holds study.db)"
+            )
         db = worker.out / worker.study / STUDY_DB
         if not db.is_file():
-            raise StudyError(f"{db}: no such file; start the study with autotune search, or "
-                             "give its storage=")  # fmt: skip
+            raise StudyError(
+                f"{db}: no such file; start the study with autotune search, or give its storage="
+            )
         url = f"sqlite:///{db.resolve()}"
     shown = f"storage={safe_url(url)}"
-    study = load_named(open_storage(url, shown=shown), worker.study, shown,
-                        missing="; start it with autotune search")  # fmt: skip
+    study = load_named(
+        open_storage(url, shown=shown),
+        worker.study,
+        shown,
+        missing="; start it with autotune search",
+    )
     name = study.study_name
     settings = study.user_attrs.get(SETTINGS_ATTR)
     if settings is None:

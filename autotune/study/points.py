@@ -47,11 +47,14 @@ class Points:
             dtype=np.int32,
         ).reshape(len(params), len(names))
         numeric = [
-            k for k in names
-            if all(isinstance(p.get(k), int) and not isinstance(p.get(k), bool)
-                   and p[k] >= 0 for p in params)
+            k
+            for k in names
+            if all(
+                isinstance(p.get(k), int) and not isinstance(p.get(k), bool) and p[k] >= 0
+                for p in params
+            )
             and len({p[k] for p in params}) > 1
-        ]  # fmt: skip
+        ]
         trends = np.array([[math.log2(1 + p[k]) for k in numeric] for p in params]).reshape(
             len(params), len(numeric)
         )
@@ -78,8 +81,14 @@ class Points:
         one setting that agrees on the rest."""
         key = checks.settings_key(params)
         if key not in self.index:
-            filled = {**{k: left_out(k) for k in self.names if k not in params
-                         and left_out(k) is not None}, **params}  # fmt: skip
+            filled = {
+                **{
+                    k: left_out(k)
+                    for k in self.names
+                    if k not in params and left_out(k) is not None
+                },
+                **params,
+            }
             found = self.index.get(checks.settings_key(filled))
             if found is None:
                 agree = [i for i, p in enumerate(self.params) if params.items() <= p.items()]

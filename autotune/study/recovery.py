@@ -76,9 +76,13 @@ def this_process() -> dict[str, Any]:
     """Who runs a trial (`OWNER_ATTR`): host, pid and its start, and what it trains on (the
     cores it may use, the GPUs it sees), for another process of the study to compare with."""
     me = psutil.Process()
-    return {"host": socket.gethostname(), "pid": me.pid, "pid_started": me.create_time(),
-            "cpus": sorted(os.sched_getaffinity(0)),
-            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}  # fmt: skip
+    return {
+        "host": socket.gethostname(),
+        "pid": me.pid,
+        "pid_started": me.create_time(),
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
 
 
 def shares_with(owner: dict[str, Any], me: dict[str, Any], *, cuda: bool) -> str | None:

@@ -35,33 +35,58 @@ class TwinAnswer:
         self.asked += 1
         strategy = spec.params.get("strategy", "single" if spec.devices == 1 else "ddp")
         if strategy in FSDP or strategy in ZERO_STAGES:
-            return TrialResult(status=Status.ERROR, wall_s=self.gpu.host.start_s,
-                               reason=f"the GPU twin models single-GPU and DDP trials, not "
-                               f"strategy={strategy}")  # fmt: skip
-        p = model.predict(self.gpu, spec.model_config, task=spec.task, seq_len=spec.seq_len,
-                          params=spec.params, warmup_steps=spec.warmup_steps,
-                          measure_steps=spec.measure_steps, devices=spec.devices,
-                          memory_budget_bytes=spec.memory_budget_bytes)  # fmt: skip
-        parts = {"build_s": p.build_s, "overhead_s": p.start_s, "wall_s": p.wall_s,
-                 "device_name": self.gpu.name}  # fmt: skip
+            return TrialResult(
+                status=Status.ERROR,
+                wall_s=self.gpu.host.start_s,
+                reason=f"the GPU twin models single-GPU and DDP trials, not strategy={strategy}",
+            )
+        p = model.predict(
+            self.gpu,
+            spec.model_config,
+            task=spec.task,
+            seq_len=spec.seq_len,
+            params=spec.params,
+            warmup_steps=spec.warmup_steps,
+            measure_steps=spec.measure_steps,
+            devices=spec.devices,
+            memory_budget_bytes=spec.memory_budget_bytes,
+        )
+        parts = {
+            "build_s": p.build_s,
+            "overhead_s": p.start_s,
+            "wall_s": p.wall_s,
+            "device_name": self.gpu.name,
+        }
         if p.status is Status.OOM:
             budget = (spec.memory_budget_bytes or self.gpu.memory_bytes) / GIB
-            return TrialResult(status=Status.OOM, train_s=p.compile_s, **parts,
-                               reason=f"CUDA out of memory (the GPU twin: a peak of "
-                               f"{p.peak_gib:.1f} GiB past {budget:.1f} GiB)")  # fmt: skip
-        rng = random.Random(json.dumps([self.seed, spec.trial_number, self.asked, spec.params],
-                                       sort_keys=True, default=str))  # fmt: skip
+            return TrialResult(
+                status=Status.OOM,
+                train_s=p.compile_s,
+                **parts,
+                reason=f"CUDA out of memory (the GPU twin: a peak of "
+                f"{p.peak_gib:.1f} GiB past {budget:.1f} GiB)",
+            )
+        rng = random.Random(
+            json.dumps(
+                [self.seed, spec.trial_number, self.asked, spec.params], sort_keys=True, default=str
+            )
+        )
         sigma = model.model_constant("step_cv") if self.noise else 0.0
-        steps_ms = [p.step_s * 1e3 * model.lognormal_factor(sigma, 1 - rng.random(), rng.random())
-                    for _ in range(spec.measure_steps)]  # fmt: skip
+        steps_ms = [
+            p.step_s * 1e3 * model.lognormal_factor(sigma, 1 - rng.random(), rng.random())
+            for _ in range(spec.measure_steps)
+        ]
         median_ms = statistics.median(steps_ms)
         cv = statistics.pstdev(steps_ms) / statistics.mean(steps_ms)
         samples = model.value(spec.params, "batch_size") * model.value(spec.params, "grad_accum", 1)
         samples_per_s = samples * spec.devices / (median_ms / 1e3)
         flops = flops_per_sample(shape_of(spec.model_config), spec.seq_len, spec.task)
         peak_tflops = tensor_peak_tflops(self.gpu.name)
-        mfu = None if peak_tflops is None else (
-            flops * samples_per_s / spec.devices / (peak_tflops * 1e12))  # fmt: skip
+        mfu = (
+            None
+            if peak_tflops is None
+            else (flops * samples_per_s / spec.devices / (peak_tflops * 1e12))
+        )
         allocated = p.peak_gib / model.model_constant("reserved_over_estimate")
         stopped = stopped_early(spec, steps_ms, samples)
         timed_s = p.timed_s
@@ -73,17 +98,28 @@ class TwinAnswer:
             timed_s = sum(steps_ms) / 1e3
             parts["wall_s"] = p.wall_s - p.timed_s + timed_s
         return TrialResult(
-            status=Status.STOPPED if stopped else Status.OK, reason=stopped or "",
+            status=Status.STOPPED if stopped else Status.OK,
+            reason=stopped or "",
             samples_per_s=samples_per_s,
-            tokens_per_s=samples_per_s * spec.seq_len, padding_share=0.0,
-            step_time_median_ms=median_ms, step_time_cv=cv, compile_s=p.compile_s or None,
-            mfu=mfu, mfu_peak_tflops=peak_tflops, flops_per_sample=flops,
-            measured_steps=len(steps_ms), step_times_ms=steps_ms,
-            peak_memory_gib=p.peak_gib, peak_allocated_gib=allocated, alloc_retries=0,
+            tokens_per_s=samples_per_s * spec.seq_len,
+            padding_share=0.0,
+            step_time_median_ms=median_ms,
+            step_time_cv=cv,
+            compile_s=p.compile_s or None,
+            mfu=mfu,
+            mfu_peak_tflops=peak_tflops,
+            flops_per_sample=flops,
+            measured_steps=len(steps_ms),
+            step_times_ms=steps_ms,
+            peak_memory_gib=p.peak_gib,
+            peak_allocated_gib=allocated,
+            alloc_retries=0,
             nvml_used_gib=p.peak_gib + CUDA_CONTEXT_BYTES / GIB,
-            train_s=p.compile_s + p.warmup_s + timed_s, trained_seq_len=spec.seq_len,
-            n_params=shape_of(spec.model_config).parameters, **parts,
-        )  # fmt: skip
+            train_s=p.compile_s + p.warmup_s + timed_s,
+            trained_seq_len=spec.seq_len,
+            n_params=shape_of(spec.model_config).parameters,
+            **parts,
+        )
 
 
 def stopped_early(spec: TrialSpec, steps_ms: list[float], samples: int) -> str | None:
@@ -105,9 +141,15 @@ def device_info(gpu: model.Gpu | str, software: DeviceInfo, count: int = 1) -> D
     free = g.memory_bytes - CUDA_CONTEXT_BYTES
     major = int(g.compute_capability.split(".")[0])
     return dataclasses.replace(
-        software, cuda_available=True, name=g.name, total_memory_bytes=g.memory_bytes,
-        free_memory_bytes=free, compute_capability=g.compute_capability,
-        bf16_supported=major >= 8, tf32_supported=major >= 8,
-        cuda_device_names=(g.name,) * count, cuda_free_memory_bytes=(free,) * count,
+        software,
+        cuda_available=True,
+        name=g.name,
+        total_memory_bytes=g.memory_bytes,
+        free_memory_bytes=free,
+        compute_capability=g.compute_capability,
+        bf16_supported=major >= 8,
+        tf32_supported=major >= 8,
+        cuda_device_names=(g.name,) * count,
+        cuda_free_memory_bytes=(free,) * count,
         matmul_tflops=None,
-    )  # fmt: skip
+    )

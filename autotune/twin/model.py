@@ -120,17 +120,24 @@ def gpu(key: str) -> Gpu:
     """A GPU the twin models, by its short name or its NVML name (`H100`, `NVIDIA H100 80GB
     HBM3`); KeyError for one it does not model."""
     table = constants()["gpus"]
-    found = next((k for k, g in table.items() if key.lower() in (k.lower(), g["name"].lower())),
-                 None)  # fmt: skip
+    found = next(
+        (k for k, g in table.items() if key.lower() in (k.lower(), g["name"].lower())), None
+    )
     if found is None:
         raise KeyError(f"no GPU {key!r} in the twin (it models: {', '.join(table)})")
     entry = table[found]
     host = {k: v["value"] for k, v in constants()["hosts"][entry["host"]].items()}
     memory = gpu_memory_bytes(entry["name"])
     assert memory is not None, f"{entry['name']} is not in common.device.GPU_MEMORY_MIB"
-    return Gpu(key=found, name=entry["name"], memory_bytes=memory,
-               bandwidth_gb_s=entry["bandwidth_gb_s"], link_gb_s=entry["link_gb_s"],
-               compute_capability=entry["compute_capability"], host=Host(**host))  # fmt: skip
+    return Gpu(
+        key=found,
+        name=entry["name"],
+        memory_bytes=memory,
+        bandwidth_gb_s=entry["bandwidth_gb_s"],
+        link_gb_s=entry["link_gb_s"],
+        compute_capability=entry["compute_capability"],
+        host=Host(**host),
+    )
 
 
 def value(params: dict[str, Any], name: str, default: Any = None) -> Any:
@@ -245,17 +252,34 @@ def compile_s(shape: Shape, params: dict[str, Any]) -> float:
     if not is_compiled(params):
         return 0.0
     per_layer = model_constant("compile_s_per_layer")
-    factor = model_constant("max_autotune_compile") if "max-autotune" in str(
-        value(params, "compile_mode", "default")) else 1.0  # fmt: skip
+    factor = (
+        model_constant("max_autotune_compile")
+        if "max-autotune" in str(value(params, "compile_mode", "default"))
+        else 1.0
+    )
     return per_layer * shape.layers * factor
 
 
-def peak_gib(config: dict[str, Any], shape: Shape, *, task: str, seq_len: int,
-             params: dict[str, Any], devices: int = 1) -> float:  # fmt: skip
+def peak_gib(
+    config: dict[str, Any],
+    shape: Shape,
+    *,
+    task: str,
+    seq_len: int,
+    params: dict[str, Any],
+    devices: int = 1,
+) -> float:
     """The allocator's peak (one rank's): the project's estimate (context not included) times
     its overhead (fragmentation, cached blocks) fitted on measured peaks."""
-    e = estimate(config, task=task, seq_len=seq_len, params=params, device="cuda",
-                 parameters=shape.parameters, devices=devices)  # fmt: skip
+    e = estimate(
+        config,
+        task=task,
+        seq_len=seq_len,
+        params=params,
+        device="cuda",
+        parameters=shape.parameters,
+        devices=devices,
+    )
     return e.budgeted * model_constant("reserved_over_estimate") / GIB
 
 
@@ -277,8 +301,7 @@ def predict(
     theirs together): ok with its figures, or oom past the budget (the card's memory less its
     CUDA context when no budget is given)."""
     shape = shape_of(config, parameters)
-    s = step(g, shape, task=task, seq_len=seq_len, params=params, trainer=trainer,
-             devices=devices)  # fmt: skip
+    s = step(g, shape, task=task, seq_len=seq_len, params=params, trainer=trainer, devices=devices)
     peak = peak_gib(config, shape, task=task, seq_len=seq_len, params=params, devices=devices)
     budget = memory_budget_bytes or g.memory_bytes - CUDA_CONTEXT_BYTES
     start_s = g.host.start_s
@@ -288,16 +311,32 @@ def predict(
     if peak * GIB > budget:
         # The first step runs out of memory; compiled, when its forward graph has compiled.
         spent = compiling_s * model_constant("compile_before_oom") if compiling_s else s.seconds
-        return Prediction(status=Status.OOM, samples_per_s=None, step_s=s.seconds, peak_gib=peak,
-                          start_s=start_s, build_s=build_s, compile_s=spent, warmup_s=0.0,
-                          timed_s=0.0, wall_s=start_s + build_s + spent)  # fmt: skip
+        return Prediction(
+            status=Status.OOM,
+            samples_per_s=None,
+            step_s=s.seconds,
+            peak_gib=peak,
+            start_s=start_s,
+            build_s=build_s,
+            compile_s=spent,
+            warmup_s=0.0,
+            timed_s=0.0,
+            wall_s=start_s + build_s + spent,
+        )
     warmup_s = warmup_steps * s.seconds
     timed_s = measure_steps * s.seconds
     return Prediction(
-        status=Status.OK, samples_per_s=samples / s.seconds, step_s=s.seconds, peak_gib=peak,
-        start_s=start_s, build_s=build_s, compile_s=compiling_s, warmup_s=warmup_s,
-        timed_s=timed_s, wall_s=start_s + build_s + compiling_s + warmup_s + timed_s,
-    )  # fmt: skip
+        status=Status.OK,
+        samples_per_s=samples / s.seconds,
+        step_s=s.seconds,
+        peak_gib=peak,
+        start_s=start_s,
+        build_s=build_s,
+        compile_s=compiling_s,
+        warmup_s=warmup_s,
+        timed_s=timed_s,
+        wall_s=start_s + build_s + compiling_s + warmup_s + timed_s,
+    )
 
 
 def lognormal_factor(sigma: float, u1: float, u2: float) -> float:

@@ -136,23 +136,38 @@ def main() -> None:
             if time.perf_counter() - started > args.budget_s:
                 break
             spec = TrialSpec(
-                trial_number=number, model_name=model.name, model_config=model.config,
-                task=model.default_task, seq_len=args.seq_len, device=device, params=params,
-                warmup_steps=args.warmup_steps, measure_steps=args.measure_steps, seed=0,
-            )  # fmt: skip
+                trial_number=number,
+                model_name=model.name,
+                model_config=model.config,
+                task=model.default_task,
+                seq_len=args.seq_len,
+                device=device,
+                params=params,
+                warmup_steps=args.warmup_steps,
+                measure_steps=args.measure_steps,
+                seed=0,
+            )
             result, wall_s = measure(spec, Path(work) / "progress.json")
             figures = dataclasses.replace(result, wall_s=wall_s)
-            landscape["points"].append({
-                "number": number, "params": params, "status": result.status.value,
-                **{k: getattr(figures, k) for k in (*FIGURES, *COST_PARTS)},
-                "reason": result.reason,
-            })  # fmt: skip
+            landscape["points"].append(
+                {
+                    "number": number,
+                    "params": params,
+                    "status": result.status.value,
+                    **{k: getattr(figures, k) for k in (*FIGURES, *COST_PARTS)},
+                    "reason": result.reason,
+                }
+            )
             out.write_text(json.dumps(landscape, indent=1) + "\n")
             speed = f"{result.samples_per_s:.1f} samples/s" if result.samples_per_s else ""
-            print(f"{number}: {params} {result.status.value} {speed} {result.reason[:120]}",
-                  flush=True)  # fmt: skip
-    print(f"wrote {out}: {len(landscape['points'])} of {len(order)} points "
-          f"in {time.perf_counter() - started:.0f} s")  # fmt: skip
+            print(
+                f"{number}: {params} {result.status.value} {speed} {result.reason[:120]}",
+                flush=True,
+            )
+    print(
+        f"wrote {out}: {len(landscape['points'])} of {len(order)} points "
+        f"in {time.perf_counter() - started:.0f} s"
+    )
 
 
 if __name__ == "__main__":

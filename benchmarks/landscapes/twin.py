@@ -58,25 +58,48 @@ def landscape(name: str) -> Landscape:
     sigma = model.model_constant("step_cv")
 
     def answer_point(params: dict[str, Any]) -> dict[str, Any]:
-        p = model.predict(g, spec.config, task=spec.default_task, seq_len=seq_len,
-                          params=params, parameters=parameters, **steps)  # fmt: skip
+        p = model.predict(
+            g,
+            spec.config,
+            task=spec.default_task,
+            seq_len=seq_len,
+            params=params,
+            parameters=parameters,
+            **steps,
+        )
         if p.status is Status.OOM:
-            return {"status": "oom", "reason": f"past the card ({p.peak_gib:.1f} GiB)",
-                    "samples_per_s": None, "peak_memory_gib": None, "wall_s": p.wall_s}  # fmt: skip
+            return {
+                "status": "oom",
+                "reason": f"past the card ({p.peak_gib:.1f} GiB)",
+                "samples_per_s": None,
+                "peak_memory_gib": None,
+                "wall_s": p.wall_s,
+            }
         rng = random.Random(settings_key(params))
         speed = p.samples_per_s * model.lognormal_factor(sigma, 1 - rng.random(), rng.random())
-        return {"status": "ok", "reason": "", "samples_per_s": speed,
-                "tokens_per_s": speed * seq_len, "peak_memory_gib": p.peak_gib,
-                "step_time_cv": sigma, "step_time_median_ms": p.step_s * 1e3,
-                "wall_s": p.wall_s}  # fmt: skip
+        return {
+            "status": "ok",
+            "reason": "",
+            "samples_per_s": speed,
+            "tokens_per_s": speed * seq_len,
+            "peak_memory_gib": p.peak_gib,
+            "step_time_cv": sigma,
+            "step_time_median_ms": p.step_s * 1e3,
+            "wall_s": p.wall_s,
+        }
 
     empty = Landscape(
-        name=name, model=model_name, seq_len=seq_len, device="cuda", device_name=g.name,
+        name=name,
+        model=model_name,
+        seq_len=seq_len,
+        device="cuda",
+        device_name=g.name,
         memory_budget_gib=(g.memory_bytes - CUDA_CONTEXT_BYTES) / GIB,
-        knobs=yaml.safe_load(SPACE.read_text())["knobs"], answer=answer_point,
+        knobs=yaml.safe_load(SPACE.read_text())["knobs"],
+        answer=answer_point,
         device_facts={k: v for k, v in facts.items() if k not in HARDWARE},
         description=f"benchmarks/landscapes/twin.py: the GPU twin of the {g.name}",
-    )  # fmt: skip
+    )
     with tempfile.TemporaryDirectory() as work:
         plan = plan_for(empty, Path(work), n_trials=1, seed=0)
     seen: dict[str, dict[str, Any]] = {}

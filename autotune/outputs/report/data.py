@@ -161,8 +161,9 @@ def _empty(snapshot: StudySnapshot, *, n_ok: int, n_within: int, ranked: bool) -
     no_feasible = f"No successful trial peaked within the {budget} budget: nothing to follow."
     empty = {}
     if n_ok == 0:
-        empty |= dict.fromkeys(("pareto", "parallel", "speed-by-batch", "memory-by-batch"),
-                               no_success)  # fmt: skip
+        empty |= dict.fromkeys(
+            ("pareto", "parallel", "speed-by-batch", "memory-by-batch"), no_success
+        )
     if n_within == 0:
         empty |= dict.fromkeys(("history", "hypervolume"), no_feasible)
     if not ranked:
@@ -228,9 +229,10 @@ def _summary(snapshot: StudySnapshot) -> dict[str, str]:
     summary["confirmation"] = _confirmation_text(picks)
     verified = snapshot.verifications.get(picks.recommended.number)
     summary["recommended: verified"] = (
-        verified.describe() if verified is not None
+        verified.describe()
+        if verified is not None
         else "not yet: `autotune verify STUDY_DIR` trains it for 200 steps and compares"
-    )  # fmt: skip
+    )
     summary["memory saver"] = picks.describe_saver()
     if picks.saver.number != picks.recommended.number:
         summary["memory saver: changes the training"] = _changes_text(snapshot, picks.saver)
@@ -251,8 +253,10 @@ def _provenance(snapshot: StudySnapshot) -> dict[str, str]:
 
 def _confirmation_text(picks: Picks) -> str:
     if picks.confirmed is None:
-        return ("none: each figure is one short measurement (confirm_rounds=0, or trials were "
-                "added since: `autotune confirm` measures the picks again)")  # fmt: skip
+        return (
+            "none: each figure is one short measurement (confirm_rounds=0, or trials were "
+            "added since: `autotune confirm` measures the picks again)"
+        )
     confirmed = picks.confirmed
     return (
         f"{confirmed.rounds} rounds, interleaved, each pick in a fresh trial process "

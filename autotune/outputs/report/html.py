@@ -105,20 +105,35 @@ def pareto_figure(data: ReportData) -> go.Figure:
     confirmed = [p for p in data.points if p.confirmed is not None]
     if confirmed:  # beside the trial's own measurement, never instead of it
         medians = [p.confirmed for p in confirmed if p.confirmed is not None]
-        fig.add_trace(go.Scatter(
-            name="confirmed: median [lowest-highest round]",
-            x=[p.peak_memory_gib for p in confirmed],
-            y=[m[0] for m in medians],
-            text=[f"trial {p.number} confirmed: {m[0]:.2f} samples/s (rounds {m[1]:.2f}-"
-                  f"{m[2]:.2f})" for p, m in zip(confirmed, medians, strict=True)],
-            hovertemplate="%{text}<extra></extra>",
-            mode="markers",
-            marker={"symbol": "line-ew-open", "size": 22, "color": "#202124",
-                    "line": {"width": 2}},
-            error_y={"type": "data", "symmetric": False, "thickness": 1.5, "width": 8,
-                     "array": [m[2] - m[0] for m in medians],
-                     "arrayminus": [m[0] - m[1] for m in medians], "color": "#202124"},
-        ))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                name="confirmed: median [lowest-highest round]",
+                x=[p.peak_memory_gib for p in confirmed],
+                y=[m[0] for m in medians],
+                text=[
+                    f"trial {p.number} confirmed: {m[0]:.2f} samples/s (rounds {m[1]:.2f}-"
+                    f"{m[2]:.2f})"
+                    for p, m in zip(confirmed, medians, strict=True)
+                ],
+                hovertemplate="%{text}<extra></extra>",
+                mode="markers",
+                marker={
+                    "symbol": "line-ew-open",
+                    "size": 22,
+                    "color": "#202124",
+                    "line": {"width": 2},
+                },
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "thickness": 1.5,
+                    "width": 8,
+                    "array": [m[2] - m[0] for m in medians],
+                    "arrayminus": [m[0] - m[1] for m in medians],
+                    "color": "#202124",
+                },
+            )
+        )
     largest = max((p.peak_memory_gib for p in data.points), default=data.memory_budget_gib)
     title = HEADINGS["pareto"]
     if data.memory_limit_gib > 2 * largest:
@@ -185,8 +200,9 @@ def importance_figure(data: ReportData) -> go.Figure:
     fig = go.Figure()
     for objective, values in data.importances.items():
         fig.add_trace(go.Bar(name=objective, x=list(values), y=list(values.values())))
-    fig.update_layout(title=HEADINGS["importance"], barmode="group", yaxis_title="importance",
-                      **LAYOUT)  # fmt: skip
+    fig.update_layout(
+        title=HEADINGS["importance"], barmode="group", yaxis_title="importance", **LAYOUT
+    )
     return fig
 
 
@@ -320,9 +336,18 @@ def _rows(data: ReportData) -> str:
         cv = _pct(r.step_time_cv) + (" noisy" if r.noisy else "")
         changed = ", ".join(c.setting for c in r.changes)
         full = "\n".join(c.describe() for c in r.changes)
-        cells = [f"<td>{e(c)}</td>" for c in (str(r.number), r.status, r.params,
-                                             _num(r.samples_per_s, 2), _pct(r.padding_share),
-                                             _num(r.peak_memory_gib, 3), _pct(r.mfu))]  # fmt: skip
+        cells = [
+            f"<td>{e(c)}</td>"
+            for c in (
+                str(r.number),
+                r.status,
+                r.params,
+                _num(r.samples_per_s, 2),
+                _pct(r.padding_share),
+                _num(r.peak_memory_gib, 3),
+                _pct(r.mfu),
+            )
+        ]
         cells.append(f'<td class="noisy">{e(cv)}</td>' if r.noisy else f"<td>{e(cv)}</td>")
         cells.append(f'<td class="changes" title="{e(full)}">{e(changed)}</td>')
         cells.append(f'<td class="reason">{e(r.reason)}</td>')
