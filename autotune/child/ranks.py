@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from autotune.child import cuda_free
-from autotune.common.knobs import FSDP, ZERO_STAGES
+from autotune.common.knobs import FSDP, ZERO_STAGES, value_of
 from autotune.common.processes import die_with_parent
 from autotune.common.trial import Status, TrialResult, TrialSpec, write_json_atomic
 
@@ -115,7 +115,7 @@ with an exception)."""
 def needed(spec: TrialSpec) -> bool:
     """Whether the trial runs on ranks: on several devices, or offloading on one (DeepSpeed
     runs in a process group, of one rank there)."""
-    return spec.devices > 1 or spec.params.get("strategy", "single") != "single"
+    return spec.devices > 1 or value_of(spec.params, "strategy", devices=spec.devices) != "single"
 
 
 def rank_file(folder: Path, rank: int) -> Path:
@@ -126,7 +126,7 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
     """In the worker: fork the ranks, wait for them, return the trial's result. `single` on
     several devices is one rank on one of them (its share of the cores): the reference of
     the others' scaling efficiency."""
-    strategy = spec.params.get("strategy", "ddp")
+    strategy = value_of(spec.params, "strategy", devices=spec.devices)
     world_size = 1 if strategy == "single" else spec.devices
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < spec.devices:

@@ -110,7 +110,7 @@ def train_trial(
         if rank is not None:
             rank_training.set_ddp(rank, trainer)
             rank_training.shard(
-                rank, trainer.model, prefetch=spec.params.get("fsdp_prefetch", False)
+                rank, trainer.model, prefetch=knobs.value_of(spec.params, "fsdp_prefetch")
             )
             trainer.add_callback(states)
         if spec.data_dir or spec.trainer:  # samples of many lengths: the peak covers the longest
@@ -232,7 +232,7 @@ def _data(
             collator = data.PaddingCollator(
                 task=spec.task,
                 pad_token_id=read_ready(Path(spec.data_dir))["pad_token_id"],
-                pad_to_multiple_of=spec.params.get("pad_to_multiple_of", 1),
+                pad_to_multiple_of=knobs.value_of(spec.params, "pad_to_multiple_of"),
             )
     else:
         samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps

@@ -18,12 +18,18 @@ from rich.table import Table
 
 from autotune.common.device import (
     GPU_MEMORY_MIB,
-    TRANSFORMERS_DEFAULT_OPTIM,
     gpu_memory_bytes,
     peak_tflops,
 )
 from autotune.common.errors import AutotuneError, ConfigError
-from autotune.common.knobs import KNOBS, MEMORY_ORDER, baseline_params, describe_params
+from autotune.common.knobs import (
+    KNOBS,
+    MEMORY_ORDER,
+    TRANSFORMERS_DEFAULT_OPTIM,
+    baseline_params,
+    describe_params,
+    value_of,
+)
 from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolve_model
 from autotune.common.units import GIB, format_bytes
 from autotune.outputs.view import console
@@ -177,7 +183,7 @@ def _twin_times(
     devices = config.devices_per_trial
 
     def times(params: dict[str, Any]) -> tuple[str, str, str]:
-        strategy = params.get("strategy", "ddp" if devices > 1 else "single")
+        strategy = value_of(params, "strategy", devices=devices)
         if strategy not in ("single", "ddp"):
             return ("-", "-", "-")  # the twin models one GPU a trial, or DDP
         p = twin.predict(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.common.errors import DeviceError
-from autotune.common.knobs import precision_parts, sixteen_bit
+from autotune.common.knobs import TRANSFORMERS_DEFAULT_OPTIM, precision_parts, sixteen_bit
 
 MIB = 2**20
 
@@ -30,11 +30,6 @@ MACHINE_RESERVE_SHARE = 0.10
 """Share of the host's RAM kept for the rest of the machine and for what a trial grows
 between two looks of the watchdog: past the budget the watchdog ends the trial, past the
 machine's RAM the kernel's OOM killer does, sometimes to the search itself."""
-
-
-TRANSFORMERS_DEFAULT_OPTIM = "adamw_torch_fused"
-"""transformers 5's `TrainingArguments().optim`: stands only where the probe did not read the
-installed one (a `DeviceInfo` made by hand, a software cache without it)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

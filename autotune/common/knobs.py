@@ -102,6 +102,10 @@ def deepspeed_config(strategy: str, overlap_comm: bool | None = None) -> dict[st
     }
 
 
+TRANSFORMERS_DEFAULT_OPTIM = "adamw_torch_fused"
+"""transformers 5's `TrainingArguments().optim`: stands only where the probe did not read the
+installed one (a `DeviceInfo` made by hand, a software cache without it)."""
+
 MemoryOrder = Literal["larger is hungrier", "off is hungrier", "unordered"]
 Mapping = Callable[[Any, dict[str, Any], Collection[str]], dict[str, Any]]
 """(value, all params, installed TrainingArguments fields) -> TrainingArguments kwargs."""
@@ -173,7 +177,7 @@ def sixteen_bit(precision: str | None) -> bool:
 
 
 def is_compiled(params: dict[str, Any]) -> bool:
-    return params.get("torch_compile", "off") != "off"
+    return value_of(params, "torch_compile") != "off"
 
 
 # transformers 5.23 renamed gradient_checkpointing to activation_checkpointing (the old name
@@ -211,7 +215,7 @@ def _compile_args(value: str, params: dict[str, Any], fields: Collection[str]) -
     return {
         "torch_compile": True,
         "torch_compile_backend": value,
-        "torch_compile_mode": params.get("compile_mode", "default"),
+        "torch_compile_mode": value_of(params, "compile_mode"),
     }
 
 
@@ -268,12 +272,12 @@ def conflict(params: dict[str, Any]) -> str | None:
         and not optimizer_family(optim).startswith("AdamW")
     ):
         return f"{strategy} updates the weights with DeepSpeed's host AdamW, not {optim}"
-    attention, precision = params.get("attn_implementation"), params.get("precision", "fp32")
+    attention, precision = params.get("attn_implementation"), value_of(params, "precision")
     if attention in FLASH_ATTENTION and not sixteen_bit(precision):
         return f"{attention} runs in fp16 or bf16, not {precision}"
     if strategy == "fsdp_offload" and optim in BNB_OPTIMIZERS:
         return f"fsdp_offload steps the optimizer on the host, where {optim}'s kernels cannot run"
-    if strategy == "ddp" and params.get("ddp_static_graph") and params.get("grad_accum", 1) > 1:
+    if strategy == "ddp" and params.get("ddp_static_graph") and value_of(params, "grad_accum") > 1:
         # pytorch/pytorch#143580: the accumulation steps' no_sync() trips an internal assert
         # in DDP's reducer on the first backward (accelerate#3679 is the Trainer's case).
         return (
@@ -321,19 +325,19 @@ def _strategy_args(value: str, params: dict[str, Any], fields: Collection[str]) 
 
 
 def _checkpointing_args(
-    value: bool, params: dict[str, Any], fields: Collection[str]
+    on: bool, params: dict[str, Any], fields: Collection[str]
 ) -> dict[str, Any]:
     """Checkpointing on or off, and its kwargs from the knobs that shape it: re-entrant or not
     (torch's `use_reentrant`), `every_n_layers` (transformers checkpoints the blocks whose
     index is a multiple of n; the others keep their activations) and `offload` (the inputs
     the checkpointed blocks keep go to pinned host memory)."""
-    args: dict[str, Any] = {_checkpointing_field(fields): value}
+    args: dict[str, Any] = {_checkpointing_field(fields): on}
     kwargs = {}
-    if value and "checkpointing_reentrant" in params:
+    if on and "checkpointing_reentrant" in params:
         kwargs["use_reentrant"] = params["checkpointing_reentrant"]
-    if value and params.get("checkpointing_every_n_layers", 1) != 1:
-        kwargs["every_n_layers"] = params["checkpointing_every_n_layers"]
-    if value and params.get("activation_offload"):
+    if on and (every := value_of(params, "checkpointing_every_n_layers")) != 1:
+        kwargs["every_n_layers"] = every
+    if on and params.get("activation_offload"):
         kwargs["offload"] = True
     if kwargs:
         args[_checkpointing_field(fields, "_kwargs")] = kwargs
@@ -375,7 +379,7 @@ KNOBS: dict[str, Knob] = {
             name="checkpointing_every_n_layers", kind=int, check=lambda v: v >= 1,
             expected="an integer >= 1 (1: every layer; n: every n-th, the others keep their "
             "activations)", ranges=True, short="gc_every", memory="larger is hungrier",
-            requires={"gradient_checkpointing": True},
+            requires={"gradient_checkpointing": True}, unset=1,
         ),  # in the checkpointing kwargs (`_checkpointing_args`)
         Knob(
             name="activation_offload", kind=bool, check=lambda v: True,
@@ -415,6 +419,7 @@ KNOBS: dict[str, Knob] = {
         Knob(
             name="compile_mode", kind=str, check=lambda v: v in COMPILE_MODES,
             expected="one of " + ", ".join(COMPILE_MODES), short="mode",
+            requires={"torch_compile": _on}, unset="default",
         ),  # read by torch_compile's mapping
         Knob(
             name="compile_dynamic", kind=bool, check=lambda v: True, expected="true or false",
@@ -502,12 +507,12 @@ KNOBS: dict[str, Knob] = {
         Knob(
             name="gradient_as_bucket_view", kind=bool, check=lambda v: True,
             expected="true or false", short="bucket_view", memory="off is hungrier",
-            requires={"strategy": "ddp"},
+            requires={"strategy": "ddp"}, unset=False,
         ),  # no TrainingArguments field: set on the Trainer's DDP settings (child/ranks.py,
         # recommended.py); the gradients are views into DDP's buckets, not a second copy
         Knob(
             name="fsdp_prefetch", kind=bool, check=lambda v: True, expected="true or false",
-            short="prefetch_blocks", requires={"strategy": one_of(FSDP)},
+            short="prefetch_blocks", requires={"strategy": one_of(FSDP)}, unset=False,
         ),  # applied by the ranks' fully_shard (child/ranks.py) and recommended.py
         Knob(
             name="zero_overlap_comm", kind=bool, check=lambda v: True, expected="true or false",
@@ -594,6 +599,26 @@ def left_out(name: str) -> Any:
     return knob.baseline if knob.unset is None else knob.unset
 
 
+def value_of(
+    params: dict[str, Any],
+    name: str,
+    *,
+    devices: int = 1,
+    default_optim: str = TRANSFORMERS_DEFAULT_OPTIM,
+) -> Any:
+    """The value a setting trains with for a knob: its own, else what training does about a
+    knob it leaves out (`left_out`): for `optim` the installed transformers' default
+    (`default_optim`), for `strategy` DDP on several `devices` (as torchrun runs them), one
+    device alone on one. None where leaving it out is no value of the knob."""
+    if name in params:
+        return params[name]
+    if name == "optim":
+        return default_optim
+    if name == "strategy":
+        return "single" if devices == 1 else "ddp"
+    return left_out(name)
+
+
 def baseline_params(
     default_optim: str,
     effective_batch_size: int | None,
@@ -639,7 +664,7 @@ class MathChange:
 
 
 def effective_batch(params: dict[str, Any]) -> int:
-    return params.get("batch_size", 1) * params.get("grad_accum", 1)
+    return value_of(params, "batch_size") * value_of(params, "grad_accum")
 
 
 def math_changes(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from autotune.common.errors import StudyError
-from autotune.common.knobs import KNOBS
+from autotune.common.knobs import KNOBS, value_of
 from autotune.common.layout import (
     ACCELERATE_YAML,
     DEEPSPEED_JSON,
@@ -48,7 +48,8 @@ def write_recommendation(
     write_atomic(py_path, script)  # UTF-8: the encoding Python reads source in
     written = [json_path, py_path]
     deepspeed = recommendation["training_args"].get("deepspeed")
-    on_ranks = recommendation["params"].get("strategy", "single") != "single"
+    devices = recommendation["devices_per_trial"] or 1
+    on_ranks = value_of(recommendation["params"], "strategy", devices=devices) != "single"
     processes = recommendation["devices_per_trial"] if on_ranks else None
     accelerate = accelerate_config(
         recommendation["training_args"], processes, recommendation["environment"]
@@ -165,9 +166,9 @@ def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None =
         "COLLATOR_KWARGS": collator,
         "TRAINER": info.trainer,
         "DEVICES": info.devices_per_trial or 1,
-        "STRATEGY": record.params.get("strategy", "single"),
-        "FSDP_PREFETCH": bool(record.params.get("fsdp_prefetch", False)),
-        "DDP_GRADIENT_AS_BUCKET_VIEW": bool(record.params.get("gradient_as_bucket_view", False)),
+        "STRATEGY": strategy(info, record.params),
+        "FSDP_PREFETCH": bool(value_of(record.params, "fsdp_prefetch")),
+        "DDP_GRADIENT_AS_BUCKET_VIEW": bool(value_of(record.params, "gradient_as_bucket_view")),
         "LAUNCH": launch_command(info, record.params),
     }
     constants = "".join(f"{name} = {_literal(name, value)}\n" for name, value in facts.items())
@@ -176,14 +177,19 @@ def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None =
 
 def ranks(info: RunInfo, params: dict[str, Any]) -> int:
     """The processes a trial trained with: one per device, one under `single`."""
-    return 1 if params.get("strategy", "single") == "single" else info.devices_per_trial or 1
+    return 1 if strategy(info, params) == "single" else info.devices_per_trial or 1
+
+
+def strategy(info: RunInfo, params: dict[str, Any]) -> str:
+    """How the trial's ranks shared the training (`single` where it ran on one device)."""
+    return value_of(params, "strategy", devices=info.devices_per_trial or 1)
 
 
 def launch_command(info: RunInfo, params: dict[str, Any]) -> str:
     """How the exported script runs as the trial did: one process per device it used, under
     torchrun for any strategy but `single` (ZeRO-Offload on one GPU too: DeepSpeed needs the
     launcher's environment)."""
-    if params.get("strategy", "single") == "single":
+    if strategy(info, params) == "single":
         return f"python {RECOMMENDED_PY}"
     return f"torchrun --standalone --nproc_per_node={ranks(info, params)} {RECOMMENDED_PY}"
 
@@ -191,7 +197,7 @@ def launch_command(info: RunInfo, params: dict[str, Any]) -> str:
 def accelerate_command(info: RunInfo, params: dict[str, Any]) -> str | None:
     """`launch_command` through `accelerate launch` and accelerate_config.yaml; None where
     the trial ran as one process."""
-    if params.get("strategy", "single") == "single":
+    if strategy(info, params) == "single":
         return None
     return f"accelerate launch --config_file {ACCELERATE_YAML} {RECOMMENDED_PY}"
 

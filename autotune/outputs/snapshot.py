@@ -102,9 +102,7 @@ class StudySnapshot:
         if not is_compiled(record.params) or result.compile_s is None:
             return None
         eager = {
-            k: v
-            for k, v in record.params.items()
-            if "torch_compile" not in KNOBS[k].requires and k != "compile_mode"
+            k: v for k, v in record.params.items() if "torch_compile" not in KNOBS[k].requires
         } | {"torch_compile": "off"}
         twin = next((r for r in self.records if r.status is Status.OK and r.params == eager), None)
         spent = f"compiling took {result.compile_s:.0f} s"

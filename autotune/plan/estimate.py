@@ -61,6 +61,7 @@ from autotune.common.knobs import (
     is_compiled,
     optimizer_family,
     sixteen_bit,
+    value_of,
 )
 from autotune.common.units import GIB
 
@@ -238,18 +239,18 @@ def estimate(
     one rank's, under `params["strategy"]`."""
     shape = shape_of(config, parameters)
     p = shape.parameters
-    precision = params.get("precision", "fp32")
+    precision = value_of(params, "precision")
     mixed = sixteen_bit(precision)
-    batch = params.get("batch_size", 8)
-    accumulating = params.get("grad_accum", 1) > 1
-    per_param = optimizer_bytes_per_parameter(params.get("optim", "adamw_torch"))
+    batch = value_of(params, "batch_size")
+    accumulating = value_of(params, "grad_accum") > 1
+    per_param = optimizer_bytes_per_parameter(value_of(params, "optim"))
     if per_param is None:  # Adafactor: a row and a column of fp32 per matrix, the rest full
         factored = sum(r + c for r, c in shape.matrices)
         in_matrices = sum(r * c for r, c in shape.matrices)
         optimizer = 4 * (factored + max(0, p - in_matrices))
     else:
         optimizer = int(per_param * p)
-    strategy = params.get("strategy", "single")
+    strategy = value_of(params, "strategy", devices=devices)
     buckets = 0  # DDP's gradient buckets: allocated with the wrapper, live throughout
     offloaded = 0
     block = p // max(shape.layers, 1)  # one transformer block's parameters, about
@@ -273,10 +274,10 @@ def estimate(
     else:
         weights = 4 * p + (2 * p if mixed else 0)
         gradients = 4 * p
-        bucket_view = params.get("gradient_as_bucket_view", False)
+        bucket_view = value_of(params, "gradient_as_bucket_view")
         buckets = 4 * p if strategy == "ddp" and not bucket_view else 0
         model_states = 8 * p + optimizer
-    attention = params.get("attn_implementation", "sdpa")
+    attention = value_of(params, "attn_implementation")
     # On CPU, SDPA trains through PyTorch's math path (its fused kernel takes no dropout), which
     # keeps the scores as eager attention does; under bf16 autocast it computes in fp32.
     eager = attention == "eager" or device == "cpu"
@@ -285,7 +286,7 @@ def estimate(
     if params.get("gradient_checkpointing"):
         # A checkpointed block keeps its input (fp32 residual stream) and is recomputed one at
         # a time; with every_n_layers=n only blocks 0, n, 2n, ... are, the others keep theirs.
-        every = params.get("checkpointing_every_n_layers", 1)
+        every = value_of(params, "checkpointing_every_n_layers")
         checkpointed = -(-shape.layers // every)
         stored = (
             checkpointed * 4 * batch * seq_len * shape.hidden
@@ -422,15 +423,15 @@ def calibrated_gib(params: dict[str, Any], estimate_gib: float, measured: list[M
     one (on the recorded landscapes, one smaller batch of the same mode gives a median error of
     3-9% shifted, 6-12% scaled)."""
     same = [m for m in measured if mode_of(m.params) == mode_of(params)]
-    batches = {m.params.get("batch_size", 8) for m in same}
+    batches = {value_of(m.params, "batch_size") for m in same}
     if len(batches) >= 2:
-        xs = [m.params.get("batch_size", 8) for m in same]
+        xs = [value_of(m.params, "batch_size") for m in same]
         ys = [m.peak_gib for m in same]
         mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
         slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum(
             (x - mean_x) ** 2 for x in xs
         )
-        return mean_y + slope * (params.get("batch_size", 8) - mean_x)
+        return mean_y + slope * (value_of(params, "batch_size") - mean_x)
     alike = [m for m in measured if is_compiled(m.params) == is_compiled(params)]
     pool = same or alike or measured
     if not pool:

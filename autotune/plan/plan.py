@@ -17,7 +17,7 @@ from typing import Any
 
 from autotune.common.device import DeviceInfo, cpu_reserve_bytes
 from autotune.common.errors import AutotuneError, ConfigError, DataError, StudyError
-from autotune.common.knobs import baseline_params
+from autotune.common.knobs import baseline_params, effective_batch, value_of
 from autotune.common.layout import DATA_CACHE, study_db_url
 from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolve_model
 from autotune.common.output_files import check_owner
@@ -83,12 +83,12 @@ class SearchPlan:
         (`DeviceInfo.compute_tflops`, or `peak_tflops=`); None when either is unknown."""
         found = self._estimate(params)
         rate = self.config.peak_tflops or self.device_info.compute_tflops(
-            self.device, str(params.get("precision", "fp32"))
+            self.device, str(value_of(params, "precision"))
         )
         if found is None or not rate:
             return None
         steps = self.config.warmup_steps + self.config.measure_steps
-        samples = steps * int(params.get("batch_size", 8)) * int(params.get("grad_accum", 1))
+        samples = steps * effective_batch(params)
         return samples * found.flops_per_sample / (rate * 1e12), rate
 
     def least_trial_s(self) -> tuple[float, float] | None:
@@ -101,7 +101,7 @@ class SearchPlan:
             cheapest["batch_size"] = min(knobs["batch_size"].choices)
         if self.rules.effective_batch_size:
             cheapest["grad_accum"] = max(
-                1, self.rules.effective_batch_size // int(cheapest.get("batch_size", 8))
+                1, self.rules.effective_batch_size // value_of(cheapest, "batch_size")
             )
         elif "grad_accum" in knobs:
             cheapest["grad_accum"] = min(knobs["grad_accum"].choices)

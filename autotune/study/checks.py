@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.common.knobs import at_least_as_hungry, conflict
+from autotune.common.knobs import at_least_as_hungry, conflict, value_of
 from autotune.common.trial import OUT_OF_MEMORY, Status
 from autotune.plan.estimate import Measured, calibrated_gib
 from autotune.store.records import TrialRecord
@@ -105,10 +105,10 @@ def over_time_by_pace(
         measured = [r for r in records if r.status is Status.OK and r.result.samples_per_s]
         if not measured:
             return None
-        mine = rate(str(params.get("precision", "fp32")))
+        mine = rate(str(value_of(params, "precision")))
 
         def pace(record: TrialRecord) -> float:
-            theirs = rate(str(record.params.get("precision", "fp32")))
+            theirs = rate(str(value_of(record.params, "precision")))
             scale = mine / theirs if mine and theirs else 1.0
             return (record.result.samples_per_s or 0.0) * max(scale, 1.0)
 

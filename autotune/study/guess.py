@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autotune.common.knobs import KNOBS, SAMPLE_ORDER, left_out
+from autotune.common.knobs import KNOBS, SAMPLE_ORDER, left_out, value_of
 from autotune.common.trial import Status
 from autotune.plan.estimate import calibrated_gib
 from autotune.store.records import TrialRecord
@@ -90,7 +90,7 @@ def expert_guess(
                 fitting.append(index)
         # The largest batch, then the least accumulation.
         fitting.sort(
-            key=lambda i: (-_batch(points.params[i]), points.params[i].get("grad_accum", 1))
+            key=lambda i: (-_batch(points.params[i]), value_of(points.params[i], "grad_accum"))
         )
         for index in fitting:
             if runs(index):
@@ -185,4 +185,4 @@ def _line_key(params: dict[str, Any], free: tuple[str, ...]) -> str:
 
 
 def _batch(params: dict[str, Any]) -> int:
-    return int(params.get("batch_size", KNOBS["batch_size"].baseline))
+    return int(value_of(params, "batch_size"))

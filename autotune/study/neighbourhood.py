@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.common.knobs import is_compiled
+from autotune.common.knobs import is_compiled, value_of
 from autotune.common.trial import Status
 from autotune.plan.plan import SearchPlan
 from autotune.store.records import TrialRecord
@@ -97,4 +97,4 @@ def _refinement(params: dict[str, Any]) -> bool:
 
 
 def _default_mode(params: dict[str, Any]) -> bool:
-    return params.get("compile_mode", "default") == "default"
+    return value_of(params, "compile_mode") == "default"

@@ -14,7 +14,7 @@ import random
 import statistics
 
 from autotune.common.device import DeviceInfo, tensor_peak_tflops
-from autotune.common.knobs import FSDP, ZERO_STAGES
+from autotune.common.knobs import FSDP, ZERO_STAGES, value_of
 from autotune.common.trial import Status, TrialResult, TrialSpec, stopped_reason
 from autotune.common.units import GIB
 from autotune.plan.estimate import CUDA_CONTEXT_BYTES, flops_per_sample, shape_of
@@ -33,7 +33,7 @@ class TwinAnswer:
 
     def __call__(self, spec: TrialSpec) -> TrialResult:
         self.asked += 1
-        strategy = spec.params.get("strategy", "single" if spec.devices == 1 else "ddp")
+        strategy = value_of(spec.params, "strategy", devices=spec.devices)
         if strategy in FSDP or strategy in ZERO_STAGES:
             return TrialResult(
                 status=Status.ERROR,
@@ -78,7 +78,7 @@ class TwinAnswer:
         ]
         median_ms = statistics.median(steps_ms)
         cv = statistics.pstdev(steps_ms) / statistics.mean(steps_ms)
-        samples = model.value(spec.params, "batch_size") * model.value(spec.params, "grad_accum", 1)
+        samples = value_of(spec.params, "batch_size") * value_of(spec.params, "grad_accum")
         samples_per_s = samples * spec.devices / (median_ms / 1e3)
         flops = flops_per_sample(shape_of(spec.model_config), spec.seq_len, spec.task)
         peak_tflops = tensor_peak_tflops(self.gpu.name)

@@ -35,7 +35,13 @@ from importlib import resources
 from typing import Any
 
 from autotune.common.device import gpu_memory_bytes, peak_tflops
-from autotune.common.knobs import KNOBS, is_compiled, optimizer_family, precision_parts, sixteen_bit
+from autotune.common.knobs import (
+    is_compiled,
+    optimizer_family,
+    precision_parts,
+    sixteen_bit,
+    value_of,
+)
 from autotune.common.trial import Status
 from autotune.common.units import GIB
 from autotune.plan.estimate import CUDA_CONTEXT_BYTES, Shape, estimate, flops_per_sample, shape_of
@@ -140,14 +146,6 @@ def gpu(key: str) -> Gpu:
     )
 
 
-def value(params: dict[str, Any], name: str, default: Any = None) -> Any:
-    """A knob's value in `params`, else what the HF defaults train with."""
-    if name in params:
-        return params[name]
-    baseline = KNOBS[name].baseline if name in KNOBS else None
-    return default if baseline is None else baseline
-
-
 def _precision_class(precision: str) -> str:
     if sixteen_bit(precision):
         return "16bit"
@@ -155,9 +153,9 @@ def _precision_class(precision: str) -> str:
 
 
 def _checkpointed_share(params: dict[str, Any], shape: Shape) -> float:
-    if not value(params, "gradient_checkpointing", False):
+    if not value_of(params, "gradient_checkpointing"):
         return 0.0
-    every = value(params, "checkpointing_every_n_layers", 1)
+    every = value_of(params, "checkpointing_every_n_layers")
     return -(-shape.layers // every) / shape.layers
 
 
@@ -177,10 +175,10 @@ def step(
     the link, partly hidden behind the backward."""
     c = constants()["model"]
     v = {k: e["value"] for k, e in c.items()}
-    precision = value(params, "precision", "fp32")
+    precision = value_of(params, "precision")
     cls = _precision_class(precision)
-    batch = value(params, "batch_size", 8)
-    accumulation = value(params, "grad_accum", 1)
+    batch = value_of(params, "batch_size")
+    accumulation = value_of(params, "grad_accum")
     compiled = is_compiled(params)
     share = _checkpointed_share(params, shape)
     recompute = 1 + share / 3  # the forward is 2 of training's 6 FLOPs per weight and token
@@ -191,7 +189,7 @@ def step(
     bandwidth = g.bandwidth_gb_s * 1e9
     element = 2 if cls == "16bit" else 4
     traffic = v["traffic_bytes"] * shape.layers * shape.hidden * tokens * element
-    if value(params, "attn_implementation", "sdpa") == "eager":
+    if value_of(params, "attn_implementation") == "eager":
         scores = shape.layers * shape.heads * batch * seq_len**2
         traffic += v["eager_score_bytes"] * scores * element
     memory_s = traffic * recompute / bandwidth
@@ -207,7 +205,7 @@ def step(
         host_ms += v["trainer_micro_ms"]
     else:
         host_ms *= v["loop_host"]
-    optim = value(params, "optim", "adamw_torch_fused")
+    optim = value_of(params, "optim")
     kind = _optimizer_kind(optim)
     optimizer = v["optimizers"][kind]
     parameters = shape.parameters
@@ -254,7 +252,7 @@ def compile_s(shape: Shape, params: dict[str, Any]) -> float:
     per_layer = model_constant("compile_s_per_layer")
     factor = (
         model_constant("max_autotune_compile")
-        if "max-autotune" in str(value(params, "compile_mode", "default"))
+        if "max-autotune" in str(value_of(params, "compile_mode"))
         else 1.0
     )
     return per_layer * shape.layers * factor
@@ -307,7 +305,7 @@ def predict(
     start_s = g.host.start_s
     build_s = g.host.build_s_per_gparam * shape.parameters / 1e9
     compiling_s = compile_s(shape, params)
-    samples = value(params, "batch_size", 8) * value(params, "grad_accum", 1) * devices
+    samples = value_of(params, "batch_size") * value_of(params, "grad_accum") * devices
     if peak * GIB > budget:
         # The first step runs out of memory; compiled, when its forward graph has compiled.
         spent = compiling_s * model_constant("compile_before_oom") if compiling_s else s.seconds

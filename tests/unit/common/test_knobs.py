@@ -1,8 +1,12 @@
 """The knob catalogue: each knob's mapping, display, baseline and memory order, in one place."""
 
+import re
+from pathlib import Path
+
 import optuna
 import pytest
 
+import autotune
 from autotune.common.errors import SpaceError
 from autotune.common.knobs import (
     KNOBS,
@@ -11,6 +15,7 @@ from autotune.common.knobs import (
     baseline_params,
     conflict,
     describe_params,
+    effective_batch,
     environment,
     is_compiled,
     math_changes,
@@ -18,6 +23,7 @@ from autotune.common.knobs import (
     optimizer_family,
     sixteen_bit,
     training_args,
+    value_of,
 )
 from autotune.plan.space import SamplingRules
 from autotune.plan.space_file import load_space, parse_space, shipped_names
@@ -127,6 +133,35 @@ def test_facts_about_values_have_one_answer():
     assert sixteen_bit("bf16+tf32") and sixteen_bit("fp16") and not sixteen_bit("tf32")
     assert not sixteen_bit(None)
     assert is_compiled({"torch_compile": "inductor"}) and not is_compiled({})
+
+
+def test_a_knob_a_setting_leaves_out_trains_at_one_value_wherever_it_is_asked():
+    # What the HF defaults train with, the installed transformers' optimizer, and the
+    # strategy by the devices a trial has: the same answer for the estimate, the twin, the
+    # worker and the exports (they once said batch 8 and batch 1, adamw_torch and fused).
+    assert value_of({}, "batch_size") == 8 and value_of({}, "grad_accum") == 1
+    assert value_of({}, "optim") == "adamw_torch_fused"
+    assert value_of({}, "optim", default_optim="adamw_torch") == "adamw_torch"
+    assert value_of({}, "strategy") == "single"
+    assert value_of({}, "strategy", devices=2) == "ddp"
+    assert value_of({}, "compile_mode") == "default"
+    assert value_of({}, "checkpointing_every_n_layers") == 1
+    assert value_of({"batch_size": 32}, "batch_size") == 32
+    assert effective_batch({}) == 8
+
+
+def test_no_stage_keeps_a_default_of_its_own_for_a_knob():
+    """A knob's value where a setting leaves it out is read from the catalogue (`value_of`),
+    never from a literal beside a `.get`."""
+    package = Path(autotune.__file__).parent
+    pattern = re.compile(r"\.get\(\s*\"(" + "|".join(KNOBS) + r")\"\s*,")
+    found = [
+        f"{path.relative_to(package)}:{number}: {line.strip()}"
+        for path in sorted(package.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert found == []
 
 
 def test_the_memory_order_of_the_new_knobs_is_unordered():
