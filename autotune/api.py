@@ -50,6 +50,7 @@ from autotune.store.records import (
     SETTINGS_ATTR,
     Ending,
     RunEnd,
+    Stop,
     TrialRecord,
     Verification,
     end_run,
@@ -63,7 +64,7 @@ from autotune.store.storage import load_study_dir
 from autotune.store.storage_file import StudyFileLost
 from autotune.study import model as effects_model
 from autotune.study.interrupts import SearchInterrupted, stop_signals
-from autotune.study.loop import TIMED_OUT, run_search
+from autotune.study.loop import run_search
 from autotune.study.observer import SearchObserver
 from autotune.study.opening import join_config, locked_study, open_study
 from autotune.study.sampler import quiet_optuna
@@ -304,14 +305,11 @@ def run(
                 _write_outputs(study, plan, this_run)
             raise
         with signals.deferred():  # a signal now stops the search once the outputs are whole
-            _store_end(
-                study,
-                plan,
-                Ending.TIMEOUT if TIMED_OUT in stopped else Ending.COMPLETE,
-                stopped=stopped,
-            )
+            _store_end(study, plan, stopped.ending, stopped=stopped.reason)
             snapshot, paths = _write_outputs(study, plan, this_run)
-    return SearchResult(snapshot=snapshot, study_dir=plan.study_dir, paths=paths, stopped=stopped)
+    return SearchResult(
+        snapshot=snapshot, study_dir=plan.study_dir, paths=paths, stopped=stopped.reason
+    )
 
 
 def _nothing_to_run(plan: SearchPlan, done: int) -> str:
@@ -599,7 +597,7 @@ def _minutes(seconds: float) -> str:
 
 def _run_workers(
     plan: SearchPlan, study: optuna.Study, observer: SearchObserver, executor: TrialExecutor | None
-) -> str:
+) -> Stop:
     """The study's loop here, on the one worker's device or cores, or in worker processes."""
     with observer.watching():
         if len(plan.slots) == 1:
@@ -609,5 +607,5 @@ def _run_workers(
                 )
         else:
             stopped = workers.run_workers(plan, study, observer, executor)
-    observer.ended(stopped)
+    observer.ended(stopped.reason)
     return stopped

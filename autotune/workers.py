@@ -52,6 +52,8 @@ from autotune.plan.plan import SearchPlan
 from autotune.store.records import (
     PARAMS_ATTR,
     RETRY_OF_ATTR,
+    Ending,
+    Stop,
     TrialRecord,
     counts_toward_n_trials,
     is_recorded,
@@ -77,7 +79,7 @@ def run_workers(
     study: optuna.Study,
     observer: SearchObserver,
     executor: TrialExecutor | None,
-) -> str:
+) -> Stop:
     """Start one worker per slot of `plan`, show them as one search through `observer`, and
     return why they stopped when every one has ended.
 
@@ -223,19 +225,22 @@ def _tail(path: Path) -> str:
     return "\n".join(lines[-LOG_TAIL_LINES:])
 
 
-def _stopped(folder: Path, workers: list[subprocess.Popen]) -> str:
+def _stopped(folder: Path, workers: list[subprocess.Popen]) -> Stop:
     """Why the workers stopped, in one line: their own words when they all agree."""
-    reasons, failed = [], []
+    stops, failed = [], []
     for k, worker in enumerate(workers):
         if worker.returncode == 0:
             with contextlib.suppress(OSError, ValueError, KeyError):
-                reasons.append(json.loads(_stopped_path(folder, k).read_text())["stopped"])
+                said = json.loads(_stopped_path(folder, k).read_text())
+                stops.append(Stop(said["stopped"], Ending(said["ending"])))
         else:
             failed.append(f"worker {k} ({_exit(worker.returncode)}, {_log(folder, k)})")
-    if not reasons:
+    if not stops:
         raise WorkerError(f"every worker failed: {'; '.join(failed)}")
-    said = "; ".join(dict.fromkeys(reasons))
-    return said if not failed else f"{said}; failed: {'; '.join(failed)}"
+    stop = Stop.of_all(stops)
+    if not failed:
+        return stop
+    return Stop(f"{stop.reason}; failed: {'; '.join(failed)}", stop.ending)
 
 
 class WorkerError(AutotuneError):
@@ -320,7 +325,7 @@ def _run_threads(
     failed = next((e for e in errors if not isinstance(e, _Stopped)), None)
     if failed is not None:
         raise failed
-    return "; ".join(dict.fromkeys(f.result() for f in futures))
+    return Stop.of_all([f.result() for f in futures])
 
 
 def _handle(plan: SearchPlan, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
@@ -337,7 +342,7 @@ def _loop_in_thread(
     study: optuna.Study,
     observer: SearchObserver,
     executor: TrialExecutor,
-) -> str:
+) -> Stop:
     threading.current_thread().name = name  # a pool's thread, this worker's while it runs
     return run_search(plan, study, observer=observer, executor=executor)
 
@@ -409,8 +414,10 @@ def _worker_main(folder: Path, index: int) -> int:
         view = TerminalView(quiet=False, log_name=None)
         view.planned(plan, done_before=0)
         stopped = run_search(plan, study, observer=view, executor=executor)
-        view.ended(stopped)
-    write_json_atomic(_stopped_path(folder, index), {"stopped": stopped})
+        view.ended(stopped.reason)
+    write_json_atomic(
+        _stopped_path(folder, index), {"stopped": stopped.reason, "ending": stopped.ending}
+    )
     return 0
 
 

@@ -44,7 +44,13 @@ import torch.distributed as dist
 from autotune.child import cuda_free
 from autotune.common.knobs import FSDP, ZERO_STAGES, value_of
 from autotune.common.processes import die_with_parent
-from autotune.common.trial import Status, TrialResult, TrialSpec, write_json_atomic
+from autotune.common.trial import (
+    STDERR_TAIL_CHARS,
+    Status,
+    TrialResult,
+    TrialSpec,
+    write_json_atomic,
+)
 
 HOST = "127.0.0.1"
 """Every rank of a trial runs on this host: the rendezvous store and the collectives' sockets
@@ -238,7 +244,7 @@ def _join_and_train(
         result = TrialResult(
             status=Status.ERROR,
             reason=f"{type(exc).__name__}: {exc}"[:300],
-            stderr_tail=traceback.format_exc()[-4000:],
+            stderr_tail=traceback.format_exc()[-STDERR_TAIL_CHARS:],
         )
         return result, True
     return attempt(rank)

@@ -47,6 +47,7 @@ from autotune.common.processes import (
     keep_orphans_in_this_tree,
 )
 from autotune.common.trial import (
+    STDERR_TAIL_CHARS,
     Progress,
     Stage,
     Status,
@@ -530,7 +531,7 @@ def _failure(status: Status, exc: BaseException) -> TrialResult:
     return TrialResult(
         status=status,
         reason=f"{type(exc).__name__}: {first_line}"[:300],
-        stderr_tail="".join(traceback.format_exception(exc))[-4000:],
+        stderr_tail="".join(traceback.format_exception(exc))[-STDERR_TAIL_CHARS:],
     )
 
 

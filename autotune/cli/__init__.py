@@ -11,7 +11,6 @@ import argparse
 import signal
 import sys
 
-import optuna
 from rich.markup import escape
 
 from autotune.cli import catalog, estimate, results, search
@@ -35,6 +34,7 @@ from autotune.plan.config import (
 from autotune.store.storage_file import STUDY_FILE_LOST_EXIT_CODE, StudyFileLost
 from autotune.store.storage_outage import OUTAGE_EXIT_CODE, StorageUnavailable
 from autotune.study.interrupts import SearchInterrupted
+from autotune.study.sampler import quiet_optuna
 
 _SETTINGS = {
     "search": RunConfig,
@@ -50,7 +50,7 @@ _SETTINGS = {
 def main(argv: list[str] | None = None, *, executor: TrialExecutor | None = None) -> int:
     """`executor` runs the search's trials (default: worker processes forked from a fork server of
     this host); tests inject one."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own lines say what happens
+    quiet_optuna()
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
     args.executor = executor

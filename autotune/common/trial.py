@@ -93,6 +93,10 @@ def feasible(status: Status, peak_memory_gib: float | None, budget_gib: float) -
     return status is Status.OK and peak_memory_gib is not None and peak_memory_gib <= budget_gib
 
 
+STDERR_TAIL_CHARS = 4000
+"""How much of a failed trial's output or traceback its result keeps (`stderr_tail`)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrialResult:
     """What one trial measured, or why it measured nothing."""
@@ -189,6 +193,7 @@ class TrialResult:
     """The environment variables the knobs set (torch.compile's dynamic, full-graph and
     regional modes, which accelerate reads), as the trial trained with them."""
     stderr_tail: str = ""
+    """The end of what the trial printed, or of its traceback: `STDERR_TAIL_CHARS` at most."""
     schema_version: int = SCHEMA_VERSION
 
     def feasible(self, budget_gib: float) -> bool:

@@ -44,6 +44,7 @@ from autotune.common.layout import (
 from autotune.common.output_files import make_folder, open_log
 from autotune.common.processes import descendants, die_with_parent, end_processes
 from autotune.common.trial import (
+    STDERR_TAIL_CHARS,
     Progress,
     Status,
     TrialResult,
@@ -68,7 +69,6 @@ PRELOAD = (
 """What the fork server imports once, on a GPU as on a CPU. `fork_server_init` comes first: it
 keeps the Trainer's import from initialising CUDA (`child/cuda_free.py` says how), which would
 leave every forked trial without a GPU ("Cannot re-initialize CUDA in forked subprocess")."""
-STDERR_TAIL_CHARS = 4000
 POLL_S = 0.05
 TREE_WALK_S = 0.5
 """Least time between two listings of the worker's descendants when the memory watchdog does

@@ -219,6 +219,24 @@ class Ending(enum.StrEnum):
     """Ctrl-C, SIGTERM or SIGHUP (`interrupts.SearchInterrupted`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Why a search loop stopped, in words, and how the search ends for it."""
+
+    reason: str
+    ending: Ending = Ending.COMPLETE
+
+    @staticmethod
+    def of_all(stops: list[Stop]) -> Stop:
+        """Why several loops on one study stopped: their words, each once; a timeout when
+        any of them timed out."""
+        timed_out = any(s.ending is Ending.TIMEOUT for s in stops)
+        return Stop(
+            "; ".join(dict.fromkeys(s.reason for s in stops)),
+            Ending.TIMEOUT if timed_out else Ending.COMPLETE,
+        )
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunEnd:
     """How a search ended, stored in the study when it stopped, so that `autotune report`

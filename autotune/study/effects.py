@@ -78,7 +78,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         self.rng = np.random.default_rng(seed)
         self.pre_trial = checks.for_plan(plan)
         self.chosen: dict[int, dict[str, Any]] = {}
-        """trial id -> the Optuna parameters of the setting chosen for it."""
+        """trial number -> the Optuna parameters of the setting chosen for it."""
         self.estimates: dict[int, float | None] = {}
         self.guesses: dict[tuple, int | None] = {}
         """The expert's guess, by the baseline records it was made from."""
@@ -111,7 +111,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
             return  # queued: the baseline, or an interrupted trial run again
         index = self.choose(study.get_trials(deepcopy=False))
         if index is not None:
-            self.chosen[trial._trial_id] = self.points.optuna[index]
+            self.chosen[trial.number] = self.points.optuna[index]
         if self.enough_now is not None:
             self.said_enough[trial.number] = self.enough_now
 
@@ -127,7 +127,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         param_name: str,
         param_distribution: BaseDistribution,
     ) -> Any:
-        chosen = self.chosen.get(trial._trial_id, {})
+        chosen = self.chosen.get(trial.number, {})
         if param_name in chosen:
             return chosen[param_name]
         choices = getattr(param_distribution, "choices", None)
@@ -143,7 +143,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         state: TrialState,
         values: list[float] | None,
     ) -> None:
-        self.chosen.pop(trial._trial_id, None)
+        self.chosen.pop(trial.number, None)
 
     # The search.
 

@@ -33,6 +33,8 @@ from autotune.store.records import (
     PARAMS_ATTR,
     RETRY_OF_ATTR,
     VERSIONS_ATTR,
+    Ending,
+    Stop,
     TrialRecord,
     counts_toward_n_trials,
     is_recorded,
@@ -57,7 +59,6 @@ RUNNING_BACKOFF_S = 0.5
 """Pause before asking again when a proposal is being run by another process."""
 WAIT_FOR_OTHERS_S = 1.0
 """Pause between looks at the study while its last trials run in other processes."""
-TIMED_OUT = "timeout: "
 """How `run_search` says that `timeout=` ended it (also in `workers`' joined words)."""
 
 
@@ -68,7 +69,7 @@ def run_search(
     observer: SearchObserver | None = None,
     executor: TrialExecutor | None = None,
     show_others: bool = False,
-) -> str:
+) -> Stop:
     """Run trials until the study has `n_trials` run (skipped ones run nothing and do not
     count) or `timeout` has passed; says why it stopped. Other processes may run the same
     study at the same time (`workers=N`, `autotune worker`): `n_trials` counts the whole
@@ -182,15 +183,15 @@ class _Loop:
                     self.observer.trial_ended(record_of(trial))
         return trials
 
-    def stop_reason(self) -> str | None:
+    def stop_reason(self) -> Stop | None:
         n_trials = self.plan.config.n_trials
         if self.done >= n_trials:
-            return f"{self.done} of {n_trials} trials finished"
+            return Stop(f"{self.done} of {n_trials} trials finished")
         if time.monotonic() > self.deadline:
-            return f"{TIMED_OUT}{self.done} of {n_trials} trials finished"
+            return Stop(f"timeout: {self.done} of {n_trials} trials finished", Ending.TIMEOUT)
         sampler = self.study.sampler
         if isinstance(sampler, AskTellGridSampler) and sampler.is_exhausted(self.study):
-            return f"every grid point has run: {self.done} trials finished"
+            return Stop(f"every grid point has run: {self.done} trials finished")
         return None
 
     def others_finish(self, trials: list[FrozenTrial]) -> bool:
@@ -225,7 +226,7 @@ class _Loop:
 
     # --- one trial: propose, check, run, tell ------------------------------------------------
 
-    def one_trial(self, trial: optuna.Trial) -> str | None:
+    def one_trial(self, trial: optuna.Trial) -> Stop | None:
         """Propose, check, run and tell one trial; a reason when the loop must stop."""
         if self.told is not None:
             self.told.add(trial.number)
@@ -233,7 +234,7 @@ class _Loop:
         if enough is not None:  # before any parameter is set: a later run may still try it
             trial.set_user_attr(NOT_RUN_ATTR, enough)
             self.study.tell(trial, state=TrialState.FAIL)
-            return f"{enough}: {self.done} trials finished"
+            return Stop(f"{enough}: {self.done} trials finished")
         params = self.propose(trial)
         # Read again, after publishing: a trial another process recorded since the refresh
         # (before `ask`) must count as measured here, or these settings would run twice (seen
@@ -291,7 +292,7 @@ class _Loop:
                 )
                 return
 
-    def not_run(self, trial: optuna.Trial, not_run: _NotRun) -> str | None:
+    def not_run(self, trial: optuna.Trial, not_run: _NotRun) -> Stop | None:
         """Record why a proposal does not run; a reason to stop when too many in a row were
         running elsewhere."""
         trial.set_user_attr(NOT_RUN_ATTR, not_run.reason)
@@ -302,11 +303,11 @@ class _Loop:
         # settings twice.
         self.repeats += 1
         if self.repeats >= MAX_REPEATS:
-            return f"the last {MAX_REPEATS} proposals were running or run already"
+            return Stop(f"the last {MAX_REPEATS} proposals were running or run already")
         time.sleep(RUNNING_BACKOFF_S)
         return None
 
-    def count_repeat(self, trial: optuna.Trial, skip: checks.Skip | None) -> str | None:
+    def count_repeat(self, trial: optuna.Trial, skip: checks.Skip | None) -> Stop | None:
         """Repeats and skips run nothing and use up no trial: too many of them in a row and
         the space is exhausted."""
         if skip is None:
@@ -317,7 +318,7 @@ class _Loop:
             return None
         trial.set_user_attr(NOT_RUN_ATTR, "the space looks exhausted")
         self.study.tell(trial, state=TrialState.FAIL)
-        return (
+        return Stop(
             f"the last {MAX_REPEATS} proposals repeated settings already run or were "
             f"skipped: the space looks exhausted after {self.done} trials"
         )

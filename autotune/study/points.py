@@ -106,11 +106,14 @@ class Points:
         active = (mine != self.unset) & (theirs != self.unset)
         return (mine != theirs) & active
 
-    def kernel(self, a: list[int], b: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(knob values shared, product of the numeric knobs' trends) between `a` and `b`."""
+    def kernel(self, a: list[int], b: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Between each point of `a` and each of `b` (arrays of len(a) x len(b)): the knob
+        values they share, the product of their numeric knobs' trends, and the knob values
+        they differ in."""
         shared = (self.levels[a][:, None, :] == self.levels[b][None, :, :]).sum(axis=2)
         return shared, self.trends[a] @ self.trends[b].T, self.levels.shape[1] - shared
 
     def kernel_diagonal(self, a: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`kernel` of each point of `a` with itself (arrays of len(a))."""
         knobs = self.levels.shape[1]
         return np.full(len(a), knobs), (self.trends[a] ** 2).sum(axis=1), np.zeros(len(a))

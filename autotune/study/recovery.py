@@ -44,12 +44,14 @@ def heartbeat(trial: optuna.Trial) -> Iterator[None]:
     if interval is None:
         yield
         return
+    study_id = storage.get_study_id_from_name(trial.study.study_name)
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
     stop = threading.Event()
 
     def beat() -> None:
         while True:
             with contextlib.suppress(Exception):  # a storage hiccup: the next beat may pass
-                storage.record_heartbeat(trial._trial_id)
+                storage.record_heartbeat(trial_id)
             if stop.wait(interval):
                 return
 

@@ -10,6 +10,7 @@ from autotune import api
 from autotune.common.device import DeviceInfo
 from autotune.common.trial import Status
 from autotune.execute.simulated import SimulatedExecutor
+from autotune.store.records import Ending
 from autotune.plan.config import make_config
 from autotune.twin.answer import TwinAnswer
 
@@ -98,3 +99,18 @@ def test_on_a_simulated_h100_the_search_opens_with_the_baseline_then_the_experts
         if ended_s <= 600 and record.result.samples_per_s:
             best_by_10_min = max(best_by_10_min, record.result.samples_per_s)
     assert best_by_10_min >= 7 * baseline
+
+
+def test_a_search_past_its_timeout_ends_as_a_timeout_once_and_in_the_study(tmp_path):
+    """The loop's stop carries how the search ends: a timeout, said in words and stored."""
+    device = DeviceInfo.from_facts(json.loads(H100.read_text()))
+    config = make_config({
+        "model": "bert-large-uncased", "seq_len": 512, "n_trials": 50, "timeout": 1e-6,
+        "confirm_rounds": 0, "out": str(tmp_path), "study": "late", "quiet": True,
+    })  # fmt: skip
+    result = api.run(config, executor=SimulatedExecutor(TwinAnswer("H100", seed=0)),
+                     device_info=device)  # fmt: skip
+    assert result.stopped.startswith("timeout: ")
+    ended = result.snapshot.ended
+    assert ended.how is Ending.TIMEOUT and ended.stopped == result.stopped
+    assert ended.done < 50
