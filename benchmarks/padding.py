@@ -8,7 +8,7 @@ on synthetic tokens for the overhead compared. Every figure comes from the studi
 
     python benchmarks/padding.py [--repeats 3]
 
-Writes benchmarks/results/padding.json and prints the README's table.
+Writes benchmarks/results/padding.json and prints the table of docs/own-data.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The README's Python API snippet run as a script without a main guard: the trial processes
-must never import the user's `__main__` (multiprocessing would re-run it in every trial)."""
+"""The Python API snippet of docs/python-api.md run as a script without a main guard: the trial
+processes must never import the user's `__main__` (multiprocessing would re-run it in every
+trial)."""
 
 import json
 import re
@@ -8,16 +9,16 @@ import sys
 
 import pytest
 
-from tests.integration.test_python_api import readme_example
+from tests.integration.test_python_api import documented_example
 
 N_TRIALS = 2
 FAST = "confirm_rounds=0, warmup_steps=1, measure_steps=2"
 
 
 def _script() -> str:
-    """The README's snippet, smaller: the same call with fewer trials, shorter samples and
+    """The documented snippet, smaller: the same call with fewer trials, shorter samples and
     fewer steps (a trial's length is not its subject: about 8 s less a run here)."""
-    code = readme_example()
+    code = documented_example()
     code = re.sub(r"n_trials=\d+", f"n_trials={N_TRIALS}", code)
     code = re.sub(r"seq_len=\d+", "seq_len=32", code)
     # Not its subject either: the confirmation and the steps a trial measures.
@@ -35,7 +36,7 @@ def _run(command: list[str], cwd, stdin_text: str | None = None) -> subprocess.C
 
 
 @pytest.mark.parametrize("how", ["file", "stdin", "dash_c"])
-def test_the_readme_snippet_as_a_script_without_a_main_guard_runs_one_search(tmp_path, how):
+def test_the_documented_snippet_as_a_script_without_a_main_guard_runs_one_search(tmp_path, how):
     script = tmp_path / "tune.py"
     script.write_text(_script())
     if how == "file":

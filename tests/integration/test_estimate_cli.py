@@ -1,16 +1,14 @@
-"""`autotune estimate` as the README shows it: the same table, in under 2 s, without torch."""
+"""`autotune estimate` as docs/estimate.md shows it: the same table, in under 2 s, without torch."""
 
 import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from autotune.plan import software_cache
-
-README = Path(__file__).parents[2] / "README.md"
+from tests.docs_text import page
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -21,15 +19,14 @@ def warm_software_cache():
     software_cache.software_facts()
 
 
-def readme_excerpt() -> tuple[list[str], list[str]]:
-    """The command and the output lines of the README's "Estimating memory" example."""
-    section = README.read_text().split("## Estimating memory\n", 1)[1].split("\n## ", 1)[0]
-    block = re.findall(r"```\n(.*?)```", section, flags=re.S)[0].splitlines()
+def documented_excerpt() -> tuple[list[str], list[str]]:
+    """The command and the output lines of the first example of docs/estimate.md."""
+    block = re.findall(r"```\n(.*?)```", page("estimate.md"), flags=re.S)[0].splitlines()
     return block[0].removeprefix("$ autotune ").split(), block[1:]
 
 
-def test_the_readme_example_prints_what_the_readme_shows():
-    command, shown = readme_excerpt()
+def test_the_documented_example_prints_what_the_page_shows():
+    command, shown = documented_excerpt()
     proc = subprocess.run(
         [sys.executable, "-c", "import sys; from autotune.cli import main; "
          "sys.exit(main()); ", *command],

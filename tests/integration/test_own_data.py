@@ -1,5 +1,5 @@
 """Searches on the user's own data (`data=`) and with the user's own Trainer (`trainer=`), run
-as the README's "Your own data" and "Your own Trainer" sections show them."""
+as the "Your own data" and "Your own Trainer" sections of docs/own-data.md show them."""
 
 import csv
 import hashlib
@@ -21,16 +21,16 @@ from autotune.common.user_data import READY
 from autotune.store.records import load_records
 from tests.benchmarking import up_to_three_attempts
 from tests.conftest import fake_executor
+from tests.docs_text import page
 from tests.text_data import write_corpus
 
 ROOT = Path(__file__).parents[2]
-README = ROOT / "README.md"
 EXAMPLE = ROOT / "examples" / "classifier_trainer.py"
 
 
-def readme_command(section: str) -> list[str]:
-    """The `autotune search` line of a README section, split as a shell would."""
-    text = README.read_text().split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+def documented_command(section: str) -> list[str]:
+    """The `autotune search` line of a section of docs/own-data.md, split as a shell would."""
+    text = page("own-data.md").split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
     block = re.findall(r"```bash\n(.*?)```", text, flags=re.S)[0]
     return shlex.split(block.strip())
 
@@ -58,9 +58,9 @@ def study_of(folder: Path) -> optuna.Study:
 
 def test_a_search_on_the_users_data_measures_padding_and_reuses_its_tokens(corpus, tmp_path):
     data, tokenizer = corpus
-    command = readme_command("Your own data")
+    command = documented_command("Your own data")
     assert command[:2] == ["autotune", "search"] and "space=data" in command
-    # The README's search on the shipped examples, here on the corpus (and its tokenizer) whose
+    # The documented search on the shipped examples, here on the corpus (and its tokenizer) whose
     # lengths the test knows, with the test's own trial count.
     swap = {"data": str(data), "tokenizer": str(tokenizer)}
     command = [f"{key}{sep}{swap.get(key, value)}"
@@ -136,12 +136,12 @@ def test_a_tokenizer_that_cannot_be_had_offline_is_exit_2_with_nothing_run(corpu
 
 
 def test_the_users_trainer_is_what_each_trial_times(tmp_path, capsys):
-    command = [c for c in readme_command("Your own Trainer") if not c.startswith("n_trials=")]
+    command = [c for c in documented_command("Your own Trainer") if not c.startswith("n_trials=")]
     assert command[:2] == ["autotune", "search"]
     fast = ["n_trials=4", "seq_len=128", "warmup_steps=1", "measure_steps=3", "confirm_rounds=0",
             f"out={tmp_path}",
             "study=mine"]  # fmt: skip
-    proc = autotune(*command[1:], *fast, cwd=ROOT)  # the path in the README is the repo's
+    proc = autotune(*command[1:], *fast, cwd=ROOT)  # the documented path is the repo's
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = load_records(study_of(tmp_path / "mine"))
     assert len(records) == 4 and all(r.status is Status.OK for r in records), records
@@ -271,13 +271,13 @@ def test_loader_workers_pay_off_when_the_data_costs_cpu_time(corpus, tmp_path):
     assert heavy > 1.3 * tokenized
 
 
-def test_the_readme_recipe_makes_the_shipped_tokenizer_byte_for_byte(tmp_path):
-    """The README says how examples/tokenizer was made: run that command in a copy of
+def test_the_documented_recipe_makes_the_shipped_tokenizer_byte_for_byte(tmp_path):
+    """docs/own-data.md says how examples/tokenizer was made: run that command in a copy of
     examples/, and the files it saves are the shipped ones."""
     import shutil
 
     found = re.search(r"`(python -c \"import json, sys;.*?\('examples/tokenizer'\)\")`",
-                      README.read_text())  # fmt: skip
+                      page("own-data.md"))  # fmt: skip
     recipe = found.group(1)
     shutil.copytree(ROOT / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns(
         "tokenizer", "__pycache__"))  # fmt: skip

@@ -1,11 +1,10 @@
-"""The Python API: `autotune.search` and `autotune.load`, as the README shows them."""
+"""The Python API: `autotune.search` and `autotune.load`, as docs/python-api.md shows them."""
 
 import csv
 import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,14 +12,12 @@ import autotune
 from autotune import cli
 from autotune.common.errors import ConfigError
 from tests.conftest import TINY_MODEL, fake_executor
+from tests.docs_text import page
 
-README = Path(__file__).parents[2] / "README.md"
 
-
-def readme_example() -> str:
-    """The README's Python API block (run verbatim by test_readme_examples.py)."""
-    section = README.read_text().split("## Python API", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def documented_example() -> str:
+    """The Python block of docs/python-api.md (run verbatim by test_readme_examples.py)."""
+    return re.search(r"```python\n(.*?)```", page("python-api.md"), re.S).group(1)
 
 
 @pytest.fixture(scope="module")

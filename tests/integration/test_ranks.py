@@ -240,7 +240,7 @@ def test_the_exported_launch_command_trains_each_strategy_on_two_ranks(tmp_path,
         assert run.returncode == 0, run.stdout + run.stderr
         assert "train_runtime" in run.stdout, run.stdout
     # The same through accelerate launch and the accelerate config written beside (once: the
-    # README's example runs it for its own pick too).
+    # example in docs/devices.md runs it for its own pick too).
     accelerate = yaml.safe_load((study / "accelerate_config.yaml").read_text())
     assert accelerate["num_processes"] == 2 and accelerate["mixed_precision"] == "no"
     assert recommended["accelerate_launch"] == (

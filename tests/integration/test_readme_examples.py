@@ -1,13 +1,14 @@
-"""The README's examples, run as a reader would: every shell command line (```bash blocks, the
-indented command lines, `$ ` lines of output blocks) and every ```python block, verbatim, in
-README order, in one fresh folder that holds what a clone gives at the paths the README uses
-(`examples/`, copied). Python blocks are pasted into a file and run with `python FILE`.
+"""The examples of the README and of the pages of docs/ it links, run as a reader would: every
+shell command line (```bash blocks, the indented command lines, `$ ` lines of output blocks) and
+every ```python block, verbatim, in reading order (the README, then the pages in PAGES), in one
+fresh folder that holds what a clone gives at the paths they use (`examples/`, copied). Python
+blocks are pasted into a file and run with `python FILE`.
 
 What cannot run here as written is listed in NOT_VERBATIM, each with its reason and what runs
 instead. The one substitution of a command's own text is the PostgreSQL server: `db-host` (and
-its database) becomes a fresh database on the tests' server. Beside it, a pip install ahead of
-a command is left out (the test environment is that install) and the `<study>` placeholder of
-the snippet that reads a recommendation is the quick start's study.
+its database) becomes a fresh database on the tests' server. Beside it, the install lines are
+not run (the test environment is that install) and the `<study>` placeholder of the snippet
+that reads a recommendation is the quick start's study.
 """
 
 import contextlib
@@ -31,11 +32,37 @@ import pytest
 from autotune.common.trial import Status
 from autotune.store.records import OWNER_ATTR, is_recorded
 from tests.conftest import postgres_database
+from tests.docs_text import DOCS, README, ROOT
 from tests.integration.test_workers import assert_counted_once
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).parents[2]
-README = ROOT / "README.md"
+# The README, then the pages of docs/ in the order its "Documentation" list links them: a
+# reader's order, in which the quick start's study (the README's) is there for the pages after.
+PAGES = [
+    README,
+    *(
+        DOCS / name
+        for name in (
+            "results.md",
+            "python-api.md",
+            "scaling-out.md",
+            "devices.md",
+            "own-data.md",
+            "estimate.md",
+            "search-spaces.md",
+            "settings.md",
+            "trust.md",
+            "search.md",
+            "benchmarks.md",
+            "developing.md",
+        )
+    ),
+]
+# The pages of docs/ not read for examples: their code is the package's, for its developers.
+DESIGN_NOTES = {
+    "architecture.md": "its indented block is the package's folder tree",
+    "twin.md": "its Python block drives the GPU twin through the package's internals",
+}
 QUICK_START_STUDY = "google--bert_uncased_L-2_H-128_A-2-cpu-s64"
 DASHBOARD_URL = "http://127.0.0.1:8080"  # optuna-dashboard's default host and port
 POSTGRES = "{postgres}"  # in NotVerbatim.new: a fresh database on the tests' server
@@ -46,14 +73,20 @@ class Example:
     kind: str
     """One of: shell (one command line), python (a whole block)."""
     text: str
+    file: str
+    """The page it is on, relative to the repository: README.md, docs/NAME.md."""
     line: int
-    """The README line it starts on."""
+    """The line of that page it starts on."""
+
+    @property
+    def where(self) -> str:
+        return f"{self.file} line {self.line}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class NotVerbatim:
     reason: str
-    """Why the README's text cannot run here as it is."""
+    """Why the example's text cannot run here as it is."""
     old: str | None = None
     """Run with this part replaced by `new`; None: not run here."""
     new: str = ""
@@ -61,10 +94,13 @@ class NotVerbatim:
 
 # Keyed by a piece of text found in exactly one example (checked below).
 NOT_VERBATIM = {
-    "pip install torch==2.13.0 && pip install . && autotune search": NotVerbatim(
+    "python3 -m venv .venv && . .venv/bin/activate": NotVerbatim(
+        reason="the test environment is its own virtual environment (CI makes one the same way "
+        "before the tests); the quick start's search, two lines below, runs verbatim",
+    ),
+    "pip install torch==2.13.0 && pip install .\n": NotVerbatim(
         reason="the installs are the test environment's own (CI runs them before the tests); "
-        "the search after them runs verbatim",
-        old="pip install torch==2.13.0 && pip install . && ",
+        "the search on the next line runs verbatim",
     ),
     "autotune search model=bert-large-uncased seq_len=512": NotVerbatim(
         reason="a GPU host's search: bert-large at seq_len 512 trains about a minute per step on "
@@ -112,12 +148,18 @@ NOT_VERBATIM = {
 }
 
 
-def readme_examples() -> list[Example]:
-    """The README's shell command lines and python blocks, in README order."""
+def examples() -> list[Example]:
+    """The shell command lines and python blocks of every page, in reading order."""
+    return [example for path in PAGES for example in page_examples(path)]
+
+
+def page_examples(path: Path) -> list[Example]:
+    """A page's shell command lines and python blocks, in its order."""
     examples = []
     fence = None  # the info string of the open ``` block; None outside one
     block: list[str] = []
-    lines = README.read_text().splitlines()
+    file = path.relative_to(ROOT).as_posix()
+    lines = path.read_text().splitlines()
     for number, line in enumerate(lines, 1):
         if line.startswith("```"):
             if fence is None:
@@ -125,16 +167,17 @@ def readme_examples() -> list[Example]:
             else:
                 if fence == "python":
                     examples.append(Example(kind="python", text="\n".join(block) + "\n",
-                                            line=start))  # fmt: skip
+                                            file=file, line=start))  # fmt: skip
                 fence = None
         elif fence is None:
             # An indented code block: four spaces, after a blank line (list items indent two).
             if line.startswith("    ") and not lines[number - 2].strip():
-                examples.append(Example(kind="shell", text=line.strip(), line=number))
+                examples.append(Example(kind="shell", text=line.strip(), file=file, line=number))
         elif fence == "bash" and line.strip():
-            examples.append(Example(kind="shell", text=line, line=number))
+            examples.append(Example(kind="shell", text=line, file=file, line=number))
         elif fence == "" and line.startswith("$ "):  # a command above its output
-            examples.append(Example(kind="shell", text=line.removeprefix("$ "), line=number))
+            text = line.removeprefix("$ ")
+            examples.append(Example(kind="shell", text=text, file=file, line=number))
         else:
             block.append(line)
     return examples
@@ -149,36 +192,44 @@ def listed(example: Example) -> NotVerbatim | None:
 
 
 def test_every_example_not_run_verbatim_is_listed_once_with_its_reason():
-    examples = readme_examples()
+    found = examples()
     for needle, entry in NOT_VERBATIM.items():
-        matches = [e for e in examples if needle in e.text + ("\n" if e.kind == "shell" else "")]
-        assert len(matches) == 1, f"{needle!r} names {len(matches)} README examples, not 1"
+        matches = [e for e in found if needle in e.text + ("\n" if e.kind == "shell" else "")]
+        assert len(matches) == 1, f"{needle!r} names {len(matches)} examples, not 1"
         assert entry.old is None or entry.old in matches[0].text, (needle, entry.old)
-    verbatim = [e for e in examples if listed(e) is None]
+    verbatim = [e for e in found if listed(e) is None]
     assert [e.kind for e in verbatim].count("python") == 1, "the Python API block"
     assert len(verbatim) >= 6, verbatim
 
 
-def test_the_readme_examples_run_verbatim_in_readme_order(tmp_path, request):
+def test_every_page_of_the_docs_is_read_in_the_order_the_readme_lists_it():
+    docs = {path.name for path in DOCS.glob("*.md")}
+    assert docs == {path.name for path in PAGES[1:]} | set(DESIGN_NOTES), "a page not read"
+    listed_pages = README.read_text().split("\n## Documentation\n", 1)[1].split("\n## ", 1)[0]
+    order = re.findall(r"\]\(docs/([\w-]+\.md)\)", listed_pages)
+    assert [name for name in order if name not in DESIGN_NOTES] == [p.name for p in PAGES[1:]]
+
+
+def test_the_readme_and_docs_examples_run_verbatim_in_reading_order(tmp_path, request):
     clone = tmp_path / "clone"
     clone.mkdir()
     # A copy, not a link: nothing an example writes (a factory's __pycache__) reaches the repo.
     shutil.copytree(ROOT / "examples", clone / "examples",
                     ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-    # The commands the README names, from the environment running the tests.
+    # The commands the pages name, from the environment running the tests.
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     ran, not_run, unavailable = [], [], []
     with contextlib.ExitStack() as cleanup:
-        for example in readme_examples():
+        for example in examples():
             entry, text = listed(example), example.text
             if entry is not None and entry.old is None:
-                not_run.append(f"line {example.line}: {text.strip()[:60]}: {entry.reason}")
+                not_run.append(f"{example.where}: {text.strip()[:60]}: {entry.reason}")
                 continue
             if entry is not None and entry.new == POSTGRES:
                 try:
                     server = request.getfixturevalue("postgres_server_url")
                 except pytest.skip.Exception as skip:  # no server outside CI: the rest runs
-                    unavailable.append(f"line {example.line}: {skip}")
+                    unavailable.append(f"{example.where}: {skip}")
                     continue
                 url = cleanup.enter_context(postgres_database(server))
                 # The study the several-hosts commands (not run here) would have made.
@@ -194,7 +245,7 @@ def test_the_readme_examples_run_verbatim_in_readme_order(tmp_path, request):
                 run_dashboard(example, text, clone, env)
             else:
                 run_command(example, text, clone, env)
-            ran.append(f"{time.monotonic() - started:6.1f} s  line {example.line}: "
+            ran.append(f"{time.monotonic() - started:6.1f} s  {example.where}: "
                        f"{text.strip().splitlines()[0][:90]}")  # fmt: skip
     print("\n".join(["", "ran:", *ran, "not run here:", *not_run]))
     if unavailable:
@@ -218,7 +269,7 @@ def run_command(example: Example, command: str, cwd: Path, env: dict) -> None:
 
 
 def run_python_block(example: Example, code: str, cwd: Path, env: dict) -> None:
-    script = cwd / f"readme_line_{example.line}.py"
+    script = cwd / f"{Path(example.file).stem}_line_{example.line}.py"
     script.write_text(code)
     proc = subprocess.run([sys.executable, script.name], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600, check=False)  # fmt: skip
@@ -239,8 +290,8 @@ def run_dashboard(example: Example, command: str, cwd: Path, env: dict) -> None:
     and its API lists the study the storage URL holds."""
     with socket.socket() as probe:
         taken = probe.connect_ex(("127.0.0.1", 8080)) == 0
-    assert not taken, f"README line {example.line}: port 8080, where `{command}` serves, is taken"
-    log = cwd / f"dashboard_line_{example.line}.log"
+    assert not taken, f"{example.where}: port 8080, where `{command}` serves, is taken"
+    log = cwd / f"dashboard_{Path(example.file).stem}_line_{example.line}.log"
     with open(log, "w") as out:
         server = subprocess.Popen(shlex.split(command), cwd=cwd, env=env, stdout=out,
                                   stderr=subprocess.STDOUT)  # fmt: skip
@@ -280,8 +331,8 @@ def study_folder(cwd: Path, argv: list[str], stdout: str) -> Path:
 
 
 def check_two_workers(study_dir: Path, proc: subprocess.CompletedProcess) -> None:
-    """The README's CPU command for two workers: each on a core of its own, both running the
-    study's real trials, every trial counted once."""
+    """The CPU command for two workers (docs/scaling-out.md): each on a core of its own, both
+    running the study's real trials, every trial counted once."""
     assert "2 workers on this study: cores 0, cores 1" in proc.stdout, proc.stdout[-3000:]
     study = optuna.load_study(study_name=study_dir.name,
                               storage=f"sqlite:///{study_dir / 'study.db'}")  # fmt: skip
@@ -321,7 +372,7 @@ def expect_success(example: Example, command: str, proc: subprocess.CompletedPro
 
 def failure(example: Example, command: str, proc: subprocess.CompletedProcess) -> str:
     return (
-        f"README line {example.line}: `{command}` exited {proc.returncode}\n"
+        f"{example.where}: `{command}` exited {proc.returncode}\n"
         f"--- stdout (tail) ---\n{proc.stdout[-1500:]}\n"
         f"--- stderr (tail) ---\n{proc.stderr[-3000:]}"
     )

@@ -1,7 +1,7 @@
 """Several workers on one study, with real processes: worker processes started by `workers=N`
 and workers joining with `autotune worker`, on the embedded SQLite storage and on a real
 PostgreSQL server; heartbeats; kill -9 of a worker mid-trial. (Real trials on one core each:
-the README's CPU command, run by test_readme_examples.py.)
+the CPU command of docs/scaling-out.md, run by test_readme_examples.py.)
 
 Fake trials (tests/fakes/worker.py, `sleep:S`) take a fixed time and give known results, so
 what these tests check is the coordination: each trial counted once, the baseline run once, no
@@ -48,9 +48,9 @@ from autotune.study.observer import SearchObserver
 from autotune.study.opening import open_study
 from tests.benchmarking import up_to_three_attempts
 from tests.conftest import TINY_MODEL, fake_executor, postgres_database
+from tests.docs_text import page
 
 pytestmark = pytest.mark.slow
-README = Path(__file__).parents[2] / "README.md"
 TRIAL_S = 4.0
 N_TRIALS = 12
 OUTPUTS = ("trials.csv", "pareto.csv", "recommended.json", "recommended.py", "report.html")
@@ -71,8 +71,8 @@ def storage(request):
 @pytest.fixture
 def any_cores(monkeypatch):
     """N workers without core sets of their own. On CPU each worker owns some cores, and the
-    2-core CI machine has fewer than 3; a fake trial uses none. (The README's CPU command,
-    run by test_readme_examples.py, runs real trials on one core each.)"""
+    2-core CI machine has fewer than 3; a fake trial uses none. (The CPU command
+    of docs/scaling-out.md, run by test_readme_examples.py, runs real trials on one core each.)"""
     monkeypatch.setattr("autotune.plan.plan.assign", lambda workers, *_: ([Slot()] * workers, []))
 
 
@@ -315,19 +315,18 @@ def test_a_trial_from_a_lost_host_is_failed_after_stale_after_and_a_live_one_nev
 
 
 def scaling_out_commands() -> list[list[str]]:
-    """The commands of the README's "Scaling out" section, split as a shell would."""
-    section = README.read_text().split("## Scaling out", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    """The commands of docs/scaling-out.md, split as a shell would."""
+    blocks = re.findall(r"```bash\n(.*?)```", page("scaling-out.md"), flags=re.S)
     return [shlex.split(line) for block in blocks for line in block.splitlines() if line]
 
 
-def test_the_readme_shows_the_commands_these_tests_run():
+def test_the_docs_show_the_commands_these_tests_run():
     commands = [" ".join(c[:2]) for c in scaling_out_commands()]
     dashboard = "optuna-dashboard postgresql+psycopg://autotune@db-host/autotune"
     assert commands == ["autotune search"] * 4 + ["autotune worker", dashboard]
 
 
-def test_the_readme_commands_for_several_hosts(tmp_path, postgres_server_url, monkeypatch):
+def test_the_documented_commands_for_several_hosts(tmp_path, postgres_server_url, monkeypatch):
     """The search and a worker joining it on PostgreSQL (fake trials), then the dashboard's
     URL read by Optuna; and the GPU commands on this CPU-only machine."""
     commands = scaling_out_commands()

@@ -100,9 +100,9 @@ def test_a_study_name_cannot_leave_the_out_folder(name, problem):
     assert load_config(["model=gpt2", "study=" + "a" * 100]).study == "a" * 100
 
 
-def test_the_readme_settings_table_is_the_one_search_help_prints():
-    readme = (Path(__file__).parents[3] / "README.md").read_text()
-    table = readme.split("| key | type | default | meaning |", 1)[1].split("\n\n", 1)[0]
+def test_the_documented_settings_table_is_the_one_search_help_prints():
+    settings = (Path(__file__).parents[3] / "docs" / "settings.md").read_text()
+    table = settings.split("| key | type | default | meaning |", 1)[1].split("\n\n", 1)[0]
     rows = []
     for line in table.strip().splitlines()[1:]:  # past the |---| line
         cells = [c.strip() for c in line.strip("|").replace("\\|", "\x00").split("|")]

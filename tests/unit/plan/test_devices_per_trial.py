@@ -102,7 +102,7 @@ def test_several_gpus_a_trial(tmp_path, monkeypatch):
     assert plan.info.memory_budget_bytes == 70 * 2**30
     config = load_config([f"model={TINY_MODEL}", f"out={tmp_path}", "devices_per_trial=3"])
     assert [s.cuda_indices for s in make_plan(config, GPUS).slots] == [(0, 1, 2)]
-    # The README's two: every GPU a trial, by one worker or by devices_per_trial.
+    # The two of docs/devices.md: every GPU a trial, by one worker or by devices_per_trial.
     for setting in ("workers=1", "devices_per_trial=4"):
         config = load_config([f"model={TINY_MODEL}", f"out={tmp_path}", setting])
         assert [s.cuda_indices for s in make_plan(config, GPUS).slots] == [(0, 1, 2, 3)]
