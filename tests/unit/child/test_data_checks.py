@@ -18,9 +18,12 @@ from autotune.child.data_checks import (
 
 @pytest.mark.parametrize(
     ("value", "found"),
-    [(["a", "b"], "a value of type list"), (3.5, "a value of type float (3.5)"),
-     (None, "null (no value)")],
-)  # fmt: skip
+    [
+        (["a", "b"], "a value of type list"),
+        (3.5, "a value of type float (3.5)"),
+        (None, "null (no value)"),
+    ],
+)
 def test_a_text_that_is_not_a_string_is_refused_naming_column_row_and_type(value, found):
     with pytest.raises(
         DataError, match=rf"text_column=body: row 2 \(counting from 1\).*{re.escape(found)}"

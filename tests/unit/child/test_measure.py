@@ -18,8 +18,9 @@ def test_warmup_steps_are_outside_the_timed_window(monkeypatch):
 
 
 def test_throughput_is_what_the_timed_steps_trained_on():
-    counts = measure.Counts(samples=128, tokens=128 * 100, padded_tokens=128 * 128,
-                            squared_lengths=128 * 100**2)  # fmt: skip
+    counts = measure.Counts(
+        samples=128, tokens=128 * 100, padded_tokens=128 * 128, squared_lengths=128 * 100**2
+    )
     stats = measure.throughput([0.5, 0.5, 0.5, 0.5], counts)
     assert stats.samples_per_s == pytest.approx(64.0)
     assert stats.tokens_per_s == pytest.approx(64.0 * 100), "real tokens only"
@@ -61,8 +62,9 @@ def test_the_timed_window_holds_the_counts_of_the_timed_steps_only():
 
 
 def test_the_counted_loader_is_the_trainers_own_loader_otherwise():
-    loader = torch.utils.data.DataLoader([{"input_ids": torch.ones(3, dtype=torch.long)}] * 4,
-                                         batch_size=2)  # fmt: skip
+    loader = torch.utils.data.DataLoader(
+        [{"input_ids": torch.ones(3, dtype=torch.long)}] * 4, batch_size=2
+    )
 
     class Trainer:
         def get_train_dataloader(self):

@@ -95,8 +95,12 @@ def test_fsdp_offload_on_a_gpu_is_every_rank_holding_its_shards_in_host_memory()
         _check_applied(gpu, [501, 500], FULL, ["FSDPBertModel parameters on host", "FSDPBertModel"])
     # fsdp keeps its shards on the GPU: shards found on the host are not what it asked.
     with pytest.raises(StrategyNotApplied, match="fsdp asked"):
-        _check_applied(Rank(1, 2, "fsdp", on_cuda=True), [501, 500], FULL,
-                       ["FSDPBertModel parameters on host"] * 2)  # fmt: skip
+        _check_applied(
+            Rank(1, 2, "fsdp", on_cuda=True),
+            [501, 500],
+            FULL,
+            ["FSDPBertModel parameters on host"] * 2,
+        )
     # Its group reduces on the host too (the gradients' norm), over gloo beside NCCL.
     assert gpu.backend == "cpu:gloo,cuda:nccl"
     assert Rank(0, 2, "fsdp", on_cuda=True).backend == "nccl"
@@ -110,7 +114,8 @@ def test_a_sharding_rank_lists_its_own_gpu_first_and_keeps_the_others_visible(mo
 
 
 def test_a_rank_torchrun_started_learns_who_it_is_from_its_environment():
-    rank = Rank.from_torchrun("fsdp", {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"},
-                              on_cuda=True)  # fmt: skip
+    rank = Rank.from_torchrun(
+        "fsdp", {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}, on_cuda=True
+    )
     assert rank == Rank(3, 8, "fsdp", on_cuda=True)
     assert rank.fsdp and rank.backend == "nccl" and not rank.trainer_distributed
