@@ -75,16 +75,50 @@ def start(root: Path | None = None) -> Cluster:
         port = _free_port()
         # A throwaway cluster needs no durability: no disk flushes (--no-sync, fsync=off).
         # initdb is most of the start: 0.8 s of about 0.9 s on this project's 2-core box.
-        _run(folder / "initdb", "-D", root / "data", "-A", "trust", "-U", USER, "-E", "UTF8",
-             "--locale=C", "--no-sync", "--no-instructions")  # fmt: skip
+        _run(
+            folder / "initdb",
+            "-D",
+            root / "data",
+            "-A",
+            "trust",
+            "-U",
+            USER,
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+            "--no-instructions",
+        )
         log = root / "server.log"
-        options = (f"-p {port} -k {shlex.quote(str(root))} -c listen_addresses=127.0.0.1 "
-                   "-c fsync=off")  # fmt: skip
-        _run(folder / "pg_ctl", "-D", root / "data", "-l", log, "-w", "-t", "60", "-o", options,
-             "start", log=log)  # fmt: skip
+        options = (
+            f"-p {port} -k {shlex.quote(str(root))} -c listen_addresses=127.0.0.1 -c fsync=off"
+        )
+        _run(
+            folder / "pg_ctl",
+            "-D",
+            root / "data",
+            "-l",
+            log,
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            options,
+            "start",
+            log=log,
+        )
         # createdb is a client: it needs no particular OS user.
-        _run(folder / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", USER, USER,
-             as_server=False)  # fmt: skip
+        _run(
+            folder / "createdb",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-U",
+            USER,
+            USER,
+            as_server=False,
+        )
     except Unavailable:
         stop(root)  # what initdb left, and a server that did start
         raise
@@ -96,8 +130,10 @@ def _hand_over(root: Path) -> None:
     try:
         owner = pwd.getpwnam(RUN_AS)
     except KeyError:
-        raise Unavailable(f"running as root, and there is no {RUN_AS!r} user to run the server "
-                          "as (the postgresql OS package creates it)") from None  # fmt: skip
+        raise Unavailable(
+            f"running as root, and there is no {RUN_AS!r} user to run the server "
+            "as (the postgresql OS package creates it)"
+        ) from None
     os.chown(root, owner.pw_uid, owner.pw_gid)
 
 

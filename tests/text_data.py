@@ -41,8 +41,12 @@ def train_tokenizer(corpus: Path, folder: Path) -> Path:
         ],
     )
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=model, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-        sep_token="[SEP]", mask_token="[MASK]",
-    )  # fmt: skip
+        tokenizer_object=model,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
     tokenizer.save_pretrained(folder)
     return folder

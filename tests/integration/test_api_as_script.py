@@ -30,9 +30,14 @@ def _script() -> str:
 
 def _run(command: list[str], cwd, stdin_text: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        command, cwd=cwd, input=stdin_text, capture_output=True, text=True,
-        timeout=900, check=False,
-    )  # fmt: skip
+        command,
+        cwd=cwd,
+        input=stdin_text,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("how", ["file", "stdin", "dash_c"])

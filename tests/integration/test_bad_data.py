@@ -27,10 +27,19 @@ def refusal(tmp_path: Path, capsys, data: Path, tokenizer: Path) -> str:
     """The one line a search on `data` prints; its stand-in trials would all succeed."""
     out = tmp_path / "reports"
     code = cli.main(
-        ["search", f"model={TINY_MODEL}", "seq_len=16", "n_trials=1", "study=s", f"out={out}",
-         "confirm_rounds=0", f"data={data}", f"tokenizer={tokenizer}"],
+        [
+            "search",
+            f"model={TINY_MODEL}",
+            "seq_len=16",
+            "n_trials=1",
+            "study=s",
+            f"out={out}",
+            "confirm_rounds=0",
+            f"data={data}",
+            f"tokenizer={tokenizer}",
+        ],
         executor=fake_executor("ok"),
-    )  # fmt: skip
+    )
     err = capsys.readouterr().err
     assert code == 2, err
     assert "Traceback" not in err
@@ -144,10 +153,18 @@ def test_the_data_changed_refusal_says_which_setting_changed_not_two_dicts(
 
     def search(*extra: str) -> int:
         return cli.main(
-            ["search", f"model={TINY_MODEL}", "n_trials=1", "study=s", f"out={tmp_path}",
-             f"data={data}", f"tokenizer={tokenizer}", *extra],
+            [
+                "search",
+                f"model={TINY_MODEL}",
+                "n_trials=1",
+                "study=s",
+                f"out={tmp_path}",
+                f"data={data}",
+                f"tokenizer={tokenizer}",
+                *extra,
+            ],
             executor=fake_executor("ok"),
-        )  # fmt: skip
+        )
 
     assert search("seq_len=16") == 0
     before = json.loads((tmp_path / "s" / "recommended.json").read_text())

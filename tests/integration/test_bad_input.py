@@ -100,12 +100,22 @@ def test_an_error_naming_a_user_string_prints_it_as_given(tmp_path, capsys):
 def test_a_search_whose_every_trial_would_time_out_is_refused_unless_forced(tmp_path, capsys):
     """bert-large at seq 512 at 0.1 TFLOP/s: even the space's smallest batch needs more compute
     than trial_timeout allows. It used to warn, then start hours of certain timeouts."""
-    argv = ["search", "model=bert-large-uncased", "seq_len=512", "peak_tflops=0.1",
-            f"out={tmp_path}", "study=big", "confirm_rounds=0", "n_trials=1"]  # fmt: skip
+    argv = [
+        "search",
+        "model=bert-large-uncased",
+        "seq_len=512",
+        "peak_tflops=0.1",
+        f"out={tmp_path}",
+        "study=big",
+        "confirm_rounds=0",
+        "n_trials=1",
+    ]
     assert cli.main(argv, executor=fake_executor("ok")) == 2
     err = " ".join(error_of(capsys).split())
-    assert "every trial would time out: the least work a trial of this space does (13 steps at " \
-           "its smallest batch) needs at least" in err  # fmt: skip
+    assert (
+        "every trial would time out: the least work a trial of this space does (13 steps at "
+        "its smallest batch) needs at least" in err
+    )
     assert "over trial_timeout=10 min" in err and "force=true runs it anyway" in err
     assert not (tmp_path / "big").exists()
     assert cli.main([*argv, "force=true"], executor=fake_executor("ok")) == 0
@@ -114,8 +124,13 @@ def test_a_search_whose_every_trial_would_time_out_is_refused_unless_forced(tmp_
 def test_every_problem_found_without_a_probe_is_named_in_one_run(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.csv").write_text("text,label\nhi,0\n")
-    argv = ["search", f"model={TINY_MODEL}", "memory_budget=abc", "seq_len=100000",
-            "data=./trian.csv"]  # fmt: skip
+    argv = [
+        "search",
+        f"model={TINY_MODEL}",
+        "memory_budget=abc",
+        "seq_len=100000",
+        "data=./trian.csv",
+    ]
     assert cli.main(argv, executor=fake_executor("ok")) == 2
     err = " ".join(error_of(capsys).split())
     assert "3 problems in the run configuration" in err

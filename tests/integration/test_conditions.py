@@ -38,10 +38,12 @@ def made(tmp_path_factory):
 
 @pytest.mark.parametrize(
     ("setting", "named"),
-    [("measure_steps=5", "measure_steps: the study's 6, this run's 5"),
-     ("warmup_steps=1", "warmup_steps: the study's 2, this run's 1"),
-     ("seq_len=64", "seq_len: the study's 32, this run's 64")],
-)  # fmt: skip
+    [
+        ("measure_steps=5", "measure_steps: the study's 6, this run's 5"),
+        ("warmup_steps=1", "warmup_steps: the study's 2, this run's 1"),
+        ("seq_len=64", "seq_len: the study's 32, this run's 64"),
+    ],
+)
 def test_a_resume_under_other_conditions_is_refused_naming_them(made, capsys, setting, named):
     capsys.readouterr()
     key = setting.partition("=")[0]
@@ -86,12 +88,17 @@ def test_the_same_conditions_resume(made):
 def set_stored_versions(db, versions: dict[str, str]) -> None:
     """As if the study and its trials so far had been measured under `versions`."""
     with sqlite3.connect(db) as conn:
-        (run,) = conn.execute("SELECT value_json FROM study_user_attributes WHERE key = ?",
-                              (RUN_ATTR,)).fetchone()  # fmt: skip
-        conn.execute("UPDATE study_user_attributes SET value_json = ? WHERE key = ?",
-                     (json.dumps(json.loads(run) | {"versions": versions}), RUN_ATTR))  # fmt: skip
-        conn.execute("UPDATE trial_user_attributes SET value_json = ? WHERE key = ?",
-                     (json.dumps(versions), VERSIONS_ATTR))  # fmt: skip
+        (run,) = conn.execute(
+            "SELECT value_json FROM study_user_attributes WHERE key = ?", (RUN_ATTR,)
+        ).fetchone()
+        conn.execute(
+            "UPDATE study_user_attributes SET value_json = ? WHERE key = ?",
+            (json.dumps(json.loads(run) | {"versions": versions}), RUN_ATTR),
+        )
+        conn.execute(
+            "UPDATE trial_user_attributes SET value_json = ? WHERE key = ?",
+            (json.dumps(versions), VERSIONS_ATTR),
+        )
 
 
 def test_trials_under_new_versions_are_marked_and_kept_out_of_the_front(tmp_path, capsys):
@@ -124,8 +131,10 @@ def test_recommended_json_and_the_report_say_where_the_study_came_from(tmp_path)
     assert search(tmp_path, "origin", "n_trials=3", "seed=5") == 0  # resumed: a second run
     recommended = json.loads((tmp_path / "origin" / "recommended.json").read_text())
     provenance = recommended["provenance"]
-    command = (f"autotune search out={tmp_path} study=origin n_trials=2 seed=5 "
-               f"model={TINY_MODEL} confirm_rounds=0 seq_len=32")  # fmt: skip
+    command = (
+        f"autotune search out={tmp_path} study=origin n_trials=2 seed=5 "
+        f"model={TINY_MODEL} confirm_rounds=0 seq_len=32"
+    )
     assert provenance["command"] == command
     first, second = provenance["runs"]
     assert second["command"] == command.replace("n_trials=2", "n_trials=3")
@@ -152,8 +161,10 @@ def test_a_resume_after_the_space_file_changed_a_knobs_values_is_refused_naming_
     capsys.readouterr()
     assert search(tmp_path, "edited", f"space={space}", "n_trials=4") == 2
     err = flat(capsys.readouterr().err)
-    assert "study=edited was searched with other values of batch_size ([8, 16] in the study, " \
-           "[8, 16, 32] now)" in err  # fmt: skip
+    assert (
+        "study=edited was searched with other values of batch_size ([8, 16] in the study, "
+        "[8, 16, 32] now)" in err
+    )
     assert "Traceback" not in err
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'edited/study.db'}")
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
@@ -175,6 +186,8 @@ def test_a_study_a_later_autotune_wrote_is_refused_in_one_message(tmp_path, caps
         argv += [f"model={TINY_MODEL}", "seq_len=32", "confirm_rounds=0", "n_trials=2"]
     assert cli.main(argv, executor=fake_executor("ok")) == 2
     err = flat(capsys.readouterr().err)
-    assert ("study=later was made by autotune 9.0, and stores settings this autotune "
-            f"({__version__}) does not know: quantum") in err, err  # fmt: skip
+    assert (
+        "study=later was made by autotune 9.0, and stores settings this autotune "
+        f"({__version__}) does not know: quantum"
+    ) in err, err
     assert "Traceback" not in err

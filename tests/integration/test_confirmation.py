@@ -29,10 +29,16 @@ def drifted(tmp_path_factory):
     folder = tmp_path_factory.mktemp("drift")
     (folder / "space.yaml").write_text(SPACE)
     result = autotune.search(
-        model=TINY_MODEL, seq_len=32, n_trials=4, sampler="grid", out=folder / "reports",
-        study="drift", space=str(folder / "space.yaml"), quiet=True,
+        model=TINY_MODEL,
+        seq_len=32,
+        n_trials=4,
+        sampler="grid",
+        out=folder / "reports",
+        study="drift",
+        space=str(folder / "space.yaml"),
+        quiet=True,
         executor=fake_executor(f"drift:{folder}:0.1"),
-    )  # fmt: skip
+    )
     return result, folder
 
 
@@ -82,8 +88,10 @@ def test_the_confirmation_is_stored_shown_and_exported(drifted):
 def test_autotune_confirm_measures_a_study_again(drifted, capsys):
     result, folder = drifted
     before = result.snapshot.picks.confirmed
-    code = cli.main(["confirm", str(result.study_dir), "rounds=2"],
-                    executor=fake_executor(f"drift:{folder}:0.1"))  # fmt: skip
+    code = cli.main(
+        ["confirm", str(result.study_dir), "rounds=2"],
+        executor=fake_executor(f"drift:{folder}:0.1"),
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "[confirm 1/" in out and "confirmed: the baseline and the picks ran again 2 times" in out
@@ -92,8 +100,15 @@ def test_autotune_confirm_measures_a_study_again(drifted, capsys):
 
 
 def test_a_finished_search_run_again_runs_nothing_and_keeps_its_confirmation(tmp_path, capsys):
-    argv = ["search", f"model={TINY_MODEL}", "seq_len=32", "n_trials=2", "confirm_rounds=1",
-            f"out={tmp_path}", "study=done"]  # fmt: skip
+    argv = [
+        "search",
+        f"model={TINY_MODEL}",
+        "seq_len=32",
+        "n_trials=2",
+        "confirm_rounds=1",
+        f"out={tmp_path}",
+        "study=done",
+    ]
     assert cli.main(argv, executor=fake_executor("ok")) == 0
     confirmed = autotune.load(tmp_path / "done").snapshot.picks.confirmed
     assert confirmed is not None
@@ -111,8 +126,15 @@ def test_a_renamed_study_folder_is_confirmed_and_verified_where_it_is(tmp_path, 
     was made in (`out/STUDY_NAME`), a path the user never gave."""
     import shutil
 
-    argv = ["search", f"model={TINY_MODEL}", "seq_len=32", "n_trials=2", "confirm_rounds=0",
-            f"out={tmp_path}", "study=made"]  # fmt: skip
+    argv = [
+        "search",
+        f"model={TINY_MODEL}",
+        "seq_len=32",
+        "n_trials=2",
+        "confirm_rounds=0",
+        f"out={tmp_path}",
+        "study=made",
+    ]
     assert cli.main(argv, executor=fake_executor("ok")) == 0
     moved = tmp_path / "moved"
     shutil.move(tmp_path / "made", moved)
@@ -128,8 +150,15 @@ def test_a_renamed_study_folder_is_confirmed_and_verified_where_it_is(tmp_path, 
 
 
 def test_a_study_with_nothing_to_compare_does_not_ask_for_a_confirmation(tmp_path, capsys):
-    argv = ["search", f"model={TINY_MODEL}", "seq_len=32", "n_trials=1", "confirm_rounds=0",
-            f"out={tmp_path}", "study=one"]  # fmt: skip
+    argv = [
+        "search",
+        f"model={TINY_MODEL}",
+        "seq_len=32",
+        "n_trials=1",
+        "confirm_rounds=0",
+        f"out={tmp_path}",
+        "study=one",
+    ]
     assert cli.main(argv, executor=fake_executor("ok")) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "not confirmed: a single trial measured ok, nothing to compare it with" in out

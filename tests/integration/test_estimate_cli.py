@@ -28,11 +28,18 @@ def documented_excerpt() -> tuple[list[str], list[str]]:
 def test_the_documented_example_prints_what_the_page_shows():
     command, shown = documented_excerpt()
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from autotune.cli import main; "
-         "sys.exit(main()); ", *command],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from autotune.cli import main; sys.exit(main()); ",
+            *command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
         env={**os.environ, "COLUMNS": "200"},
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     printed = [line.rstrip() for line in proc.stdout.splitlines()]
     for line in shown:
@@ -46,17 +53,29 @@ def test_it_never_imports_torch():
         "import sys; from autotune.cli import main; main(['estimate', 'model=gpt2', "
         "'memory_budget=8GiB']); assert 'torch' not in sys.modules, 'torch imported'"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_bad_input_is_exit_2_with_every_problem_named():
     proc = subprocess.run(
-        [sys.executable, "-m", "autotune", "estimate", "model=gpt2", "precision=fp64",
-         "batch_size=0", "budget=1GB"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "estimate",
+            "model=gpt2",
+            "precision=fp64",
+            "batch_size=0",
+            "budget=1GB",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 2
     for problem in ("precision=fp64", "batch_size=0", "budget: unknown key"):
         assert problem in proc.stderr, proc.stderr
@@ -64,10 +83,21 @@ def test_bad_input_is_exit_2_with_every_problem_named():
 
 def test_what_the_search_refuses_is_exit_2_without_a_table():
     proc = subprocess.run(
-        [sys.executable, "-m", "autotune", "estimate", "model=gpt2", "seq_len=2048",
-         "task=seq2seq", "optim=adamw_foo"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "estimate",
+            "model=gpt2",
+            "seq_len=2048",
+            "task=seq2seq",
+            "optim=adamw_foo",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stdout
     for problem in (
         "seq_len=2048: gpt2 takes at most 1024 tokens",
@@ -79,17 +109,25 @@ def test_what_the_search_refuses_is_exit_2_without_a_table():
 
 
 def estimate_cli(*settings: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autotune", "estimate", *settings],
-                          capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", "estimate", *settings],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 def test_a_run_on_gpus_not_in_hand_is_planned_per_rank_from_the_built_in_table():
-    proc = estimate_cli("model=bert-large-uncased", "seq_len=512", "devices_per_trial=8",
-                        "gpu=A100-80GB")  # fmt: skip
+    proc = estimate_cli(
+        "model=bert-large-uncased", "seq_len=512", "devices_per_trial=8", "gpu=A100-80GB"
+    )
     assert proc.returncode == 0, proc.stderr
-    assert ("cuda, per rank of 8 (A100-80GB): budget 80.00 GiB (its total memory, from the "
-            "built-in table)") in proc.stdout  # fmt: skip
+    assert (
+        "cuda, per rank of 8 (A100-80GB): budget 80.00 GiB (its total memory, from the "
+        "built-in table)"
+    ) in proc.stdout
     assert "A100-80GB: datasheet peak 19.5 TFLOP/s fp32, 312 16-bit" in proc.stdout
     # fp32 AdamW: DDP 16 bytes a parameter, ZeRO-1 8 + 12 / 8, ZeRO-2 4 + 16 / 8, FSDP 16 / 8
     # and ZeRO-3 20 / 8 (DeepSpeed's fp32 copy); offload keeps the optimizer's on the host.
@@ -97,12 +135,22 @@ def test_a_run_on_gpus_not_in_hand_is_planned_per_rank_from_the_built_in_table()
     # The grid folded: a row a strategy, a column for each precision and checkpointing.
     rows = [row for row in proc.stdout.splitlines() if row.startswith("│ ")]
     assert [row.split()[1] for row in rows if "gc=" not in row][-9:] == [
-        "ddp", "zero1", "zero2", "fsdp_grad_op", "fsdp", "zero3", "zero2_offload",
-        "fsdp_offload", "zero3_offload"]  # fmt: skip
+        "ddp",
+        "zero1",
+        "zero2",
+        "fsdp_grad_op",
+        "fsdp",
+        "zero3",
+        "zero2_offload",
+        "fsdp_offload",
+        "zero3_offload",
+    ]
     # Most held on the GPU first (an offloaded strategy among them by what stays there).
-    assert ("model states (weights, gradients, optimizer) per rank of 8, most to least: ddp "
-            "4.99 GiB, zero1 2.97 GiB, zero2 1.87 GiB, zero2_offload 1.40 GiB (+0.62 GiB on the "
-            "host), zero3 0.78 GiB, fsdp_grad_op 0.62 GiB, fsdp 0.62 GiB,") in line  # fmt: skip
+    assert (
+        "model states (weights, gradients, optimizer) per rank of 8, most to least: ddp "
+        "4.99 GiB, zero1 2.97 GiB, zero2 1.87 GiB, zero2_offload 1.40 GiB (+0.62 GiB on the "
+        "host), zero3 0.78 GiB, fsdp_grad_op 0.62 GiB, fsdp 0.62 GiB,"
+    ) in line
     assert "fsdp_grad_op" in proc.stdout.split("by the knobs left free")[1]  # a free knob
 
 
@@ -119,8 +167,11 @@ def test_a_gpu_the_twin_models_gets_its_time_per_step_and_per_trial_beside_memor
     assert proc.returncode == 0, proc.stderr
     assert "and the GPU twin's time" in proc.stdout
     assert "step ms" in proc.stdout and "trial s" in proc.stdout
-    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
-            for line in proc.stdout.splitlines() if line.startswith("│")}  # fmt: skip
+    rows = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
+        for line in proc.stdout.splitlines()
+        if line.startswith("│")
+    }
     # bf16 at batch 128 on the H100: the plain loop measured 324 samples/s, the twin within 10%.
     assert 290 < float(rows["128"][-2]) < 357
     assert rows["256"][-3:-1] == ["oom", "-"]  # past the card: the trial ends at its first step

@@ -29,11 +29,20 @@ def launcher(tmp_path):
 
 def test_each_fault_is_named_and_the_search_continues(launcher, tmp_path, capsys):
     out = tmp_path / "reports"
-    code = cli.main([
-        "search", f"model={TINY_MODEL}", f"n_trials={len(EXPECTED)}", "seq_len=32",
-        "trial_timeout=3s", "memory_budget=256MiB", f"out={out}", "study=faults",
-        "confirm_rounds=0",
-    ], executor=launcher)  # fmt: skip
+    code = cli.main(
+        [
+            "search",
+            f"model={TINY_MODEL}",
+            f"n_trials={len(EXPECTED)}",
+            "seq_len=32",
+            "trial_timeout=3s",
+            "memory_budget=256MiB",
+            f"out={out}",
+            "study=faults",
+            "confirm_rounds=0",
+        ],
+        executor=launcher,
+    )
     terminal = capsys.readouterr().out
     assert code == 0
     with open(out / "faults" / "trials.csv") as f:

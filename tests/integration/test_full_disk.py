@@ -51,15 +51,18 @@ def fill(folder):
 def report(study_dir):
     return subprocess.run(
         [sys.executable, "-m", "autotune", "report", str(study_dir)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def a_study(study_dir, n_trials):
     study_dir.mkdir(exist_ok=True)
     storage = f"sqlite:///{study_dir / 'study.db'}"
-    study = optuna.create_study(study_name="s", storage=storage, load_if_exists=True,
-                                directions=["maximize", "minimize"])  # fmt: skip
+    study = optuna.create_study(
+        study_name="s", storage=storage, load_if_exists=True, directions=["maximize", "minimize"]
+    )
     add_trials(study, n_trials)
 
 
@@ -103,12 +106,21 @@ def test_a_search_whose_outputs_meet_a_full_disk_says_its_trials_are_kept(small_
     with open(small_disk / "filler", "wb") as f:
         f.write(b"\0" * (TMPFS_BYTES - 2 * 1024**2))
     out = small_disk / "out"
-    argv = ["search", f"model={TINY_MODEL}", "seq_len=32", "n_trials=2", "confirm_rounds=0",
-            f"out={out}", "study=s"]  # fmt: skip
+    argv = [
+        "search",
+        f"model={TINY_MODEL}",
+        "seq_len=32",
+        "n_trials=2",
+        "confirm_rounds=0",
+        f"out={out}",
+        "study=s",
+    ]
     assert cli.main(argv, executor=fake_executor("ok")) == 73
     err = " ".join(capsys.readouterr().err.split())
     assert "No space left on device" in err and "Traceback" not in err
-    assert f"The study's 2 trials are kept in its storage: `autotune report {out / 's'}` " \
-           "writes its outputs once it can" in err  # fmt: skip
+    assert (
+        f"The study's 2 trials are kept in its storage: `autotune report {out / 's'}` "
+        "writes its outputs once it can" in err
+    )
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 's' / 'study.db'}")
     assert len(study.trials) == 2

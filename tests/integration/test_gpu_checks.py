@@ -15,10 +15,12 @@ H100 = ROOT / "tests" / "fixtures" / "probe-h100-2026-11-26.json"
 def lease(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", "benchmarks/gpu_checks.sh", "lease"],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-        env={**os.environ, "PROBE": str(H100), "LEASE_STAGES": "plan", "OUT": str(tmp_path),
-             **env},
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PROBE": str(H100), "LEASE_STAGES": "plan", "OUT": str(tmp_path), **env},
+    )
 
 
 def test_the_lease_plans_its_bert_large_search_on_the_h100_facts(tmp_path):
@@ -43,14 +45,25 @@ def test_a_plan_the_search_would_refuse_fails_the_lease_before_anything_trains(t
 
 @pytest.mark.parametrize(
     "script",
-    ["fork_cuda.py", "fidelity.py", "guide_table.py", "offload.py", "lease_plan.py",
-     "trial_overhead.py",
-     "landscapes/record_inprocess.py"],
-)  # fmt: skip
+    [
+        "fork_cuda.py",
+        "fidelity.py",
+        "guide_table.py",
+        "offload.py",
+        "lease_plan.py",
+        "trial_overhead.py",
+        "landscapes/record_inprocess.py",
+    ],
+)
 def test_every_script_of_the_lease_starts(script):
     # What the lease runs on the GPU must at least import here (fork_cuda.py once imported a
     # name the runner no longer had).
-    done = subprocess.run([sys.executable, f"benchmarks/{script}", "--help"], cwd=ROOT,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip()

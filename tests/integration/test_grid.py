@@ -19,8 +19,16 @@ def test_a_grid_search_runs_every_point_then_stops(tmp_path, capsys):
     launcher = fake_executor("ok")
     space = tmp_path / "two.yaml"
     space.write_text(TWO_POINT_SPACE)
-    args = [f"model={TINY_MODEL}", "seq_len=32", "sampler=grid", "n_trials=6", "confirm_rounds=0",
-            f"space={space}", f"out={tmp_path}", "study=g"]  # fmt: skip
+    args = [
+        f"model={TINY_MODEL}",
+        "seq_len=32",
+        "sampler=grid",
+        "n_trials=6",
+        "confirm_rounds=0",
+        f"space={space}",
+        f"out={tmp_path}",
+        "study=g",
+    ]
     assert cli.main(["search", *args], executor=launcher) == 0
     assert "search ended: every grid point has run: 3 trials finished" in capsys.readouterr().out
     with open(tmp_path / "g" / "trials.csv") as f:

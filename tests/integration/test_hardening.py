@@ -36,9 +36,19 @@ LONG = "measure_steps=20000"  # hours of training: only a kill or a timeout ends
 def search_command(out: Path, *extra: str) -> list[str]:
     steps = [] if LONG in extra else ["measure_steps=2"]
     return [
-        sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
-        "warmup_steps=1", *steps, f"out={out}", "study=s", "confirm_rounds=0", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        f"model={TINY_MODEL}",
+        "seq_len=32",
+        "warmup_steps=1",
+        *steps,
+        f"out={out}",
+        "study=s",
+        "confirm_rounds=0",
+        *extra,
+    ]
 
 
 @pytest.fixture
@@ -48,9 +58,12 @@ def start():
 
     def popen(command: list[str]) -> subprocess.Popen:
         proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             start_new_session=True,
-        )  # fmt: skip
+        )
         started.append(proc)
         return proc
 
@@ -101,10 +114,14 @@ def test_kill_9_of_the_search_ends_every_process_it_started_within_two_seconds(t
     # The baseline (no loader workers) first, so trial 1 is the one: under the same measurement
     # conditions as the search below (a study keeps them), cut short by trial_timeout.
     first = subprocess.run(
-        search_command(tmp_path, f"space={space}", "n_trials=1", LONG, "trial_timeout=3s",
-                       "force=true"),
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        search_command(
+            tmp_path, f"space={space}", "n_trials=1", LONG, "trial_timeout=3s", "force=true"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert first.returncode == 3, first.stderr  # nothing to recommend: the baseline timed out
     search = start(search_command(tmp_path, f"space={space}", "n_trials=2", LONG))
     # Running trial 1: the fork server's child (the worker) has its two DataLoader workers.
@@ -129,8 +146,11 @@ def test_a_second_search_on_a_live_study_is_refused_and_the_first_goes_on(tmp_pa
 
     second = subprocess.run(
         search_command(tmp_path, "n_trials=1", LONG),
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert second.returncode == 2, second.stderr
     assert f"pid {first.pid} on host" in second.stderr
     assert "being searched right now" in second.stderr
@@ -161,8 +181,11 @@ def test_the_first_trial_ends_within_trial_timeout_although_the_fork_server_star
 ):
     proc = subprocess.run(
         search_command(tmp_path, "n_trials=1", LONG, "trial_timeout=3s", "force=true"),
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 3, proc.stderr  # nothing to recommend: the only trial timed out
     storage = f"sqlite:///file:{tmp_path / 's' / 'study.db'}?mode=ro&uri=true"
     (trial,) = optuna.load_study(study_name="s", storage=storage).trials
@@ -219,15 +242,25 @@ class InCgroup(CommandLauncher):
 def test_a_worker_the_kernel_oom_killer_ends_is_host_oom_with_the_evidence(tmp_path):
     group = memory_cgroup(200 * 2**20)
     spec = TrialSpec(
-        trial_number=0, model_name="tiny", model_config={"model_type": "bert"},
-        task="sequence-classification", seq_len=16, device="cpu", params={"batch_size": 8},
-        warmup_steps=1, measure_steps=2, seed=0,
-    )  # fmt: skip
+        trial_number=0,
+        model_name="tiny",
+        model_config={"model_type": "bert"},
+        task="sequence-classification",
+        seq_len=16,
+        device="cpu",
+        params={"batch_size": 8},
+        warmup_steps=1,
+        measure_steps=2,
+        seed=0,
+    )
     try:
         result = launch_trial(
-            spec, tmp_path, timeout_s=60, launcher=InCgroup((sys.executable, FAKE, "hog"), group),
+            spec,
+            tmp_path,
+            timeout_s=60,
+            launcher=InCgroup((sys.executable, FAKE, "hog"), group),
             oom_witness=OomWitness.watch,
-        )  # fmt: skip
+        )
     finally:
         group.rmdir()
     assert result.status is Status.HOST_OOM, result.reason

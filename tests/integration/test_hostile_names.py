@@ -44,11 +44,19 @@ def search(request, tmp_path_factory):
     cwd = root / "cwd"
     cwd.mkdir()
     proc = run(
-        "-m", "autotune", "search", f"model={model}", "n_trials=2", "seq_len=32",
-        "confirm_rounds=0", "measure_steps=2", "warmup_steps=1", f"out={root / 'reports'}",
+        "-m",
+        "autotune",
+        "search",
+        f"model={model}",
+        "n_trials=2",
+        "seq_len=32",
+        "confirm_rounds=0",
+        "measure_steps=2",
+        "warmup_steps=1",
+        f"out={root / 'reports'}",
         "study=hostile",
         cwd=cwd,
-    )  # fmt: skip
+    )
     return model, root / "reports" / "hostile", cwd, proc
 
 

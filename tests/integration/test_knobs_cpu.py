@@ -21,11 +21,17 @@ def launcher():
 
 def run(folder: Path, launcher, model: str, seq_len: int, **params) -> TrialResult:
     spec = TrialSpec(
-        trial_number=0, model_name=model, model_config=resolve_model(model).config,
-        task="sequence-classification", seq_len=seq_len, device="cpu",
+        trial_number=0,
+        model_name=model,
+        model_config=resolve_model(model).config,
+        task="sequence-classification",
+        seq_len=seq_len,
+        device="cpu",
         params={"batch_size": 8, "precision": "fp32", "optim": "sgd", **params},
-        warmup_steps=1, measure_steps=2, seed=0,
-    )  # fmt: skip
+        warmup_steps=1,
+        measure_steps=2,
+        seed=0,
+    )
     result = launch_trial(spec, folder, timeout_s=600, launcher=launcher)
     assert result.status is Status.OK, result.reason + result.stderr_tail
     return result
@@ -38,13 +44,21 @@ def test_checkpointing_every_second_block_keeps_memory_between_none_and_every_bl
     model, seq_len = "google/bert_uncased_L-4_H-256_A-4", 512
     none = run(tmp_path / "none", launcher, model, seq_len, gradient_checkpointing=False)
     every = run(tmp_path / "every", launcher, model, seq_len, gradient_checkpointing=True)
-    half = run(tmp_path / "half", launcher, model, seq_len, gradient_checkpointing=True,
-               checkpointing_every_n_layers=2)  # fmt: skip
+    half = run(
+        tmp_path / "half",
+        launcher,
+        model,
+        seq_len,
+        gradient_checkpointing=True,
+        checkpointing_every_n_layers=2,
+    )
     assert half.training_args["activation_checkpointing_kwargs"] == {"every_n_layers": 2}
     peaks = none.peak_memory_gib, half.peak_memory_gib, every.peak_memory_gib
-    print(f"\npeak GiB: none {peaks[0]:.3f}, every 2nd block {peaks[1]:.3f}, every block "
-          f"{peaks[2]:.3f}; samples/s {none.samples_per_s:.1f}, {half.samples_per_s:.1f}, "
-          f"{every.samples_per_s:.1f}")  # fmt: skip
+    print(
+        f"\npeak GiB: none {peaks[0]:.3f}, every 2nd block {peaks[1]:.3f}, every block "
+        f"{peaks[2]:.3f}; samples/s {none.samples_per_s:.1f}, {half.samples_per_s:.1f}, "
+        f"{every.samples_per_s:.1f}"
+    )
     # Blocks 1 and 3 keep their activations: the peak holds two blocks' where full
     # checkpointing holds the one it recomputes, and none all four.
     saved = none.peak_memory_gib - every.peak_memory_gib
@@ -62,11 +76,18 @@ def test_torchaos_low_bit_adamw_trains(tmp_path, launcher, optim):
 
 def test_regional_compilation_compiles_each_block_set_through_the_environment(tmp_path, launcher):
     # The eager backend traces with dynamo but generates no code: the modes, not the compiler.
-    regional = run(tmp_path / "regional", launcher, TINY_MODEL, 32, torch_compile="eager",
-                   compile_regional=True)  # fmt: skip
+    regional = run(
+        tmp_path / "regional",
+        launcher,
+        TINY_MODEL,
+        32,
+        torch_compile="eager",
+        compile_regional=True,
+    )
     assert regional.environment == {"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "true"}
     assert regional.compiled_modules >= 2  # the two BERT layers, each its own region
-    whole = run(tmp_path / "whole", launcher, TINY_MODEL, 32, torch_compile="eager",
-                compile_regional=False)  # fmt: skip
+    whole = run(
+        tmp_path / "whole", launcher, TINY_MODEL, 32, torch_compile="eager", compile_regional=False
+    )
     assert whole.environment == {"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "false"}
     assert whole.compiled_modules == 1

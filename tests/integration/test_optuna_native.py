@@ -40,10 +40,16 @@ def test_the_baseline_has_its_settings_as_optuna_parameters(study):
 def test_the_main_figures_are_columns_of_trials_dataframe(study):
     frame = study.trials_dataframe()
     for column in (
-        "values_samples_per_s", "values_peak_memory_gib", "user_attrs_status",
-        "user_attrs_samples_per_s", "user_attrs_tokens_per_s", "user_attrs_peak_memory_gib",
-        "user_attrs_step_time_cv", "user_attrs_noisy", "user_attrs_mfu",
-    ):  # fmt: skip
+        "values_samples_per_s",
+        "values_peak_memory_gib",
+        "user_attrs_status",
+        "user_attrs_samples_per_s",
+        "user_attrs_tokens_per_s",
+        "user_attrs_peak_memory_gib",
+        "user_attrs_step_time_cv",
+        "user_attrs_noisy",
+        "user_attrs_mfu",
+    ):
         assert column in frame.columns, column
     assert (frame["user_attrs_status"] == "ok").all()
     assert frame["user_attrs_samples_per_s"].tolist() == frame["values_samples_per_s"].tolist()
@@ -69,8 +75,10 @@ knobs:
 """
 
 
-@pytest.mark.parametrize(("space", "sampler", "baseline_in_space"),
-                         [("small-batches", "nsga2", False), ("cpu", "gp", True)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("space", "sampler", "baseline_in_space"),
+    [("small-batches", "nsga2", False), ("cpu", "gp", True)],
+)
 def test_no_relative_sampler_falls_back_to_random_after_the_baseline(
     tmp_path, space, sampler, baseline_in_space
 ):
@@ -81,8 +89,15 @@ def test_no_relative_sampler_falls_back_to_random_after_the_baseline(
     if space == "small-batches":
         space = tmp_path / "small-batches.yaml"
         space.write_text(SMALL_BATCHES)
-    args = [f"model={TINY_MODEL}", "n_trials=4", "seq_len=32", f"out={tmp_path}", "study=s",
-            f"space={space}", f"sampler={sampler}"]  # fmt: skip
+    args = [
+        f"model={TINY_MODEL}",
+        "n_trials=4",
+        "seq_len=32",
+        f"out={tmp_path}",
+        "study=s",
+        f"space={space}",
+        f"sampler={sampler}",
+    ]
     assert cli.main(["search", *args], executor=fake_executor("ok")) == 0
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
     baseline = study.trials[0]

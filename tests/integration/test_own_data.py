@@ -36,17 +36,32 @@ def documented_command(section: str) -> list[str]:
 
 
 def autotune(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
-                          text=True, timeout=600, check=False, cwd=cwd)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=cwd,
+    )
 
 
 def run_exported_script(study_dir: Path, output_dir: Path) -> subprocess.CompletedProcess:
     """The study's recommended.py for 3 steps: it must train (its Trainer reports a loss)."""
     proc = subprocess.run(
-        [sys.executable, str(study_dir / "recommended.py"), "--max-steps", "3",
-         "--output-dir", str(output_dir)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(study_dir / "recommended.py"),
+            "--max-steps",
+            "3",
+            "--output-dir",
+            str(output_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "'train_loss'" in proc.stdout + proc.stderr
     return proc
@@ -63,11 +78,19 @@ def test_a_search_on_the_users_data_measures_padding_and_reuses_its_tokens(corpu
     # The documented search on the shipped examples, here on the corpus (and its tokenizer) whose
     # lengths the test knows, with the test's own trial count.
     swap = {"data": str(data), "tokenizer": str(tokenizer)}
-    command = [f"{key}{sep}{swap.get(key, value)}"
-               for key, sep, value in (a.partition("=") for a in command[1:])
-               if key != "n_trials"]  # fmt: skip
-    fast = ["n_trials=6", "warmup_steps=1", "measure_steps=4", f"out={tmp_path}", "study=own",
-            "confirm_rounds=0"]  # fmt: skip
+    command = [
+        f"{key}{sep}{swap.get(key, value)}"
+        for key, sep, value in (a.partition("=") for a in command[1:])
+        if key != "n_trials"
+    ]
+    fast = [
+        "n_trials=6",
+        "warmup_steps=1",
+        "measure_steps=4",
+        f"out={tmp_path}",
+        "study=own",
+        "confirm_rounds=0",
+    ]
     proc = autotune(*command, *fast)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = load_records(study_of(tmp_path / "own"))
@@ -123,11 +146,22 @@ def test_a_tokenizer_that_cannot_be_had_offline_is_exit_2_with_nothing_run(corpu
     """No tokenizer=: the model's name, a hub id, which an offline machine cannot load."""
     data, _ = corpus
     proc = subprocess.run(
-        [sys.executable, "-m", "autotune", "search", "model=google/bert_uncased_L-2_H-128_A-2",
-         f"data={data}", f"out={tmp_path}", "study=s"],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "search",
+            "model=google/bert_uncased_L-2_H-128_A-2",
+            f"data={data}",
+            f"out={tmp_path}",
+            "study=s",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
+    )
     assert proc.returncode == 2
     assert "tokenizer=google/bert_uncased_L-2_H-128_A-2: cannot load it from the hub" in (
         proc.stderr
@@ -138,9 +172,15 @@ def test_a_tokenizer_that_cannot_be_had_offline_is_exit_2_with_nothing_run(corpu
 def test_the_users_trainer_is_what_each_trial_times(tmp_path, capsys):
     command = [c for c in documented_command("Your own Trainer") if not c.startswith("n_trials=")]
     assert command[:2] == ["autotune", "search"]
-    fast = ["n_trials=4", "seq_len=128", "warmup_steps=1", "measure_steps=3", "confirm_rounds=0",
-            f"out={tmp_path}",
-            "study=mine"]  # fmt: skip
+    fast = [
+        "n_trials=4",
+        "seq_len=128",
+        "warmup_steps=1",
+        "measure_steps=3",
+        "confirm_rounds=0",
+        f"out={tmp_path}",
+        "study=mine",
+    ]
     proc = autotune(*command[1:], *fast, cwd=ROOT)  # the documented path is the repo's
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = load_records(study_of(tmp_path / "mine"))
@@ -164,8 +204,9 @@ def test_the_users_trainer_is_what_each_trial_times(tmp_path, capsys):
     ):
         # The stand-in worker runs their trials: the factory's own trials ran above.
         capsys.readouterr()
-        code = cli.main([again[0], str(tmp_path / "mine"), *again[1:]],
-                        executor=fake_executor("ok"))  # fmt: skip
+        code = cli.main(
+            [again[0], str(tmp_path / "mine"), *again[1:]], executor=fake_executor("ok")
+        )
         out = capsys.readouterr().out
         assert code == 0, out[-3000:]
         said = f"trainer={EXAMPLE}:make_trainer: runs {EXAMPLE} (sha256 {sha})"
@@ -193,8 +234,14 @@ def test_a_factory_with_a_wrong_signature_stops_the_search_and_one_that_raises_f
     proc = autotune(*base, "trainer=no_such_module:make", "study=missing")
     assert proc.returncode == 2 and "importing no_such_module failed" in proc.stderr
 
-    proc = autotune(*base, f"trainer={factory}:raises", "study=raises", "n_trials=2",
-                    "seq_len=32", "confirm_rounds=0")  # fmt: skip
+    proc = autotune(
+        *base,
+        f"trainer={factory}:raises",
+        "study=raises",
+        "n_trials=2",
+        "seq_len=32",
+        "confirm_rounds=0",
+    )
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     records = load_records(study_of(tmp_path / "raises"))
     assert [r.status for r in records] == [Status.ERROR, Status.ERROR]
@@ -248,18 +295,32 @@ def test_loader_workers_pay_off_when_the_data_costs_cpu_time(corpus, tmp_path):
     warm-up; what they take off the training process is reading and padding rows)."""
     (tmp_path / "heavy.py").write_text(HEAVY_FACTORY)
     (tmp_path / "workers.yaml").write_text(WORKERS_SPACE)
-    base = ["search", "model=google/bert_uncased_L-2_H-128_A-2", "seq_len=64", "sampler=grid",
-            "n_trials=3", f"space={tmp_path / 'workers.yaml'}", "warmup_steps=2",
-            "measure_steps=5", f"out={tmp_path}", "confirm_rounds=0"]  # fmt: skip
+    base = [
+        "search",
+        "model=google/bert_uncased_L-2_H-128_A-2",
+        "seq_len=64",
+        "sampler=grid",
+        "n_trials=3",
+        f"space={tmp_path / 'workers.yaml'}",
+        "warmup_steps=2",
+        "measure_steps=5",
+        f"out={tmp_path}",
+        "confirm_rounds=0",
+    ]
     data, tokenizer = corpus
     speeds = {}
-    for name, source in (("heavy", [f"trainer={tmp_path / 'heavy.py'}:make_trainer"]),
-                         ("tokenized", [f"data={data}", f"tokenizer={tokenizer}"])):  # fmt: skip
+    for name, source in (
+        ("heavy", [f"trainer={tmp_path / 'heavy.py'}:make_trainer"]),
+        ("tokenized", [f"data={data}", f"tokenizer={tokenizer}"]),
+    ):
         proc = autotune(*base, *source, f"study={name}")
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         records = load_records(study_of(tmp_path / name))
-        speeds[name] = {r.params["dataloader_num_workers"]: r.result.samples_per_s
-                        for r in records if not r.baseline}  # fmt: skip
+        speeds[name] = {
+            r.params["dataloader_num_workers"]: r.result.samples_per_s
+            for r in records
+            if not r.baseline
+        }
     heavy, tokenized = (speeds[k][2] / speeds[k][0] for k in ("heavy", "tokenized"))
     print(
         f"samples/s with 2 loader workers over none: heavy transform {heavy:.2f}, "
@@ -276,16 +337,22 @@ def test_the_documented_recipe_makes_the_shipped_tokenizer_byte_for_byte(tmp_pat
     examples/, and the files it saves are the shipped ones."""
     import shutil
 
-    found = re.search(r"`(python -c \"import json, sys;.*?\('examples/tokenizer'\)\")`",
-                      page("own-data.md"))  # fmt: skip
+    found = re.search(
+        r"`(python -c \"import json, sys;.*?\('examples/tokenizer'\)\")`", page("own-data.md")
+    )
     recipe = found.group(1)
-    shutil.copytree(ROOT / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns(
-        "tokenizer", "__pycache__"))  # fmt: skip
-    made = subprocess.run(recipe, shell=True, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, check=False)  # fmt: skip
+    shutil.copytree(
+        ROOT / "examples",
+        tmp_path / "examples",
+        ignore=shutil.ignore_patterns("tokenizer", "__pycache__"),
+    )
+    made = subprocess.run(
+        recipe, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+    )
     assert made.returncode == 0, made.stderr[-2000:]
     shipped = sorted(p.name for p in (ROOT / "examples/tokenizer").iterdir())
     assert sorted(p.name for p in (tmp_path / "examples/tokenizer").iterdir()) == shipped
     for name in shipped:
         assert (tmp_path / "examples/tokenizer" / name).read_bytes() == (
-            ROOT / "examples/tokenizer" / name).read_bytes(), name  # fmt: skip
+            ROOT / "examples/tokenizer" / name
+        ).read_bytes(), name

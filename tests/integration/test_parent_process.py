@@ -69,8 +69,9 @@ return early on a CPU build); benchmarks/fork_cuda.py checks a real GPU."""
 
 
 def _run(code: str, *args: str) -> list[str]:
-    out = subprocess.run([sys.executable, "-c", FAKE_H100 + code, *args], capture_output=True,
-                         text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", FAKE_H100 + code, *args], capture_output=True, text=True, check=True
+    )
     return out.stdout.splitlines()
 
 
@@ -157,8 +158,9 @@ def test_a_trial_forked_from_a_server_that_initialised_cuda_starts_again_cold(tm
     # Should an import initialise CUDA in the fork server after all, its forks cannot use the
     # GPU: the worker says what to blame and becomes a fresh interpreter, which can. (On this
     # CPU the fresh one then fails to reach a GPU, and says so in its result.)
-    out = subprocess.run([sys.executable, "-c", BAD_FORK, str(tmp_path)], capture_output=True,
-                         text=True, check=False)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", BAD_FORK, str(tmp_path)], capture_output=True, text=True, check=False
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     said = "the fork server initialised CUDA (importing some_module (its line)); the trial"
     assert said in out.stdout

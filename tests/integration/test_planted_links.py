@@ -26,9 +26,18 @@ def search(tmp_path: Path, capsys) -> tuple[int, str]:
     real executor (which makes the trial folders and opens their logs): exit code, stderr."""
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
-    argv = ["search", f"model={TINY_MODEL}", "seq_len=32", "warmup_steps=1", "measure_steps=2",
-            "confirm_rounds=0", "n_trials=1", f"space={space}", f"out={tmp_path / 'out'}",
-            "study=s"]  # fmt: skip
+    argv = [
+        "search",
+        f"model={TINY_MODEL}",
+        "seq_len=32",
+        "warmup_steps=1",
+        "measure_steps=2",
+        "confirm_rounds=0",
+        "n_trials=1",
+        f"space={space}",
+        f"out={tmp_path / 'out'}",
+        "study=s",
+    ]
     capsys.readouterr()
     code = cli.main(argv, executor=fake_executor("ok"))
     return code, " ".join(capsys.readouterr().err.split())

@@ -23,9 +23,15 @@ def searched(tmp_path_factory, postgres_server_url):
     """A 4-trial search stored on PostgreSQL: (its storage URL, its study folder)."""
     out = tmp_path_factory.mktemp("reports")
     with postgres_database(postgres_server_url) as url:
-        args = [f"model={TINY_MODEL}", "n_trials=4", "seq_len=32", f"out={out}", "study=pg",
-                "confirm_rounds=0",
-                f"storage={url}"]  # fmt: skip
+        args = [
+            f"model={TINY_MODEL}",
+            "n_trials=4",
+            "seq_len=32",
+            f"out={out}",
+            "study=pg",
+            "confirm_rounds=0",
+            f"storage={url}",
+        ]
         assert cli.main(["search", *args], executor=fake_executor("ok")) == 0
         yield url, out / "pg"
 
@@ -67,8 +73,14 @@ def test_a_server_that_is_not_there_is_named_without_its_password(tmp_path, caps
         port = s.getsockname()[1]
     url = f"postgresql://autotune:s3cret@127.0.0.1:{port}/studies"
     out = tmp_path / "reports"
-    args = [f"model={TINY_MODEL}", "n_trials=1", "seq_len=32", f"out={out}", "study=x",
-            f"storage={url}"]  # fmt: skip
+    args = [
+        f"model={TINY_MODEL}",
+        "n_trials=1",
+        "seq_len=32",
+        f"out={out}",
+        "study=x",
+        f"storage={url}",
+    ]
     assert cli.main(["search", *args], executor=fake_executor("ok")) == 2
     error = capsys.readouterr().err
     assert f"storage=postgresql://autotune:***@127.0.0.1:{port}/studies: cannot open it" in error

@@ -24,9 +24,15 @@ def documented_example() -> str:
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("reports")
     return autotune.search(
-        model=TINY_MODEL, seq_len=32, n_trials=5, out=out, study="api", report_to="tensorboard",
-        executor=fake_executor("ok"), quiet=True,
-    )  # fmt: skip
+        model=TINY_MODEL,
+        seq_len=32,
+        n_trials=5,
+        out=out,
+        study="api",
+        report_to="tensorboard",
+        executor=fake_executor("ok"),
+        quiet=True,
+    )
 
 
 def test_the_result_is_what_the_study_folder_says(result):

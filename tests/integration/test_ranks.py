@@ -30,12 +30,24 @@ start = test_hardening.start  # the fixture: searches in sessions of their own, 
 def two_rank_spec(strategy: str, measure_steps: int = 3, **knobs) -> TrialSpec:
     model = resolve_model(TINY_MODEL)
     return TrialSpec(
-        trial_number=0, model_name=model.name, model_config=model.config,
-        task="sequence-classification", seq_len=32, device="cpu",
-        params={"batch_size": 8, "precision": "fp32", "optim": "adamw_torch",
-                "strategy": strategy, **knobs},
-        warmup_steps=1, measure_steps=measure_steps, seed=0, devices=2,
-    )  # fmt: skip
+        trial_number=0,
+        model_name=model.name,
+        model_config=model.config,
+        task="sequence-classification",
+        seq_len=32,
+        device="cpu",
+        params={
+            "batch_size": 8,
+            "precision": "fp32",
+            "optim": "adamw_torch",
+            "strategy": strategy,
+            **knobs,
+        },
+        warmup_steps=1,
+        measure_steps=measure_steps,
+        seed=0,
+        devices=2,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +66,19 @@ of it, FSDP 16 / 2; ZeRO-1 weights and gradients + 12 / 2; ZeRO-2 the weights + 
 20 / 2."""
 
 
-@pytest.mark.parametrize(("strategy", "knobs"), [
-    ("ddp", {}), ("ddp", DDP_KNOBS), ("fsdp", {"fsdp_prefetch": True}), ("fsdp_grad_op", {}),
-    ("single", {}),
-    ("zero1", {}), ("zero2", {"zero_overlap_comm": True}), ("zero3", {}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("strategy", "knobs"),
+    [
+        ("ddp", {}),
+        ("ddp", DDP_KNOBS),
+        ("fsdp", {"fsdp_prefetch": True}),
+        ("fsdp_grad_op", {}),
+        ("single", {}),
+        ("zero1", {}),
+        ("zero2", {"zero_overlap_comm": True}),
+        ("zero3", {}),
+    ],
+)
 def test_each_strategy_trains_on_two_ranks_as_asked(tmp_path, launcher, strategy, knobs):
     spec = two_rank_spec(strategy, **knobs)
     result = launch_trial(spec, tmp_path, timeout_s=600, launcher=launcher)
@@ -89,14 +109,22 @@ def test_each_strategy_trains_on_two_ranks_as_asked(tmp_path, launcher, strategy
     # Every rank's batches are counted: 8 samples a step on each, over the timed steps' sum
     # (one slow step, as DeepSpeed's overlapped reduction may make on CPU, moves no count).
     timed_s = sum(result.step_times_ms) / 1e3
-    assert result.samples_per_s == pytest.approx(8 * ranks * len(result.step_times_ms) / timed_s,
-                                                 rel=0.01)  # fmt: skip
+    assert result.samples_per_s == pytest.approx(
+        8 * ranks * len(result.step_times_ms) / timed_s, rel=0.01
+    )
     if strategy == "single":
         return
     # The model states each rank counted are the formula's, which the estimate gives, plus
     # AdamW's step counters (and under ZeRO-3 the small parameters it keeps whole on each rank).
-    expected = estimate(spec.model_config, task=spec.task, seq_len=spec.seq_len,
-                        params=spec.params, device="cpu", parameters=full, devices=2)  # fmt: skip
+    expected = estimate(
+        spec.model_config,
+        task=spec.task,
+        seq_len=spec.seq_len,
+        params=spec.params,
+        device="cpu",
+        parameters=full,
+        devices=2,
+    )
     assert expected.model_states == pytest.approx(PSI_BYTES[strategy] * full, abs=4)
     spare = 1024 if strategy != "zero3" else full // 100
     counted = result.rank_model_state_bytes
@@ -104,8 +132,7 @@ def test_each_strategy_trains_on_two_ranks_as_asked(tmp_path, launcher, strategy
 
 
 def ranks_of(worker_cmd: str) -> list[psutil.Process]:
-    workers = [p for p in psutil.Process().children()
-               if worker_cmd in " ".join(p.cmdline())]  # fmt: skip
+    workers = [p for p in psutil.Process().children() if worker_cmd in " ".join(p.cmdline())]
     return [c for w in workers for c in w.children()]
 
 
@@ -122,9 +149,12 @@ def run_and_hit_a_rank(tmp_path: Path, signum: int, timeout_s: float, stage: Sta
             os.kill(seen[1].pid, signum)
 
     result = launch_trial(
-        two_rank_spec("ddp", measure_steps=400), tmp_path, timeout_s=timeout_s,
-        launcher=CommandLauncher(WORKER_COMMAND), on_progress=on_progress,
-    )  # fmt: skip
+        two_rank_spec("ddp", measure_steps=400),
+        tmp_path,
+        timeout_s=timeout_s,
+        launcher=CommandLauncher(WORKER_COMMAND),
+        on_progress=on_progress,
+    )
     assert seen, "the trial never reached its timed steps"
     return result, seen
 
@@ -152,17 +182,34 @@ def test_a_frozen_rank_ends_the_trial_by_its_timeout_and_leaves_nothing(tmp_path
 
 def test_a_search_on_two_devices_a_trial_searches_the_strategy_from_a_ddp_baseline(tmp_path):
     command = [
-        sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
-        "devices_per_trial=2", "n_trials=3", "warmup_steps=1", "measure_steps=2",
-        "confirm_rounds=0", f"out={tmp_path}", "study=s", "seed=1",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        f"model={TINY_MODEL}",
+        "seq_len=32",
+        "devices_per_trial=2",
+        "n_trials=3",
+        "warmup_steps=1",
+        "measure_steps=2",
+        "confirm_rounds=0",
+        f"out={tmp_path}",
+        "study=s",
+        "seed=1",
+    ]
     out = subprocess.run(command, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     with open(tmp_path / "s" / "trials.csv") as f:
         rows = list(csv.DictReader(f))
     assert rows[0]["baseline"] == "True" and rows[0]["strategy"] == "ddp"
-    assert {r["strategy"] for r in rows} <= {"ddp", "fsdp", "fsdp_grad_op", "zero1", "zero2",
-                                             "zero3"}  # fmt: skip
+    assert {r["strategy"] for r in rows} <= {
+        "ddp",
+        "fsdp",
+        "fsdp_grad_op",
+        "zero1",
+        "zero2",
+        "zero3",
+    }
     for row in rows:  # Adafactor cannot step FSDP's sharded parameters: never proposed
         assert row["status"] == "ok", row
         # Each rank's figures in trials.csv too, in rank order.
@@ -206,10 +253,21 @@ def test_the_exported_launch_command_trains_each_strategy_on_two_ranks(tmp_path,
     space = tmp_path / "sharded.yaml"
     space.write_text(SHARDED_SPACE.format(strategy=strategy))
     command = [
-        sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
-        "devices_per_trial=2", "n_trials=2", "warmup_steps=1", "measure_steps=2",
-        "confirm_rounds=0", f"out={tmp_path}", "study=s", f"space={space}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        f"model={TINY_MODEL}",
+        "seq_len=32",
+        "devices_per_trial=2",
+        "n_trials=2",
+        "warmup_steps=1",
+        "measure_steps=2",
+        "confirm_rounds=0",
+        f"out={tmp_path}",
+        "study=s",
+        f"space={space}",
+    ]
     out = subprocess.run(command, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     study = tmp_path / "s"
@@ -227,16 +285,25 @@ def test_the_exported_launch_command_trains_each_strategy_on_two_ranks(tmp_path,
     trials = ((0, "ddp"), (1, strategy)) if strategy == "fsdp" else ((1, strategy),)
     for trial, trained in trials:
         script = subprocess.run(
-            [sys.executable, "-m", "autotune", "export", str(study), f"trial={trial}",
-             "format=py"], capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+            [sys.executable, "-m", "autotune", "export", str(study), f"trial={trial}", "format=py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert f"STRATEGY = {trained!r}" in script
         (study / "recommended.py").write_text(script)
         run = subprocess.run(
-            [*shlex.split(recommended["launch"]), "--max-steps", "3", "--output-dir",
-             str(tmp_path / f"run{trial}")],
-            cwd=study, capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                *shlex.split(recommended["launch"]),
+                "--max-steps",
+                "3",
+                "--output-dir",
+                str(tmp_path / f"run{trial}"),
+            ],
+            cwd=study,
+            capture_output=True,
+            text=True,
+        )
         assert run.returncode == 0, run.stdout + run.stderr
         assert "train_runtime" in run.stdout, run.stdout
     # The same through accelerate launch and the accelerate config written beside (once: the
@@ -244,20 +311,35 @@ def test_the_exported_launch_command_trains_each_strategy_on_two_ranks(tmp_path,
     accelerate = yaml.safe_load((study / "accelerate_config.yaml").read_text())
     assert accelerate["num_processes"] == 2 and accelerate["mixed_precision"] == "no"
     assert recommended["accelerate_launch"] == (
-        "accelerate launch --config_file accelerate_config.yaml recommended.py")  # fmt: skip
+        "accelerate launch --config_file accelerate_config.yaml recommended.py"
+    )
     if strategy == "fsdp":
         run = subprocess.run(
-            [*shlex.split(recommended["accelerate_launch"]), "--max-steps", "3", "--output-dir",
-             str(tmp_path / "run1")], cwd=study, capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                *shlex.split(recommended["accelerate_launch"]),
+                "--max-steps",
+                "3",
+                "--output-dir",
+                str(tmp_path / "run1"),
+            ],
+            cwd=study,
+            capture_output=True,
+            text=True,
+        )
         assert run.returncode == 0, run.stdout + run.stderr
         assert "train_runtime" in run.stdout, run.stdout
     # Without the launcher, the script says how to run it rather than train on one rank.
-    alone = subprocess.run([sys.executable, "recommended.py", "--max-steps", "1"], cwd=study,
-                           capture_output=True, text=True)  # fmt: skip
+    alone = subprocess.run(
+        [sys.executable, "recommended.py", "--max-steps", "1"],
+        cwd=study,
+        capture_output=True,
+        text=True,
+    )
     assert alone.returncode == 1
-    assert (f"trial 1 trained on 2 devices under {strategy}: run {recommended['launch']}"
-            in alone.stderr)  # fmt: skip
+    assert (
+        f"trial 1 trained on 2 devices under {strategy}: run {recommended['launch']}"
+        in alone.stderr
+    )
     if strategy == "zero3":
         return
     # Sharded, the trained weights are saved whole at the end, gathered from both ranks.
@@ -274,18 +356,25 @@ def test_nothing_a_two_rank_trial_listens_on_is_reachable_from_another_host(tmp_
 
     def on_progress(progress):
         if progress.stage is Stage.MEASURING and not listening:
-            workers = [p for p in psutil.Process().children()
-                       if "-m autotune.child " in " ".join(p.cmdline())]  # fmt: skip
+            workers = [
+                p
+                for p in psutil.Process().children()
+                if "-m autotune.child " in " ".join(p.cmdline())
+            ]
             for process in workers + [c for w in workers for c in w.children()]:
                 listening.extend(
-                    c.laddr[:2] for c in process.net_connections(kind="inet")
+                    c.laddr[:2]
+                    for c in process.net_connections(kind="inet")
                     if c.status == psutil.CONN_LISTEN
-                )  # fmt: skip
+                )
 
     result = launch_trial(
-        two_rank_spec("ddp", measure_steps=30), tmp_path, timeout_s=600,
-        launcher=CommandLauncher(WORKER_COMMAND), on_progress=on_progress,
-    )  # fmt: skip
+        two_rank_spec("ddp", measure_steps=30),
+        tmp_path,
+        timeout_s=600,
+        launcher=CommandLauncher(WORKER_COMMAND),
+        on_progress=on_progress,
+    )
     assert result.status is Status.OK, result.reason
     assert len(listening) >= 2, "the store, and gloo's sockets between the ranks"
     assert {address for address, _ in listening} == {"127.0.0.1"}, listening

@@ -166,8 +166,9 @@ def page_examples(path: Path) -> list[Example]:
                 fence, block, start = line[3:].strip(), [], number + 1
             else:
                 if fence == "python":
-                    examples.append(Example(kind="python", text="\n".join(block) + "\n",
-                                            file=file, line=start))  # fmt: skip
+                    examples.append(
+                        Example(kind="python", text="\n".join(block) + "\n", file=file, line=start)
+                    )
                 fence = None
         elif fence is None:
             # An indented code block: four spaces, after a blank line (list items indent two).
@@ -214,8 +215,9 @@ def test_the_readme_and_docs_examples_run_verbatim_in_reading_order(tmp_path, re
     clone = tmp_path / "clone"
     clone.mkdir()
     # A copy, not a link: nothing an example writes (a factory's __pycache__) reaches the repo.
-    shutil.copytree(ROOT / "examples", clone / "examples",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    shutil.copytree(
+        ROOT / "examples", clone / "examples", ignore=shutil.ignore_patterns("__pycache__")
+    )
     # The commands the pages name, from the environment running the tests.
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     ran, not_run, unavailable = [], [], []
@@ -233,8 +235,9 @@ def test_the_readme_and_docs_examples_run_verbatim_in_reading_order(tmp_path, re
                     continue
                 url = cleanup.enter_context(postgres_database(server))
                 # The study the several-hosts commands (not run here) would have made.
-                optuna.create_study(storage=url, study_name="bert-large",
-                                    directions=["maximize", "minimize"])  # fmt: skip
+                optuna.create_study(
+                    storage=url, study_name="bert-large", directions=["maximize", "minimize"]
+                )
                 text = text.replace(entry.old, url)
             elif entry is not None:
                 text = text.replace(entry.old, entry.new)
@@ -245,16 +248,25 @@ def test_the_readme_and_docs_examples_run_verbatim_in_reading_order(tmp_path, re
                 run_dashboard(example, text, clone, env)
             else:
                 run_command(example, text, clone, env)
-            ran.append(f"{time.monotonic() - started:6.1f} s  {example.where}: "
-                       f"{text.strip().splitlines()[0][:90]}")  # fmt: skip
+            ran.append(
+                f"{time.monotonic() - started:6.1f} s  {example.where}: "
+                f"{text.strip().splitlines()[0][:90]}"
+            )
     print("\n".join(["", "ran:", *ran, "not run here:", *not_run]))
     if unavailable:
         pytest.skip(f"the rest ran; without a PostgreSQL server not: {unavailable}")
 
 
 def run_command(example: Example, command: str, cwd: Path, env: dict) -> None:
-    proc = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)  # fmt: skip
+    proc = subprocess.run(
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     expect_success(example, command, proc)
     argv = shlex.split(command.split("&&")[-1])
     if argv[:2] == ["autotune", "search"]:
@@ -271,8 +283,15 @@ def run_command(example: Example, command: str, cwd: Path, env: dict) -> None:
 def run_python_block(example: Example, code: str, cwd: Path, env: dict) -> None:
     script = cwd / f"{Path(example.file).stem}_line_{example.line}.py"
     script.write_text(code)
-    proc = subprocess.run([sys.executable, script.name], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, script.name],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     expect_success(example, f"python {script.name}", proc)
     if "autotune.search(" in code:
         study_dir = study_folder(cwd, ["out=reports", "study=api"], proc.stdout)
@@ -293,8 +312,9 @@ def run_dashboard(example: Example, command: str, cwd: Path, env: dict) -> None:
     assert not taken, f"{example.where}: port 8080, where `{command}` serves, is taken"
     log = cwd / f"dashboard_{Path(example.file).stem}_line_{example.line}.log"
     with open(log, "w") as out:
-        server = subprocess.Popen(shlex.split(command), cwd=cwd, env=env, stdout=out,
-                                  stderr=subprocess.STDOUT)  # fmt: skip
+        server = subprocess.Popen(
+            shlex.split(command), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -334,8 +354,9 @@ def check_two_workers(study_dir: Path, proc: subprocess.CompletedProcess) -> Non
     """The CPU command for two workers (docs/scaling-out.md): each on a core of its own, both
     running the study's real trials, every trial counted once."""
     assert "2 workers on this study: cores 0, cores 1" in proc.stdout, proc.stdout[-3000:]
-    study = optuna.load_study(study_name=study_dir.name,
-                              storage=f"sqlite:///{study_dir / 'study.db'}")  # fmt: skip
+    study = optuna.load_study(
+        study_name=study_dir.name, storage=f"sqlite:///{study_dir / 'study.db'}"
+    )
     records = assert_counted_once(study, 6)
     ok = [r for r in records if r.status is Status.OK]
     assert len(ok) >= 4, [(r.status, r.result.reason) for r in records]
@@ -350,12 +371,16 @@ def check_verification(study_dir: Path, proc: subprocess.CompletedProcess) -> No
     recommended = json.loads((study_dir / "recommended.json").read_text())
     verified = recommended["verification"]
     assert (verified["trial"], verified["steps"], verified["status"]) == (
-        recommended["trial"], 200, "ok"), verified  # fmt: skip
+        recommended["trial"],
+        200,
+        "ok",
+    ), verified
     # Compared with the confirmed median where the trial was confirmed, else its measurement.
     confirmation = recommended.get("confirmation") or {"trials": {}}
     confirmed = confirmation["trials"].get(str(recommended["trial"]))
-    searched = (confirmed["median_samples_per_s"] if confirmed
-                else recommended["metrics"]["samples_per_s"])  # fmt: skip
+    searched = (
+        confirmed["median_samples_per_s"] if confirmed else recommended["metrics"]["samples_per_s"]
+    )
     assert verified["searched_samples_per_s"] == searched
     assert verified["searched_rounds"] == (confirmation["rounds"] if confirmed else 0)
     assert f"trial {verified['trial']} started: " in proc.stdout, "its progress is shown"

@@ -49,14 +49,16 @@ def space_of(land):
         assert "space=" not in data["command"]
         return "space.yaml"
     space = data["command"].split("space=benchmarks/landscapes/")[1].split()[0]
-    assert knobs_varied(space) == {k: v["choices"] for k, v in land.knobs.items()
-                                   if isinstance(v, dict)}  # fmt: skip
+    assert knobs_varied(space) == {
+        k: v["choices"] for k, v in land.knobs.items() if isinstance(v, dict)
+    }
     return space
 
 
 def distinct(land, varied):
-    return {json.dumps({k: p["params"].get(k) for k in varied}, sort_keys=True)
-            for p in land.points}  # fmt: skip
+    return {
+        json.dumps({k: p["params"].get(k) for k in varied}, sort_keys=True) for p in land.points
+    }
 
 
 def test_three_landscapes_are_recorded_with_a_memory_edge_each_point_once():
@@ -115,8 +117,15 @@ def test_the_skip_by_estimate_keeps_the_optimum(land):
     plan = replayed.plan
     ok = [p for p in land.points if p["status"] == "ok"]
     best = max((p for p in ok if land.feasible(p)), key=lambda p: p["samples_per_s"])
-    others = [Measured(params=p["params"], estimate_gib=plan.estimate_gib(p["params"]),
-                       peak_gib=p["peak_memory_gib"]) for p in ok if p is not best]  # fmt: skip
+    others = [
+        Measured(
+            params=p["params"],
+            estimate_gib=plan.estimate_gib(p["params"]),
+            peak_gib=p["peak_memory_gib"],
+        )
+        for p in ok
+        if p is not best
+    ]
     raw = plan.estimate_gib(best["params"])
     assert raw <= plan.estimate_limit_gib
     assert calibrated_gib(best["params"], raw, others) <= plan.estimate_limit_gib
@@ -202,8 +211,10 @@ def test_relative_samplers_learn_from_the_baseline_on_and_differ_from_random():
 
 def test_the_peers_strategies_do_what_they_are_documented_to_do():
     bench = benchmark_module()
-    points = {b: {"status": "ok", "samples_per_s": s, "params": {"batch_size": b}}
-              for b, s in ((8, 10.0), (16, 14.0), (32, 12.0))}  # fmt: skip
+    points = {
+        b: {"status": "ok", "samples_per_s": s, "params": {"batch_size": b}}
+        for b, s in ((8, 10.0), (16, 14.0), (32, 12.0))
+    }
     points[64] = {"status": "oom", "params": {"batch_size": 64}}
     tried, chosen = bench.lightning(points)
     assert [p["params"]["batch_size"] for p in tried] == [8, 16, 32, 64]

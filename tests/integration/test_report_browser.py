@@ -27,10 +27,23 @@ def search(out: Path, study: str, *settings: str) -> subprocess.CompletedProcess
             pytest.fail("CI must install Debian's chromium (see .ci/run)")
         pytest.skip("chromium is not installed here")
     return subprocess.run(
-        [sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
-         "warmup_steps=1", f"out={out}", f"study={study}", *settings],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "search",
+            f"model={TINY_MODEL}",
+            "seq_len=32",
+            "warmup_steps=1",
+            f"out={out}",
+            f"study={study}",
+            *settings,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +68,11 @@ def oom_report(tmp_path_factory) -> Path:
 def chromium(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *extra, page.as_uri()],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def console_errors(proc: subprocess.CompletedProcess) -> list[str]:

@@ -141,9 +141,12 @@ def test_sigkill_is_host_oom_only_when_the_cgroup_oom_kill_counter_rose(
     events = tmp_path / "memory.events"
     events.write_text("oom 0\noom_kill 0\n")
     result = launch_trial(
-        spec(), tmp_path, timeout_s=30, oom_witness=witness_of(events),
+        spec(),
+        tmp_path,
+        timeout_s=30,
+        oom_witness=witness_of(events),
         launcher=CommandLauncher((sys.executable, FAKE, mode)),
-    )  # fmt: skip
+    )
     assert result.status is status
     assert reason.format(events=events) in result.reason
 
@@ -181,9 +184,12 @@ def test_a_budget_below_ten_mib_is_not_written_as_zero_gib(tmp_path):
 def test_each_new_progress_record_reaches_on_progress_the_last_one_included(tmp_path):
     seen: list[Progress] = []
     result = launch_trial(
-        spec(), tmp_path, timeout_s=30, on_progress=seen.append,
+        spec(),
+        tmp_path,
+        timeout_s=30,
+        on_progress=seen.append,
         launcher=CommandLauncher((sys.executable, FAKE, "progress")),
-    )  # fmt: skip
+    )
     assert result.status is Status.OK
     steps = [p.step for p in seen]
     assert steps == sorted(steps) and len(set(seen)) == len(seen), "an old record came twice"

@@ -38,10 +38,20 @@ knobs:
 
 def search_command(out: Path, space: Path, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=128",
-        f"space={space}", "warmup_steps=1", "measure_steps=2", f"out={out}", "study=s",
-        "confirm_rounds=0", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        f"model={TINY_MODEL}",
+        "seq_len=128",
+        f"space={space}",
+        "warmup_steps=1",
+        "measure_steps=2",
+        f"out={out}",
+        "study=s",
+        "confirm_rounds=0",
+        *extra,
+    ]
 
 
 @pytest.fixture
@@ -63,10 +73,19 @@ def test_over_budget_batches_are_oom_and_larger_ones_after_an_oom_are_skipped(tm
     # Skipping by estimate off, and the search's own stop (the model sees the large batches
     # unlikely to fit): these batches must run to meet the watchdog.
     proc = subprocess.run(
-        search_command(tmp_path, space, "n_trials=7", "memory_budget=600MiB",
-                       "estimate_margin=null", "min_gain_per_minute=0"),
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        search_command(
+            tmp_path,
+            space,
+            "n_trials=7",
+            "memory_budget=600MiB",
+            "estimate_margin=null",
+            "min_gain_per_minute=0",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     table = [r for r in rows(tmp_path / "s" / "trials.csv") if r["baseline"] == "False"]
     status = {int(r["batch_size"]): r["status"] for r in table}
@@ -97,17 +116,27 @@ def test_batches_the_estimate_puts_over_budget_are_skipped_without_running(tmp_p
     comes first); the grid's order (its seed) proposes the one without first."""
     space = tmp_path / "batches.yaml"
     text = SPACE.replace("[8, 16, 256]", "[8, 320, 1024, 2048]")
-    text = text.replace("gradient_checkpointing: false",
-                        "gradient_checkpointing: {choices: [false, true]}")  # fmt: skip
+    text = text.replace(
+        "gradient_checkpointing: false", "gradient_checkpointing: {choices: [false, true]}"
+    )
     space.write_text(text + "  attn_implementation: eager\n")
-    proc = subprocess.run(search_command(tmp_path, space, "n_trials=5", "sampler=grid",
-                                         "seed=1", "memory_budget=900MiB"),
-                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    proc = subprocess.run(
+        search_command(
+            tmp_path, space, "n_trials=5", "sampler=grid", "seed=1", "memory_budget=900MiB"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "batch_size above 320 removed: estimated over the 1.10 GiB" in proc.stdout
     table = rows(tmp_path / "s" / "trials.csv")
-    by_point = {(int(r["batch_size"]), r["gradient_checkpointing"]): r
-                for r in table if r["baseline"] == "False"}  # fmt: skip
+    by_point = {
+        (int(r["batch_size"]), r["gradient_checkpointing"]): r
+        for r in table
+        if r["baseline"] == "False"
+    }
     assert {batch for batch, _ in by_point} == {8, 320}, "1024 and 2048 never proposed"
     skipped = by_point[320, "False"]
     assert int(skipped["number"]) < int(by_point[320, "True"]["number"]), "the grid's order"
@@ -129,8 +158,10 @@ def test_two_identical_trials_agree_within_ten_percent(tmp_path):
     ]
     a, b = runs[1], runs[2]  # the first pays the fork server's start
     assert a.status is b.status is Status.OK
-    print(f"samples/s {a.samples_per_s:.1f} vs {b.samples_per_s:.1f}, "
-          f"CV {a.step_time_cv:.3f} / {b.step_time_cv:.3f}")  # fmt: skip
+    print(
+        f"samples/s {a.samples_per_s:.1f} vs {b.samples_per_s:.1f}, "
+        f"CV {a.step_time_cv:.3f} / {b.step_time_cv:.3f}"
+    )
     assert abs(a.samples_per_s - b.samples_per_s) / max(a.samples_per_s, b.samples_per_s) < 0.10
     assert a.step_time_cv is not None and len(a.step_times_ms) == 10
 
@@ -201,18 +232,25 @@ def test_ctrl_c_stops_the_trial_writes_outputs_and_exits_130(tmp_path, space):
 def tiny_spec(number: int) -> TrialSpec:
     model = resolve_model(TINY_MODEL)
     return TrialSpec(
-        trial_number=number, model_name=model.name, model_config=model.config,
-        task="sequence-classification", seq_len=64, device="cpu",
+        trial_number=number,
+        model_name=model.name,
+        model_config=model.config,
+        task="sequence-classification",
+        seq_len=64,
+        device="cpu",
         params={"batch_size": 8, "precision": "fp32", "optim": "sgd"},
-        warmup_steps=1, measure_steps=3, seed=0,
-    )  # fmt: skip
+        warmup_steps=1,
+        measure_steps=3,
+        seed=0,
+    )
 
 
 def test_a_trial_clearly_slower_than_the_best_so_far_stops_early_with_what_it_measured(tmp_path):
     """A pace no CPU reaches: the trial stops after its first 2 of 6 timed steps, and its
     result says what those measured (the search's model counts it as a slower point)."""
-    spec = dataclasses.replace(tiny_spec(0), measure_steps=6, stop_below_samples_per_s=1e9,
-                               stop_after_steps=2)  # fmt: skip
+    spec = dataclasses.replace(
+        tiny_spec(0), measure_steps=6, stop_below_samples_per_s=1e9, stop_after_steps=2
+    )
     launcher = ForkserverLauncher()
     result = launch_trial(spec, tmp_path / "0", timeout_s=300, launcher=launcher)
     assert result.status is Status.STOPPED, result.reason
@@ -220,8 +258,12 @@ def test_a_trial_clearly_slower_than_the_best_so_far_stops_early_with_what_it_me
     assert result.samples_per_s > 0 and result.peak_memory_gib is not None
     assert result.reason.startswith("stopped after 2 timed steps: at most ")
     assert not result.feasible(budget_gib=100.0), "never recommended"
-    unstopped = launch_trial(dataclasses.replace(spec, stop_below_samples_per_s=1e-3),
-                             tmp_path / "1", timeout_s=300, launcher=launcher)  # fmt: skip
+    unstopped = launch_trial(
+        dataclasses.replace(spec, stop_below_samples_per_s=1e-3),
+        tmp_path / "1",
+        timeout_s=300,
+        launcher=launcher,
+    )
     assert unstopped.status is Status.OK and unstopped.measured_steps == 6
 
 
@@ -254,8 +296,12 @@ def test_the_fork_server_holds_the_trainer_with_cudas_initialisation_watched(tmp
     # torch and transformers alone there, and each trial paid the Trainer's import (~8 s).
     # Now the server imports `cuda_free` first, on a GPU as here (test_parent_process.py shows
     # on a pretended GPU that the preload initialises nothing), and every trial forks ready.
-    out = subprocess.run([sys.executable, "-c", SERVER_MODULES, str(tmp_path)],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", SERVER_MODULES, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.split()[0] == "ok", out.stdout + out.stderr
     in_server = set((tmp_path / "modules").read_text().split())
     assert {
@@ -271,8 +317,12 @@ def test_a_trials_cost_is_broken_into_its_parts(tmp_path):
     # worker timed, which must add up to what was measured around them.
     spec = tiny_spec(0)
     forked = launch_trial(spec, tmp_path / "forked", timeout_s=120, launcher=ForkserverLauncher())
-    cold = launch_trial(dataclasses.replace(spec, trial_number=1), tmp_path / "cold",
-                        timeout_s=120, launcher=CommandLauncher(WORKER_COMMAND))  # fmt: skip
+    cold = launch_trial(
+        dataclasses.replace(spec, trial_number=1),
+        tmp_path / "cold",
+        timeout_s=120,
+        launcher=CommandLauncher(WORKER_COMMAND),
+    )
     for result in (forked, cold):
         assert result.status is Status.OK, result.reason
         parts = (result.model_build_s, result.data_s, result.trainer_init_s)
@@ -306,8 +356,10 @@ def test_forked_trials_start_far_faster_than_a_cold_process(tmp_path):
     )
     assert cold.status is Status.OK, cold.reason
     warm_median = statistics.median(overheads[1:])  # the first pays the server's start
-    print(f"overhead_s: forked {overheads} (median after the first {warm_median:.3f}), "
-          f"cold {cold.overhead_s:.3f}")  # fmt: skip
+    print(
+        f"overhead_s: forked {overheads} (median after the first {warm_median:.3f}), "
+        f"cold {cold.overhead_s:.3f}"
+    )
     assert warm_median < 1.0
     assert cold.overhead_s > 3 * warm_median
 
@@ -336,13 +388,17 @@ def test_compiled_trials_share_the_study_inductor_cache(tmp_path):
 def test_knobs_added_through_the_catalogue_alone_reach_a_real_trial(tmp_path):
     spec = tiny_spec(0)
     params = {
-        **spec.params, "gradient_checkpointing": True, "checkpointing_reentrant": False,
+        **spec.params,
+        "gradient_checkpointing": True,
+        "checkpointing_reentrant": False,
         "torch_empty_cache_steps": 2,
-    }  # fmt: skip
+    }
     result = launch_trial(
-        dataclasses.replace(spec, params=params), tmp_path, timeout_s=120,
+        dataclasses.replace(spec, params=params),
+        tmp_path,
+        timeout_s=120,
         launcher=CommandLauncher(WORKER_COMMAND),
-    )  # fmt: skip
+    )
     assert result.status is Status.OK, result.reason
     assert result.training_args["activation_checkpointing_kwargs"] == {"use_reentrant": False}
     assert result.training_args["torch_empty_cache_steps"] == 2

@@ -54,8 +54,14 @@ def search(tmp_path_factory):
     # instead of 13: the confirmation reruns the picks 3 times, and a bf16 trial is slow on this
     # CPU (0.6 s a step at batch 16x2, seq_len 32). These tests read the outputs, not how
     # precise the figures are.
-    args = [f"model={TINY_MODEL}", "n_trials=6", "seq_len=64", "warmup_steps=1", "measure_steps=3",
-            f"out={out}"]  # fmt: skip
+    args = [
+        f"model={TINY_MODEL}",
+        "n_trials=6",
+        "seq_len=64",
+        "warmup_steps=1",
+        "measure_steps=3",
+        f"out={out}",
+    ]
     first = autotune("search", *args)
     study_dir = out / "google--bert_uncased_L-2_H-128_A-2-cpu-s64"
     return args, first, study_dir
@@ -120,8 +126,9 @@ def test_recommendation_builds_training_arguments(search, tmp_path):
     # named when no trial within that holds less memory than the pick).
     saver = recommended["memory_saver"]
     if saver is not None:
-        medians = {n: t["median_samples_per_s"]
-                   for n, t in recommended["confirmation"]["trials"].items()}  # fmt: skip
+        medians = {
+            n: t["median_samples_per_s"] for n, t in recommended["confirmation"]["trials"].items()
+        }
         assert medians[str(saver["trial"])] >= 0.9 * medians[str(recommended["trial"])]
         assert saver["metrics"]["peak_memory_gib"] <= recommended["metrics"]["peak_memory_gib"]
 
@@ -265,8 +272,11 @@ def test_every_export_format_builds_training_arguments(search, tmp_path):
     script.write_text(exported["py"])
     run = subprocess.run(
         [sys.executable, str(script), "--max-steps", "1", "--output-dir", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "train_runtime" in run.stdout  # the Trainer ran its step
 
@@ -301,8 +311,11 @@ def test_fidelity_script_reruns_the_recommendation_in_a_plain_trainer(search, tm
     script = Path(__file__).parents[2] / "benchmarks" / "fidelity.py"
     proc = subprocess.run(
         [sys.executable, str(script), str(copy), "--steps", "20", "--out", str(out)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["steps"] == 20 and report["status"] == "ok"

@@ -34,9 +34,16 @@ def test_two_workers_write_no_storage_password_into_the_study_folder(
 
     monkeypatch.setattr("autotune.plan.plan.assign", lambda workers, *_: ([Slot()] * workers, []))
     with postgres_database(postgres_server_url) as url:
-        settings = [f"model={TINY_MODEL}", "seq_len=32", "n_trials=4", f"out={tmp_path}",
-                    "study=pw", "workers=2", f"storage={with_password(url)}",
-                    "confirm_rounds=0"]  # fmt: skip
+        settings = [
+            f"model={TINY_MODEL}",
+            "seq_len=32",
+            "n_trials=4",
+            f"out={tmp_path}",
+            "study=pw",
+            "workers=2",
+            f"storage={with_password(url)}",
+            "confirm_rounds=0",
+        ]
         result = api.run(load_config(settings), executor=fake_executor("ok"))
         assert result.stopped == "4 of 4 trials finished"  # the workers reached the server
         assert list((tmp_path / "pw" / "workers").glob("*/spec.json")), "the workers ran"
@@ -49,8 +56,15 @@ def test_autotune_worker_prints_no_password_in_its_errors_nor_its_report_hint(
     with postgres_database(postgres_server_url) as url:
         # libpq's query form of the password, which SQLAlchemy's own masking shows as it is.
         secret_url = f"{url}?password={PASSWORD}"
-        settings = [f"model={TINY_MODEL}", "seq_len=32", "n_trials=2", f"out={tmp_path}",
-                    "study=pw", f"storage={secret_url}", "quiet=true"]  # fmt: skip
+        settings = [
+            f"model={TINY_MODEL}",
+            "seq_len=32",
+            "n_trials=2",
+            f"out={tmp_path}",
+            "study=pw",
+            f"storage={secret_url}",
+            "quiet=true",
+        ]
         api.run(load_config(settings), executor=fake_executor("ok"))
         capsys.readouterr()
 
@@ -72,8 +86,15 @@ def test_autotune_worker_prints_no_password_in_its_errors_nor_its_report_hint(
 def test_autotune_worker_shows_the_factory_file_it_runs_and_its_sha256(tmp_path, capsys):
     factory = tmp_path / "train.py"
     factory.write_text("def make(args, model_kwargs):\n    raise NotImplementedError\n")
-    settings = [f"model={TINY_MODEL}", "seq_len=32", "n_trials=2", f"out={tmp_path}",
-                "study=t", f"trainer={factory}:make", "quiet=true"]  # fmt: skip
+    settings = [
+        f"model={TINY_MODEL}",
+        "seq_len=32",
+        "n_trials=2",
+        f"out={tmp_path}",
+        "study=t",
+        f"trainer={factory}:make",
+        "quiet=true",
+    ]
     api.run(load_config(settings), executor=fake_executor("ok"))  # fake trials: no factory
     capsys.readouterr()
     assert cli.main(["worker", "study=t", f"out={tmp_path}"], executor=fake_executor("ok")) == 0

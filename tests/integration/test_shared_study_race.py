@@ -54,11 +54,21 @@ class InstantLauncher:
 
     def start(self, spec_path: Path, result_path: Path, log_path: Path) -> _Exited:
         batch = json.loads(spec_path.read_text())["params"]["batch_size"]
-        result_path.write_text(json.dumps({
-            "schema_version": 1, "status": "ok", "samples_per_s": 100.0 + batch,
-            "tokens_per_s": 6400.0, "peak_memory_gib": batch / 64, "step_time_cv": 0.01,
-            "measured_steps": 2, "build_s": 0.0, "train_s": 0.0,
-        }))  # fmt: skip
+        result_path.write_text(
+            json.dumps(
+                {
+                    "schema_version": 1,
+                    "status": "ok",
+                    "samples_per_s": 100.0 + batch,
+                    "tokens_per_s": 6400.0,
+                    "peak_memory_gib": batch / 64,
+                    "step_time_cv": 0.01,
+                    "measured_steps": 2,
+                    "build_s": 0.0,
+                    "train_s": 0.0,
+                }
+            )
+        )
         return _Exited(self.pid)
 
 
@@ -85,11 +95,21 @@ def test_processes_sharing_a_study_on_postgresql_never_measure_the_same_settings
     duplicates = []
     with postgres_database(postgres_server_url) as url:
         for round_ in range(ROUNDS):
-            config = load_config([
-                f"model={TINY_MODEL}", "seq_len=32", f"space={space}", "sampler=random",
-                f"seed={round_}", "n_trials=4", "estimate_margin=null", f"storage={url}",
-                f"out={tmp_path}", f"study=r{round_}", "confirm_rounds=0",
-            ])  # fmt: skip
+            config = load_config(
+                [
+                    f"model={TINY_MODEL}",
+                    "seq_len=32",
+                    f"space={space}",
+                    "sampler=random",
+                    f"seed={round_}",
+                    "n_trials=4",
+                    "estimate_margin=null",
+                    f"storage={url}",
+                    f"out={tmp_path}",
+                    f"study=r{round_}",
+                    "confirm_rounds=0",
+                ]
+            )
             plan = make_plan(config, device_info)
             plan.study_dir.mkdir()
             open_study(plan)  # as `autotune search` makes it: settings stored

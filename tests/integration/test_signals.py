@@ -28,10 +28,21 @@ def command(out: Path, space: Path, *extra: str) -> list[str]:
     # middle (the signal goes within 0.1 s of its progress file), and the retry that the rerun
     # of the SIGTERM test measures costs no more than that.
     return [
-        sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
-        f"space={space}", "warmup_steps=1", "measure_steps=40", f"out={out}", "study=s",
-        "n_trials=2", "confirm_rounds=0", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        f"model={TINY_MODEL}",
+        "seq_len=32",
+        f"space={space}",
+        "warmup_steps=1",
+        "measure_steps=40",
+        f"out={out}",
+        "study=s",
+        "n_trials=2",
+        "confirm_rounds=0",
+        *extra,
+    ]
 
 
 @pytest.fixture
@@ -72,8 +83,9 @@ def test_sigterm_mid_trial_records_it_interrupted_writes_the_outputs_and_exits_1
     assert "trials.csv" in stderr and "report.html" in stderr
     assert (study_dir / "report.html").is_file()
     assert [(r["number"], r["status"]) for r in rows(study_dir / "trials.csv")] == [
-        ("0", "ok"), ("1", "interrupted"),
-    ]  # fmt: skip
+        ("0", "ok"),
+        ("1", "interrupted"),
+    ]
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}")
     assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL"]
     assert is_interrupted(study.trials[1])
@@ -97,8 +109,9 @@ def test_sighup_mid_trial_writes_the_outputs_and_exits_129(tmp_path, space):
     assert "interrupted after 1 of 2 trials (SIGHUP); wrote" in stderr
     assert (study_dir / "report.html").is_file()
     assert [(r["number"], r["status"]) for r in rows(study_dir / "trials.csv")] == [
-        ("0", "ok"), ("1", "interrupted"),
-    ]  # fmt: skip
+        ("0", "ok"),
+        ("1", "interrupted"),
+    ]
 
 
 FAKE_SEARCH = (
@@ -114,8 +127,13 @@ def test_an_interrupted_search_says_so_in_every_output_and_report_exits_as_it_di
     argv = [sys.executable, "-c", FAKE_SEARCH, mode, *command(tmp_path, space)[3:]]
     argv[argv.index("n_trials=2")] = "n_trials=4"
     study_dir = tmp_path / "s"
-    search = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).parents[2])  # fmt: skip
+    search = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[2],
+    )
     log = study_dir / "trials" / "0001" / "worker.log"
     deadline = time.monotonic() + SAFETY_NET_S
     try:
@@ -139,8 +157,10 @@ def test_an_interrupted_search_says_so_in_every_output_and_report_exits_as_it_di
 
     report = subprocess.run(
         [sys.executable, "-m", "autotune", "report", str(study_dir)],
-        capture_output=True, text=True, timeout=SAFETY_NET_S,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=SAFETY_NET_S,
+    )
     assert report.returncode == 143, report.stderr  # what the search exited with
     assert "the search was interrupted after 1 of 4 trials (SIGTERM)" in report.stdout
     assert "exit code 3" not in report.stdout

@@ -20,11 +20,19 @@ H100 = Path(__file__).resolve().parents[1] / "fixtures" / "probe-h100-2026-11-26
 def test_a_search_on_a_simulated_h100_runs_every_stage_without_a_gpu_or_a_process(tmp_path):
     device = DeviceInfo.from_facts(json.loads(H100.read_text()))
     executor = SimulatedExecutor(TwinAnswer("H100", seed=0))
-    config = make_config({
-        "model": "bert-large-uncased", "seq_len": 512, "effective_batch_size": 32,
-        "n_trials": 8, "confirm_rounds": 1, "out": str(tmp_path), "study": "h100", "quiet": True,
-        "sampler": "random",
-    })  # fmt: skip
+    config = make_config(
+        {
+            "model": "bert-large-uncased",
+            "seq_len": 512,
+            "effective_batch_size": 32,
+            "n_trials": 8,
+            "confirm_rounds": 1,
+            "out": str(tmp_path),
+            "study": "h100",
+            "quiet": True,
+            "sampler": "random",
+        }
+    )
     result = api.run(config, executor=executor, device_info=device)
 
     info = result.info
@@ -49,11 +57,13 @@ def test_a_search_on_a_simulated_h100_runs_every_stage_without_a_gpu_or_a_proces
 
     # The study's picks measured again and its recommendation verified over 200 steps, on the
     # same simulated GPU: the figures agree within the twin's step noise (1%).
-    confirmed = api.confirm_study(tmp_path / "h100", rounds=2, executor=executor,
-                                  device_info=device)  # fmt: skip
+    confirmed = api.confirm_study(
+        tmp_path / "h100", rounds=2, executor=executor, device_info=device
+    )
     assert confirmed.recommended is not None
-    verified, _ = api.verify_study(tmp_path / "h100", steps=200, executor=executor,
-                                   device_info=device)  # fmt: skip
+    verified, _ = api.verify_study(
+        tmp_path / "h100", steps=200, executor=executor, device_info=device
+    )
     assert verified.status == "ok" and verified.steps == 200
     assert abs(verified.samples_per_s_ratio - 1) < 0.05
     assert verified.peak_memory_gib == confirmed.recommended.peak_memory_gib
@@ -68,18 +78,39 @@ def test_on_a_simulated_h100_the_search_opens_with_the_baseline_then_the_experts
     max-autotune) among the first three; 7x the baseline within 10 simulated minutes."""
     device = DeviceInfo.from_facts(json.loads(H100.read_text()))
     executor = SimulatedExecutor(TwinAnswer("H100", seed=0))
-    config = make_config({"model": "bert-large-uncased", "seq_len": 512, "n_trials": 6,
-                          "confirm_rounds": 0, "out": str(tmp_path), "quiet": True})  # fmt: skip
+    config = make_config(
+        {
+            "model": "bert-large-uncased",
+            "seq_len": 512,
+            "n_trials": 6,
+            "confirm_rounds": 0,
+            "out": str(tmp_path),
+            "quiet": True,
+        }
+    )
     result = api.run(config, executor=executor, device_info=device)
 
     ran = [r for r in result.snapshot.records if r.status is not Status.SKIPPED]
     assert ran[0].baseline and ran[0].params["precision"] == "fp32"
     guess = ran[1].params
-    assert {k: guess[k] for k in ("precision", "optim", "attn_implementation",
-                                  "gradient_checkpointing", "torch_compile", "grad_accum")} == {
-        "precision": "bf16+tf32", "optim": "adamw_torch_fused", "attn_implementation": "sdpa",
-        "gradient_checkpointing": False, "torch_compile": "off", "grad_accum": 1,
-    }  # fmt: skip
+    assert {
+        k: guess[k]
+        for k in (
+            "precision",
+            "optim",
+            "attn_implementation",
+            "gradient_checkpointing",
+            "torch_compile",
+            "grad_accum",
+        )
+    } == {
+        "precision": "bf16+tf32",
+        "optim": "adamw_torch_fused",
+        "attn_implementation": "sdpa",
+        "gradient_checkpointing": False,
+        "torch_compile": "off",
+        "grad_accum": 1,
+    }
     budget = result.info.memory_budget_gib
     assert ran[1].result.estimate_gib <= 0.85 * budget < ran[1].result.estimate_gib * 1.25
     for record in ran[:3]:
@@ -104,12 +135,21 @@ def test_on_a_simulated_h100_the_search_opens_with_the_baseline_then_the_experts
 def test_a_search_past_its_timeout_ends_as_a_timeout_once_and_in_the_study(tmp_path):
     """The loop's stop carries how the search ends: a timeout, said in words and stored."""
     device = DeviceInfo.from_facts(json.loads(H100.read_text()))
-    config = make_config({
-        "model": "bert-large-uncased", "seq_len": 512, "n_trials": 50, "timeout": 1e-6,
-        "confirm_rounds": 0, "out": str(tmp_path), "study": "late", "quiet": True,
-    })  # fmt: skip
-    result = api.run(config, executor=SimulatedExecutor(TwinAnswer("H100", seed=0)),
-                     device_info=device)  # fmt: skip
+    config = make_config(
+        {
+            "model": "bert-large-uncased",
+            "seq_len": 512,
+            "n_trials": 50,
+            "timeout": 1e-6,
+            "confirm_rounds": 0,
+            "out": str(tmp_path),
+            "study": "late",
+            "quiet": True,
+        }
+    )
+    result = api.run(
+        config, executor=SimulatedExecutor(TwinAnswer("H100", seed=0)), device_info=device
+    )
     assert result.stopped.startswith("timeout: ")
     ended = result.snapshot.ended
     assert ended.how is Ending.TIMEOUT and ended.stopped == result.stopped

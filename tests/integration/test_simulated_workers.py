@@ -34,11 +34,17 @@ def answer(spec: TrialSpec) -> TrialResult:
     steps = spec.warmup_steps + spec.measure_steps
     samples = batch * params.get("grad_accum", 1) * spec.devices
     return TrialResult(
-        status=Status.OK, samples_per_s=speed, tokens_per_s=speed * spec.seq_len,
-        peak_memory_gib=2.0 + batch * 0.5, step_time_median_ms=samples / speed * 1e3,
-        step_time_cv=0.01, measured_steps=spec.measure_steps, build_s=2.0,
-        train_s=steps * samples / speed, wall_s=3.0 + steps * samples / speed,
-    )  # fmt: skip
+        status=Status.OK,
+        samples_per_s=speed,
+        tokens_per_s=speed * spec.seq_len,
+        peak_memory_gib=2.0 + batch * 0.5,
+        step_time_median_ms=samples / speed * 1e3,
+        step_time_cv=0.01,
+        measured_steps=spec.measure_steps,
+        build_s=2.0,
+        train_s=steps * samples / speed,
+        wall_s=3.0 + steps * samples / speed,
+    )
 
 
 SPACE = """\
@@ -80,28 +86,43 @@ def search(
 ) -> api.SearchResult:
     space = tmp_path / "space.yaml"
     space.write_text(SPACE + TWO_GPUS * (settings.get("devices_per_trial", 1) == 2))
-    config = make_config({
-        "model": "bert-large-uncased", "seq_len": 512, "effective_batch_size": 32,
-        "workers": workers, "n_trials": 24, "confirm_rounds": 1, "space": str(space),
-        "out": str(tmp_path), "study": "h100x8", "quiet": True,
-        # Every trial runs: these answers are noise-free, and the model soon expects nothing
-        # left to gain, which would end the search by itself (the coordination is tested here).
-        "min_gain_per_minute": 0, **settings,
-    })  # fmt: skip
+    config = make_config(
+        {
+            "model": "bert-large-uncased",
+            "seq_len": 512,
+            "effective_batch_size": 32,
+            "workers": workers,
+            "n_trials": 24,
+            "confirm_rounds": 1,
+            "space": str(space),
+            "out": str(tmp_path),
+            "study": "h100x8",
+            "quiet": True,
+            # Every trial runs: these answers are noise-free, and the model soon expects nothing
+            # left to gain, which would end the search by itself (the coordination is tested here).
+            "min_gain_per_minute": 0,
+            **settings,
+        }
+    )
     return api.run(config, executor=executor, device_info=eight_h100s())
 
 
 def eight_h100s() -> DeviceInfo:
     one = DeviceInfo.from_facts(json.loads(H100.read_text()))
-    return dataclasses.replace(one, cuda_device_names=one.cuda_device_names * 8,
-                               cuda_free_memory_bytes=one.cuda_free_memory_bytes * 8)  # fmt: skip
+    return dataclasses.replace(
+        one,
+        cuda_device_names=one.cuda_device_names * 8,
+        cuda_free_memory_bytes=one.cuda_free_memory_bytes * 8,
+    )
 
 
 @pytest.mark.parametrize(
     ("devices_per_trial", "slots"),
-    [(1, [f"cuda device {k}" for k in range(8)]),
-     (2, [f"cuda devices {k},{k + 1}" for k in range(0, 8, 2)])],
-)  # fmt: skip
+    [
+        (1, [f"cuda device {k}" for k in range(8)]),
+        (2, [f"cuda devices {k},{k + 1}" for k in range(0, 8, 2)]),
+    ],
+)
 def test_workers_on_a_simulated_8_gpu_host_are_threads_sharing_the_study(
     tmp_path, monkeypatch, devices_per_trial, slots
 ):

@@ -40,8 +40,10 @@ def pg_ctl(cluster: postgres_server.Cluster, *args: str) -> None:
 
 def restart(cluster: postgres_server.Cluster) -> None:
     """Start the stopped server again, on its port: as `postgres_server.start` started it."""
-    options = (f"-p {cluster.port} -k {shlex.quote(str(cluster.root))} "
-               "-c listen_addresses=127.0.0.1 -c fsync=off")  # fmt: skip
+    options = (
+        f"-p {cluster.port} -k {shlex.quote(str(cluster.root))} "
+        "-c listen_addresses=127.0.0.1 -c fsync=off"
+    )
     pg_ctl(cluster, "-l", str(cluster.root / "server.log"), "-w", "-o", options, "start")
 
 
@@ -51,10 +53,18 @@ def search(tmp_path, url: str) -> list[str]:
         "sys.exit(cli.main(sys.argv[1:], executor=fake_executor('sleep:1')))"
     )
     return [
-        sys.executable, "-c", code, "search", f"model={TINY_MODEL}", "seq_len=32",
-        f"n_trials={N_TRIALS}", f"out={tmp_path}", "study=o", f"storage={url}",
+        sys.executable,
+        "-c",
+        code,
+        "search",
+        f"model={TINY_MODEL}",
+        "seq_len=32",
+        f"n_trials={N_TRIALS}",
+        f"out={tmp_path}",
+        "study=o",
+        f"storage={url}",
         "confirm_rounds=0",
-    ]  # fmt: skip
+    ]
 
 
 def test_a_database_server_stopped_mid_search_ends_it_with_one_message_outputs_and_a_resume(
@@ -62,8 +72,9 @@ def test_a_database_server_stopped_mid_search_ends_it_with_one_message_outputs_a
 ):
     argv = search(tmp_path, cluster.url)
     env = {**os.environ, RETRY_ENV: RETRY_S}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     deadline = time.monotonic() + SAFETY_NET_S
     try:
         while not (tmp_path / "o" / "trials" / "0002" / "spec.json").exists():
@@ -72,8 +83,10 @@ def test_a_database_server_stopped_mid_search_ends_it_with_one_message_outputs_a
         pg_ctl(cluster, "-m", "immediate", "-w", "stop")
         stopped = time.monotonic()
         _, stderr = proc.communicate(timeout=SAFETY_NET_S)
-        print(f"waited {time.monotonic() - stopped:.1f} s for the stopped server "
-              f"({RETRY_ENV}={RETRY_S})")  # fmt: skip
+        print(
+            f"waited {time.monotonic() - stopped:.1f} s for the stopped server "
+            f"({RETRY_ENV}={RETRY_S})"
+        )
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -91,6 +104,7 @@ def test_a_database_server_stopped_mid_search_ends_it_with_one_message_outputs_a
     restart(cluster)
     again = subprocess.run(argv, capture_output=True, text=True, timeout=SAFETY_NET_S, env=env)
     assert again.returncode == 0, again.stderr
-    study = optuna.load_study(study_name="o", storage=cluster.url.replace(
-        "postgresql://", "postgresql+psycopg://"))  # fmt: skip
+    study = optuna.load_study(
+        study_name="o", storage=cluster.url.replace("postgresql://", "postgresql+psycopg://")
+    )
     assert sum(is_recorded(t) for t in study.trials) == N_TRIALS

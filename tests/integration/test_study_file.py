@@ -55,8 +55,10 @@ def test_a_damaged_study_file_is_one_message_for_report_and_resume(tmp_path, cap
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     damage(db)
     capsys.readouterr()
-    for argv in (["report", str(tmp_path / "s")], ["search", f"model={TINY_MODEL}",
-                 "seq_len=32", f"out={tmp_path}", "study=s", "n_trials=3"]):  # fmt: skip
+    for argv in (
+        ["report", str(tmp_path / "s")],
+        ["search", f"model={TINY_MODEL}", "seq_len=32", f"out={tmp_path}", "study=s", "n_trials=3"],
+    ):
         assert cli.main(argv, executor=fake_executor("ok")) == 2, argv[0]
         err = capsys.readouterr().err
         assert "Traceback" not in err

@@ -33,8 +33,17 @@ class Watched(TerminalView):
 
 
 def test_on_a_terminal_the_running_trial_shows_its_step_and_eta(tmp_path):
-    config = make_config({"model": TINY_MODEL, "n_trials": 1, "seq_len": 32, "warmup_steps": 2,
-                          "measure_steps": 3, "out": tmp_path, "study": "t"})  # fmt: skip
+    config = make_config(
+        {
+            "model": TINY_MODEL,
+            "n_trials": 1,
+            "seq_len": 32,
+            "warmup_steps": 2,
+            "measure_steps": 3,
+            "out": tmp_path,
+            "study": "t",
+        }
+    )
     view = Watched()
     api.run(config, observer=view, executor=fake_executor("progress"))
     assert view.seen[0].startswith("trial 0: bs=8 ga=1 gc=off fp32")
@@ -52,8 +61,15 @@ def test_noise_and_changes_to_the_training_are_marked(tmp_path, capsys):
     # The fake measures a step CV of 1%: above noise_cv=0.5%, every trial is noisy.
     # Unconfirmed (a confirmation's figures are medians of rounds, not one noisy measurement).
     # sampler=tpe: the proposals the figures below come from (the fake's speeds).
-    args = [f"model={TINY_MODEL}", "n_trials=4", "seq_len=32", "noise_cv=0.005", f"out={out}",
-            "confirm_rounds=0", "sampler=tpe"]  # fmt: skip
+    args = [
+        f"model={TINY_MODEL}",
+        "n_trials=4",
+        "seq_len=32",
+        "noise_cv=0.005",
+        f"out={out}",
+        "confirm_rounds=0",
+        "sampler=tpe",
+    ]
     assert cli.main(["search", *args, "study=n"], executor=fake_executor("ok")) == 0
     terminal = capsys.readouterr().out
     # The fastest is 1.07x the baseline: below math_change_min_gain, the baseline stays the pick.

@@ -46,12 +46,19 @@ def launcher():
 def factory_spec(factory: Path, function: str) -> TrialSpec:
     model = resolve_model(TINY_MODEL)
     return TrialSpec(
-        trial_number=0, model_name=model.name, model_config=model.config,
-        task="sequence-classification", seq_len=16, device="cpu",
+        trial_number=0,
+        model_name=model.name,
+        model_config=model.config,
+        task="sequence-classification",
+        seq_len=16,
+        device="cpu",
         params={"batch_size": 8, "precision": "fp32", "optim": "sgd"},
-        warmup_steps=1, measure_steps=2, seed=0,
-        trainer=f"{factory}:{function}", trainer_dir=str(factory.parent),
-    )  # fmt: skip
+        warmup_steps=1,
+        measure_steps=2,
+        seed=0,
+        trainer=f"{factory}:{function}",
+        trainer_dir=str(factory.parent),
+    )
 
 
 def write_factory(folder: Path, body: str) -> Path:
@@ -111,9 +118,11 @@ def test_a_factory_file_importing_a_sibling_module_passes_the_check_and_its_tria
     factory = write_factory(project, body)
     factories.check_in_subprocess(f"{factory}:with_sibling", tmp_path)
     result = launch_trial(
-        factory_spec(factory, "with_sibling"), tmp_path / "trial", timeout_s=300,
+        factory_spec(factory, "with_sibling"),
+        tmp_path / "trial",
+        timeout_s=300,
         launcher=launcher,
-    )  # fmt: skip
+    )
     assert result.status is Status.OK, result.reason + result.stderr_tail
     assert "from the sibling module" in (tmp_path / "trial" / "worker.log").read_text()
 
@@ -197,9 +206,11 @@ def test_processes_a_factory_starts_in_any_session_end_with_its_trial(tmp_path, 
     pids_file = tmp_path / "pids"  # where the factory notes them: next to itself
     factory = write_factory(tmp_path, STARTS_CHILDREN)
     result = launch_trial(
-        factory_spec(factory, "with_children"), tmp_path / "trial", timeout_s=300,
+        factory_spec(factory, "with_children"),
+        tmp_path / "trial",
+        timeout_s=300,
         launcher=launcher,
-    )  # fmt: skip
+    )
     assert result.status is Status.OK, result.reason + result.stderr_tail
     assert still_alive(started_pids(pids_file)) == []
 
@@ -209,11 +220,21 @@ def test_processes_a_factory_starts_end_when_the_search_is_killed(tmp_path, sign
     pids_file = tmp_path / "pids"
     factory = write_factory(tmp_path, STARTS_CHILDREN)
     search = subprocess.Popen(
-        [sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=16",
-         "n_trials=2", f"trainer={factory}:with_children_then_hangs", f"out={tmp_path}",
-         "confirm_rounds=0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "search",
+            f"model={TINY_MODEL}",
+            "seq_len=16",
+            "n_trials=2",
+            f"trainer={factory}:with_children_then_hangs",
+            f"out={tmp_path}",
+            "confirm_rounds=0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         pids = started_pids(pids_file)
     finally:

@@ -73,13 +73,15 @@ def test_the_search_prepares_data_in_a_subprocess(corpus, tmp_path):
     data, tokenizer = corpus
     spec = {"data": str(data), "tokenizer": str(tokenizer), "seq_len": 32}
     command = [sys.executable, "-m", "autotune.child.prepare_data"]
-    proc = subprocess.run([*command, json.dumps(spec), str(tmp_path)], capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [*command, json.dumps(spec), str(tmp_path)], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1])["folder"].startswith(str(tmp_path))
     spec["text_column"] = "body"
-    proc = subprocess.run([*command, json.dumps(spec), str(tmp_path)], capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [*command, json.dumps(spec), str(tmp_path)], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 2
     assert "text_column=body" in json.loads(proc.stdout.splitlines()[-1])["error"]
 

@@ -30,13 +30,18 @@ class EndedByTheSearch(Exception):
 def spec(measure_steps: int) -> TrialSpec:
     model = resolve_model(TINY_MODEL)
     return TrialSpec(
-        trial_number=0, model_name=model.name, model_config=model.config,
-        task="sequence-classification", seq_len=16, device="cpu",
+        trial_number=0,
+        model_name=model.name,
+        model_config=model.config,
+        task="sequence-classification",
+        seq_len=16,
+        device="cpu",
         # DataLoader workers: the processes that open multiprocessing's socket folders.
-        params={"batch_size": 8, "precision": "fp32", "optim": "sgd",
-                "dataloader_num_workers": 2},
-        warmup_steps=1, measure_steps=measure_steps, seed=0,
-    )  # fmt: skip
+        params={"batch_size": 8, "precision": "fp32", "optim": "sgd", "dataloader_num_workers": 2},
+        warmup_steps=1,
+        measure_steps=measure_steps,
+        seed=0,
+    )
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -61,8 +66,9 @@ def test_a_finished_trial_leaves_no_temporary_folder_in_tmpdir_nor_import_noise_
     tmp_path, tmpdir_of_trials
 ):
     # Started as a fresh process, the worker imports the Trainer itself, its log open.
-    result = launch_trial(spec(measure_steps=2), tmp_path / "trial", timeout_s=300,
-                          launcher=CommandLauncher())  # fmt: skip
+    result = launch_trial(
+        spec(measure_steps=2), tmp_path / "trial", timeout_s=300, launcher=CommandLauncher()
+    )
     assert result.status is Status.OK, result.reason + result.stderr_tail
     assert leftovers(tmpdir_of_trials) == []
     log = (tmp_path / "trial" / "worker.log").read_text()
@@ -74,8 +80,13 @@ def test_a_trial_killed_mid_measurement_leaves_no_temporary_folder_in_tmpdir(
     tmp_path, tmpdir_of_trials
 ):
     with pytest.raises(EndedByTheSearch):  # the worker is SIGKILLed: none of its code runs
-        launch_trial(spec(measure_steps=100_000), tmp_path / "trial", timeout_s=300,
-                     launcher=CommandLauncher(), on_progress=end_when_measuring)  # fmt: skip
+        launch_trial(
+            spec(measure_steps=100_000),
+            tmp_path / "trial",
+            timeout_s=300,
+            launcher=CommandLauncher(),
+            on_progress=end_when_measuring,
+        )
     assert leftovers(tmpdir_of_trials) == []
 
 
@@ -87,12 +98,28 @@ def timed_out_search(tmp_path_factory):
     system_tmp = root / "system-tmp"
     system_tmp.mkdir()
     command = [
-        sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=16",
-        "n_trials=1", "warmup_steps=1", "measure_steps=100000", "trial_timeout=20s",
-        "force=true", "confirm_rounds=0", f"out={root / 'out'}", "study=s",
-    ]  # fmt: skip
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TMPDIR": str(system_tmp)})  # fmt: skip
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        f"model={TINY_MODEL}",
+        "seq_len=16",
+        "n_trials=1",
+        "warmup_steps=1",
+        "measure_steps=100000",
+        "trial_timeout=20s",
+        "force=true",
+        "confirm_rounds=0",
+        f"out={root / 'out'}",
+        "study=s",
+    ]
+    proc = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TMPDIR": str(system_tmp)},
+    )
     assert "timeout: no result before trial_timeout" in proc.stdout, proc.stdout + proc.stderr
     return system_tmp, proc.stdout + proc.stderr
 

@@ -107,9 +107,17 @@ class Watch(SearchObserver):
 
 def run_search(out: Path, study: str, workers: int, storage: str | None, mode: str, **extra):
     watch = Watch()
-    settings = {"model": TINY_MODEL, "seq_len": 32, "n_trials": N_TRIALS, "out": out,
-                "study": study, "workers": workers, "storage": storage, "confirm_rounds": 0,
-                **extra}  # fmt: skip
+    settings = {
+        "model": TINY_MODEL,
+        "seq_len": 32,
+        "n_trials": N_TRIALS,
+        "out": out,
+        "study": study,
+        "workers": workers,
+        "storage": storage,
+        "confirm_rounds": 0,
+        **extra,
+    }
     config = load_config([f"{k}={v}" for k, v in settings.items() if v is not None])
     result = api.run(config, observer=watch, executor=fake_executor(mode))
     return result, watch
@@ -142,8 +150,7 @@ def test_three_workers_finish_a_study_in_less_than_half_the_time_of_one(tmp_path
     this one measured the same ratio on PostgreSQL, 0.42 at 9 trials, and takes a minute)."""
     url = None
     one, one_watch = run_search(tmp_path, "one", 1, url, f"sleep:{TRIAL_S}", sampler="random")
-    three, three_watch = run_search(tmp_path, "three", 3, url, f"sleep:{TRIAL_S}",
-                                    sampler="random")  # fmt: skip
+    three, three_watch = run_search(tmp_path, "three", 3, url, f"sleep:{TRIAL_S}", sampler="random")
 
     for result in (one, three):
         assert_counted_once(study_of(result, url), N_TRIALS)
@@ -154,8 +161,10 @@ def test_three_workers_finish_a_study_in_less_than_half_the_time_of_one(tmp_path
     assert len(pids) == 3, "every worker ran trials"
     assert sorted(three_watch.started) == sorted(r.number for r in three.snapshot.records)
     ratio = three_watch.seconds / one_watch.seconds
-    print(f"\nsqlite: workers=1 {one_watch.seconds:.1f} s, "
-          f"workers=3 {three_watch.seconds:.1f} s, ratio {ratio:.2f}")  # fmt: skip
+    print(
+        f"\nsqlite: workers=1 {one_watch.seconds:.1f} s, "
+        f"workers=3 {three_watch.seconds:.1f} s, ratio {ratio:.2f}"
+    )
     assert ratio <= 0.45, (one_watch.seconds, three_watch.seconds)
 
 
@@ -255,8 +264,16 @@ def test_a_trial_from_a_lost_host_is_failed_after_stale_after_and_a_live_one_nev
     fails the lost host's trial stale_after after its last heartbeat and runs its settings
     again; the live one is never touched."""
     stale_after, lost_after_s, live_s = 3, 8.0, 16.0
-    config = load_config([f"model={TINY_MODEL}", *FAST, "n_trials=8", f"out={tmp_path}",
-                          "study=h", f"stale_after={stale_after}"])  # fmt: skip
+    config = load_config(
+        [
+            f"model={TINY_MODEL}",
+            *FAST,
+            "n_trials=8",
+            f"out={tmp_path}",
+            "study=h",
+            f"stale_after={stale_after}",
+        ]
+    )
     plan = make_plan(config, hardware.probe())
     plan.study_dir.mkdir()
     study, plan = open_study(plan)  # as `autotune search` makes it: settings stored
@@ -283,8 +300,13 @@ def test_a_trial_from_a_lost_host_is_failed_after_stale_after_and_a_live_one_nev
                     study._storage.record_heartbeat(trial._trial_id)
                     last_beat[trial.number] = time.time()
                 time.sleep(1)
-            result = TrialResult(status=Status.OK, samples_per_s=50.0, tokens_per_s=1600.0,
-                                 peak_memory_gib=0.1, step_time_cv=0.01)  # fmt: skip
+            result = TrialResult(
+                status=Status.OK,
+                samples_per_s=50.0,
+                tokens_per_s=1600.0,
+                peak_memory_gib=0.1,
+                step_time_cv=0.01,
+            )
             tell_result(study, live, result, plan.info.memory_budget_gib, noise_cv=0.1)
             told["ok"] = True
         except BaseException as exc:  # noqa: BLE001 - handed to the test thread
@@ -304,8 +326,10 @@ def test_a_trial_from_a_lost_host_is_failed_after_stale_after_and_a_live_one_nev
     dead = study.trials[lost.number]
     assert is_interrupted(dead)
     blocked_s = dead.datetime_complete.timestamp() - last_beat[lost.number]
-    print(f"\nstale_after={stale_after}s: the lost host's trial was failed {blocked_s:.1f} s "
-          "after its last heartbeat")  # fmt: skip
+    print(
+        f"\nstale_after={stale_after}s: the lost host's trial was failed {blocked_s:.1f} s "
+        "after its last heartbeat"
+    )
     # The database clock has whole seconds (SQLite), and the worker looks between its trials.
     assert stale_after <= blocked_s <= stale_after + 3
     retries = [t for t in study.trials if t.user_attrs.get(RETRY_OF_ATTR) == lost.number]
@@ -339,8 +363,10 @@ def test_the_documented_commands_for_several_hosts(tmp_path, postgres_server_url
 
     with postgres_database(postgres_server_url) as url:
         plain = sqlalchemy.engine.make_url(url).set(drivername="postgresql")
-        swap = {"postgresql://autotune@db-host/autotune": plain.render_as_string(False),
-                "postgresql+psycopg://autotune@db-host/autotune": url}  # fmt: skip
+        swap = {
+            "postgresql://autotune@db-host/autotune": plain.render_as_string(False),
+            "postgresql+psycopg://autotune@db-host/autotune": url,
+        }
 
         def here(command: list[str]) -> list[str]:
             """The command with the test server in place of db-host."""
@@ -367,8 +393,10 @@ def test_the_documented_commands_for_several_hosts(tmp_path, postgres_server_url
         finally:
             thread.join()
         assert joined == 0 and searched == {"code": 0}
-        logs = [tmp_path / "bert-large" / "search.log",
-                *(tmp_path / "bert-large" / "workers").glob("*.log")]  # fmt: skip
+        logs = [
+            tmp_path / "bert-large" / "search.log",
+            *(tmp_path / "bert-large" / "workers").glob("*.log"),
+        ]
         for log in logs:
             assert "started:" in log.read_text(), f"{log.name}: ran no trial"
         # The search shows every trial of its study, the joined worker's too.
@@ -384,10 +412,23 @@ def test_ctrl_c_stops_every_worker_and_the_outputs_are_written(tmp_path):
     sends it): each worker records its trial as interrupted, the outputs are written, exit
     130, and no process the search started is left."""
     search = subprocess.Popen(
-        [sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=32",
-         "warmup_steps=1", "measure_steps=20000", "workers=2", f"out={tmp_path}", "study=c"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "search",
+            f"model={TINY_MODEL}",
+            "seq_len=32",
+            "warmup_steps=1",
+            "measure_steps=20000",
+            "workers=2",
+            f"out={tmp_path}",
+            "study=c",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         progress = list((tmp_path / "c" / "trials").glob("*/progress.json"))
@@ -440,9 +481,18 @@ def test_one_view_shows_every_worker_s_running_trial(tmp_path, any_cores):
 
     live = Live()
     # 2.5 s trials (0.1 s a step): the search looks at the study twice a second.
-    config = load_config([f"model={TINY_MODEL}", "seq_len=32", "warmup_steps=5",
-                          "measure_steps=18", "n_trials=4", f"out={tmp_path}", "study=v",
-                          "workers=2"])  # fmt: skip
+    config = load_config(
+        [
+            f"model={TINY_MODEL}",
+            "seq_len=32",
+            "warmup_steps=5",
+            "measure_steps=18",
+            "n_trials=4",
+            f"out={tmp_path}",
+            "study=v",
+            "workers=2",
+        ]
+    )
     api.run(config, observer=live, executor=fake_executor("progress"))
     assert live.most_at_once == 2
     assert sorted(live.started) == [0, 1, 2, 3]
@@ -482,9 +532,16 @@ def test_a_sigstopped_worker_is_ended_once_its_trial_ran_elsewhere(tmp_path, any
     def search() -> None:
         try:
             outcome["result"], outcome["watch"] = run_search(
-                tmp_path, "z", 2, None, "progress", n_trials=n_trials,
-                stale_after=stale_after, warmup_steps=2, measure_steps=10,
-            )  # fmt: skip
+                tmp_path,
+                "z",
+                2,
+                None,
+                "progress",
+                n_trials=n_trials,
+                stale_after=stale_after,
+                warmup_steps=2,
+                measure_steps=10,
+            )
         except BaseException as exc:  # noqa: BLE001 - handed to the test thread
             outcome["error"] = exc
 

@@ -27,10 +27,21 @@ def write_lines(path: Path, lengths: list[int]) -> Path:
 
 def peak_and_longest(tmp_path: Path, name: str, data: Path, tokenizer: Path) -> tuple[float, int]:
     command = [
-        sys.executable, "-m", "autotune", "search", f"model={MODEL}", "seq_len=256",
-        f"data={data}", f"tokenizer={tokenizer}", "n_trials=1", "warmup_steps=2",
-        "measure_steps=2", "confirm_rounds=0", f"out={tmp_path}", f"study={name}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        f"model={MODEL}",
+        "seq_len=256",
+        f"data={data}",
+        f"tokenizer={tokenizer}",
+        "n_trials=1",
+        "warmup_steps=2",
+        "measure_steps=2",
+        "confirm_rounds=0",
+        f"out={tmp_path}",
+        f"study={name}",
+    ]
     out = subprocess.run(command, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     with open(tmp_path / name / "trials.csv") as f:
@@ -47,16 +58,19 @@ def test_the_peak_covers_the_longest_batch_of_the_data(tmp_path, corpus):
     lengths = [rng.randint(5, 20) for _ in range(1000)]
     for i in rng.sample(range(1000), 8):
         lengths[i] = 200
-    varied = peak_and_longest(tmp_path, "varied", write_lines(tmp_path / "v.jsonl", lengths),
-                              tokenizer)  # fmt: skip
-    long = peak_and_longest(tmp_path, "long", write_lines(tmp_path / "l.jsonl", [200] * 64),
-                            tokenizer)  # fmt: skip
+    varied = peak_and_longest(
+        tmp_path, "varied", write_lines(tmp_path / "v.jsonl", lengths), tokenizer
+    )
+    long = peak_and_longest(
+        tmp_path, "long", write_lines(tmp_path / "l.jsonl", [200] * 64), tokenizer
+    )
     few = [rng.randint(5, 20) for _ in range(64)]
-    short = peak_and_longest(tmp_path, "short", write_lines(tmp_path / "s.jsonl", few),
-                             tokenizer)  # fmt: skip
+    short = peak_and_longest(tmp_path, "short", write_lines(tmp_path / "s.jsonl", few), tokenizer)
     # trials.csv names the longest row the peak covered: 200 words and [CLS], [SEP].
     assert varied[1] == long[1] == 202 and short[1] <= 22
-    print(f"\npeak GiB: varied {varied[0]:.3f}, every batch longest {long[0]:.3f}, "
-          f"short only {short[0]:.3f}")  # fmt: skip
+    print(
+        f"\npeak GiB: varied {varied[0]:.3f}, every batch longest {long[0]:.3f}, "
+        f"short only {short[0]:.3f}"
+    )
     assert varied[0] == pytest.approx(long[0], abs=0.06)  # RSS: the allocator keeps some
     assert short[0] < varied[0] - 0.08

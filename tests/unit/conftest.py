@@ -16,8 +16,12 @@ def probes(monkeypatch, tmp_path):
     def probe(software=None):
         calls.append(software)
         if software is not None:  # told the packages' facts: it reads the device alone
-            device = {"cuda_available": False, "name": "cpu", "total_memory_bytes": 8 * GIB,
-                      "free_memory_bytes": 4 * GIB}  # fmt: skip
+            device = {
+                "cuda_available": False,
+                "name": "cpu",
+                "total_memory_bytes": 8 * GIB,
+                "free_memory_bytes": 4 * GIB,
+            }
             return DeviceInfo.from_facts({**software, **device})
         return DeviceInfo(
             cuda_available=False,

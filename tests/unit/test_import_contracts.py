@@ -29,21 +29,27 @@ def broken_contracts(added: tuple[str, str] | None = None) -> set[str]:
             graph = builder.build(*args, **kwargs)
             if added is not None:
                 importer, imported = added
-                graph.add_import(importer=importer, imported=imported, line_number=1,
-                                 line_contents=f"import {imported}")  # fmt: skip
+                graph.add_import(
+                    importer=importer,
+                    imported=imported,
+                    line_number=1,
+                    line_contents=f"import {imported}",
+                )
             return graph
 
     settings.configure(GRAPH_BUILDER=WithOneMore())
     try:
         use_cases._register_built_in_contract_types()
-        report = use_cases.create_report(use_cases.read_user_options(str(PYPROJECT)),
-                                         cache_dir=None)  # fmt: skip
+        report = use_cases.create_report(
+            use_cases.read_user_options(str(PYPROJECT)), cache_dir=None
+        )
     finally:
         settings.configure(GRAPH_BUILDER=builder)
     names = {contract.name for contract, _ in report.get_contracts_and_checks()}
     assert names == {CIRCLES, LAYERS, COMMON, CHILD, NO_CHILD_CODE, NO_TORCH, EXECUTOR}
-    return {contract.name for contract, check in report.get_contracts_and_checks()
-            if not check.kept}  # fmt: skip
+    return {
+        contract.name for contract, check in report.get_contracts_and_checks() if not check.kept
+    }
 
 
 def test_the_package_keeps_every_import_contract():

@@ -107,12 +107,17 @@ def test_the_search_refuses_it_in_the_same_words(
             parse_space({"knobs": {key: value}}, name="s", source="s.yaml", facts=FACTS)
     else:
         device = DeviceInfo(
-            cuda_available=False, name="cpu", total_memory_bytes=16 * GIB,
-            free_memory_bytes=16 * GIB, host_available_memory_bytes=16 * GIB,
-            optimizer_names=FACTS.optimizer_names, compile_backends=FACTS.compile_backends,
-            model_types=FACTS.model_types, task_model_types=FACTS.task_model_types,
+            cuda_available=False,
+            name="cpu",
+            total_memory_bytes=16 * GIB,
+            free_memory_bytes=16 * GIB,
+            host_available_memory_bytes=16 * GIB,
+            optimizer_names=FACTS.optimizer_names,
+            compile_backends=FACTS.compile_backends,
+            model_types=FACTS.model_types,
+            task_model_types=FACTS.task_model_types,
             transformers_version=FACTS.transformers_version,
-        )  # fmt: skip
+        )
         with pytest.raises(ConfigError) as refused:
             make_plan(load_config(["model=gpt2", f"out={tmp_path}", setting]), device)
     # The space names the knob by its path in the file: knobs.optim: 'adamw_foo' is not ...
@@ -125,10 +130,15 @@ def test_the_software_cache_answers_model_types_cold_and_warm(
     """The estimate's model checks read the per-user cache; a stand-in probe fills it."""
     monkeypatch.setenv(software_cache.CACHE_DIR_ENV, str(tmp_path))
     probed = DeviceInfo(
-        cuda_available=False, name="cpu", total_memory_bytes=GIB, free_memory_bytes=GIB,
-        transformers_version="5.x", model_types=("gpt2",),
-        task_model_types={"causal-lm": ("gpt2",)}, optimizer_names=("adamw_torch",),
-    )  # fmt: skip
+        cuda_available=False,
+        name="cpu",
+        total_memory_bytes=GIB,
+        free_memory_bytes=GIB,
+        transformers_version="5.x",
+        model_types=("gpt2",),
+        task_model_types={"causal-lm": ("gpt2",)},
+        optimizer_names=("adamw_torch",),
+    )
     calls = []
     monkeypatch.setattr(hardware, "probe", lambda **known: calls.append(known) or probed)
     cold, warm = software_cache.software_facts(), software_cache.software_facts()

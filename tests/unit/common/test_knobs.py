@@ -54,18 +54,24 @@ def test_checkpointing_reentrant_does_nothing_without_checkpointing():
 
 def test_partial_checkpointing_joins_the_checkpointing_kwargs():
     fields = installed_fields()
-    params = {"gradient_checkpointing": True, "checkpointing_reentrant": False,
-              "checkpointing_every_n_layers": 2}  # fmt: skip
+    params = {
+        "gradient_checkpointing": True,
+        "checkpointing_reentrant": False,
+        "checkpointing_every_n_layers": 2,
+    }
     assert training_args(params, device="cuda", fields=fields) == {
-        "fp16": False, "bf16": False, "tf32": False, "activation_checkpointing": True,
+        "fp16": False,
+        "bf16": False,
+        "tf32": False,
+        "activation_checkpointing": True,
         "activation_checkpointing_kwargs": {"use_reentrant": False, "every_n_layers": 2},
-    }  # fmt: skip
+    }
     every = {"gradient_checkpointing": True, "checkpointing_every_n_layers": 1}
-    assert "activation_checkpointing_kwargs" not in training_args(every, device="cuda",
-                                                                  fields=fields)  # fmt: skip
+    assert "activation_checkpointing_kwargs" not in training_args(
+        every, device="cuda", fields=fields
+    )
     off = {"gradient_checkpointing": False, "checkpointing_every_n_layers": 3}
-    assert "activation_checkpointing_kwargs" not in training_args(off, device="cuda",
-                                                                  fields=fields)  # fmt: skip
+    assert "activation_checkpointing_kwargs" not in training_args(off, device="cuda", fields=fields)
     assert describe_params(params) == "gc=on reentrant=off gc_every=2"
 
 
@@ -81,9 +87,13 @@ def test_torch_empty_cache_steps_zero_means_never(steps, expected):
 
 def test_the_new_knobs_make_real_training_arguments(tmp_path):
     params = {
-        "batch_size": 8, "gradient_checkpointing": True, "checkpointing_reentrant": False,
-        "precision": "fp32", "optim": "adamw_torch", "torch_empty_cache_steps": 4,
-    }  # fmt: skip
+        "batch_size": 8,
+        "gradient_checkpointing": True,
+        "checkpointing_reentrant": False,
+        "precision": "fp32",
+        "optim": "adamw_torch",
+        "torch_empty_cache_steps": 4,
+    }
     args = installed.transformers().TrainingArguments(
         output_dir=str(tmp_path),
         **training_args(params, device="cpu", fields=installed_fields()),
@@ -94,17 +104,25 @@ def test_the_new_knobs_make_real_training_arguments(tmp_path):
 
 def test_a_settings_line_shows_each_knob_as_the_catalogue_says():
     params = {
-        "batch_size": 16, "gradient_checkpointing": True, "checkpointing_reentrant": False,
-        "precision": "bf16", "optim": "adafactor", "torch_empty_cache_steps": 8,
-    }  # fmt: skip
+        "batch_size": 16,
+        "gradient_checkpointing": True,
+        "checkpointing_reentrant": False,
+        "precision": "bf16",
+        "optim": "adafactor",
+        "torch_empty_cache_steps": 8,
+    }
     assert describe_params(params) == "bs=16 gc=on reentrant=off bf16 adafactor empty_cache=8"
 
 
 def test_the_baseline_is_the_catalogues_hf_defaults():
     synthetic = {
-        "batch_size": 8, "grad_accum": 1, "gradient_checkpointing": False, "precision": "fp32",
-        "optim": "adamw_torch_fused", "attn_implementation": "sdpa",
-    }  # fmt: skip
+        "batch_size": 8,
+        "grad_accum": 1,
+        "gradient_checkpointing": False,
+        "precision": "fp32",
+        "optim": "adamw_torch_fused",
+        "attn_implementation": "sdpa",
+    }
     assert baseline_params("adamw_torch_fused", None) == synthetic
     loader = {"dataloader_num_workers": 0, "group_by_length": False}
     assert baseline_params("adamw_torch_fused", None, own_data=True) == synthetic | loader | {
@@ -115,8 +133,12 @@ def test_the_baseline_is_the_catalogues_hf_defaults():
 
 
 def test_loader_settings_follow_the_installed_transformers_and_the_workers():
-    params = {"dataloader_num_workers": 2, "dataloader_prefetch_factor": 4,
-              "group_by_length": True, "pad_to_multiple_of": 8}  # fmt: skip
+    params = {
+        "dataloader_num_workers": 2,
+        "dataloader_prefetch_factor": 4,
+        "group_by_length": True,
+        "pad_to_multiple_of": 8,
+    }
     new = training_args(params, device="cuda", fields={"train_sampling_strategy"})
     assert new["train_sampling_strategy"] == "group_by_length"
     assert new["dataloader_prefetch_factor"] == 4 and "pad_to_multiple_of" not in new
@@ -125,8 +147,7 @@ def test_loader_settings_follow_the_installed_transformers_and_the_workers():
     assert active("dataloader_prefetch_factor", params)
     no_workers = params | {"dataloader_num_workers": 0}
     assert not active("dataloader_prefetch_factor", no_workers), "torch refuses it without"
-    assert "dataloader_prefetch_factor" not in training_args(no_workers, device="cpu",
-                                                             fields=set())  # fmt: skip
+    assert "dataloader_prefetch_factor" not in training_args(no_workers, device="cpu", fields=set())
 
 
 def test_facts_about_values_have_one_answer():
@@ -172,10 +193,15 @@ def test_the_memory_order_of_the_new_knobs_is_unordered():
 
 def test_a_space_samples_checkpointing_reentrant_only_with_checkpointing_on():
     space = parse_space(
-        {"knobs": {"gradient_checkpointing": {"choices": [False, True]},
-                   "checkpointing_reentrant": {"choices": [False, True]}}},
-        name="t", source="t.yaml",
-    )  # fmt: skip
+        {
+            "knobs": {
+                "gradient_checkpointing": {"choices": [False, True]},
+                "checkpointing_reentrant": {"choices": [False, True]},
+            }
+        },
+        name="t",
+        source="t.yaml",
+    )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     seen = []
     for _ in range(30):
@@ -190,8 +216,9 @@ def test_a_space_whose_knob_can_never_take_effect_is_refused():
     with pytest.raises(SpaceError, match="takes effect only with gradient_checkpointing=true"):
         parse_space(
             {"knobs": {"gradient_checkpointing": False, "checkpointing_reentrant": True}},
-            name="t", source="t.yaml",
-        )  # fmt: skip
+            name="t",
+            source="t.yaml",
+        )
 
 
 def test_the_memory_space_searches_the_new_knobs():
@@ -214,10 +241,12 @@ BASELINE = baseline_params("adamw_torch_fused", None)
         ({"optim": "adamw_bnb_8bit"}, ["optim"]),
         ({"precision": "bf16"}, ["precision"]),
         ({"precision": "tf32"}, ["precision"]),
-        ({"batch_size": 16, "precision": "bf16", "optim": "sgd"},
-         ["effective_batch_size", "precision", "optim"]),
+        (
+            {"batch_size": 16, "precision": "bf16", "optim": "sgd"},
+            ["effective_batch_size", "precision", "optim"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_only_differences_that_change_the_training_itself_are_marked(change, settings):
     changes = math_changes({**BASELINE, **change}, BASELINE)
     assert [c.setting for c in changes] == settings
@@ -301,8 +330,7 @@ def test_on_several_devices_the_baseline_is_ddp_and_the_effective_batch_counts_e
 
 
 def test_deepspeeds_strategies_are_the_trainers_deepspeed_config_with_their_own_settings():
-    args = training_args({"strategy": "zero3", "zero_overlap_comm": False}, device="cpu",
-                         fields=())  # fmt: skip
+    args = training_args({"strategy": "zero3", "zero_overlap_comm": False}, device="cpu", fields=())
     zero = args["deepspeed"]["zero_optimization"]
     assert zero["stage"] == 3 and zero["overlap_comm"] is False
     assert zero["stage3_param_persistence_threshold"] == "auto"  # HF's sizes from the model
@@ -312,8 +340,9 @@ def test_deepspeeds_strategies_are_the_trainers_deepspeed_config_with_their_own_
     assert offload["zero_optimization"]["offload_param"]["device"] == "cpu"
     assert offload["optimizer"]["type"] == "AdamW"  # DeepSpeed's, run on the host
     # Without a DeepSpeed strategy its setting has no effect, and sets nothing.
-    assert "deepspeed" not in training_args({"strategy": "ddp", "zero_overlap_comm": True},
-                                            device="cpu", fields=())  # fmt: skip
+    assert "deepspeed" not in training_args(
+        {"strategy": "ddp", "zero_overlap_comm": True}, device="cpu", fields=()
+    )
     assert conflict({"strategy": "zero2_offload", "optim": "adafactor"}) == (
         "zero2_offload updates the weights with DeepSpeed's host AdamW, not adafactor"
     )
@@ -327,13 +356,18 @@ def test_deepspeeds_strategies_are_the_trainers_deepspeed_config_with_their_own_
     )
     assert conflict({"strategy": "fsdp_offload", "optim": "sgd"}) is None
     assert training_args({"strategy": "fsdp_offload"}, device="cuda", fields=()) == {
-        "fp16": False, "bf16": False}  # fmt: skip  # applied by the ranks, not the Trainer
+        "fp16": False,
+        "bf16": False,
+    }  # applied by the ranks, not the Trainer
 
 
 def test_todays_gpu_knobs_map_to_their_arguments_environment_and_collator():
     fields = installed_fields()
-    args = training_args({"use_liger_kernel": True, "gradient_checkpointing": True,
-                          "activation_offload": True}, device="cuda", fields=fields)  # fmt: skip
+    args = training_args(
+        {"use_liger_kernel": True, "gradient_checkpointing": True, "activation_offload": True},
+        device="cuda",
+        fields=fields,
+    )
     assert args["use_liger_kernel"] is True
     assert args["activation_checkpointing_kwargs"] == {"offload": True}
     # fp8: accelerate's, from the environment TrainingArguments reads with fp16 and bf16 off.
@@ -343,22 +377,28 @@ def test_todays_gpu_knobs_map_to_their_arguments_environment_and_collator():
         "fp16": False,
         "tf32": False,
     }
-    assert environment(fp8) == {"ACCELERATE_MIXED_PRECISION": "fp8",
-                                "ACCELERATE_FP8_BACKEND": "AO"}  # fmt: skip
+    assert environment(fp8) == {"ACCELERATE_MIXED_PRECISION": "fp8", "ACCELERATE_FP8_BACKEND": "AO"}
     assert environment({"precision": "bf16"}) == {}
     assert model_kwargs({"attn_implementation": "flash_attention_2"}) == {
-        "attn_implementation": "flash_attention_2"}  # fmt: skip
+        "attn_implementation": "flash_attention_2"
+    }
     # FlashAttention computes in 16 bits only; packing is set on the collator, with it alone.
     assert conflict({"attn_implementation": "flash_attention_2", "precision": "fp32"}) == (
-        "flash_attention_2 runs in fp16 or bf16, not fp32")  # fmt: skip
+        "flash_attention_2 runs in fp16 or bf16, not fp32"
+    )
     assert conflict({"attn_implementation": "flash_attention_3", "precision": "bf16"}) is None
-    assert KNOBS["packing"].collator and not active("packing", {"attn_implementation": "sdpa",
-                                                                 "packing": True})  # fmt: skip
+    assert KNOBS["packing"].collator and not active(
+        "packing", {"attn_implementation": "sdpa", "packing": True}
+    )
     assert active("packing", {"attn_implementation": "flash_attention_2", "packing": True})
 
 
 def test_a_knob_that_needs_one_of_some_values_says_them_in_words():
-    with pytest.raises(SpaceError, match=r"takes effect only with strategy fsdp, fsdp_grad_op or "
-                       r"fsdp_offload, which this space never chooses"):  # fmt: skip
-        parse_space({"knobs": {"strategy": "ddp", "fsdp_prefetch": True}},
-                    name="t", source="t.yaml")  # fmt: skip
+    with pytest.raises(
+        SpaceError,
+        match=r"takes effect only with strategy fsdp, fsdp_grad_op or "
+        r"fsdp_offload, which this space never chooses",
+    ):
+        parse_space(
+            {"knobs": {"strategy": "ddp", "fsdp_prefetch": True}}, name="t", source="t.yaml"
+        )

@@ -13,17 +13,25 @@ from autotune.common.urls import safe_url
             "postgresql://me@db/autotune?sslmode=require&sslpassword=s3cret&passfile=/home/me/.pgpass",
             "postgresql://me@db/autotune?sslmode=require&sslpassword=***&passfile=/home/me/.pgpass",
         ),
-        ("postgresql:///autotune?host=/run/pg&password=s3cret", "postgresql:///autotune?host=/run/pg&password=***"),
+        (
+            "postgresql:///autotune?host=/run/pg&password=s3cret",
+            "postgresql:///autotune?host=/run/pg&password=***",
+        ),
         ("host=db password=s3cret dbname=autotune", "host=db password=*** dbname=autotune"),
         ("mysql://me@db/autotune?PWD=s3cret", "mysql://me@db/autotune?PWD=***"),
         ("sqlite:////home/me@lab/reports/s/study.db", "sqlite:////home/me@lab/reports/s/study.db"),
         # A command line, as provenance stores it: a tokenizer is no secret, a token is.
-        ("autotune search data=d.csv tokenizer=bert-base-uncased",
-         "autotune search data=d.csv tokenizer=bert-base-uncased"),
-        ("postgresql://db/a?auth_token=abc&max_tokens=5", "postgresql://db/a?auth_token=***&max_tokens=5"),
+        (
+            "autotune search data=d.csv tokenizer=bert-base-uncased",
+            "autotune search data=d.csv tokenizer=bert-base-uncased",
+        ),
+        (
+            "postgresql://db/a?auth_token=abc&max_tokens=5",
+            "postgresql://db/a?auth_token=***&max_tokens=5",
+        ),
         ("autotune worker hf_token=hf_abc", "autotune worker hf_token=***"),
     ],
-)  # fmt: skip
+)
 def test_safe_url_masks_userinfo_and_query_passwords_and_keeps_paths(url, shown):
     assert safe_url(url) == shown
 

@@ -83,8 +83,14 @@ def test_tf32_is_on_only_when_chosen_and_said_off_on_cuda_otherwise():
 
 
 def test_cli_flags_follow_hf_argument_parser_conventions():
-    flags = render_cli({"per_device_train_batch_size": 32, "bf16": True, "fp16": False,
-                        "optim": "adamw_torch_fused"})  # fmt: skip
+    flags = render_cli(
+        {
+            "per_device_train_batch_size": 32,
+            "bf16": True,
+            "fp16": False,
+            "optim": "adamw_torch_fused",
+        }
+    )
     assert flags == "--per_device_train_batch_size 32 --bf16 --fp16 False --optim adamw_torch_fused"
     parser = installed.transformers().HfArgumentParser(installed.transformers().TrainingArguments)
     (args,) = parser.parse_args_into_dataclasses(["--output_dir", "x", "--use_cpu", *flags.split()])
@@ -200,10 +206,13 @@ def test_cli_flags_are_shell_quoted():
     flags = render_cli(training_args)
     assert shlex.split(flags) == [
         "--bf16",
-        "--run_name", "a b; touch PWNED",
-        "--optim", "$(touch PWNED)",
-        "--output_dir", "it's `here`",
-    ]  # fmt: skip
+        "--run_name",
+        "a b; touch PWNED",
+        "--optim",
+        "$(touch PWNED)",
+        "--output_dir",
+        "it's `here`",
+    ]
 
 
 def test_cli_export_says_which_model_kwargs_the_example_scripts_cannot_set():
@@ -223,13 +232,17 @@ def test_cli_export_says_which_model_kwargs_the_example_scripts_cannot_set():
 def test_compile_modes_set_in_the_environment_are_exported_as_they_ran():
     params = {"torch_compile": "inductor", "compile_regional": True, "compile_dynamic": False}
     environment = knobs_environment(params)
-    assert environment == {"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "true",
-                           "ACCELERATE_DYNAMO_USE_DYNAMIC": "false"}  # fmt: skip
+    assert environment == {
+        "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "true",
+        "ACCELERATE_DYNAMO_USE_DYNAMIC": "false",
+    }
     assert knobs_environment({"torch_compile": "off", "compile_regional": True}) == {}
     comment, flags = render_cli({"torch_compile": True}, {}, environment).splitlines()
-    assert comment == ("# run the script with these set in its environment: "
-                       "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=true "
-                       "ACCELERATE_DYNAMO_USE_DYNAMIC=false")  # fmt: skip
+    assert comment == (
+        "# run the script with these set in its environment: "
+        "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=true "
+        "ACCELERATE_DYNAMO_USE_DYNAMIC=false"
+    )
     assert flags == "--torch_compile"
     record = trial_record("x")
     record = dataclasses.replace(
@@ -251,11 +264,16 @@ def test_packing_is_exported_as_the_flattening_collator_its_trial_used():
     script = render_script(run_info("x"), dataclasses.replace(record, params=params))
     assigned = [n for n in ast.parse(script).body if isinstance(n, ast.Assign)]
     constants = {n.targets[0].id: n.value for n in assigned if isinstance(n.targets[0], ast.Name)}
-    assert ast.literal_eval(constants["COLLATOR_KWARGS"]) == {"packing": True,
-                                                              "pad_to_multiple_of": 8}  # fmt: skip
+    assert ast.literal_eval(constants["COLLATOR_KWARGS"]) == {
+        "packing": True,
+        "pad_to_multiple_of": 8,
+    }
     # your_data() picks the collator by it: the flattening one, never padding kwargs it lacks.
-    body = next(n for n in ast.parse(script).body
-                if isinstance(n, ast.FunctionDef) and n.name == "your_data")  # fmt: skip
+    body = next(
+        n
+        for n in ast.parse(script).body
+        if isinstance(n, ast.FunctionDef) and n.name == "your_data"
+    )
     source = ast.get_source_segment(script, body)
     assert 'if COLLATOR_KWARGS.get("packing"):' in source
     assert "transformers.DataCollatorWithFlattening()" in source

@@ -50,10 +50,20 @@ def study_with(outcomes):
 
 def info(headroom):
     return RunInfo(
-        study="s", model="m", model_config={}, task="t", seq_len=8, device="cpu",
-        device_name="cpu", space="cpu", space_notes=[], effective_batch_size=None,
-        memory_budget_bytes=int(BUDGET_GIB * GIB), headroom=headroom, noise_cv=0.1,
-    )  # fmt: skip
+        study="s",
+        model="m",
+        model_config={},
+        task="t",
+        seq_len=8,
+        device="cpu",
+        device_name="cpu",
+        space="cpu",
+        space_notes=[],
+        effective_batch_size=None,
+        memory_budget_bytes=int(BUDGET_GIB * GIB),
+        headroom=headroom,
+        noise_cv=0.1,
+    )
 
 
 def pareto_front(study):
@@ -93,8 +103,9 @@ def test_picks_fastest_under_the_limit_and_a_memory_saver_within_ten_percent():
 def test_no_speedup_when_the_baseline_ran_out_of_memory():
     study = study_with([Status.OOM, (100, 2.0)])
     baseline = record_of(study.trials[0])
-    picks = pick(pareto_front(study), limit_gib=9.0, baseline=baseline, noise_cv=0.1,
-                 changes_training=SAME)  # fmt: skip
+    picks = pick(
+        pareto_front(study), limit_gib=9.0, baseline=baseline, noise_cv=0.1, changes_training=SAME
+    )
     assert picks.fastest.number == 1
     assert picks.speedup(picks.fastest) is None
 
@@ -148,10 +159,10 @@ BASELINE = {"batch_size": 8, "precision": "fp32", "optim": "adamw_torch"}
 
 
 def trial(number, speed, *, cv=0.02, memory=1.0, **params):
-    result = TrialResult(status=Status.OK, samples_per_s=speed, peak_memory_gib=memory,
-                         step_time_cv=cv)  # fmt: skip
-    return TrialRecord(number=number, params=BASELINE | params, result=result,
-                       baseline=number == 0)  # fmt: skip
+    result = TrialResult(
+        status=Status.OK, samples_per_s=speed, peak_memory_gib=memory, step_time_cv=cv
+    )
+    return TrialRecord(number=number, params=BASELINE | params, result=result, baseline=number == 0)
 
 
 THREE = [trial(0, 100), trial(1, 110, attn_implementation="eager"),
@@ -160,13 +171,23 @@ THREE = [trial(0, 100), trial(1, 110, attn_implementation="eager"),
 
 def picks_of(records, confirmed=None, min_gain=1.10):
     baseline = records[0]
-    return pick(records, 9.0, baseline, 0.1, changes_training=changes_training_of(baseline),
-                min_gain=min_gain, confirmed=confirmed)  # fmt: skip
+    return pick(
+        records,
+        9.0,
+        baseline,
+        0.1,
+        changes_training=changes_training_of(baseline),
+        min_gain=min_gain,
+        confirmed=confirmed,
+    )
 
 
 def test_a_training_change_worth_3_percent_is_not_recommended_over_the_same_training():
-    records = [trial(0, 100), trial(1, 150, attn_implementation="eager", memory=2.0),
-               trial(2, 154.5, precision="bf16")]  # fmt: skip
+    records = [
+        trial(0, 100),
+        trial(1, 150, attn_implementation="eager", memory=2.0),
+        trial(2, 154.5, precision="bf16"),
+    ]
     picks = picks_of(records)
     assert picks.fastest.number == 2 and picks.same_training.number == 1
     assert picks.recommended.number == 1
@@ -194,9 +215,13 @@ def test_a_training_change_worth_50_percent_clear_of_the_noise_is_recommended():
 
 def confirmation(rounds: dict[int, tuple[float, ...]], records_seen: int = 3) -> Confirmed:
     n = len(next(iter(rounds.values())))
-    return Confirmed(rounds=n, samples_per_s=rounds,
-                     peak_memory_gib={k: (1.0,) * n for k in rounds}, wall_s=12.0,
-                     records_seen=records_seen)  # fmt: skip
+    return Confirmed(
+        rounds=n,
+        samples_per_s=rounds,
+        peak_memory_gib={k: (1.0,) * n for k in rounds},
+        wall_s=12.0,
+        records_seen=records_seen,
+    )
 
 
 def test_confirmed_figures_are_medians_with_the_range_of_the_rounds():
@@ -246,8 +271,10 @@ def test_a_confirmation_of_other_picks_is_not_used():
 def test_rounds_alternate_their_order_so_a_drift_favours_each_pick_in_turn():
     a, b, c = (trial(n, 100) for n in range(3))
     assert [[r.number for r in order([a, b, c], k)] for k in (1, 2, 3)] == [
-        [0, 1, 2], [2, 1, 0], [0, 1, 2]
-    ]  # fmt: skip
+        [0, 1, 2],
+        [2, 1, 0],
+        [0, 1, 2],
+    ]
 
 
 def test_a_baseline_that_beat_every_trial_is_confirmed_against_the_runner_up():
@@ -289,8 +316,12 @@ def test_a_baseline_far_ahead_of_every_fitting_trial_is_not_confirmed_against_on
 
 
 def test_a_baseline_that_ran_out_of_memory_is_not_confirmed_nor_compared():
-    oom = TrialRecord(number=0, params=BASELINE, baseline=True,
-                      result=TrialResult(status=Status.OOM, reason="out of memory"))  # fmt: skip
+    oom = TrialRecord(
+        number=0,
+        params=BASELINE,
+        baseline=True,
+        result=TrialResult(status=Status.OOM, reason="out of memory"),
+    )
     feasible = [trial(1, 100, batch_size=4)]  # what `picks_to_confirm` passes: ok, in budget
     assert [r.number for r in candidates(feasible, 9.0, oom, changes_training_of(oom))] == [1]
     assert candidates([], 9.0, oom, changes_training_of(oom)) == []

@@ -22,8 +22,9 @@ def study_of(*trials: tuple[str, float]):
         trial = study.ask()
         trial.set_user_attr(PARAMS_ATTR, {"batch_size": 8, "strategy": strategy})
         trial.set_user_attr(BASELINE_ATTR, i == 0)
-        result = TrialResult(status=Status.OK, samples_per_s=samples_per_s, peak_memory_gib=1.0,
-                             step_time_cv=0.01)  # fmt: skip
+        result = TrialResult(
+            status=Status.OK, samples_per_s=samples_per_s, peak_memory_gib=1.0, step_time_cv=0.01
+        )
         tell_result(study, trial, result, budget_gib=INFO.memory_budget_gib, noise_cv=0.1)
     store_run_info(study, TWO_DEVICES)
     return read_snapshot(study)
@@ -42,11 +43,14 @@ def test_without_a_single_device_trial_there_is_no_efficiency():
     assert snapshot.scaling_efficiency(snapshot.records[0]) is None
 
 
-@pytest.mark.parametrize(("strategy", "command"), [
-    ("ddp", "torchrun --standalone --nproc_per_node=2 recommended.py"),
-    ("fsdp", "torchrun --standalone --nproc_per_node=2 recommended.py"),
-    ("single", "python recommended.py"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("strategy", "command"),
+    [
+        ("ddp", "torchrun --standalone --nproc_per_node=2 recommended.py"),
+        ("fsdp", "torchrun --standalone --nproc_per_node=2 recommended.py"),
+        ("single", "python recommended.py"),
+    ],
+)
 def test_the_launch_command_starts_one_process_per_device_the_trial_used(strategy, command):
     assert launch_command(TWO_DEVICES, {"strategy": strategy}) == command
     assert launch_command(INFO, {}) == "python recommended.py"

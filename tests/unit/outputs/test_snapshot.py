@@ -148,14 +148,23 @@ def test_a_complete_search_is_not_called_interrupted_nor_timed_out(tmp_path):
 
 
 CPU = DeviceInfo(
-    cuda_available=False, name="cpu", total_memory_bytes=2**34, free_memory_bytes=2**34,
-    cpu_name="cpu", host_available_memory_bytes=2**34,
-)  # fmt: skip
+    cuda_available=False,
+    name="cpu",
+    total_memory_bytes=2**34,
+    free_memory_bytes=2**34,
+    cpu_name="cpu",
+    host_available_memory_bytes=2**34,
+)
 
 
 def trained(model: str | None, seq_len: int | None, status: Status = Status.OK) -> TrialRecord:
-    result = TrialResult(status=status, samples_per_s=10.0, peak_memory_gib=1.0,
-                         trained_model=model, trained_seq_len=seq_len)  # fmt: skip
+    result = TrialResult(
+        status=status,
+        samples_per_s=10.0,
+        peak_memory_gib=1.0,
+        trained_model=model,
+        trained_seq_len=seq_len,
+    )
     return TrialRecord(number=0, params={}, result=result, baseline=True)
 
 
@@ -183,14 +192,22 @@ def test_the_best_found_and_how_soon_on_the_trials_clock():
     from autotune.outputs.snapshot import anytime
 
     def ran(number, speed, wall_s, status=Status.OK, peak=4.0):
-        return TrialRecord(number=number, params={"batch_size": 8 * (number + 1)},
-                           result=TrialResult(status=status, samples_per_s=speed,
-                                              peak_memory_gib=peak, wall_s=wall_s))  # fmt: skip
+        return TrialRecord(
+            number=number,
+            params={"batch_size": 8 * (number + 1)},
+            result=TrialResult(
+                status=status, samples_per_s=speed, peak_memory_gib=peak, wall_s=wall_s
+            ),
+        )
 
-    records = [ran(0, 39.4, 22.0), ran(1, 300.0, 25.0), ran(2, None, 20.0, Status.OOM),
-               ran(3, 500.0, 30.0, peak=90.0),  # past the budget: found nothing
-               TrialRecord(number=4, params={}, result=TrialResult(status=Status.SKIPPED)),
-               ran(5, 320.0, 26.0)]  # fmt: skip
+    records = [
+        ran(0, 39.4, 22.0),
+        ran(1, 300.0, 25.0),
+        ran(2, None, 20.0, Status.OOM),
+        ran(3, 500.0, 30.0, peak=90.0),  # past the budget: found nothing
+        TrialRecord(number=4, params={}, result=TrialResult(status=Status.SKIPPED)),
+        ran(5, 320.0, 26.0),
+    ]
     found = anytime(records, budget_gib=80.0)
     assert (found.best.number, found.best_s) == (5, 22.0 + 25.0 + 20.0 + 30.0 + 26.0)
     assert (found.near.number, found.near_s) == (1, 47.0)  # 300 >= 0.9 x 320
@@ -208,18 +225,27 @@ def test_a_compiled_trial_says_after_how_many_steps_its_compile_pays_off():
     compiled = {**eager, "torch_compile": "inductor", "compile_mode": "default"}
 
     def ran(number, params, step_ms, compile_s=None):
-        return TrialRecord(number=number, params=params, result=TrialResult(
-            status=Status.OK, samples_per_s=64e3 / step_ms, step_time_median_ms=step_ms,
-            compile_s=compile_s, peak_memory_gib=4.0))  # fmt: skip
+        return TrialRecord(
+            number=number,
+            params=params,
+            result=TrialResult(
+                status=Status.OK,
+                samples_per_s=64e3 / step_ms,
+                step_time_median_ms=step_ms,
+                compile_s=compile_s,
+                peak_memory_gib=4.0,
+            ),
+        )
 
     def snapshot(*records):
-        return StudySnapshot(info=INFO, records=list(records), front=[], picks=None,
-                             search_s=None)  # fmt: skip
+        return StudySnapshot(info=INFO, records=list(records), front=[], picks=None, search_s=None)
 
     faster = ran(2, compiled, 200.0, compile_s=77.0)
     said = snapshot(ran(1, eager, 205.0), faster).compile_payoff(faster)
-    assert said == ("compiling took 77 s; it pays off after 15,400 training steps (each 5 ms "
-                    "faster than trial 1's eager steps)")  # fmt: skip
+    assert said == (
+        "compiling took 77 s; it pays off after 15,400 training steps (each 5 ms "
+        "faster than trial 1's eager steps)"
+    )
     slower = ran(2, compiled, 272.0, compile_s=77.0)  # bert-large bf16 bs 64 on the H100
     assert (
         snapshot(ran(1, eager, 205.0), slower)

@@ -32,9 +32,12 @@ def add_trials(study, n_trials=2):
         trial.set_user_attr(PARAMS_ATTR, {"batch_size": 8 * (i + 1)})
         trial.set_user_attr(BASELINE_ATTR, i == 0)
         result = TrialResult(
-            status=Status.OK, samples_per_s=100.0 + 80 * i, peak_memory_gib=2.0 + i,
-            step_time_cv=0.02, training_args={"per_device_train_batch_size": 8 * (i + 1)},
-        )  # fmt: skip
+            status=Status.OK,
+            samples_per_s=100.0 + 80 * i,
+            peak_memory_gib=2.0 + i,
+            step_time_cv=0.02,
+            training_args={"per_device_train_batch_size": 8 * (i + 1)},
+        )
         tell_result(study, trial, result, budget_gib=INFO.memory_budget_gib, noise_cv=0.1)
     store_run_info(study, INFO)
     return study
@@ -203,8 +206,12 @@ def test_a_knob_a_trial_leaves_out_shows_what_training_did_where_it_applies():
         result = TrialResult(status=Status.OK, samples_per_s=100.0, peak_memory_gib=1.0)
         return TrialRecord(number=number, params=params, result=result, baseline=number == 0)
 
-    loader = {"batch_size": 8, "gradient_checkpointing": True, "checkpointing_reentrant": True,
-              "dataloader_num_workers": 2}  # fmt: skip
+    loader = {
+        "batch_size": 8,
+        "gradient_checkpointing": True,
+        "checkpointing_reentrant": True,
+        "dataloader_num_workers": 2,
+    }
     records = [record(0, {"batch_size": 8, "gradient_checkpointing": False}), record(1, loader)]
     study = add_trials(optuna.create_study(directions=["maximize", "minimize"]))
     _, rows = table(records, read_snapshot(study))

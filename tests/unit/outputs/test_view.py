@@ -19,10 +19,15 @@ GIB = 2**30
 
 def cpu(tflops: float | None) -> DeviceInfo:
     return DeviceInfo(
-        cuda_available=False, name="cpu", total_memory_bytes=64 * GIB,
-        free_memory_bytes=60 * GIB, cpu_name="cpu", host_available_memory_bytes=60 * GIB,
-        host_total_memory_bytes=64 * GIB, matmul_tflops=tflops,
-    )  # fmt: skip
+        cuda_available=False,
+        name="cpu",
+        total_memory_bytes=64 * GIB,
+        free_memory_bytes=60 * GIB,
+        cpu_name="cpu",
+        host_available_memory_bytes=60 * GIB,
+        host_total_memory_bytes=64 * GIB,
+        matmul_tflops=tflops,
+    )
 
 
 def plan_for(device, *settings, tmp_path):
@@ -61,8 +66,12 @@ def test_a_baseline_that_cannot_finish_or_fit_is_said_before_it_runs(tmp_path):
 
 
 def test_a_gpu_uses_its_datasheet_peak_for_the_precision():
-    h100 = DeviceInfo(cuda_available=True, name="NVIDIA H100 80GB HBM3",
-                      total_memory_bytes=80 * GIB, free_memory_bytes=80 * GIB)  # fmt: skip
+    h100 = DeviceInfo(
+        cuda_available=True,
+        name="NVIDIA H100 80GB HBM3",
+        total_memory_bytes=80 * GIB,
+        free_memory_bytes=80 * GIB,
+    )
     assert h100.compute_tflops("cuda", "fp32") == 66.9
     assert h100.compute_tflops("cuda", "bf16") == 989.4
 

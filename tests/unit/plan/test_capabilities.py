@@ -108,14 +108,19 @@ def test_torchaos_optimizers_go_when_it_does_not_import(tmp_path):
     )
     device, info = profiles()["cpu"]
     assert fit_space(load_space(str(path)), device, info).knobs["optim"].choices == (
-        "adamw_torch", "adamw_torch_8bit", "adamw_torch_4bit")  # fmt: skip
+        "adamw_torch",
+        "adamw_torch_8bit",
+        "adamw_torch_4bit",
+    )
     missing = dataclasses.replace(
         info, torchao_error="not installed (pip install 'autotune[torchao]')"
     )
     space = fit_space(load_space(str(path)), device, missing)
     assert space.knobs["optim"].choices == ("adamw_torch",)
-    assert ("removed optim=adamw_torch_4bit: torchao does not import here (not installed (pip "
-            "install 'autotune[torchao]'))") in space.notes  # fmt: skip
+    assert (
+        "removed optim=adamw_torch_4bit: torchao does not import here (not installed (pip "
+        "install 'autotune[torchao]'))"
+    ) in space.notes
 
 
 def test_a_knob_left_without_values_is_an_error_naming_the_reasons(tmp_path):
@@ -151,8 +156,12 @@ def test_an_effective_batch_no_batch_size_of_any_precision_divides_is_refused():
 
 def test_synthetic_data_fixes_the_loader_and_padding_knobs():
     space = fit_space(load_space("data"), *profiles()["cpu"])
-    for name, fixed in (("dataloader_num_workers", 0), ("group_by_length", False),
-                        ("pad_to_multiple_of", 1), ("dataloader_prefetch_factor", 2)):  # fmt: skip
+    for name, fixed in (
+        ("dataloader_num_workers", 0),
+        ("group_by_length", False),
+        ("pad_to_multiple_of", 1),
+        ("dataloader_prefetch_factor", 2),
+    ):
         assert space.knobs[name].choices == (fixed,)
         assert any(n.startswith(f"{name} fixed at") and "synthetic" in n for n in space.notes)
     assert space.knobs["batch_size"].choices == (8, 16, 32), "the rest is searched"
@@ -284,8 +293,10 @@ def test_bf16_leaves_a_cpu_space_where_the_cpu_has_no_bf16_instructions():
     emulating = dataclasses.replace(info, bf16_supported=False)
     space = fit_space(load_space("cpu", FACTS()), device, emulating)
     assert space.knobs["precision"].choices == ("fp32",)
-    assert any(n.startswith("removed precision=bf16: this CPU has no bf16 instructions")
-               for n in space.notes)  # fmt: skip
+    assert any(
+        n.startswith("removed precision=bf16: this CPU has no bf16 instructions")
+        for n in space.notes
+    )
     assert "bf16" in fit_space(load_space("cpu", FACTS()), device, info).knobs["precision"].choices
 
 
@@ -319,21 +330,32 @@ def test_gpu_kernels_stay_on_a_hopper_gpu_with_their_packages(tmp_path):
 
 
 def test_gpu_kernels_leave_by_device_capability_and_package_each_with_its_reason(tmp_path):
-    choices, notes = gpu_knobs(tmp_path, "h100", compute_capability="8.0",
-                               flash_attn_3_error="not installed")  # fmt: skip
+    choices, notes = gpu_knobs(
+        tmp_path, "h100", compute_capability="8.0", flash_attn_3_error="not installed"
+    )
     assert choices["attn_implementation"] == ("sdpa", "flash_attention_2")
-    assert "removed attn_implementation=flash_attention_3: FlashAttention 3 needs a Hopper or " \
-           "newer GPU (this one is 8.0)" in notes  # fmt: skip
-    assert "removed precision=fp8: fp8 matmuls need a GPU of compute capability 8.9 or newer " \
-           "(Ada, Hopper) (this one is 8.0)" in notes  # fmt: skip
-    choices, notes = gpu_knobs(tmp_path, "h100", compute_capability="7.5",
-                               flash_attn_error="not installed (pip install flash-attn)",
-                               liger_error="ModuleNotFoundError: triton")  # fmt: skip
+    assert (
+        "removed attn_implementation=flash_attention_3: FlashAttention 3 needs a Hopper or "
+        "newer GPU (this one is 8.0)" in notes
+    )
+    assert (
+        "removed precision=fp8: fp8 matmuls need a GPU of compute capability 8.9 or newer "
+        "(Ada, Hopper) (this one is 8.0)" in notes
+    )
+    choices, notes = gpu_knobs(
+        tmp_path,
+        "h100",
+        compute_capability="7.5",
+        flash_attn_error="not installed (pip install flash-attn)",
+        liger_error="ModuleNotFoundError: triton",
+    )
     assert choices["attn_implementation"] == ("sdpa",) and "use_liger_kernel" in choices
     assert choices["use_liger_kernel"] == (False,)
     assert "FlashAttention 2 needs an Ampere or newer GPU (this one is 7.5)" in notes
-    assert "removed use_liger_kernel=true: liger-kernel does not import here " \
-           "(ModuleNotFoundError: triton)" in notes  # fmt: skip
+    assert (
+        "removed use_liger_kernel=true: liger-kernel does not import here "
+        "(ModuleNotFoundError: triton)" in notes
+    )
     choices, notes = gpu_knobs(tmp_path, "h100", torchao_error="not installed")
     assert choices["precision"] == ("bf16",)
     assert "fp8 trains through torchao's Float8Linear; torchao does not import here" in notes
@@ -358,7 +380,11 @@ def test_gpu_kernels_leave_a_cpu_search_each_with_its_reason(tmp_path):
 def test_liger_and_packing_leave_the_models_they_cannot_train(tmp_path):
     choices, notes = gpu_knobs(tmp_path, "h100", model=("bert", "sequence-classification"))
     assert choices["use_liger_kernel"] == choices["packing"] == (False,)
-    assert ("removed use_liger_kernel=true: Liger has no kernels for bert models (it patches: "
-            "llama, qwen2)") in notes  # fmt: skip
-    assert ("removed packing=true: packing flattens causal-lm samples into one row; a "
-            "sequence-classification model keeps its samples apart") in notes  # fmt: skip
+    assert (
+        "removed use_liger_kernel=true: Liger has no kernels for bert models (it patches: "
+        "llama, qwen2)"
+    ) in notes
+    assert (
+        "removed packing=true: packing flattens causal-lm samples into one row; a "
+        "sequence-classification model keeps its samples apart"
+    ) in notes

@@ -15,19 +15,36 @@ VERSIONS = {"torch": "2.13.0", "transformers": "4.57.0", "autotune": "0.1.0"}
 
 def info(**changes) -> RunInfo:
     made = RunInfo(
-        study="s", model="gpt2", model_config={}, task="causal_lm", seq_len=64, device="cpu",
-        device_name="Xeon", space="cpu", space_notes=[], effective_batch_size=None,
-        memory_budget_bytes=2**30, headroom=0.1, noise_cv=0.1, measure_steps=10,
-        warmup_steps=3, cores_per_trial=2, versions=VERSIONS,
-    )  # fmt: skip
+        study="s",
+        model="gpt2",
+        model_config={},
+        task="causal_lm",
+        seq_len=64,
+        device="cpu",
+        device_name="Xeon",
+        space="cpu",
+        space_notes=[],
+        effective_batch_size=None,
+        memory_budget_bytes=2**30,
+        headroom=0.1,
+        noise_cv=0.1,
+        measure_steps=10,
+        warmup_steps=3,
+        cores_per_trial=2,
+        versions=VERSIONS,
+    )
     return dataclasses.replace(made, **changes)
 
 
 @pytest.mark.parametrize(
     ("key", "stored", "new"),
-    [("measure_steps", 10, 5), ("warmup_steps", 3, 1), ("seq_len", 64, 128),
-     ("cores_per_trial", 2, 1)],
-)  # fmt: skip
+    [
+        ("measure_steps", 10, 5),
+        ("warmup_steps", 3, 1),
+        ("seq_len", 64, 128),
+        ("cores_per_trial", 2, 1),
+    ],
+)
 def test_a_changed_condition_is_named_with_both_values(key, stored, new):
     changed = conditions.changed_conditions(info(**{key: stored}), info(**{key: new}))
     assert [(c.key, c.stored, c.new) for c in changed] == [(key, stored, new)]
@@ -49,8 +66,12 @@ def test_cpu_compares_cores_and_cuda_the_gpu_model():
     changed = conditions.changed_conditions(cuda, info(device="cuda", device_name="NVIDIA A100"))
     assert [c.key for c in changed] == ["device_name"]
     assert "the study's NVIDIA H100 80GB HBM3, this run's NVIDIA A100" in changed[0].describe()
-    assert conditions.changed_conditions(cuda, info(device="cuda", device_name=cuda.device_name,
-                                                    cores_per_trial=16)) == []  # fmt: skip
+    assert (
+        conditions.changed_conditions(
+            cuda, info(device="cuda", device_name=cuda.device_name, cores_per_trial=16)
+        )
+        == []
+    )
 
 
 def test_the_cores_say_what_sets_them():
@@ -88,49 +109,72 @@ def test_the_command_line_is_kept_with_its_password_masked():
     argv = ["search", "model=gpt2", "storage=postgresql://me:s3cret@db/autotune", "out=my dir"]
     command = conditions.cli_command(argv)
     assert "s3cret" not in command
-    assert command == ("autotune search model=gpt2 'storage=postgresql://me:***@db/autotune' "
-                       "'out=my dir'")  # fmt: skip
+    assert command == (
+        "autotune search model=gpt2 'storage=postgresql://me:***@db/autotune' 'out=my dir'"
+    )
 
 
 def test_an_api_call_is_kept_as_written_with_its_password_masked():
     call = conditions.api_call(
         "autotune.search",
-        {"model": "gpt2", "seq_len": 64, "out": Path("reports"),
-         "storage": "postgresql://me:s3cret@db/x?sslpassword=k3y"},
-    )  # fmt: skip
-    assert call == ("autotune.search(model='gpt2', seq_len=64, out='reports', "
-                    "storage='postgresql://me:***@db/x?sslpassword=***')")  # fmt: skip
+        {
+            "model": "gpt2",
+            "seq_len": 64,
+            "out": Path("reports"),
+            "storage": "postgresql://me:s3cret@db/x?sslpassword=k3y",
+        },
+    )
+    assert call == (
+        "autotune.search(model='gpt2', seq_len=64, out='reports', "
+        "storage='postgresql://me:***@db/x?sslpassword=***')"
+    )
 
 
 def run(command: str, started: str, ended: str | None, **changes) -> dict:
     record = conditions.run_record(
-        kind="search", command=command, settings={"model": "gpt2", "seed": 7},
-        info=info(), versions=VERSIONS,
-    )  # fmt: skip
+        kind="search",
+        command=command,
+        settings={"model": "gpt2", "seed": 7},
+        info=info(),
+        versions=VERSIONS,
+    )
     return record | {"started": started, "ended": ended} | changes
 
 
 def test_a_run_record_holds_what_reproduces_it():
-    record = conditions.run_record(kind="search", command="autotune search model=gpt2",
-                                   settings={"model": "gpt2", "seed": 7}, info=info(),
-                                   versions=VERSIONS)  # fmt: skip
+    record = conditions.run_record(
+        kind="search",
+        command="autotune search model=gpt2",
+        settings={"model": "gpt2", "seed": 7},
+        info=info(),
+        versions=VERSIONS,
+    )
     assert record["command"] == "autotune search model=gpt2"
     assert record["settings"] == {"model": "gpt2", "seed": 7} and record["seed"] == 7
     assert record["versions"].items() >= VERSIONS.items() and "python" in record["versions"]
     assert (record["device"], record["device_name"], record["cores_per_trial"]) == (
-        "cpu", "Xeon", 2)  # fmt: skip
+        "cpu",
+        "Xeon",
+        2,
+    )
     assert record["host"] and record["started"] and record["ended"] is None
 
 
 def test_provenance_names_the_command_that_made_the_study_and_every_run():
-    runs = [run("autotune search model=gpt2", "2024-01-01T10:00:00+00:00",
-                "2024-01-01T11:00:00+00:00"),
-            run("autotune search model=gpt2 n_trials=40", "2024-01-02T10:00:00+00:00",
-                "2024-01-02T12:00:00+00:00")]  # fmt: skip
+    runs = [
+        run("autotune search model=gpt2", "2024-01-01T10:00:00+00:00", "2024-01-01T11:00:00+00:00"),
+        run(
+            "autotune search model=gpt2 n_trials=40",
+            "2024-01-02T10:00:00+00:00",
+            "2024-01-02T12:00:00+00:00",
+        ),
+    ]
     made = conditions.provenance(runs)
     assert made["command"] == "autotune search model=gpt2"
-    assert (made["started"], made["ended"]) == ("2024-01-01T10:00:00+00:00",
-                                                "2024-01-02T12:00:00+00:00")  # fmt: skip
+    assert (made["started"], made["ended"]) == (
+        "2024-01-01T10:00:00+00:00",
+        "2024-01-02T12:00:00+00:00",
+    )
     assert made["runs"] == runs
     assert conditions.provenance([]) is None
 

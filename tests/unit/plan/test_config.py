@@ -125,10 +125,18 @@ def test_a_newline_in_a_file_name_stays() -> None:
 
 
 def test_names_and_urls_keep_what_yaml_would_retype() -> None:
-    config = load_config([
-        "model=1e3", "study=007", "storage=sqlite:///#x.db", "out=[a]", "space=yes",
-        "text_column=01", "data_split=on", "data=d",
-    ])  # fmt: skip
+    config = load_config(
+        [
+            "model=1e3",
+            "study=007",
+            "storage=sqlite:///#x.db",
+            "out=[a]",
+            "space=yes",
+            "text_column=01",
+            "data_split=on",
+            "data=d",
+        ]
+    )
     assert (config.model, config.study, config.storage, config.out, config.space) == (
         "1e3",
         "007",
@@ -145,8 +153,9 @@ def test_null_still_means_unset_for_an_optional_string() -> None:
 
 
 def test_typed_settings_are_still_read_as_yaml() -> None:
-    config = load_config(["model=gpt2", "n_trials=8", "quiet=true", "timeout=null",
-                          "headroom=0.2", "workers=2"])  # fmt: skip
+    config = load_config(
+        ["model=gpt2", "n_trials=8", "quiet=true", "timeout=null", "headroom=0.2", "workers=2"]
+    )
     assert (config.n_trials, config.quiet, config.timeout, config.headroom) == (8, True, None, 0.2)
     assert config.workers == 2
 

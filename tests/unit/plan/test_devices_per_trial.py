@@ -33,19 +33,34 @@ def test_one_device_a_trial_has_no_strategy_to_search():
 
 def test_several_devices_search_every_multi_device_strategy_unless_the_space_names_some():
     space, notes = fit_to_devices(space_with(), 2)
-    every = ("ddp", "fsdp", "fsdp_grad_op", "fsdp_offload", "zero1", "zero2", "zero3",
-             "zero2_offload", "zero3_offload")  # fmt: skip
+    every = (
+        "ddp",
+        "fsdp",
+        "fsdp_grad_op",
+        "fsdp_offload",
+        "zero1",
+        "zero2",
+        "zero3",
+        "zero2_offload",
+        "zero3_offload",
+    )
     assert space.knobs["strategy"].choices == every
     assert notes == [f"strategy searched among {', '.join(every)}: 2 devices per trial"]
     # Each strategy's own settings with it: DDP's, and DeepSpeed's overlap of communication.
-    assert set(space.knobs) >= {"ddp_find_unused_parameters", "ddp_bucket_cap_mb",
-                                "fsdp_prefetch", "zero_overlap_comm"}  # fmt: skip
+    assert set(space.knobs) >= {
+        "ddp_find_unused_parameters",
+        "ddp_bucket_cap_mb",
+        "fsdp_prefetch",
+        "zero_overlap_comm",
+    }
     space, notes = fit_to_devices(space_with("single", "fsdp"), 2)
     assert space.knobs["strategy"].choices == ("single", "fsdp")
     assert "ddp_find_unused_parameters" not in space.knobs  # no ddp: they could never act
     assert "zero_overlap_comm" not in space.knobs and "fsdp_prefetch" in space.knobs
-    assert notes == ["strategy=single trains on one of a trial's 2 devices: the reference of "
-                     "the others' scaling efficiency"]  # fmt: skip
+    assert notes == [
+        "strategy=single trains on one of a trial's 2 devices: the reference of "
+        "the others' scaling efficiency"
+    ]
 
 
 def test_a_space_whose_strategies_need_several_devices_is_refused_on_one():
@@ -62,9 +77,17 @@ def test_the_plan_of_a_two_rank_search(tmp_path):
     assert plan.info.devices_per_trial == 2
     # What cannot run here is gone, named: offload on CPU (the stand-in has DeepSpeed).
     assert set(plan.space.knobs["strategy"].choices) == {
-        "ddp", "fsdp", "fsdp_grad_op", "zero1", "zero2", "zero3"}  # fmt: skip
-    assert ("removed strategy=zero3_offload: offload moves model states from GPU memory to the "
-            "host's: on CPU they are there") in plan.space.notes  # fmt: skip
+        "ddp",
+        "fsdp",
+        "fsdp_grad_op",
+        "zero1",
+        "zero2",
+        "zero3",
+    }
+    assert (
+        "removed strategy=zero3_offload: offload moves model states from GPU memory to the "
+        "host's: on CPU they are there"
+    ) in plan.space.notes
 
 
 def test_deepspeeds_strategies_leave_where_it_does_not_import(tmp_path):
@@ -72,8 +95,10 @@ def test_deepspeeds_strategies_leave_where_it_does_not_import(tmp_path):
     plan = plan_for(tmp_path, "devices_per_trial=2", "workers=1", deepspeed_error=missing)
     assert set(plan.space.knobs["strategy"].choices) == {"ddp", "fsdp", "fsdp_grad_op"}
     assert "zero_overlap_comm" not in plan.space.knobs  # DeepSpeed's own setting goes with it
-    assert ("removed strategy=zero1: DeepSpeed does not import here (not installed (pip install "
-            "'autotune[deepspeed]'))") in plan.space.notes  # fmt: skip
+    assert (
+        "removed strategy=zero1: DeepSpeed does not import here (not installed (pip install "
+        "'autotune[deepspeed]'))"
+    ) in plan.space.notes
 
 
 def test_every_problem_of_devices_per_trial_is_named(tmp_path):
@@ -117,7 +142,11 @@ def test_one_gpu_keeps_the_offload_strategies_a_space_names():
     named = space_with("single", "zero3_offload", "zero2_offload", "fsdp_offload", "ddp")
     space, notes = fit_to_devices(named, 1, "cuda")
     assert space.knobs["strategy"].choices == (
-        "single", "zero3_offload", "zero2_offload", "fsdp_offload")  # fmt: skip
+        "single",
+        "zero3_offload",
+        "zero2_offload",
+        "fsdp_offload",
+    )
     assert notes == ["removed strategy=ddp: needs devices_per_trial of 2 or more"]
     space, notes = fit_to_devices(named, 1, "cpu")  # on CPU there is no device memory to spare
     assert "strategy" not in space.knobs

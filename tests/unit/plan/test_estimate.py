@@ -32,9 +32,16 @@ GUIDE = [
 
 def guide_estimate_gb(knobs: dict) -> float:
     params = {"optim": "adamw_torch", "attn_implementation": "eager"} | knobs
-    found = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
-                     params=params, device="cuda", parameters=PARAMETERS,
-                     context_bytes=GUIDE_CONTEXT_BYTES, gradients_kept=True)  # fmt: skip
+    found = estimate(
+        BERT_LARGE.config,
+        task="sequence-classification",
+        seq_len=512,
+        params=params,
+        device="cuda",
+        parameters=PARAMETERS,
+        context_bytes=GUIDE_CONTEXT_BYTES,
+        gradients_kept=True,
+    )
     return found.total / 1e9
 
 
@@ -45,12 +52,24 @@ def test_the_estimate_is_within_15_percent_of_the_guides_measurements(knobs, gui
 
 def test_the_parts_follow_the_guides_anatomy():
     p = PARAMETERS
-    fp32 = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
-                    params={"batch_size": 4}, device="cpu", parameters=p)  # fmt: skip
+    fp32 = estimate(
+        BERT_LARGE.config,
+        task="sequence-classification",
+        seq_len=512,
+        params={"batch_size": 4},
+        device="cpu",
+        parameters=p,
+    )
     assert (fp32.weights, fp32.gradients, fp32.optimizer) == (4 * p, 4 * p, 8 * p)
     assert fp32.context == CPU_RUNTIME_BYTES, "the CPU runtime's own memory, no CUDA context"
-    on_cuda = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
-                       params={"batch_size": 4}, device="cuda", parameters=p)  # fmt: skip
+    on_cuda = estimate(
+        BERT_LARGE.config,
+        task="sequence-classification",
+        seq_len=512,
+        params={"batch_size": 4},
+        device="cuda",
+        parameters=p,
+    )
     assert on_cuda.context == CUDA_CONTEXT_BYTES
     # CPU SDPA under autocast runs the math path in fp32: more than eager attention keeps.
     cpu_mixed = {"batch_size": 4, "precision": "bf16"}
@@ -69,19 +88,35 @@ def test_the_parts_follow_the_guides_anatomy():
     assert eager.weights == 6 * p and eager.activations < fp32.activations
     assert optimizer_bytes_per_parameter("adamw_bnb_8bit") == 2
     assert optimizer_bytes_per_parameter("sgd") == 0
-    adafactor = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
-                         params={"optim": "adafactor"}, device="cpu", parameters=p)  # fmt: skip
+    adafactor = estimate(
+        BERT_LARGE.config,
+        task="sequence-classification",
+        seq_len=512,
+        params={"optim": "adafactor"},
+        device="cpu",
+        parameters=p,
+    )
     assert adafactor.optimizer < 0.1 * p, "factored second moments: a row and a column"
-    checkpointed = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
-                            params={"batch_size": 4, "gradient_checkpointing": True},
-                            device="cpu", parameters=p)  # fmt: skip
+    checkpointed = estimate(
+        BERT_LARGE.config,
+        task="sequence-classification",
+        seq_len=512,
+        params={"batch_size": 4, "gradient_checkpointing": True},
+        device="cpu",
+        parameters=p,
+    )
     assert checkpointed.activations < fp32.activations / 10
 
 
 def test_activations_grow_linearly_with_the_batch():
     def activations(batch: int) -> int:
-        return estimate(BERT_LARGE.config, task="masked-lm", seq_len=128,
-                        params={"batch_size": batch}, device="cuda").activations  # fmt: skip
+        return estimate(
+            BERT_LARGE.config,
+            task="masked-lm",
+            seq_len=128,
+            params={"batch_size": batch},
+            device="cuda",
+        ).activations
 
     assert activations(16) == 2 * activations(8) == 4 * activations(4)
 
@@ -94,8 +129,9 @@ def test_the_shape_is_read_from_bert_gpt2_and_t5_configs():
 
 
 def measured(batch: int, estimate_gib: float, peak_gib: float, **knobs) -> Measured:
-    return Measured(params={"batch_size": batch, **knobs}, estimate_gib=estimate_gib,
-                    peak_gib=peak_gib)  # fmt: skip
+    return Measured(
+        params={"batch_size": batch, **knobs}, estimate_gib=estimate_gib, peak_gib=peak_gib
+    )
 
 
 def test_calibration_uses_the_closest_evidence_there_is():
@@ -113,9 +149,15 @@ def per_rank(strategy: str | None, devices: int):
     params = {"optim": "adamw_torch", "batch_size": 8} | (
         {"strategy": strategy} if strategy else {}
     )
-    return estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
-                    params=params, device="cuda", parameters=PARAMETERS,
-                    devices=devices)  # fmt: skip
+    return estimate(
+        BERT_LARGE.config,
+        task="sequence-classification",
+        seq_len=512,
+        params=params,
+        device="cuda",
+        parameters=PARAMETERS,
+        devices=devices,
+    )
 
 
 def test_per_rank_model_states_follow_zeros_accounting():
@@ -139,10 +181,21 @@ def test_zero_stages_follow_zeros_accounting_in_mixed_precision_and_fp32():
     p, n = PARAMETERS, 8
 
     def states(strategy, precision):
-        params = {"optim": "adamw_torch", "batch_size": 8, "precision": precision,
-                  "strategy": strategy}  # fmt: skip
-        return estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
-                        params=params, device="cuda", parameters=p, devices=n)  # fmt: skip
+        params = {
+            "optim": "adamw_torch",
+            "batch_size": 8,
+            "precision": precision,
+            "strategy": strategy,
+        }
+        return estimate(
+            BERT_LARGE.config,
+            task="sequence-classification",
+            seq_len=512,
+            params=params,
+            device="cuda",
+            parameters=p,
+            devices=n,
+        )
 
     # Rajbhandari et al.: 16-bit weights and gradients, fp32 copy + AdamW's states (12 Psi).
     assert states("zero1", "bf16").model_states == pytest.approx(4 * p + 12 * p / n, abs=64)
@@ -171,10 +224,21 @@ def test_fsdp_offload_keeps_every_shard_on_the_host():
 
 
 def test_ddps_gradients_as_bucket_views_drop_the_buckets_copy():
-    params = {"optim": "adamw_torch", "batch_size": 8, "strategy": "ddp",
-              "gradient_as_bucket_view": True}  # fmt: skip
-    viewed = estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
-                      params=params, device="cuda", parameters=PARAMETERS, devices=8)  # fmt: skip
+    params = {
+        "optim": "adamw_torch",
+        "batch_size": 8,
+        "strategy": "ddp",
+        "gradient_as_bucket_view": True,
+    }
+    viewed = estimate(
+        BERT_LARGE.config,
+        task="sequence-classification",
+        seq_len=512,
+        params=params,
+        device="cuda",
+        parameters=PARAMETERS,
+        devices=8,
+    )
     copied, single = per_rank("ddp", 8), per_rank(None, 1)
     assert viewed.gradients == single.gradients == copied.gradients // 2
     assert viewed.total == copied.total - 4 * PARAMETERS
@@ -182,8 +246,13 @@ def test_ddps_gradients_as_bucket_views_drop_the_buckets_copy():
 
 def test_partial_checkpointing_keeps_the_activations_of_the_blocks_it_skips():
     def activations(**knobs) -> int:
-        return estimate(BERT_LARGE.config, task="masked-lm", seq_len=256, device="cuda",
-                        params={"batch_size": 8, **knobs}).activations  # fmt: skip
+        return estimate(
+            BERT_LARGE.config,
+            task="masked-lm",
+            seq_len=256,
+            device="cuda",
+            params={"batch_size": 8, **knobs},
+        ).activations
 
     none, full = activations(), activations(gradient_checkpointing=True)
     half = activations(gradient_checkpointing=True, checkpointing_every_n_layers=2)

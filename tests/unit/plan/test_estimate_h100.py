@@ -15,8 +15,14 @@ PLAIN_LOOP = {"optim": "adamw_torch_fused", "attn_implementation": "sdpa"}
 
 
 def on_cuda(params: dict, device: str = "cuda"):
-    return estimate(BERT_LARGE.config, task="sequence-classification", seq_len=512,
-                    params=params, device=device, parameters=PARAMETERS)  # fmt: skip
+    return estimate(
+        BERT_LARGE.config,
+        task="sequence-classification",
+        seq_len=512,
+        params=params,
+        device=device,
+        parameters=PARAMETERS,
+    )
 
 
 def test_compiled_bf16_batch_64_is_estimated_near_the_63_gib_it_peaked_at_not_the_eager_37():
@@ -25,8 +31,9 @@ def test_compiled_bf16_batch_64_is_estimated_near_the_63_gib_it_peaked_at_not_th
     honest tolerance. The compile term is fitted on this very point (62.6): 5%. A trial
     measures max_memory_reserved, a few percent over the allocated figure."""
     eager = on_cuda(PLAIN_LOOP | {"precision": "bf16", "batch_size": 64})
-    compiled = on_cuda(PLAIN_LOOP | {"precision": "bf16", "batch_size": 64,
-                                     "torch_compile": "inductor"})  # fmt: skip
+    compiled = on_cuda(
+        PLAIN_LOOP | {"precision": "bf16", "batch_size": 64, "torch_compile": "inductor"}
+    )
     assert eager.budgeted / GIB == pytest.approx(36.65, rel=0.10)
     assert compiled.budgeted / GIB == pytest.approx(63.4, rel=0.05)
     assert compiled.activations > 1.9 * eager.activations
@@ -43,9 +50,17 @@ def test_compile_on_cpu_is_estimated_as_eager_until_its_trials_say_otherwise():
 def test_the_bs_72_tf32_adafactor_inductor_setting_that_oomed_is_estimated_past_the_card():
     """It ran out of memory past the 78.66 GiB budget (78.35 GiB allocated when it failed),
     after an estimate of 61.0 GiB."""
-    oomed = on_cuda({"batch_size": 72, "grad_accum": 4, "precision": "tf32", "optim": "adafactor",
-                     "torch_compile": "inductor", "compile_mode": "default",
-                     "attn_implementation": "sdpa"})  # fmt: skip
+    oomed = on_cuda(
+        {
+            "batch_size": 72,
+            "grad_accum": 4,
+            "precision": "tf32",
+            "optim": "adafactor",
+            "torch_compile": "inductor",
+            "compile_mode": "default",
+            "attn_implementation": "sdpa",
+        }
+    )
     assert oomed.budgeted / GIB > 79.18, "more than the whole card"
 
 
@@ -63,8 +78,9 @@ def test_the_baseline_estimate_compares_with_the_allocators_peak_and_nvmls_proce
 
 def test_a_compiled_setting_is_calibrated_on_compiled_trials_when_there_are_some():
     eager_trial = Measured(params={"batch_size": 8}, estimate_gib=10.0, peak_gib=10.5)
-    compiled_trial = Measured(params={"batch_size": 8, "torch_compile": "inductor"},
-                              estimate_gib=20.0, peak_gib=16.0)  # fmt: skip
+    compiled_trial = Measured(
+        params={"batch_size": 8, "torch_compile": "inductor"}, estimate_gib=20.0, peak_gib=16.0
+    )
     trials = [eager_trial, compiled_trial]
     other_compiled = {"batch_size": 8, "torch_compile": "inductor", "precision": "bf16"}
     assert calibrated_gib(other_compiled, 30.0, trials) == pytest.approx(26.0)

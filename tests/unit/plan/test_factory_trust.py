@@ -16,10 +16,16 @@ from autotune.study.opening import join_config, open_study
 from tests.conftest import TINY_MODEL
 
 CPU = DeviceInfo(
-    cuda_available=False, name="cpu", total_memory_bytes=2**34, free_memory_bytes=2**34,
-    cpu_name="cpu", host_available_memory_bytes=2**34, transformers_version="5.x",
-    model_types=("bert",), task_model_types={"sequence-classification": ("bert",)},
-)  # fmt: skip
+    cuda_available=False,
+    name="cpu",
+    total_memory_bytes=2**34,
+    free_memory_bytes=2**34,
+    cpu_name="cpu",
+    host_available_memory_bytes=2**34,
+    transformers_version="5.x",
+    model_types=("bert",),
+    task_model_types={"sequence-classification": ("bert",)},
+)
 
 
 FACTORY = "def make(args, model_kwargs):\n    raise SystemExit('the factory ran')\n"
@@ -31,8 +37,13 @@ def study_with_factory(tmp_path):
     factory = tmp_path / "code" / "train.py"
     factory.parent.mkdir()
     factory.write_text(FACTORY)
-    settings = [f"model={TINY_MODEL}", f"out={tmp_path}", "study=t", "workers=1",
-                f"trainer={factory}:make"]  # fmt: skip
+    settings = [
+        f"model={TINY_MODEL}",
+        f"out={tmp_path}",
+        "study=t",
+        "workers=1",
+        f"trainer={factory}:make",
+    ]
     plan = make_plan(load_config(settings), CPU)
     plan.study_dir.mkdir()
     study, _ = open_study(plan)

@@ -99,8 +99,12 @@ def test_batch_sizes_that_cannot_fit_leave_the_space_and_the_smallest_stays(tmp_
     before, after = (p.space.knobs["batch_size"].choices for p in (tight, trimmed))
     assert 1 < len(after) < len(before) and after == before[: len(after)]
     limit = 3 * 1.25
-    frugal = {"precision": "bf16", "optim": "adafactor", "gradient_checkpointing": True,
-              "grad_accum": 4}  # fmt: skip
+    frugal = {
+        "precision": "bf16",
+        "optim": "adafactor",
+        "gradient_checkpointing": True,
+        "grad_accum": 4,
+    }
     assert trimmed.estimate_gib({**frugal, "batch_size": after[-1]}) <= limit
     assert tight.estimate_gib({**frugal, "batch_size": before[len(after)]}) > limit
     assert "batch_size above" in trimmed.info.space_notes[-1]
@@ -118,8 +122,9 @@ def test_batch_sizes_that_cannot_fit_leave_the_space_and_the_smallest_stays(tmp_
 def test_the_memory_budget_is_what_every_worker_can_have(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    plan = make_plan(load_config([f"model={TINY_MODEL}", f"out={tmp_path}", "device=cuda",
-                                  "devices=0,1"]), GPUS)  # fmt: skip
+    plan = make_plan(
+        load_config([f"model={TINY_MODEL}", f"out={tmp_path}", "device=cuda", "devices=0,1"]), GPUS
+    )
     assert plan.info.memory_budget_bytes == 70 * 2**30  # the least free of their devices
     plan = make_plan(load_config([f"model={TINY_MODEL}", f"out={tmp_path}", "workers=4"]), CPU)
     # Their trials run at the same time; the search and 4 fork servers keep 3.5 GiB, and the

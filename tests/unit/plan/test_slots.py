@@ -36,12 +36,16 @@ def test_cuda_workers_own_one_visible_device_each(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aa,GPU-bb,GPU-cc,GPU-dd")
     slots, _ = assign("auto", "1,3", "cuda", GPUS)
     assert [s.cuda_devices for s in slots] == [("GPU-bb",), ("GPU-dd",)]
-    assert [problems for _, problems in (assign(3, "0,1", "cuda", GPUS),
-                                         assign("auto", "0,4", "cuda", GPUS))] == [
-        ["workers=3 x devices_per_trial=1: each worker owns one GPU, and devices=0,1 gives 2; "
-         "lower one of them"],
+    assert [
+        problems
+        for _, problems in (assign(3, "0,1", "cuda", GPUS), assign("auto", "0,4", "cuda", GPUS))
+    ] == [
+        [
+            "workers=3 x devices_per_trial=1: each worker owns one GPU, and devices=0,1 gives 2; "
+            "lower one of them"
+        ],
         ["devices=0,4: no device 4 here (4 visible: 0-3)"],
-    ]  # fmt: skip
+    ]
     mixed = dataclasses.replace(GPUS, cuda_device_names=("NVIDIA H100", "Tesla T4"))
     assert assign("auto", "auto", "cuda", mixed)[1] == [
         "devices=auto: the GPUs differ (NVIDIA H100, Tesla T4); one study measures one kind of "
@@ -65,10 +69,19 @@ def test_cuda_workers_own_the_devices_of_their_trials_ranks(monkeypatch):
     assert [s.cuda_devices for s in slots] == [("GPU-aa", "GPU-bb", "GPU-cc", "GPU-dd")]
     with slots[0].applied():  # the worker and its ranks see the worker's devices, in order
         assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-aa,GPU-bb,GPU-cc,GPU-dd"
-    assert [problems for _, problems in (assign(3, "auto", "cuda", GPUS, 2),
-                                         assign("auto", "0,1", "cuda", GPUS, 3))] == [
-        ["workers=3 x devices_per_trial=2: each worker owns devices_per_trial=2 GPUs, and "
-         "devices=auto gives 4; lower one of them"],
-        ["workers=auto x devices_per_trial=3: each worker owns devices_per_trial=3 GPUs, and "
-         "devices=0,1 gives 2; lower one of them"],
-    ]  # fmt: skip
+    assert [
+        problems
+        for _, problems in (
+            assign(3, "auto", "cuda", GPUS, 2),
+            assign("auto", "0,1", "cuda", GPUS, 3),
+        )
+    ] == [
+        [
+            "workers=3 x devices_per_trial=2: each worker owns devices_per_trial=2 GPUs, and "
+            "devices=auto gives 4; lower one of them"
+        ],
+        [
+            "workers=auto x devices_per_trial=3: each worker owns devices_per_trial=3 GPUs, and "
+            "devices=0,1 gives 2; lower one of them"
+        ],
+    ]

@@ -204,8 +204,10 @@ def test_the_baseline_as_optuna_parameters_uses_the_spaces_own_distributions():
 def test_a_knob_given_twice_in_a_space_file_is_refused_naming_both_lines(tmp_path):
     """YAML keeps the last silently: the knob edited in one place would run from the other."""
     path = tmp_path / "twice.yaml"
-    path.write_text("device: any\nknobs:\n  batch_size: {choices: [8]}\n  optim: sgd\n"
-                    "  batch_size: {choices: [16]}\n")  # fmt: skip
+    path.write_text(
+        "device: any\nknobs:\n  batch_size: {choices: [8]}\n  optim: sgd\n"
+        "  batch_size: {choices: [16]}\n"
+    )
     with pytest.raises(SpaceError) as refused:
         load_space(str(path))
     assert str(refused.value) == (

@@ -32,21 +32,33 @@ def test_a_baseline_that_ran_out_of_host_memory_stands_for_hungrier_proposals():
     some the space fixes (loader workers, at their HF default 0): its OOM still rules out
     every proposal at least as hungry, or the next proposal is hungrier still."""
     baseline = baseline_params("adamw_torch_fused", None)
-    proposal = {"batch_size": 16, "gradient_checkpointing": False, "precision": "fp32",
-                "optim": "adamw_torch_fused", "dataloader_num_workers": 0}  # fmt: skip
+    proposal = {
+        "batch_size": 16,
+        "gradient_checkpointing": False,
+        "precision": "fp32",
+        "optim": "adamw_torch_fused",
+        "dataloader_num_workers": 0,
+    }
     died = [record(0, baseline, Status.HOST_OOM)]
     assert as_hungry_as_an_oom(proposal, died).reason.endswith("trial 0, which ran out of memory")
-    for other in ({"batch_size": 4}, {"gradient_checkpointing": True}, {"optim": "sgd"},
-                    {"attn_implementation": "eager"}, {"dataloader_num_workers": 2}):  # fmt: skip
+    for other in (
+        {"batch_size": 4},
+        {"gradient_checkpointing": True},
+        {"optim": "sgd"},
+        {"attn_implementation": "eager"},
+        {"dataloader_num_workers": 2},
+    ):
         assert as_hungry_as_an_oom(proposal | other, died) is None, other  # lighter, or no order
 
 
 def test_the_estimate_check_skips_what_cannot_fit_and_says_why():
     check = over_budget_by_estimate(limit_gib=4.5)
     estimate = 32 / 8  # GiB, the estimate the loop computed for batch_size 32
-    record = TrialRecord(number=1, params={"batch_size": 8},
-                         result=TrialResult(status=Status.OK, peak_memory_gib=2.0,
-                                            estimate_gib=1.0))  # fmt: skip
+    record = TrialRecord(
+        number=1,
+        params={"batch_size": 8},
+        result=TrialResult(status=Status.OK, peak_memory_gib=2.0, estimate_gib=1.0),
+    )
     assert check({"batch_size": 32}, [], estimate) is None, "4 GiB, not calibrated: runs"
     assert check({"batch_size": 32}, [record], None) is None, "no estimate: runs"
     skip = check({"batch_size": 32}, [record], estimate)
@@ -75,8 +87,11 @@ def test_ddp_static_graph_with_accumulation_is_skipped_naming_the_pytorch_bug():
 
 
 def measured(number, params, samples_per_s, wall_s):
-    return TrialRecord(number=number, params=params, result=TrialResult(
-        status=Status.OK, samples_per_s=samples_per_s, wall_s=wall_s))  # fmt: skip
+    return TrialRecord(
+        number=number,
+        params=params,
+        result=TrialResult(status=Status.OK, samples_per_s=samples_per_s, wall_s=wall_s),
+    )
 
 
 def test_a_proposal_sure_to_pass_its_time_limit_is_skipped_with_the_pace_it_was_judged_at():

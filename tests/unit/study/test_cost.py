@@ -11,8 +11,11 @@ COMPILED = {"batch_size": 64, "precision": "bf16", "torch_compile": "inductor"}
 
 
 def ended(number, params, samples_per_s, wall_s, status=Status.OK):
-    return TrialRecord(number=number, params=params, result=TrialResult(
-        status=status, samples_per_s=samples_per_s, wall_s=wall_s))  # fmt: skip
+    return TrialRecord(
+        number=number,
+        params=params,
+        result=TrialResult(status=status, samples_per_s=samples_per_s, wall_s=wall_s),
+    )
 
 
 def test_the_start_up_is_a_trials_wall_time_less_its_steps_at_its_pace():
@@ -29,8 +32,11 @@ def test_the_start_up_is_a_trials_wall_time_less_its_steps_at_its_pace():
 
 
 def test_a_compiled_trial_measures_the_compile_and_failed_ones_teach_nothing():
-    records = [ended(0, EAGER, 39.4, 22.0), ended(1, COMPILED, 235.0, 110.0),
-               ended(2, EAGER, None, 600.0, Status.TIMEOUT)]  # fmt: skip
+    records = [
+        ended(0, EAGER, 39.4, 22.0),
+        ended(1, COMPILED, 235.0, 110.0),
+        ended(2, EAGER, None, 600.0, Status.TIMEOUT),
+    ]
     cost = TrialCost.fit(records, steps=13)
     start = 22.0 - 13 * 8 / 39.4
     assert cost.start_s == pytest.approx(start)

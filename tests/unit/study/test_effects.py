@@ -20,9 +20,13 @@ from autotune.study.points import Points
 from tests.conftest import TINY_MODEL
 
 CPU = DeviceInfo(
-    cuda_available=False, name="cpu", total_memory_bytes=2**34, free_memory_bytes=2**34,
-    cpu_name="cpu", host_available_memory_bytes=2**34,
-)  # fmt: skip
+    cuda_available=False,
+    name="cpu",
+    total_memory_bytes=2**34,
+    free_memory_bytes=2**34,
+    cpu_name="cpu",
+    host_available_memory_bytes=2**34,
+)
 SPACE = """
 device: cpu
 knobs:
@@ -59,23 +63,35 @@ BEST = {"batch_size": 32, "grad_accum": 2, "gradient_checkpointing": False,
 def plan(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
-    config = load_config([f"model={TINY_MODEL}", f"space={space}", f"out={tmp_path}",
-                          "sampler=effects", "n_trials=20", "memory_budget=8GiB"])  # fmt: skip
+    config = load_config(
+        [
+            f"model={TINY_MODEL}",
+            f"space={space}",
+            f"out={tmp_path}",
+            "sampler=effects",
+            "n_trials=20",
+            "memory_budget=8GiB",
+        ]
+    )
     return make_plan(config, CPU)
 
 
 def search(plan, trials, answer=speed, seed=0):
     """The loop's ask, publish and tell, by hand: each trial answered by `answer` (samples/s,
     or None for out of memory)."""
-    study = optuna.create_study(directions=["maximize", "minimize"],
-                                sampler=EffectsSampler(plan, seed=seed))  # fmt: skip
+    study = optuna.create_study(
+        directions=["maximize", "minimize"], sampler=EffectsSampler(plan, seed=seed)
+    )
     for _ in range(trials):
         trial = study.ask()
         params = plan.space.sample(trial, plan.rules)
         trial.set_user_attr(PARAMS_ATTR, params)
         samples = answer(params)
-        result = (TrialResult(status=Status.OK, samples_per_s=samples, peak_memory_gib=1.0)
-                  if samples else TrialResult(status=Status.OOM))  # fmt: skip
+        result = (
+            TrialResult(status=Status.OK, samples_per_s=samples, peak_memory_gib=1.0)
+            if samples
+            else TrialResult(status=Status.OOM)
+        )
         tell_result(study, trial, result, plan.info.memory_budget_gib, noise_cv=0.1)
     return study
 
@@ -110,8 +126,13 @@ def test_the_search_opens_with_the_experts_guess_then_a_batch_ladder(plan):
     while that gains 5% (64 -> 32 gains 5.1%, 32 -> 16 loses), and the model goes on from
     the fastest."""
     study = search(plan, 4)
-    guess = {"batch_size": 64, "grad_accum": 1, "gradient_checkpointing": False,
-             "optim": "adamw_torch_fused", "attn_implementation": "sdpa"}  # fmt: skip
+    guess = {
+        "batch_size": 64,
+        "grad_accum": 1,
+        "gradient_checkpointing": False,
+        "optim": "adamw_torch_fused",
+        "attn_implementation": "sdpa",
+    }
     assert ran(study)[:3] == [guess, guess | {"batch_size": 32}, guess | {"batch_size": 16}]
     fastest, fourth = guess | {"batch_size": 32}, ran(study)[3]
     assert sum(fourth.get(k) != v for k, v in fastest.items()) == 1, "one knob from the fastest"
@@ -124,9 +145,14 @@ def test_a_wrong_prior_does_not_trap_the_search(plan):
         effect = sum(-EFFECTS[k][v] for k, v in params.items() if k in EFFECTS)
         return 100 * math.exp(effect)
 
-    best = {"batch_size": 8, "grad_accum": 1, "gradient_checkpointing": True,
-            "checkpointing_reentrant": True, "optim": "adafactor",
-            "attn_implementation": "eager"}  # fmt: skip
+    best = {
+        "batch_size": 8,
+        "grad_accum": 1,
+        "gradient_checkpointing": True,
+        "checkpointing_reentrant": True,
+        "optim": "adafactor",
+        "attn_implementation": "eager",
+    }
     assert max((p for p, _ in plan.space.points(plan.rules, limit=1000)), key=contrary) == best
     assert best in ran(search(plan, 20, contrary))
 
@@ -160,10 +186,15 @@ def test_a_measurement_the_others_contradict_loses_its_weight(plan, monkeypatch)
 def test_settings_running_elsewhere_or_skipped_by_the_loop_are_passed_over(plan):
     sampler = EffectsSampler(plan, seed=0)
     # Filled by hand (another sampler: this one would fit its model at each of 190 asks).
-    study = optuna.create_study(directions=["maximize", "minimize"],
-                                sampler=optuna.samplers.RandomSampler(seed=0))  # fmt: skip
-    small = {"gradient_checkpointing": False, "grad_accum": 1, "optim": "sgd",
-             "attn_implementation": "sdpa"}  # fmt: skip
+    study = optuna.create_study(
+        directions=["maximize", "minimize"], sampler=optuna.samplers.RandomSampler(seed=0)
+    )
+    small = {
+        "gradient_checkpointing": False,
+        "grad_accum": 1,
+        "optim": "sgd",
+        "attn_implementation": "sdpa",
+    }
     # Every setting tried but batch 16 and 64 of `small`; 32 ran out of memory.
     for i, params in enumerate(sampler.points.params):
         if params in ({**small, "batch_size": 16}, {**small, "batch_size": 64}):
@@ -171,9 +202,13 @@ def test_settings_running_elsewhere_or_skipped_by_the_loop_are_passed_over(plan)
         trial = study.ask({})
         trial.set_user_attr(PARAMS_ATTR, params)
         oom = params == {**small, "batch_size": 32}
-        result = (TrialResult(status=Status.OOM) if oom else
-                  TrialResult(status=Status.OK, samples_per_s=speed(params) + i * 1e-6,
-                              peak_memory_gib=1.0))  # fmt: skip
+        result = (
+            TrialResult(status=Status.OOM)
+            if oom
+            else TrialResult(
+                status=Status.OK, samples_per_s=speed(params) + i * 1e-6, peak_memory_gib=1.0
+            )
+        )
         tell_result(study, trial, result, 8.0, noise_cv=0.1)
     trials = study.get_trials(deepcopy=False)
     index = sampler.choose(trials)
@@ -215,14 +250,28 @@ def test_the_confidence_says_whether_more_trials_would_pay(plan):
 
 
 def test_the_confidence_wording():
-    found = SearchConfidence(trials=20, best_samples_per_s=300.0, untried=170, could_beat=4,
-                             upper_samples_per_s=331.5, gain=0.02, chance=0.1)  # fmt: skip
+    found = SearchConfidence(
+        trials=20,
+        best_samples_per_s=300.0,
+        untried=170,
+        could_beat=4,
+        upper_samples_per_s=331.5,
+        gain=0.02,
+        chance=0.1,
+    )
     assert found.describe() == (
         "4 of 170 untried settings could beat the best by 2% (a chance of 10% or more each; "
         "the model's 95% bound 331.5 samples/s, fastest found 300.0): more trials may pay"
     )
-    none_left = SearchConfidence(trials=192, best_samples_per_s=300.0, untried=0, could_beat=0,
-                                 upper_samples_per_s=None, gain=0.02, chance=0.1)  # fmt: skip
+    none_left = SearchConfidence(
+        trials=192,
+        best_samples_per_s=300.0,
+        untried=0,
+        could_beat=0,
+        upper_samples_per_s=None,
+        gain=0.02,
+        chance=0.1,
+    )
     assert none_left.describe() == "every setting of the space that fits was tried"
 
 
@@ -247,8 +296,9 @@ def test_the_sampler_says_enough_once_no_untried_setting_is_worth_its_trial(plan
                 return [t.user_attrs[PARAMS_ATTR] for t in study.trials[:-1]], enough
             params = plan.space.sample(trial, plan.rules)
             trial.set_user_attr(PARAMS_ATTR, params)
-            result = TrialResult(status=Status.OK, samples_per_s=speed(params),
-                                 peak_memory_gib=1.0, wall_s=5.0)  # fmt: skip
+            result = TrialResult(
+                status=Status.OK, samples_per_s=speed(params), peak_memory_gib=1.0, wall_s=5.0
+            )
             tell_result(study, trial, result, plan.info.memory_budget_gib, noise_cv=0.1)
         return ran(study), None
 

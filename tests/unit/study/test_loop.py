@@ -93,19 +93,32 @@ def test_a_trial_stops_early_under_half_the_fastest_feasible_trials_pace(tmp_pat
     from autotune.study.launch import stop_threshold
     from tests.conftest import TINY_MODEL
 
-    cpu = DeviceInfo(cuda_available=False, name="cpu", total_memory_bytes=2**34,
-                     free_memory_bytes=2**34, cpu_name="cpu",
-                     host_available_memory_bytes=2**34)  # fmt: skip
-    plan = make_plan(load_config([f"model={TINY_MODEL}", f"out={tmp_path}",
-                                  "memory_budget=8GiB"]), cpu)  # fmt: skip
+    cpu = DeviceInfo(
+        cuda_available=False,
+        name="cpu",
+        total_memory_bytes=2**34,
+        free_memory_bytes=2**34,
+        cpu_name="cpu",
+        host_available_memory_bytes=2**34,
+    )
+    plan = make_plan(
+        load_config([f"model={TINY_MODEL}", f"out={tmp_path}", "memory_budget=8GiB"]), cpu
+    )
 
     def ran(number, speed, peak, status=Status.OK):
-        return TrialRecord(number=number, params={}, result=TrialResult(
-            status=status, samples_per_s=speed, peak_memory_gib=peak))  # fmt: skip
+        return TrialRecord(
+            number=number,
+            params={},
+            result=TrialResult(status=status, samples_per_s=speed, peak_memory_gib=peak),
+        )
 
     assert stop_threshold(plan, []) is None, "nothing to compare with yet"
-    records = [ran(0, 40.0, 1.0), ran(1, 300.0, 9.0),  # past the 8 GiB budget: not counted
-               ran(2, 100.0, 2.0), ran(3, 30.0, 1.0, Status.STOPPED)]  # fmt: skip
+    records = [
+        ran(0, 40.0, 1.0),
+        ran(1, 300.0, 9.0),  # past the 8 GiB budget: not counted
+        ran(2, 100.0, 2.0),
+        ran(3, 30.0, 1.0, Status.STOPPED),
+    ]
     assert stop_threshold(plan, records) == 50.0
     off = dataclasses.replace(plan, config=plan.config.model_copy(update={"early_stop": False}))
     assert stop_threshold(off, records) is None
@@ -128,9 +141,14 @@ def test_another_process_training_on_this_searchs_cores_is_said_once(tmp_path):
     from autotune.study.recovery import shares_with, this_process
     from tests.conftest import TINY_MODEL
 
-    cpu = DeviceInfo(cuda_available=False, name="cpu", total_memory_bytes=2**34,
-                     free_memory_bytes=2**34, cpu_name="cpu",
-                     host_available_memory_bytes=2**34)  # fmt: skip
+    cpu = DeviceInfo(
+        cuda_available=False,
+        name="cpu",
+        total_memory_bytes=2**34,
+        free_memory_bytes=2**34,
+        cpu_name="cpu",
+        host_available_memory_bytes=2**34,
+    )
     plan = make_plan(load_config([f"model={TINY_MODEL}", f"out={tmp_path}"]), cpu)
 
     said: list[str] = []
@@ -156,6 +174,7 @@ def test_another_process_training_on_this_searchs_cores_is_said_once(tmp_path):
     for _ in range(2):
         loop.warn_sharing(study.get_trials(deepcopy=False), number=99)
     (warning,) = said
-    assert warning.startswith(f"trial 0 of this study runs on this host now (pid {os.getppid()}), "
-                           "on core")  # fmt: skip
+    assert warning.startswith(
+        f"trial 0 of this study runs on this host now (pid {os.getppid()}), on core"
+    )
     assert socket.gethostname() == me["host"]

@@ -94,8 +94,15 @@ def test_the_effective_batch_setting_is_part_of_the_study(tmp_path):
 
 
 def test_a_worker_joins_with_the_study_settings_and_its_own(tmp_path):
-    settings = [f"model={TINY_MODEL}", f"out={tmp_path}", "study=j", "seq_len=48", "n_trials=7",
-                "workers=1", "quiet=true"]  # fmt: skip
+    settings = [
+        f"model={TINY_MODEL}",
+        f"out={tmp_path}",
+        "study=j",
+        "seq_len=48",
+        "n_trials=7",
+        "workers=1",
+        "quiet=true",
+    ]
     plan = make_plan(load_config(settings), CPU)
     plan.study_dir.mkdir()
     study, _ = open_study(plan)
@@ -124,9 +131,14 @@ def test_a_bad_storage_url_leaves_no_empty_out_folder_behind(tmp_path):
     from autotune.study.opening import locked_study
     from tests.conftest import TINY_MODEL
 
-    cpu = DeviceInfo(cuda_available=False, name="cpu", total_memory_bytes=2**34,
-                     free_memory_bytes=2**34, cpu_name="cpu",
-                     host_available_memory_bytes=2**34)  # fmt: skip
+    cpu = DeviceInfo(
+        cuda_available=False,
+        name="cpu",
+        total_memory_bytes=2**34,
+        free_memory_bytes=2**34,
+        cpu_name="cpu",
+        host_available_memory_bytes=2**34,
+    )
     out = tmp_path / "new" / "reports"
     settings = [f"model={TINY_MODEL}", f"out={out}", "study=s", "storage=nosuchdb://x/y"]
     with (

@@ -10,9 +10,13 @@ from autotune.study.sampler import make_sampler
 from tests.conftest import TINY_MODEL
 
 CPU = DeviceInfo(
-    cuda_available=False, name="cpu", total_memory_bytes=2**34, free_memory_bytes=2**34,
-    cpu_name="cpu", host_available_memory_bytes=2**34,
-)  # fmt: skip
+    cuda_available=False,
+    name="cpu",
+    total_memory_bytes=2**34,
+    free_memory_bytes=2**34,
+    cpu_name="cpu",
+    host_available_memory_bytes=2**34,
+)
 
 
 @pytest.mark.parametrize(

@@ -43,13 +43,26 @@ def test_the_compiled_setting_that_oomed_on_the_h100_is_skipped_naming_the_card(
     """The search's trial 2 ran (estimate 61.0 GiB) and ran out of memory past 78.66 GiB; its
     trial 0, the baseline, had measured 10.30 GiB."""
     plan = h100_plan(tmp_path)
-    baseline = TrialRecord(number=0, params=plan.baseline, result=TrialResult(
-        status=Status.OK, peak_memory_gib=10.2988,
-        estimate_gib=plan.estimate_gib(plan.baseline)))  # fmt: skip
-    oomed = {"batch_size": 72, "grad_accum": 4, "gradient_checkpointing": False,
-             "use_liger_kernel": False, "precision": "tf32", "optim": "adafactor",
-             "torch_compile": "inductor", "compile_mode": "default", "attn_implementation": "sdpa",
-             "dataloader_num_workers": 0, "dataloader_pin_memory": True}  # fmt: skip
+    baseline = TrialRecord(
+        number=0,
+        params=plan.baseline,
+        result=TrialResult(
+            status=Status.OK, peak_memory_gib=10.2988, estimate_gib=plan.estimate_gib(plan.baseline)
+        ),
+    )
+    oomed = {
+        "batch_size": 72,
+        "grad_accum": 4,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": False,
+        "precision": "tf32",
+        "optim": "adafactor",
+        "torch_compile": "inductor",
+        "compile_mode": "default",
+        "attn_implementation": "sdpa",
+        "dataloader_num_workers": 0,
+        "dataloader_pin_memory": True,
+    }
     skip = first_skip(oomed, [baseline], for_plan(plan), plan.estimate_gib(oomed))
     assert skip is not None and skip.repeat_of is None
     assert skip.reason.endswith(

@@ -29,8 +29,15 @@ def _calibration():
 
 def predict(gpu="H100", **params):
     base = {"precision": "bf16", "batch_size": 32, "optim": "adamw_torch_fused"}
-    return model.predict(model.gpu(gpu), BERT, task=TASK, seq_len=512, params=base | params,
-                         warmup_steps=3, measure_steps=10)  # fmt: skip
+    return model.predict(
+        model.gpu(gpu),
+        BERT,
+        task=TASK,
+        seq_len=512,
+        params=base | params,
+        warmup_steps=3,
+        measure_steps=10,
+    )
 
 
 def test_the_twin_meets_its_calibration_goals_on_the_repository_s_gpu_figures():
@@ -44,8 +51,9 @@ def test_the_twin_meets_its_calibration_goals_on_the_repository_s_gpu_figures():
     # The H100 search's three failed trials end as they did: a timeout, an OOM at its time,
     # a max-autotune compile still running when the search was stopped.
     assert s["endings_reproduced"] == s["endings"] == 3
-    baseline = next(r for r in table if r["point"] == "h100 trial 0 (baseline)"
-                    and r["figure"] == "wall s")  # fmt: skip
+    baseline = next(
+        r for r in table if r["point"] == "h100 trial 0 (baseline)" and r["figure"] == "wall s"
+    )
     assert abs(baseline["error"]) < 0.05  # the 22 s trial
 
 
@@ -86,9 +94,18 @@ def test_a_trial_past_the_card_s_memory_ends_oom_and_a_compile_costs_its_minute(
 
 
 def test_the_answer_is_a_gpu_trial_s_result_with_its_noise_and_the_same_on_a_rerun():
-    spec = TrialSpec(trial_number=3, model_name="bert-large-uncased", model_config=BERT, task=TASK,
-                     seq_len=512, device="cuda", params={"precision": "bf16", "batch_size": 64},
-                     warmup_steps=3, measure_steps=10, seed=0)  # fmt: skip
+    spec = TrialSpec(
+        trial_number=3,
+        model_name="bert-large-uncased",
+        model_config=BERT,
+        task=TASK,
+        seq_len=512,
+        device="cuda",
+        params={"precision": "bf16", "batch_size": 64},
+        warmup_steps=3,
+        measure_steps=10,
+        seed=0,
+    )
     first, again = TwinAnswer("H100", seed=1)(spec), TwinAnswer("H100", seed=1)(spec)
     assert first == again  # a replayed search replays its figures
     other = TwinAnswer("H100", seed=2)(spec)
@@ -102,33 +119,59 @@ def test_the_answer_is_a_gpu_trial_s_result_with_its_noise_and_the_same_on_a_rer
 
 
 def test_a_twin_trial_under_the_early_stop_pace_stops_and_costs_less():
-    spec = TrialSpec(trial_number=3, model_name="bert-large-uncased", model_config=BERT, task=TASK,
-                     seq_len=512, device="cuda", params={"precision": "fp32", "batch_size": 8},
-                     warmup_steps=3, measure_steps=10, seed=0)  # fmt: skip
+    spec = TrialSpec(
+        trial_number=3,
+        model_name="bert-large-uncased",
+        model_config=BERT,
+        task=TASK,
+        seq_len=512,
+        device="cuda",
+        params={"precision": "fp32", "batch_size": 8},
+        warmup_steps=3,
+        measure_steps=10,
+        seed=0,
+    )
     full = TwinAnswer("H100", seed=1)(spec)
-    stopped = TwinAnswer("H100", seed=1)(dataclasses.replace(
-        spec, stop_below_samples_per_s=2 * full.samples_per_s))  # fmt: skip
+    stopped = TwinAnswer("H100", seed=1)(
+        dataclasses.replace(spec, stop_below_samples_per_s=2 * full.samples_per_s)
+    )
     assert full.status is Status.OK and stopped.status is Status.STOPPED
     assert stopped.measured_steps == len(stopped.step_times_ms) == 3
     assert stopped.step_times_ms == full.step_times_ms[:3]
     assert stopped.wall_s < full.wall_s - 6 * min(full.step_times_ms) / 1e3
     assert stopped.wall_s == pytest.approx(stopped.overhead_s + stopped.build_s + stopped.train_s)
-    kept = TwinAnswer("H100", seed=1)(dataclasses.replace(
-        spec, stop_below_samples_per_s=full.samples_per_s / 2))  # fmt: skip
+    kept = TwinAnswer("H100", seed=1)(
+        dataclasses.replace(spec, stop_below_samples_per_s=full.samples_per_s / 2)
+    )
     assert kept == full
 
 
 def test_ddp_on_two_gpus_is_faster_than_one_but_not_twice():
     one = predict(batch_size=32)
     g = model.gpu("H100")
-    two = model.predict(g, BERT, task=TASK, seq_len=512, devices=2, warmup_steps=3,
-                        measure_steps=10, params={"precision": "bf16", "batch_size": 32,
-                                                  "strategy": "ddp"})  # fmt: skip
+    two = model.predict(
+        g,
+        BERT,
+        task=TASK,
+        seq_len=512,
+        devices=2,
+        warmup_steps=3,
+        measure_steps=10,
+        params={"precision": "bf16", "batch_size": 32, "strategy": "ddp"},
+    )
     assert one.samples_per_s < two.samples_per_s < 2 * one.samples_per_s
     l4_one = predict("L4", batch_size=8)
     ddp = {"precision": "bf16", "batch_size": 8, "strategy": "ddp"}
-    l4_two = model.predict(model.gpu("L4"), BERT, task=TASK, seq_len=512, devices=2,
-                           warmup_steps=3, measure_steps=10, params=ddp)  # fmt: skip
+    l4_two = model.predict(
+        model.gpu("L4"),
+        BERT,
+        task=TASK,
+        seq_len=512,
+        devices=2,
+        warmup_steps=3,
+        measure_steps=10,
+        params=ddp,
+    )
     # PCIe all-reduces cost more than NVLink ones.
     assert l4_two.samples_per_s / l4_one.samples_per_s < two.samples_per_s / one.samples_per_s
 
@@ -141,14 +184,28 @@ def test_a_gpu_the_twin_does_not_model_is_named_as_such():
 def test_a_gpu_lease_s_landscape_becomes_calibration_points(tmp_path):
     calibration = _calibration()
     params = {"precision": "bf16", "batch_size": 64, "optim": "adamw_torch_fused"}
-    landscape = {"name": "gpu-bert-large", "recorded": "2026-12-01", "command": "record_inprocess",
-                 "machine": "NVIDIA H100 80GB HBM3", "device": "cuda",
-                 "model": "bert-large-uncased", "task": TASK, "seq_len": 512,
-                 "settings": {"warmup_steps": 2, "measure_steps": 5}, "points": [
-                     {"number": 0, "params": params, "status": "ok", "samples_per_s": 300.0,
-                      "peak_memory_gib": 38.0},
-                     {"number": 1, "params": params | {"batch_size": 256}, "status": "oom"},
-                     {"number": 2, "params": params, "status": "error"}]}  # fmt: skip
+    landscape = {
+        "name": "gpu-bert-large",
+        "recorded": "2026-12-01",
+        "command": "record_inprocess",
+        "machine": "NVIDIA H100 80GB HBM3",
+        "device": "cuda",
+        "model": "bert-large-uncased",
+        "task": TASK,
+        "seq_len": 512,
+        "settings": {"warmup_steps": 2, "measure_steps": 5},
+        "points": [
+            {
+                "number": 0,
+                "params": params,
+                "status": "ok",
+                "samples_per_s": 300.0,
+                "peak_memory_gib": 38.0,
+            },
+            {"number": 1, "params": params | {"batch_size": 256}, "status": "oom"},
+            {"number": 2, "params": params, "status": "error"},
+        ],
+    }
     path = tmp_path / "landscape.json"
     path.write_text(json.dumps(landscape))
     points = calibration.landscape_points(path, None)

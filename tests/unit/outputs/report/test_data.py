@@ -19,11 +19,20 @@ GIB = 1024**3
 
 
 INFO = RunInfo(
-    study="s", model="tiny", model_config={"model_type": "bert"}, task="sequence-classification",
-    seq_len=64, device="cuda", device_name="NVIDIA H100 80GB HBM3", space="default",
-    space_notes=["removed precision=fp16: because"], effective_batch_size=None,
-    memory_budget_bytes=10 * GIB, headroom=0.1, noise_cv=0.1,
-)  # fmt: skip
+    study="s",
+    model="tiny",
+    model_config={"model_type": "bert"},
+    task="sequence-classification",
+    seq_len=64,
+    device="cuda",
+    device_name="NVIDIA H100 80GB HBM3",
+    space="default",
+    space_notes=["removed precision=fp16: because"],
+    effective_batch_size=None,
+    memory_budget_bytes=10 * GIB,
+    headroom=0.1,
+    noise_cv=0.1,
+)
 
 
 INTERRUPTED = "interrupted"
@@ -57,14 +66,19 @@ def build(trials, info=INFO):
             result = outcome
         elif isinstance(outcome, Status):
             peak = 12.5 if outcome is Status.OOM else None
-            result = TrialResult(status=outcome, reason=f"{outcome.value} reason",
-                                 peak_memory_gib=peak)  # fmt: skip
+            result = TrialResult(
+                status=outcome, reason=f"{outcome.value} reason", peak_memory_gib=peak
+            )
         else:
             speed, memory, cv = (*outcome, 0.02)[:3]
             result = TrialResult(
-                status=Status.OK, samples_per_s=speed, peak_memory_gib=memory,
-                tokens_per_s=speed * 64, step_time_cv=cv, n_params=4_386_178,
-            )  # fmt: skip
+                status=Status.OK,
+                samples_per_s=speed,
+                peak_memory_gib=memory,
+                tokens_per_s=speed * 64,
+                step_time_cv=cv,
+                n_params=4_386_178,
+            )
         trial.set_user_attr(PARAMS_ATTR, params)
         trial.set_user_attr(BASELINE_ATTR, i == 0)
         tell_result(study, trial, result, budget_gib=info.memory_budget_gib, noise_cv=0.1)
@@ -82,9 +96,15 @@ def data():
 def test_points_are_classed_by_outcome(data):
     kinds = {p.number: p.kind for p in data.points}
     assert kinds == {
-        0: "dominated", 1: "dominated", 2: "front", 3: "dominated", 4: "over budget",
-        5: "oom", 6: "skipped", 7: "front",
-    }  # fmt: skip
+        0: "dominated",
+        1: "dominated",
+        2: "front",
+        3: "dominated",
+        4: "over budget",
+        5: "oom",
+        6: "skipped",
+        7: "front",
+    }
     assert 8 not in kinds  # a crash has no place on the plot; it is in the table
     assert [p.number for p in data.points if p.baseline] == [0]
     assert [p.number for p in data.points if p.recommended] == [2]
@@ -132,8 +152,10 @@ def test_a_noisy_baseline_is_said_next_to_it_and_next_to_every_speedup():
     ]
     data = build(trials)
     baseline = data.summary["baseline (HF defaults)"]
-    assert baseline.endswith("; noisy: step CV 30% on it (above noise_cv 10%); more measure_steps "
-                             "or an idle machine would firm the figure up")  # fmt: skip
+    assert baseline.endswith(
+        "; noisy: step CV 30% on it (above noise_cv 10%); more measure_steps "
+        "or an idle machine would firm the figure up"
+    )
     assert "noisy: step CV 30% on the baseline" in data.summary["recommended"]
 
 
@@ -141,8 +163,9 @@ def test_changes_to_the_training_are_listed_under_the_picks_in_the_table_and_hov
     # Trial 2 (recommended): bs 32 vs 8 and bf16 vs fp32; trial 7 (saver) also another optimizer.
     recommended = data.summary["recommended: changes the training"].splitlines()
     assert [line.split(":")[0] for line in recommended] == [
-        "effective_batch_size 8 -> 32", "precision fp32 -> bf16",
-    ]  # fmt: skip
+        "effective_batch_size 8 -> 32",
+        "precision fp32 -> bf16",
+    ]
     saver = data.summary["memory saver: changes the training"]
     assert "optim adamw_torch -> sgd: another optimizer (SGD, not AdamW)" in saver
     rows = {r.number: r for r in data.rows}
@@ -197,10 +220,14 @@ def test_histories_are_at_the_trial_numbers_the_table_uses(data):
     assert data.best_so_far.y == [100.0, 180.0, 250.0, 250.0, 250.0, 250.0, 250.0, 250.0, 250.0]
     assert data.hypervolume.y == sorted(data.hypervolume.y)  # never shrinks
     # An interrupted trial is a row (its status says so) and adds nothing to the histories.
-    gap = build([({"batch_size": 8}, (100.0, 4.0)), ({}, INTERRUPTED),
-                 ({"batch_size": 16}, (150.0, 5.0))])  # fmt: skip
-    assert [(r.number, r.status) for r in gap.rows] == [(0, "ok (baseline)"), (1, "interrupted"),
-                                                        (2, "ok")]  # fmt: skip
+    gap = build(
+        [({"batch_size": 8}, (100.0, 4.0)), ({}, INTERRUPTED), ({"batch_size": 16}, (150.0, 5.0))]
+    )
+    assert [(r.number, r.status) for r in gap.rows] == [
+        (0, "ok (baseline)"),
+        (1, "interrupted"),
+        (2, "ok"),
+    ]
     assert gap.best_so_far.x == [0.0, 1.0, 2.0] and gap.best_so_far.y == [100.0, 100.0, 150.0]
     assert [p.number for p in gap.points] == [0, 2]
 
@@ -251,8 +278,13 @@ def test_parallel_coordinates_put_each_knob_value_on_a_tick_of_its_own():
         ({"batch_size": 16, "grad_accum": 1, "gradient_checkpointing": True}, (160.0, 3.0)),
     ]
     axes = {a.name: a for a in build(trials).parallel}
-    assert list(axes) == ["batch_size", "grad_accum", "gradient_checkpointing",
-                          "peak_memory_gib", "samples_per_s"]  # fmt: skip
+    assert list(axes) == [
+        "batch_size",
+        "grad_accum",
+        "gradient_checkpointing",
+        "peak_memory_gib",
+        "samples_per_s",
+    ]
     assert axes["batch_size"].ticktext == ["8", "16", "64"]  # in value order, not as text
     assert axes["batch_size"].values == [0, 1, 2, 1]
     assert axes["grad_accum"].ticktext == ["1", "2", "4"]  # no tick at 1.2 or 1.8
@@ -263,8 +295,9 @@ def test_parallel_coordinates_put_each_knob_value_on_a_tick_of_its_own():
 
 
 def test_with_every_trial_out_of_memory_each_chart_says_why_it_is_empty():
-    trials = [({"batch_size": b}, Status.OOM) for b in (8, 16)] + [({"batch_size": 32},
-                                                                    Status.SKIPPED)]  # fmt: skip
+    trials = [({"batch_size": b}, Status.OOM) for b in (8, 16)] + [
+        ({"batch_size": 32}, Status.SKIPPED)
+    ]
     data = build(trials)
     assert data.summary["recommended"].startswith("nothing to recommend")
     assert list(data.empty) == list(CHARTS)
@@ -279,10 +312,19 @@ def test_with_every_trial_out_of_memory_each_chart_says_why_it_is_empty():
 
 
 def test_every_plot_is_drawn_into_one_page_with_plotly_js_once_and_packed(data):
-    assert [name for name, _ in figures(data)] == list(CHARTS) == [
-        "pareto", "parallel", "importance", "history", "hypervolume", "speed-by-batch",
-        "memory-by-batch",
-    ]  # fmt: skip
+    assert (
+        [name for name, _ in figures(data)]
+        == list(CHARTS)
+        == [
+            "pareto",
+            "parallel",
+            "importance",
+            "history",
+            "hypervolume",
+            "speed-by-batch",
+            "memory-by-batch",
+        ]
+    )
     assert data.empty == {}
     page = render_html(data)
     packed = re.findall(r'<script type="text/plain" id="plotly-js">([^<]*)</script>', page)
@@ -320,15 +362,33 @@ def test_each_trial_carries_its_step_time_spread_as_error_bars_on_the_throughput
 
 def test_parallel_coordinates_stay_readable_at_a_dozen_knobs():
     varied = [
-        {"batch_size": 8, "grad_accum": 1, "gradient_checkpointing": False, "precision": "fp32",
-         "optim": "adamw_torch", "attn_implementation": "sdpa", "torch_empty_cache_steps": 0,
-         "dataloader_num_workers": 0, "dataloader_pin_memory": False, "group_by_length": False,
-         "pad_to_multiple_of": 1},
-        {"batch_size": 16, "grad_accum": 2, "gradient_checkpointing": True, "precision": "bf16",
-         "optim": "adafactor", "attn_implementation": "eager", "torch_empty_cache_steps": 10,
-         "dataloader_num_workers": 2, "dataloader_pin_memory": True, "group_by_length": True,
-         "pad_to_multiple_of": 8},
-    ]  # fmt: skip
+        {
+            "batch_size": 8,
+            "grad_accum": 1,
+            "gradient_checkpointing": False,
+            "precision": "fp32",
+            "optim": "adamw_torch",
+            "attn_implementation": "sdpa",
+            "torch_empty_cache_steps": 0,
+            "dataloader_num_workers": 0,
+            "dataloader_pin_memory": False,
+            "group_by_length": False,
+            "pad_to_multiple_of": 1,
+        },
+        {
+            "batch_size": 16,
+            "grad_accum": 2,
+            "gradient_checkpointing": True,
+            "precision": "bf16",
+            "optim": "adafactor",
+            "attn_implementation": "eager",
+            "torch_empty_cache_steps": 10,
+            "dataloader_num_workers": 2,
+            "dataloader_pin_memory": True,
+            "group_by_length": True,
+            "pad_to_multiple_of": 8,
+        },
+    ]
     fixed = {"torch_compile": "off", "compile_mode": "default"}
     trials = [(params | fixed, (100.0 + 50 * i, 4.0 + i)) for i, params in enumerate(varied)]
     data = build(trials)
