@@ -30,10 +30,10 @@ from autotune.common.errors import (
     OutputsNotWritten,
     StudyError,
 )
-from autotune.common.knobs import MathChange, describe_params
 from autotune.common.layout import OUTPUTS, STUDY_DB
 from autotune.common.output_files import check_owner, make_folder
 from autotune.common.trial import Status, TrialResult
+from autotune.common.trial_settings import MathChange, describe_params
 from autotune.common.urls import safe_url
 from autotune.common.user_data import read_ready
 from autotune.execute.base import TrialExecutor

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import AutotuneError
-from autotune.common.knobs import describe_params
+from autotune.common.trial_settings import describe_params
 from autotune.plan.config import load_config
 from autotune.plan.plan import make_plan
 

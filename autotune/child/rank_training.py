@@ -22,7 +22,7 @@ from transformers import TrainerCallback, TrainingArguments
 
 from autotune.child.measure import Counts, numel
 from autotune.child.ranks import Rank
-from autotune.common.knobs import OFFLOADED, SHARDED, ZERO_STAGES
+from autotune.common.knob_values import OFFLOADED, SHARDED, ZERO_STAGES
 from autotune.common.units import GIB
 
 

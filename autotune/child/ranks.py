@@ -42,7 +42,8 @@ import torch
 import torch.distributed as dist
 
 from autotune.child import cuda_free
-from autotune.common.knobs import FSDP, ZERO_STAGES, value_of
+from autotune.common.knob_values import FSDP, ZERO_STAGES
+from autotune.common.knobs import value_of
 from autotune.common.processes import die_with_parent
 from autotune.common.trial import (
     STDERR_TAIL_CHARS,

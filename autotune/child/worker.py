@@ -30,7 +30,7 @@ import transformers.trainer
 from autotune.child import cuda_free, measure, rank_training, ranks, result, trainers
 from autotune.child.progress import ProgressReporter
 from autotune.child.temp_files import temporary_files_in
-from autotune.common import knobs
+from autotune.common import knobs, trial_settings
 from autotune.common.layout import PROGRESS_FILE
 from autotune.common.processes import (
     children_die_with_this_process,
@@ -56,7 +56,7 @@ def train_trial(
     clock = measure.StageClock()
     # The Trainer wants an output folder; with saving and logging off it stays empty.
     with tempfile.TemporaryDirectory(prefix="autotune-trainer-") as workdir:
-        if (reason := knobs.conflict(spec.params)) is not None:
+        if (reason := trial_settings.conflict(spec.params)) is not None:
             raise trainers.InvalidConfig(reason)
         baseline_rss = _prepare(spec, clock, rank)
         # Stopping a loser early is for one process: ranks would each decide on their own.

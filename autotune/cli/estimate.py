@@ -22,15 +22,10 @@ from autotune.common.device import (
     peak_tflops,
 )
 from autotune.common.errors import AutotuneError, ConfigError
-from autotune.common.knobs import (
-    KNOBS,
-    MEMORY_ORDER,
-    TRANSFORMERS_DEFAULT_OPTIM,
-    baseline_params,
-    describe_params,
-    value_of,
-)
+from autotune.common.knob_values import MEMORY_ORDER, TRANSFORMERS_DEFAULT_OPTIM
+from autotune.common.knobs import KNOBS, value_of
 from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolve_model
+from autotune.common.trial_settings import baseline_params, describe_params
 from autotune.common.units import GIB, format_bytes
 from autotune.outputs.view import console
 from autotune.plan import hardware, software_cache

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.common.errors import DeviceError
-from autotune.common.knobs import TRANSFORMERS_DEFAULT_OPTIM, precision_parts, sixteen_bit
+from autotune.common.knob_values import TRANSFORMERS_DEFAULT_OPTIM, precision_parts, sixteen_bit
 
 MIB = 2**20
 

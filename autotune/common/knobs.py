@@ -4,109 +4,36 @@ Shared by both sides (the parent samples, skips, displays and exports; the worke
 imports neither optuna nor torch. A knob's entry says which values it takes, how it reads in a
 short settings line, what it sets in `TrainingArguments` (or on the model), its HF default (the
 baseline), and how it orders memory use (for skipping configs at least as hungry as an OOM).
-Adding a knob is one entry here plus the spaces that search it.
+Adding a knob is one entry here plus the spaces that search it. The values knobs take are in
+`knob_values`; facts about a trial's settings as a whole (conflicts, the baseline, changes to
+the training itself, memory order against an OOM) in `trial_settings`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp16+tf32", "bf16+tf32", "fp8")
-"""`fp8`: accelerate's fp8 training (torchao's Float8Linear for the linear layers' matmuls,
-bf16 autocast for the rest), set through its environment: GPUs of compute capability 8.9+."""
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
-FLASH_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3"})
-"""The `flash-attn` package's kernels (FlashAttention 2; 3 on Hopper): CUDA, fp16/bf16."""
-STRATEGIES = (
-    "single", "ddp", "fsdp", "fsdp_grad_op", "fsdp_offload", "zero1", "zero2", "zero3",
-    "zero2_offload", "zero3_offload",
-)  # fmt: skip
-"""How a trial's ranks share the training (`devices_per_trial`): `single` is one device;
-`ddp` replicates the model and averages gradients (what torchrun + the HF defaults do);
-`fsdp` shards parameters, gradients and optimizer states across the ranks (FSDP2
-`fully_shard`), gathering each block's parameters for its forward and backward;
-`fsdp_grad_op` keeps the gathered parameters from the forward to the backward (one gather
-fewer a step, more memory: ZeRO-2-like); `fsdp_offload` is `fsdp` with every shard (weights,
-gradients, optimizer states) in host memory and the optimizer stepping there (FSDP2's
-`CPUOffloadPolicy`): the device holds only the blocks that compute. `zero1`/`zero2`/`zero3`
-are DeepSpeed's ZeRO stages (optimizer states; and gradients; and parameters sharded),
-`zero2_offload`/`zero3_offload` the same with the optimizer (and ZeRO-3's parameters) kept in
-host memory."""
-FSDP = frozenset({"fsdp", "fsdp_grad_op", "fsdp_offload"})
-"""Strategies applied by FSDP2's `fully_shard`."""
-ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3, "zero2_offload": 2, "zero3_offload": 3}
-"""DeepSpeed's strategies and their ZeRO stage (DeepSpeed is an optional extra)."""
-OFFLOADED = frozenset({"fsdp_offload", "zero2_offload", "zero3_offload"})
-"""Strategies that keep model states in host memory: for a GPU that cannot hold them."""
-SHARDED = FSDP | {"zero3", "zero3_offload"}
-"""Strategies under which each rank holds 1/N of the parameters."""
-MEMORY_ORDER = (
-    "ddp", "zero1", "zero2", "fsdp_grad_op", "fsdp", "zero3", "zero2_offload", "fsdp_offload",
-    "zero3_offload",
-)  # fmt: skip
-"""The strategies on several devices from the most model states a rank holds in device memory
-to the least: DDP all of them; ZeRO-1 the optimizer's share; ZeRO-2 the gradients' too; full
-sharding (FSDP's two modes, ZeRO-3) the weights' too; offload moves them to the host. At the
-peak FSDP's grad-op mode also holds every block's gathered weights, from forward to backward;
-FSDP's offload gathers its blocks in fp32, ZeRO-3's in the training precision."""
-BNB_OPTIMIZERS = frozenset({
-    "adamw_bnb_8bit", "adamw_8bit", "ademamix", "ademamix_8bit", "lion_8bit", "lion_32bit",
-    "paged_adamw_32bit", "paged_adamw_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit",
-    "paged_lion_32bit", "paged_lion_8bit", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
-})  # fmt: skip
-"""TrainingArguments.optim values backed by bitsandbytes: their kernels update tensors on a
-GPU."""
-TORCHAO_OPTIMIZERS = frozenset({"adamw_torch_8bit", "adamw_torch_4bit"})
-"""TrainingArguments.optim values backed by torchao's low-bit AdamW (an optional extra): its
-states quantised to 8 or 4 bits, on CPU and GPU."""
-UNSHARDABLE_OPTIMIZERS = frozenset({"adafactor"})
-"""Optimizers whose update cannot run on FSDP2's sharded parameters (DTensors): transformers'
-Adafactor mixes them with plain tensors ("got mixed torch.Tensor and DTensor")."""
-
-
-def deepspeed_config(strategy: str, overlap_comm: bool | None = None) -> dict[str, Any]:
-    """The DeepSpeed config of a ZeRO strategy, as the Trainer takes it (`deepspeed=`): the
-    batch, accumulation, clipping and precision follow the TrainingArguments ("auto");
-    `overlap_comm` (the `zero_overlap_comm` knob; None: DeepSpeed's default, on for ZeRO-3
-    only) overlaps the gradients' reduction with the backward."""
-    zero: dict[str, Any] = {"stage": ZERO_STAGES[strategy]}
-    if overlap_comm is not None:
-        zero["overlap_comm"] = overlap_comm
-    if ZERO_STAGES[strategy] == 3:  # the sizes HF's ZeRO-3 example derives from the model
-        zero |= {
-            "stage3_param_persistence_threshold": "auto",
-            "stage3_prefetch_bucket_size": "auto",
-            "reduce_bucket_size": "auto",
-        }
-    optimizer = {}
-    if strategy in OFFLOADED:  # DeepSpeed's own AdamW, which it runs on the host (CPU Adam)
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        optimizer["optimizer"] = {
-            "type": "AdamW",
-            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
-        }
-    if strategy == "zero3_offload":
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    return optimizer | {
-        "zero_optimization": zero,
-        "train_micro_batch_size_per_gpu": "auto",
-        "gradient_accumulation_steps": "auto",
-        "train_batch_size": "auto",
-        "gradient_clipping": "auto",
-        "fp16": {"enabled": "auto"},
-        "bf16": {"enabled": "auto"},
-    }
-
-
-TRANSFORMERS_DEFAULT_OPTIM = "adamw_torch_fused"
-"""transformers 5's `TrainingArguments().optim`: stands only where the probe did not read the
-installed one (a `DeviceInfo` made by hand, a software cache without it)."""
+from autotune.common.knob_values import (
+    ATTENTION,
+    COMPILE_MODES,
+    FLASH_ATTENTION,
+    FP8_ENVIRONMENT,
+    FSDP,
+    PRECISIONS,
+    STRATEGIES,
+    TRANSFORMERS_DEFAULT_OPTIM,
+    ZERO_STAGES,
+    deepspeed_config,
+    optimizer_family,
+    precision_parts,
+    sixteen_bit,
+)
 
 MemoryOrder = Literal["larger is hungrier", "off is hungrier", "unordered"]
+
+
 Mapping = Callable[[Any, dict[str, Any], Collection[str]], dict[str, Any]]
 """(value, all params, installed TrainingArguments fields) -> TrainingArguments kwargs."""
 
@@ -162,20 +89,6 @@ class Knob:
         return f"{self.short}={value}"
 
 
-# ---- facts about values, asked by several stages ----
-
-
-def precision_parts(precision: str) -> set[str]:
-    """`bf16+tf32` -> {"bf16", "tf32"}."""
-    return set(precision.split("+"))
-
-
-def sixteen_bit(precision: str | None) -> bool:
-    """Mixed precision with 16-bit matmuls (fp16 or bf16 autocast); fp8 counts too (its
-    activations and the matmuls outside the linear layers are bf16)."""
-    return precision is not None and bool({"fp16", "bf16", "fp8"} & precision_parts(precision))
-
-
 def is_compiled(params: dict[str, Any]) -> bool:
     return value_of(params, "torch_compile") != "off"
 
@@ -204,11 +117,6 @@ def _precision_args(value: str, params: dict[str, Any], fields: Collection[str])
     )
 
 
-FP8_ENVIRONMENT = {"ACCELERATE_MIXED_PRECISION": "fp8", "ACCELERATE_FP8_BACKEND": "AO"}
-"""accelerate's fp8 training on torchao's Float8Linear: TrainingArguments has no fp8 field and
-takes the mixed precision from this environment when fp16 and bf16 are off."""
-
-
 def _compile_args(value: str, params: dict[str, Any], fields: Collection[str]) -> dict:
     if value == "off":
         return {}
@@ -217,26 +125,6 @@ def _compile_args(value: str, params: dict[str, Any], fields: Collection[str]) -
         "torch_compile_backend": value,
         "torch_compile_mode": value_of(params, "compile_mode"),
     }
-
-
-def optimizer_family(optim: str) -> str:
-    """`adamw_torch_fused` -> `AdamW`, `adamw_bnb_8bit` -> `AdamW (8-bit states)`: the update
-    rule and the precision of its states, which kernels (torch, fused, apex) do not change."""
-    name = optim.lower()
-    rule = next(
-        (rule for key, rule in _OPTIMIZER_RULES if key in name),
-        "AdamW" if "adam" in name else optim,
-    )
-    bits = next((f" ({b}-bit states)" for b in ("8", "4") if f"{b}bit" in name), "")
-    return rule + bits
-
-
-# Checked in order: `ademamix` and `lion` before `adam`; names from TrainingArguments.optim.
-_OPTIMIZER_RULES = (
-    ("adafactor", "Adafactor"), ("ademamix", "AdEMAMix"), ("lion", "Lion"), ("lomo", "LOMO"),
-    ("galore", "GaLore"), ("apollo", "APOLLO"), ("schedule_free", "schedule-free"),
-    ("grokadamw", "GrokAdamW"), ("rmsprop", "RMSprop"), ("sgd", "SGD"), ("adagrad", "Adagrad"),
-)  # fmt: skip
 
 
 def _optim_math(baseline: str, value: str) -> str | None:
@@ -257,34 +145,6 @@ def _precision_math(baseline: str, value: str) -> str | None:
     if added == {"tf32"}:
         return "TF32 matmuls: 10-bit mantissa instead of fp32's 23"
     return "another numeric precision"
-
-
-def conflict(params: dict[str, Any]) -> str | None:
-    """Why these settings cannot train together (an optimizer that cannot update sharded
-    parameters), or None: asked before a trial runs, and by the worker itself."""
-    strategy, optim = params.get("strategy"), params.get("optim")
-    if strategy in FSDP and optim in UNSHARDABLE_OPTIMIZERS:
-        return f"{optim} cannot update {strategy}'s sharded parameters (DTensors)"
-    if (
-        strategy in OFFLOADED
-        and strategy in ZERO_STAGES
-        and optim is not None
-        and not optimizer_family(optim).startswith("AdamW")
-    ):
-        return f"{strategy} updates the weights with DeepSpeed's host AdamW, not {optim}"
-    attention, precision = params.get("attn_implementation"), value_of(params, "precision")
-    if attention in FLASH_ATTENTION and not sixteen_bit(precision):
-        return f"{attention} runs in fp16 or bf16, not {precision}"
-    if strategy == "fsdp_offload" and optim in BNB_OPTIMIZERS:
-        return f"fsdp_offload steps the optimizer on the host, where {optim}'s kernels cannot run"
-    if strategy == "ddp" and params.get("ddp_static_graph") and value_of(params, "grad_accum") > 1:
-        # pytorch/pytorch#143580: the accumulation steps' no_sync() trips an internal assert
-        # in DDP's reducer on the first backward (accelerate#3679 is the Trainer's case).
-        return (
-            "ddp_static_graph with grad_accum > 1: DDP's reducer fails under the "
-            "accumulation steps' no_sync() (pytorch/pytorch#143580)"
-        )
-    return None
 
 
 def _flag(variable: str) -> Callable[[Any, dict[str, Any]], dict[str, str]]:
@@ -311,6 +171,8 @@ def one_of(values: Iterable[str]) -> Needs:
 
 _on = Needs("other than off", lambda value: value != "off")
 """torch_compile names a backend."""
+
+
 positive = Needs("above 0", lambda value: value > 0)
 """Loader workers: some."""
 
@@ -531,6 +393,8 @@ KNOBS: dict[str, Knob] = {
         ),
     )
 }  # fmt: skip
+
+
 # Sampling order: precision before batch_size (the 64 rule depends on it), batch_size before
 # grad_accum, and each knob after those it requires.
 SAMPLE_ORDER = (
@@ -544,6 +408,8 @@ SAMPLE_ORDER = (
     "dataloader_persistent_workers", "dataloader_pin_memory", "group_by_length",
     "pad_to_multiple_of",
 )  # fmt: skip
+
+
 assert set(SAMPLE_ORDER) == set(KNOBS)
 
 
@@ -617,103 +483,3 @@ def value_of(
     if name == "strategy":
         return "single" if devices == 1 else "ddp"
     return left_out(name)
-
-
-def baseline_params(
-    default_optim: str,
-    effective_batch_size: int | None,
-    *,
-    own_data: bool = False,
-    own_collator: bool = True,
-    devices: int = 1,
-) -> dict[str, Any]:
-    """What `TrainingArguments(output_dir=...)` trains with: batch 8, fp32, the default
-    optimizer, no checkpointing, SDPA attention, no compile; on the user's data (`own_data`)
-    also no loader workers, no length grouping and padding to the longest sample (with
-    autotune's collator); at the fixed effective batch when there is one (batch 8 when it
-    divides it); on several devices a trial (`devices`), DDP, as torchrun runs them."""
-    params = {
-        k: knob.baseline
-        for k, knob in KNOBS.items()
-        if knob.baseline is not None
-        and (own_data or not knob.data_only)
-        and (own_collator or not knob.collator)
-    }
-    params["optim"] = default_optim
-    if devices > 1:
-        params["strategy"] = "ddp"
-    if effective_batch_size:
-        params["batch_size"] = math.gcd(params["batch_size"], effective_batch_size)
-        params["grad_accum"] = effective_batch_size // params["batch_size"]
-    return {k: params[k] for k in KNOBS if k in params}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MathChange:
-    """A difference from the baseline that changes the training itself, not only its speed:
-    results then differ from the HF defaults' (loss curve, tuned learning rate)."""
-
-    setting: str
-    """A knob, or `effective_batch_size` (batch_size x grad_accum)."""
-    baseline: Any
-    value: Any
-    why: str
-
-    def describe(self) -> str:
-        return f"{self.setting} {self.baseline} -> {self.value}: {self.why}"
-
-
-def effective_batch(params: dict[str, Any]) -> int:
-    return value_of(params, "batch_size") * value_of(params, "grad_accum")
-
-
-def math_changes(
-    params: dict[str, Any], baseline: dict[str, Any], devices: int = 1
-) -> list[MathChange]:
-    """Every difference from the baseline's settings that changes what training computes:
-    another effective batch (over every one of a trial's `devices`), precision or optimizer.
-    Kernels, checkpointing, compiling, loader settings and the strategy that shares the
-    training between devices change speed and memory only, and are not listed."""
-    changes = []
-    before, after = effective_batch(baseline) * devices, effective_batch(params) * devices
-    if before != after:
-        why = "another number of samples per optimizer update: retune the learning rate, "
-        why += f"or keep it with effective_batch_size={before}"
-        changes.append(
-            MathChange(setting="effective_batch_size", baseline=before, value=after, why=why)
-        )
-    for name, knob in KNOBS.items():
-        if name in params and name in baseline and params[name] != baseline[name]:
-            why = knob.math(baseline[name], params[name])
-            if why is not None:
-                changes.append(
-                    MathChange(setting=name, baseline=baseline[name], value=params[name], why=why)
-                )
-    return changes
-
-
-def describe_params(params: dict[str, Any]) -> str:
-    """`bs=16 ga=2 gc=on bf16 adamw_torch`: a trial's settings in one short line."""
-    return " ".join(KNOBS[k].show(v) for k, v in params.items())
-
-
-def at_least_as_hungry(candidate: dict[str, Any], oom: dict[str, Any]) -> bool:
-    """Every knob at least as memory-hungry as in a config that ran out of memory: a batch at
-    least as large, checkpointing off where it was on. Knobs without a safe memory order
-    (mixed precision keeps fp32 master weights) must match. A knob one of them leaves unset
-    counts at its HF default (the baseline sets knobs a space may fix or leave out: its OOM
-    stands for the proposals after it); one without effect in either (reentrant checkpointing
-    with checkpointing off) is not compared."""
-    for name, knob in KNOBS.items():
-        if not (active(name, candidate) and active(name, oom)):
-            continue
-        value, limit = candidate.get(name, knob.baseline), oom.get(name, knob.baseline)
-        if value == limit:
-            continue
-        if value is None or limit is None or knob.memory == "unordered":
-            return False
-        if knob.memory == "larger is hungrier" and value < limit:
-            return False
-        if knob.memory == "off is hungrier" and value and not limit:
-            return False
-    return True

@@ -10,8 +10,9 @@ from typing import Any
 
 import optuna
 
-from autotune.common.knobs import KNOBS, MathChange, is_compiled, math_changes
+from autotune.common.knobs import KNOBS, is_compiled
 from autotune.common.trial import Status
+from autotune.common.trial_settings import MathChange, math_changes
 from autotune.outputs.pareto import Confirmed, Picks, non_dominated, pick
 from autotune.plan import conditions
 from autotune.plan.run_info import RunInfo

@@ -23,9 +23,9 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.common import trial
-from autotune.common.knobs import describe_params, effective_batch
 from autotune.common.layout import SEARCH_LOG, WORKER_LOG, trial_dir
 from autotune.common.trial import Status, TrialResult
+from autotune.common.trial_settings import describe_params, effective_batch
 from autotune.common.units import format_bytes, format_gib
 from autotune.outputs.confirm import picks_to_confirm
 from autotune.outputs.export import accelerate_command, launch_command

@@ -13,17 +13,17 @@ from typing import Any, Literal
 
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import SpaceError
-from autotune.common.knobs import (
+from autotune.common.knob_values import (
     BNB_OPTIMIZERS,
     FLASH_ATTENTION,
     FSDP,
-    KNOBS,
     OFFLOADED,
     STRATEGIES,
     TORCHAO_OPTIMIZERS,
     ZERO_STAGES,
     precision_parts,
 )
+from autotune.common.knobs import KNOBS
 from autotune.plan.slots import Slot
 from autotune.plan.space import SamplingRules, SearchSpace, SpaceKnob, multiple_for
 

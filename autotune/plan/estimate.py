@@ -54,15 +54,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.common.flops import training_flops
-from autotune.common.knobs import (
-    FSDP,
-    OFFLOADED,
-    ZERO_STAGES,
-    is_compiled,
-    optimizer_family,
-    sixteen_bit,
-    value_of,
-)
+from autotune.common.knob_values import FSDP, OFFLOADED, ZERO_STAGES, optimizer_family, sixteen_bit
+from autotune.common.knobs import is_compiled, value_of
 from autotune.common.units import GIB
 
 CUDA_CONTEXT_BYTES = int(0.75 * GIB)

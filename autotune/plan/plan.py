@@ -17,10 +17,11 @@ from typing import Any
 
 from autotune.common.device import DeviceInfo, cpu_reserve_bytes
 from autotune.common.errors import AutotuneError, ConfigError, DataError, StudyError
-from autotune.common.knobs import baseline_params, effective_batch, value_of
+from autotune.common.knobs import value_of
 from autotune.common.layout import DATA_CACHE, study_db_url
 from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolve_model
 from autotune.common.output_files import check_owner
+from autotune.common.trial_settings import baseline_params, effective_batch
 from autotune.common.units import GIB, format_bytes
 from autotune.common.urls import safe_url
 from autotune.common.user_data import DataSpec, source_format

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 import optuna
 
-from autotune.common.knobs import KNOBS, SAMPLE_ORDER, active, sixteen_bit
+from autotune.common.knob_values import sixteen_bit
+from autotune.common.knobs import KNOBS, SAMPLE_ORDER, active
 
 DEVICES = ("cpu", "cuda", "any")
 SMALL_BATCHES = (1, 2, 4)

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.common.knobs import at_least_as_hungry, conflict, value_of
+from autotune.common.knobs import value_of
 from autotune.common.trial import OUT_OF_MEMORY, Status
+from autotune.common.trial_settings import at_least_as_hungry, conflict
 from autotune.plan.estimate import Measured, calibrated_gib
 from autotune.store.records import TrialRecord
 from autotune.study.cost import TrialCost

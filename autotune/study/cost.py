@@ -15,8 +15,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.common.knobs import effective_batch, is_compiled
+from autotune.common.knobs import is_compiled
 from autotune.common.trial import Status
+from autotune.common.trial_settings import effective_batch
 from autotune.store.records import TrialRecord
 
 COMPILE_OVER_START = 6.0

@@ -14,7 +14,8 @@ import random
 import statistics
 
 from autotune.common.device import DeviceInfo, tensor_peak_tflops
-from autotune.common.knobs import FSDP, ZERO_STAGES, value_of
+from autotune.common.knob_values import FSDP, ZERO_STAGES
+from autotune.common.knobs import value_of
 from autotune.common.trial import Status, TrialResult, TrialSpec, stopped_reason
 from autotune.common.units import GIB
 from autotune.plan.estimate import CUDA_CONTEXT_BYTES, flops_per_sample, shape_of

@@ -35,13 +35,8 @@ from importlib import resources
 from typing import Any
 
 from autotune.common.device import gpu_memory_bytes, peak_tflops
-from autotune.common.knobs import (
-    is_compiled,
-    optimizer_family,
-    precision_parts,
-    sixteen_bit,
-    value_of,
-)
+from autotune.common.knob_values import optimizer_family, precision_parts, sixteen_bit
+from autotune.common.knobs import is_compiled, value_of
 from autotune.common.trial import Status
 from autotune.common.units import GIB
 from autotune.plan.estimate import CUDA_CONTEXT_BYTES, Shape, estimate, flops_per_sample, shape_of

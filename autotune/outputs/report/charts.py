@@ -17,8 +17,9 @@ from typing import Any
 
 import optuna
 
-from autotune.common.knobs import KNOBS, describe_params
+from autotune.common.knobs import KNOBS
 from autotune.common.trial import TrialResult
+from autotune.common.trial_settings import describe_params
 from autotune.common.units import format_gib
 from autotune.outputs.pareto import hypervolume
 from autotune.store.records import TrialRecord

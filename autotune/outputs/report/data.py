@@ -12,8 +12,8 @@ import textwrap
 from collections import Counter
 from dataclasses import dataclass
 
-from autotune.common.knobs import MathChange, describe_params
 from autotune.common.trial import MEMORY_STATUSES, Status
+from autotune.common.trial_settings import MathChange, describe_params
 from autotune.common.units import format_gib
 from autotune.outputs.pareto import NOTHING_TO_RECOMMEND, Picks
 from autotune.outputs.report.charts import (

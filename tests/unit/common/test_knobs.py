@@ -8,22 +8,23 @@ import pytest
 
 import autotune
 from autotune.common.errors import SpaceError
+from autotune.common.knob_values import optimizer_family, sixteen_bit
 from autotune.common.knobs import (
     KNOBS,
     active,
+    environment,
+    is_compiled,
+    model_kwargs,
+    training_args,
+    value_of,
+)
+from autotune.common.trial_settings import (
     at_least_as_hungry,
     baseline_params,
     conflict,
     describe_params,
     effective_batch,
-    environment,
-    is_compiled,
     math_changes,
-    model_kwargs,
-    optimizer_family,
-    sixteen_bit,
-    training_args,
-    value_of,
 )
 from autotune.plan.space import SamplingRules
 from autotune.plan.space_file import load_space, parse_space, shipped_names
@@ -319,7 +320,7 @@ def test_a_knob_without_effect_in_either_config_is_not_compared():
 
 
 def test_on_several_devices_the_baseline_is_ddp_and_the_effective_batch_counts_every_rank():
-    from autotune.common.knobs import baseline_params, math_changes
+    from autotune.common.trial_settings import baseline_params, math_changes
 
     baseline = baseline_params("adamw_torch_fused", None, devices=2)
     assert baseline["strategy"] == "ddp"

@@ -3,7 +3,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 
 from autotune.common.errors import SpaceError
-from autotune.common.knobs import baseline_params
+from autotune.common.trial_settings import baseline_params
 from autotune.plan.space import SamplingRules
 from autotune.plan.space_file import SoftwareFacts, load_space, parse_space, shipped_names
 

@@ -1,7 +1,8 @@
 import pytest
 
-from autotune.common.knobs import baseline_params, is_compiled
+from autotune.common.knobs import is_compiled
 from autotune.common.trial import Status, TrialResult
+from autotune.common.trial_settings import baseline_params
 from autotune.store.records import TrialRecord
 from autotune.study.checks import (
     as_hungry_as_an_oom,
