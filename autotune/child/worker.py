@@ -59,14 +59,7 @@ def train_trial(
         if (reason := trial_settings.conflict(spec.params)) is not None:
             raise trainers.InvalidConfig(reason)
         baseline_rss = _prepare(spec, clock, rank)
-        # Stopping a loser early is for one process: ranks would each decide on their own.
-        stop_below = spec.stop_below_samples_per_s if rank is None else None
-        timer = measure.StepTimer(
-            spec.warmup_steps,
-            _sync(spec, rank),
-            stop_below=stop_below,
-            stop_after=spec.stop_after_steps,
-        )
+        timer = _timer(spec, rank)
         reporter = None
         if rank is None or rank.rank == 0:  # one writer of the trial's progress
             reporter = ProgressReporter(
@@ -217,6 +210,18 @@ def _build(
         model_kwargs=model_kwargs,
         environment=environment,
         states=states,
+    )
+
+
+def _timer(spec: TrialSpec, rank: ranks.Rank | None) -> measure.StepTimer:
+    """The clock of the trial's steps, which stops a loser early. That is for one process:
+    ranks would each decide on their own."""
+    stop_below = spec.stop_below_samples_per_s if rank is None else None
+    return measure.StepTimer(
+        spec.warmup_steps,
+        _sync(spec, rank),
+        stop_below=stop_below,
+        stop_after=spec.stop_after_steps,
     )
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import random
 import statistics
+from typing import Any
 
 from autotune.common.device import DeviceInfo, tensor_peak_tflops
 from autotune.common.knob_values import FSDP, ZERO_STAGES
@@ -67,20 +68,26 @@ class TwinAnswer:
                 reason=f"CUDA out of memory (the GPU twin: a peak of "
                 f"{p.peak_gib:.1f} GiB past {budget:.1f} GiB)",
             )
+        return self._measured(spec, p, parts)
+
+    def _steps_ms(self, spec: TrialSpec, p: model.Prediction) -> list[float]:
+        """The timed steps, each the predicted step time with the twin's step noise."""
         rng = random.Random(
             json.dumps(
                 [self.seed, spec.trial_number, self.asked, spec.params], sort_keys=True, default=str
             )
         )
         sigma = model.model_constant("step_cv") if self.noise else 0.0
-        steps_ms = [
+        return [
             p.step_s * 1e3 * model.lognormal_factor(sigma, 1 - rng.random(), rng.random())
             for _ in range(spec.measure_steps)
         ]
-        median_ms = statistics.median(steps_ms)
-        cv = statistics.pstdev(steps_ms) / statistics.mean(steps_ms)
+
+    def _measured(self, spec: TrialSpec, p: model.Prediction, parts: dict[str, Any]) -> TrialResult:
+        """A trial that trained: its steps, pace and memory, stopped early as the worker would."""
+        steps_ms = self._steps_ms(spec, p)
         samples = value_of(spec.params, "batch_size") * value_of(spec.params, "grad_accum")
-        samples_per_s = samples * spec.devices / (median_ms / 1e3)
+        median_ms, cv, samples_per_s = _pace(steps_ms, samples * spec.devices)
         flops = flops_per_sample(shape_of(spec.model_config), spec.seq_len, spec.task)
         peak_tflops = tensor_peak_tflops(self.gpu.name)
         mfu = (
@@ -88,14 +95,11 @@ class TwinAnswer:
             if peak_tflops is None
             else (flops * samples_per_s / spec.devices / (peak_tflops * 1e12))
         )
-        allocated = p.peak_gib / model.model_constant("reserved_over_estimate")
         stopped = stopped_early(spec, steps_ms, samples)
         timed_s = p.timed_s
         if stopped is not None:  # the timed steps after the stop are not run
             steps_ms = steps_ms[: spec.stop_after_steps]
-            median_ms = statistics.median(steps_ms)
-            cv = statistics.pstdev(steps_ms) / statistics.mean(steps_ms)
-            samples_per_s = samples * spec.devices / (median_ms / 1e3)
+            median_ms, cv, samples_per_s = _pace(steps_ms, samples * spec.devices)
             timed_s = sum(steps_ms) / 1e3
             parts["wall_s"] = p.wall_s - p.timed_s + timed_s
         return TrialResult(
@@ -113,7 +117,7 @@ class TwinAnswer:
             measured_steps=len(steps_ms),
             step_times_ms=steps_ms,
             peak_memory_gib=p.peak_gib,
-            peak_allocated_gib=allocated,
+            peak_allocated_gib=p.peak_gib / model.model_constant("reserved_over_estimate"),
             alloc_retries=0,
             nvml_used_gib=p.peak_gib + CUDA_CONTEXT_BYTES / GIB,
             train_s=p.compile_s + p.warmup_s + timed_s,
@@ -121,6 +125,13 @@ class TwinAnswer:
             n_params=shape_of(spec.model_config).parameters,
             **parts,
         )
+
+
+def _pace(steps_ms: list[float], samples: int) -> tuple[float, float, float]:
+    """(median step ms, the steps' CV, samples/s at the median step) of `samples` a step."""
+    median_ms = statistics.median(steps_ms)
+    cv = statistics.pstdev(steps_ms) / statistics.mean(steps_ms)
+    return median_ms, cv, samples / (median_ms / 1e3)
 
 
 def stopped_early(spec: TrialSpec, steps_ms: list[float], samples: int) -> str | None:

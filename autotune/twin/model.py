@@ -168,27 +168,12 @@ def step(
     runs; False: a plain PyTorch loop, as the calibration's headroom points ran), on each of
     `devices` GPUs under DDP: the gradients' ring all-reduce, 2 (N - 1) / N of their bytes over
     the link, partly hidden behind the backward."""
-    c = constants()["model"]
-    v = {k: e["value"] for k, e in c.items()}
+    v = {k: e["value"] for k, e in constants()["model"].items()}
     precision = value_of(params, "precision")
     cls = _precision_class(precision)
-    batch = value_of(params, "batch_size")
-    accumulation = value_of(params, "grad_accum")
     compiled = is_compiled(params)
     share = _checkpointed_share(params, shape)
-    recompute = 1 + share / 3  # the forward is 2 of training's 6 FLOPs per weight and token
-    tokens = batch * seq_len
-    peak = (peak_tflops(g.name, precision) or 0.0) * 1e12
-    efficiency = v["efficiency"][cls] * tokens / (tokens + v["tokens_half"][cls])
-    matmul_s = batch * flops_per_sample(shape, seq_len, task) * recompute / (peak * efficiency)
-    bandwidth = g.bandwidth_gb_s * 1e9
-    element = 2 if cls == "16bit" else 4
-    traffic = v["traffic_bytes"] * shape.layers * shape.hidden * tokens * element
-    if value_of(params, "attn_implementation") == "eager":
-        scores = shape.layers * shape.heads * batch * seq_len**2
-        traffic += v["eager_score_bytes"] * scores * element
-    memory_s = traffic * recompute / bandwidth
-    micro_device_s = matmul_s + memory_s
+    micro_device_s = _micro_device_s(g, shape, v, task=task, seq_len=seq_len, params=params)
     if compiled:
         micro_device_s /= v["compiled_speed"]
     host_ms = g.host.layer_host_ms * shape.layers * (1 + v["checkpointing_host"] * share)
@@ -200,25 +185,55 @@ def step(
         host_ms += v["trainer_micro_ms"]
     else:
         host_ms *= v["loop_host"]
-    optim = value_of(params, "optim")
-    kind = _optimizer_kind(optim)
-    optimizer = v["optimizers"][kind]
-    parameters = shape.parameters
-    optimizer_device_s = optimizer["bytes"] * parameters / bandwidth
-    if precision == "fp16" or "fp16" in precision_parts(precision):
-        optimizer_device_s += v["grad_scaler_bytes"] * parameters / bandwidth
-    tensors = _parameter_tensors(shape)
-    optimizer_host_s = optimizer["host_us_per_tensor"] * tensors * 1e-6
+    optimizer_device_s, optimizer_host_s = _optimizer_s(g, shape, v, params)
     all_reduce_s = 0.0
     if devices > 1:
         link = g.link_gb_s * 1e9
-        all_reduce_s = 2 * (devices - 1) / devices * 4 * parameters / link
+        all_reduce_s = 2 * (devices - 1) / devices * 4 * shape.parameters / link
         all_reduce_s *= 1 - v["all_reduce_hidden"]
+    accumulation = value_of(params, "grad_accum")
     return Step(
         device_s=accumulation * micro_device_s + optimizer_device_s + all_reduce_s,
         host_s=accumulation * host_ms / 1e3 + optimizer_host_s,
         serial_s=v["trainer_step_ms"] / 1e3 if trainer else 0.0,
     )
+
+
+def _micro_device_s(
+    g: Gpu, shape: Shape, v: dict[str, Any], *, task: str, seq_len: int, params: dict[str, Any]
+) -> float:
+    """The GPU's time for one micro-batch, eager: its matmuls at the precision's efficiency
+    for this many tokens, and its memory traffic (eager attention's scores included)."""
+    precision = value_of(params, "precision")
+    cls = _precision_class(precision)
+    batch = value_of(params, "batch_size")
+    share = _checkpointed_share(params, shape)
+    recompute = 1 + share / 3  # the forward is 2 of training's 6 FLOPs per weight and token
+    tokens = batch * seq_len
+    peak = (peak_tflops(g.name, precision) or 0.0) * 1e12
+    efficiency = v["efficiency"][cls] * tokens / (tokens + v["tokens_half"][cls])
+    matmul_s = batch * flops_per_sample(shape, seq_len, task) * recompute / (peak * efficiency)
+    element = 2 if cls == "16bit" else 4
+    traffic = v["traffic_bytes"] * shape.layers * shape.hidden * tokens * element
+    if value_of(params, "attn_implementation") == "eager":
+        scores = shape.layers * shape.heads * batch * seq_len**2
+        traffic += v["eager_score_bytes"] * scores * element
+    return matmul_s + traffic * recompute / (g.bandwidth_gb_s * 1e9)
+
+
+def _optimizer_s(
+    g: Gpu, shape: Shape, v: dict[str, Any], params: dict[str, Any]
+) -> tuple[float, float]:
+    """(GPU seconds, host seconds) of one optimizer step: its states' traffic (and fp16's
+    gradient scaler), and a launch per parameter tensor."""
+    precision = value_of(params, "precision")
+    optimizer = v["optimizers"][_optimizer_kind(value_of(params, "optim"))]
+    bandwidth = g.bandwidth_gb_s * 1e9
+    device_s = optimizer["bytes"] * shape.parameters / bandwidth
+    if precision == "fp16" or "fp16" in precision_parts(precision):
+        device_s += v["grad_scaler_bytes"] * shape.parameters / bandwidth
+    host_s = optimizer["host_us_per_tensor"] * _parameter_tensors(shape) * 1e-6
+    return device_s, host_s
 
 
 def _optimizer_kind(optim: str) -> str:
