@@ -1,6 +1,6 @@
 """Several workers on one study: `workers=N` on `autotune search`, and `autotune worker`.
 
-A worker is a search process of its own: the search loop (`search.loop.run_search`) with its
+A worker is a search process of its own: the search loop (`study.loop.run_search`) with its
 own fork server, on its own CUDA device (`CUDA_VISIBLE_DEVICES`, so its trials see only
 that one) or its own share of the CPU cores (affinity, and as many torch threads). Workers
 know nothing of each other: they share the study's storage, which every loop reads afresh
@@ -87,18 +87,7 @@ def run_workers(
     opened): none plans again, so `data=` is read and the hub asked once per search."""
     if isinstance(executor, SimulatedExecutor):  # it starts no process: threads will do
         return _run_threads(plan, study, observer, executor)
-    launcher = executor.launcher if isinstance(executor, LocalExecutor) else None
-    if isinstance(launcher, CommandLauncher):
-        trial_command: list[str] | None = list(launcher.command)
-    elif executor is None or isinstance(launcher, ForkserverLauncher):
-        trial_command = None  # each worker starts a fork server of its own
-    else:
-        # Each worker process runs trials of its own: what it is told is how to start them.
-        shown = type(launcher or executor).__name__
-        raise ConfigError(
-            f"workers={len(plan.slots)}: a {shown} cannot be handed to worker "
-            "processes; use workers=1"
-        )
+    trial_command = _trial_command(plan, executor)
     folder = plan.study_dir / WORKERS / f"{socket.gethostname()}-{os.getpid()}"
     make_folder(folder, plan.study_dir)
     # What the workers were given, for people: without the storage URL, which may hold a
@@ -115,27 +104,7 @@ def run_workers(
     workers = [_start(folder, k, handoff) for k in range(len(plan.slots))]
     watcher = _Watcher(plan, study, observer)
     try:
-        while True:
-            done = [w.poll() is not None for w in workers]
-            watcher.look()
-            for k, worker in enumerate(workers):
-                if worker.returncode not in (None, 0) and k not in watcher.failed:
-                    watcher.failed.add(k)
-                    observer.worker_failed(k, _exit(worker.returncode), _tail(_log(folder, k)))
-            for k in _stopped_after_the_study_ended(workers, study, plan.config.n_trials):
-                # Stopped (SIGSTOP, a debugger) it would be waited for forever; the study has
-                # its trials without it (its trial, stale, was run again elsewhere).
-                workers[k].kill()
-                watcher.failed.add(k)
-                observer.worker_failed(
-                    k,
-                    "stopped (SIGSTOP) while the study got all its trials: ended it",
-                    _tail(_log(folder, k)),
-                )
-            if all(done):
-                watcher.look()  # what the last worker recorded just before it ended
-                break
-            time.sleep(WATCH_S)
+        _watch(workers, watcher, folder, study, plan.config.n_trials, observer)
     except BaseException:
         _stop(workers)
         raise
@@ -147,6 +116,54 @@ def run_workers(
     if study_file is not None and study_file.lost():  # the workers said so, and stopped
         raise study_file.error(sum(is_recorded(t) for t in study.get_trials(deepcopy=False)))
     return _stopped(folder, workers)
+
+
+def _trial_command(plan: SearchPlan, executor: TrialExecutor | None) -> list[str] | None:
+    """How each worker process starts its trials: a command, or None for a fork server of
+    its own; a ConfigError for an executor that cannot be handed to a process."""
+    launcher = executor.launcher if isinstance(executor, LocalExecutor) else None
+    if isinstance(launcher, CommandLauncher):
+        return list(launcher.command)
+    if executor is None or isinstance(launcher, ForkserverLauncher):
+        return None  # each worker starts a fork server of its own
+    # Each worker process runs trials of its own: what it is told is how to start them.
+    shown = type(launcher or executor).__name__
+    raise ConfigError(
+        f"workers={len(plan.slots)}: a {shown} cannot be handed to worker processes; use workers=1"
+    )
+
+
+def _watch(
+    workers: list[subprocess.Popen],
+    watcher: _Watcher,
+    folder: Path,
+    study: optuna.Study,
+    n_trials: int,
+    observer: SearchObserver,
+) -> None:
+    """Show the workers as one search until every one has ended; a worker that failed is
+    said once, one stopped while the study got its trials is ended."""
+    while True:
+        done = [w.poll() is not None for w in workers]
+        watcher.look()
+        for k, worker in enumerate(workers):
+            if worker.returncode not in (None, 0) and k not in watcher.failed:
+                watcher.failed.add(k)
+                observer.worker_failed(k, _exit(worker.returncode), _tail(_log(folder, k)))
+        for k in _stopped_after_the_study_ended(workers, study, n_trials):
+            # Stopped (SIGSTOP, a debugger) it would be waited for forever; the study has
+            # its trials without it (its trial, stale, was run again elsewhere).
+            workers[k].kill()
+            watcher.failed.add(k)
+            observer.worker_failed(
+                k,
+                "stopped (SIGSTOP) while the study got all its trials: ended it",
+                _tail(_log(folder, k)),
+            )
+        if all(done):
+            watcher.look()  # what the last worker recorded just before it ended
+            return
+        time.sleep(WATCH_S)
 
 
 def _stopped_after_the_study_ended(

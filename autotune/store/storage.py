@@ -60,24 +60,7 @@ def open_storage(
     try:
         if sqlite_file is not None:
             _use_wal(sqlite_file)
-            options["engine_kwargs"] = {
-                # isolation_level=None: pysqlite issues no BEGIN of its own; ours below does.
-                "connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S, "isolation_level": None}
-            }
-        elif url.startswith("postgresql"):
-            options["engine_kwargs"] = {
-                "pool_pre_ping": True,
-                "connect_args": {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S},
-            }
-        # A server's outages are waited out (storage_outage); a SQLite file has none.
-        retry_s = None if url.startswith("sqlite") else outage_retry_s()
-        with warnings.catch_warnings():  # heartbeats: "experimental" since Optuna 2.9
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            kind = RDBStorage if retry_s is None else RetryingRDBStorage
-            storage = kind(url, **options)
-            storage.shown = shown
-            if retry_s is not None:
-                storage.retry_s = retry_s
+        storage = _storage(url, shown, options | _engine_options(url, sqlite_file))
         if sqlite_file is not None:
             # Every transaction takes the write lock when it begins, so Optuna's
             # read-then-write steps (hand out a queued trial, check a trial still runs before
@@ -107,6 +90,37 @@ def open_storage(
                 'pip install "autotune[postgres]"'
             ) from exc
         raise StudyError(f"{shown}: cannot open it: {first_line(cause)}") from exc
+
+
+def _engine_options(url: str, sqlite_file: Path | None) -> dict:
+    """SQLAlchemy's options for the storage's database: SQLite waits for a busy file, a
+    server's connections are checked before use and give up connecting in time."""
+    if sqlite_file is not None:
+        # isolation_level=None: pysqlite issues no BEGIN of its own; `_begin_immediate` does.
+        connect = {"timeout": SQLITE_BUSY_TIMEOUT_S, "isolation_level": None}
+        return {"engine_kwargs": {"connect_args": connect}}
+    if url.startswith("postgresql"):
+        return {
+            "engine_kwargs": {
+                "pool_pre_ping": True,
+                "connect_args": {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S},
+            }
+        }
+    return {}
+
+
+def _storage(url: str, shown: str, options: dict) -> optuna.storages.RDBStorage:
+    """Optuna's storage, which waits out a server's outages (storage_outage); a SQLite file
+    has none."""
+    retry_s = None if url.startswith("sqlite") else outage_retry_s()
+    with warnings.catch_warnings():  # heartbeats: "experimental" since Optuna 2.9
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        kind = RDBStorage if retry_s is None else RetryingRDBStorage
+        storage = kind(url, **options)
+    storage.shown = shown
+    if retry_s is not None:
+        storage.retry_s = retry_s
+    return storage
 
 
 def _refuse_damaged(exc: BaseException, shown: str) -> None:
