@@ -45,7 +45,8 @@ from autotune.common.output_files import make_folder, open_log
 from autotune.common.processes import die_with_parent
 from autotune.common.trial import Progress, read_progress, write_json_atomic
 from autotune.execute.base import Submission, TrialExecutor, TrialHandle
-from autotune.execute.local import CommandLauncher, ForkserverLauncher, LocalExecutor
+from autotune.execute.launchers import CommandLauncher, ForkserverLauncher
+from autotune.execute.local import LocalExecutor
 from autotune.execute.simulated import SimulatedExecutor
 from autotune.outputs.view import TerminalView
 from autotune.plan.plan import SearchPlan

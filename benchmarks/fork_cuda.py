@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from autotune.execute.local import PRELOAD, ForkserverLauncher
+from autotune.execute.launchers import PRELOAD, ForkserverLauncher
 
 
 def forked_child_uses_cuda() -> bool:

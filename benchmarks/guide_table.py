@@ -19,7 +19,8 @@ from pathlib import Path
 
 from autotune.common.models import resolve_model
 from autotune.common.trial import Status, TrialSpec
-from autotune.execute.local import ForkserverLauncher, launch_trial
+from autotune.execute.launchers import ForkserverLauncher
+from autotune.execute.local import launch_trial
 from autotune.plan.hardware import probe
 
 # (label, knobs, guide samples/s, guide GB) from the guide's V100 table.

@@ -27,7 +27,8 @@ from pathlib import Path
 from autotune.common.models import resolve_model
 from autotune.common.trial import TrialSpec
 from autotune.common.units import GIB
-from autotune.execute.local import ForkserverLauncher, launch_trial
+from autotune.execute.launchers import ForkserverLauncher
+from autotune.execute.local import launch_trial
 from autotune.plan.estimate import estimate
 from autotune.plan.hardware import probe
 

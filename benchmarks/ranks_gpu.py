@@ -22,7 +22,8 @@ from pathlib import Path
 
 from autotune.common.models import resolve_model
 from autotune.common.trial import TrialSpec
-from autotune.execute.local import ForkserverLauncher, launch_trial
+from autotune.execute.launchers import ForkserverLauncher
+from autotune.execute.local import launch_trial
 from autotune.plan.hardware import probe
 
 STRATEGIES = ("single", "ddp", "fsdp", "fsdp_offload", "zero1", "zero2", "zero3")

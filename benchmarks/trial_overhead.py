@@ -20,7 +20,8 @@ from pathlib import Path
 
 from autotune.common.models import resolve_model
 from autotune.common.trial import TrialSpec
-from autotune.execute.local import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
+from autotune.execute.launchers import WORKER_COMMAND, CommandLauncher, ForkserverLauncher
+from autotune.execute.local import launch_trial
 from autotune.plan.hardware import probe
 
 PARTS = ("wall_s", "overhead_s", "process_s", "imports_s", "cuda_init_s", "finish_s", "build_s",

@@ -17,7 +17,8 @@ FAKE_WORKER = str(Path(__file__).parent / "fakes" / "worker.py")
 
 
 def fake_executor(mode: str):
-    from autotune.execute.local import CommandLauncher, LocalExecutor
+    from autotune.execute.launchers import CommandLauncher
+    from autotune.execute.local import LocalExecutor
 
     return LocalExecutor(CommandLauncher((sys.executable, FAKE_WORKER, mode)))
 

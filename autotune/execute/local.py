@@ -4,33 +4,24 @@ watched by this process, its result read from its folder.
 The trial's fate comes from the exit code, the result file and what the parent saw (its own
 timeout or memory watchdog), never from the worker's stderr; the log tail is kept for the user.
 
-Two launchers start workers. `ForkserverLauncher` (the default) forks each trial from a server
-that has torch and transformers imported but has never touched CUDA, so a trial starts in a
-fraction of a second instead of paying ~7 s of imports. `CommandLauncher` runs any command as
-`COMMAND SPEC RESULT` in a fresh process: the cold path, and the way tests plug in fake workers.
+The worker process is started by a launcher (`launchers`: forked from a fork server, or a
+command).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
-import multiprocessing
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
 from pathlib import Path
-from typing import Protocol
 
 import psutil
 
-from autotune.child.forked import forked_main
 from autotune.common.layout import (
     INTERRUPTED_RESULT,
     LOG_PIPE,
@@ -41,8 +32,8 @@ from autotune.common.layout import (
     WORKER_LOG,
     socket_folder_prefix,
 )
-from autotune.common.output_files import make_folder, open_log
-from autotune.common.processes import descendants, die_with_parent, end_processes
+from autotune.common.output_files import make_folder
+from autotune.common.processes import descendants, end_processes
 from autotune.common.trial import (
     STDERR_TAIL_CHARS,
     Progress,
@@ -55,160 +46,14 @@ from autotune.common.trial import (
 )
 from autotune.common.units import GIB, format_bytes_apart
 from autotune.execute.base import Submission
+from autotune.execute.launchers import ForkserverLauncher, Launcher, Worker
 from autotune.execute.oom_killer import OomWitness
 from autotune.execute.worker_log import CappedLog
 
-WORKER_COMMAND = (sys.executable, "-m", "autotune.child")
-PRELOAD = (
-    "autotune.child.fork_server_init",
-    "torch",
-    "transformers",
-    "transformers.trainer",
-    "autotune.child.worker",
-)
-"""What the fork server imports once, on a GPU as on a CPU. `fork_server_init` comes first: it
-keeps the Trainer's import from initialising CUDA (`child/cuda_free.py` says how), which would
-leave every forked trial without a GPU ("Cannot re-initialize CUDA in forked subprocess")."""
 POLL_S = 0.05
 TREE_WALK_S = 0.5
 """Least time between two listings of the worker's descendants when the memory watchdog does
 not list them at every poll: a listing reads every process's /proc entry (a few ms)."""
-
-
-class Worker(Protocol):
-    pid: int
-
-    def poll(self) -> int | None:
-        """The exit code (negative: killed by that signal), or None while running."""
-
-    def reap(self) -> None:
-        """Wait for the (killed or exited) worker so it leaves no zombie."""
-
-
-class Launcher(Protocol):
-    def ready(self) -> None:
-        """Get ready to start workers at once (called before a trial's clock starts)."""
-
-    def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker: ...
-
-
-class _Popen:
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.proc = proc
-        self.pid = proc.pid
-
-    def poll(self) -> int | None:
-        return self.proc.poll()
-
-    def reap(self) -> None:
-        self.proc.wait()
-
-
-@dataclasses.dataclass(frozen=True)
-class CommandLauncher:
-    command: tuple[str, ...] = WORKER_COMMAND
-
-    def ready(self) -> None:
-        pass  # every worker is a fresh process: nothing to prepare
-
-    def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker:
-        with open(open_log(log_path), "wb") as log:
-            proc = subprocess.Popen(
-                [*self.command, str(spec_path), str(result_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                # Its own session: a timeout kills its whole process group by id.
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            )
-        return _Popen(proc)
-
-
-class _Forked:
-    def __init__(self, process: multiprocessing.process.BaseProcess) -> None:
-        self.process = process
-        self.pid = process.pid
-
-    def poll(self) -> int | None:
-        return self.process.exitcode
-
-    def reap(self) -> None:
-        self.process.join()
-
-
-class ForkserverLauncher:
-    def __init__(self) -> None:
-        # Imports may ask torch.cuda.is_available(); answered through NVML it leaves CUDA
-        # uninitialised in the server, so forked trials can still create their own context.
-        # The server inherits this process's environment when it starts.
-        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-        self.context = multiprocessing.get_context("forkserver")
-        self.context.set_forkserver_preload(list(PRELOAD))
-        self._ready = False
-
-    def ready(self) -> None:
-        """Start the server and wait until it has imported PRELOAD (~7 s on 2 CPU cores).
-
-        The first fork waits for those imports; done here, they are not charged to the first
-        trial's `trial_timeout`."""
-        if not self._ready:
-            process = _TrialProcess(target=_nothing)
-            process.start()
-            process.join()
-            self._ready = True
-
-    def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker:
-        # Not a daemon: daemonic processes may not have children, and DataLoader workers are.
-        process = _TrialProcess(
-            target=forked_main, args=(str(spec_path), str(result_path), str(log_path))
-        )
-        process.start()
-        return _Forked(process)
-
-
-_MAIN_MODULE_KEYS = ("init_main_from_path", "init_main_from_name")
-"""What tells a fork-server child to import the parent's `__main__` before it runs."""
-
-
-class _TrialProcess(context.ForkServerProcess):
-    """A fork-server child that never imports the search's `__main__`.
-
-    multiprocessing re-imports the parent's main module in each child (as `__mp_main__`) so
-    that targets defined there can be unpickled. A trial's target is `forked_main`, found by
-    its module's name, so nothing of `__main__` is needed; imported, a user's script without
-    an `if __name__ == "__main__":` guard would start a search of its own in every trial, and
-    `python - < script.py` would fail on a file named '<stdin>'."""
-
-    @staticmethod
-    def _Popen(process_obj: multiprocessing.process.BaseProcess) -> popen_forkserver.Popen:
-        return _TrialPopen(process_obj)
-
-
-class _TrialPopen(popen_forkserver.Popen):
-    def _launch(self, process_obj: multiprocessing.process.BaseProcess) -> None:
-        # CPython 3.11's own `_launch`, with the main module left out of the data.
-        prep_data = spawn.get_preparation_data(process_obj._name)
-        for key in _MAIN_MODULE_KEYS:
-            prep_data.pop(key, None)
-        buf = io.BytesIO()
-        context.set_spawning_popen(self)
-        try:
-            reduction.dump(prep_data, buf)
-            reduction.dump(process_obj, buf)
-        finally:
-            context.set_spawning_popen(None)
-        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
-        # The parent keeps a copy of the data pipe's write end, as CPython's does.
-        parent_w = os.dup(w)
-        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
-        with open(w, "wb", closefd=True) as f:
-            f.write(buf.getbuffer())
-        self.pid = forkserver.read_signed(self.sentinel)
-
-
-def _nothing() -> None:
-    """A process that only proves the fork server is up."""
 
 
 class LocalExecutor:

@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from autotune.common.trial import Status, TrialSpec
-from autotune.execute.local import CommandLauncher, launch_trial
+from autotune.execute.launchers import CommandLauncher
+from autotune.execute.local import launch_trial
 from autotune.execute.oom_killer import OomWitness
 from autotune.store.study_lock import StudyLock
 from tests.conftest import FAKE_WORKER as FAKE

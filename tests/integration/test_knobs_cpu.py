@@ -8,7 +8,8 @@ import pytest
 
 from autotune.common.models import resolve_model
 from autotune.common.trial import Status, TrialResult, TrialSpec
-from autotune.execute.local import ForkserverLauncher, launch_trial
+from autotune.execute.launchers import ForkserverLauncher
+from autotune.execute.local import launch_trial
 from tests.conftest import TINY_MODEL
 
 pytestmark = pytest.mark.slow

@@ -81,7 +81,7 @@ def test_the_fork_server_preload_never_initialises_cuda_even_where_cuda_is_prese
     # What the server preloads (the Trainer and the worker, with the rank path, included) must
     # not reach CUDA's initialisation.
     lines = _run(
-        "from autotune.execute.local import PRELOAD\n"
+        "from autotune.execute.launchers import PRELOAD\n"
         "for name in PRELOAD: __import__(name)\n"
         "from autotune.child import cuda_free\n"
         "print(len(calls)); print(cuda_free.first_init())\n"

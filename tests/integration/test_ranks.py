@@ -17,7 +17,8 @@ import yaml
 
 from autotune.common.models import resolve_model
 from autotune.common.trial import Stage, Status, TrialSpec
-from autotune.execute.local import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
+from autotune.execute.launchers import WORKER_COMMAND, CommandLauncher, ForkserverLauncher
+from autotune.execute.local import launch_trial
 from autotune.plan.estimate import estimate
 from tests.conftest import TINY_MODEL
 from tests.integration import test_hardening

@@ -9,7 +9,8 @@ import psutil
 import pytest
 
 from autotune.common.trial import Progress, Stage, Status, TrialSpec
-from autotune.execute.local import CommandLauncher, launch_trial, supervise
+from autotune.execute.launchers import CommandLauncher
+from autotune.execute.local import launch_trial, supervise
 from autotune.execute.oom_killer import OomWitness, read_oom_kills
 from tests.conftest import FAKE_WORKER as FAKE
 

@@ -17,7 +17,8 @@ import pytest
 
 from autotune.common.models import resolve_model
 from autotune.common.trial import Progress, Stage, Status, TrialSpec
-from autotune.execute.local import WORKER_COMMAND, CommandLauncher, ForkserverLauncher, launch_trial
+from autotune.execute.launchers import WORKER_COMMAND, CommandLauncher, ForkserverLauncher
+from autotune.execute.local import launch_trial
 from autotune.store.records import PARAMS_ATTR, RESULT_ATTR
 from autotune.study.loop import RETRY_OF_ATTR
 from tests.benchmarking import up_to_three_attempts
@@ -270,7 +271,8 @@ def test_a_trial_clearly_slower_than_the_best_so_far_stops_early_with_what_it_me
 SERVER_MODULES = """
 import sys
 from pathlib import Path
-from autotune.execute.local import ForkserverLauncher, _TrialProcess, launch_trial
+from autotune.execute.local import launch_trial
+from autotune.execute.launchers import ForkserverLauncher, _TrialProcess
 from tests.integration.test_sandbox_cpu import tiny_spec, write_modules
 
 launcher = ForkserverLauncher()

@@ -15,7 +15,8 @@ import pytest
 
 from autotune.common.models import resolve_model
 from autotune.common.trial import Status, TrialSpec
-from autotune.execute.local import ForkserverLauncher, launch_trial
+from autotune.execute.launchers import ForkserverLauncher
+from autotune.execute.local import launch_trial
 from autotune.execute.worker_log import LOG_CAP_BYTES
 from autotune.plan import factories
 from tests.conftest import TINY_MODEL

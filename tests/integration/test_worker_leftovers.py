@@ -15,7 +15,8 @@ import pytest
 from autotune.child import quiet_imports
 from autotune.common.models import resolve_model
 from autotune.common.trial import Progress, Stage, Status, TrialSpec
-from autotune.execute.local import CommandLauncher, launch_trial
+from autotune.execute.launchers import CommandLauncher
+from autotune.execute.local import launch_trial
 from tests.conftest import TINY_MODEL
 
 pytestmark = pytest.mark.slow
