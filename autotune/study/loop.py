@@ -31,7 +31,6 @@ from autotune.store.records import (
     NOT_RUN_ATTR,
     OWNER_ATTR,
     PARAMS_ATTR,
-    RETRY_OF_ATTR,
     VERSIONS_ATTR,
     Ending,
     Stop,
@@ -44,6 +43,7 @@ from autotune.store.records import (
 )
 from autotune.study import checks
 from autotune.study.launch import launch, stop_threshold
+from autotune.study.not_run import NotRun, not_to_run
 from autotune.study.observer import SearchObserver
 from autotune.study.recovery import (
     heartbeat,
@@ -241,9 +241,9 @@ class _Loop:
         # on PostgreSQL, whose reads are not serialized with the other processes' writes as
         # SQLite's are).
         trials = self.study.get_trials(deepcopy=False)
-        not_run = _not_to_run(trial, params, self.plan.config.n_trials, trials)
-        if not_run is not None:
-            return self.not_run(trial, not_run)
+        refused = not_to_run(trial, params, self.plan.config.n_trials, trials)
+        if refused is not None:
+            return self.not_run(trial, refused)
         records = [record_of(t) for t in trials if is_recorded(t)]
         self.warn_sharing(trials, trial.number)
         estimate_gib = self.plan.estimate_gib(params)  # once: the check and the record
@@ -292,7 +292,7 @@ class _Loop:
                 )
                 return
 
-    def not_run(self, trial: optuna.Trial, not_run: _NotRun) -> Stop | None:
+    def not_run(self, trial: optuna.Trial, not_run: NotRun) -> Stop | None:
         """Record why a proposal does not run; a reason to stop when too many in a row were
         running elsewhere."""
         trial.set_user_attr(NOT_RUN_ATTR, not_run.reason)
@@ -378,60 +378,6 @@ class _Loop:
         set_aside_result(trial_dir(self.plan.study_dir, trial.number))
         self.observer.lost(trial.number)
         return True
-
-
-@dataclasses.dataclass(frozen=True)
-class _NotRun:
-    reason: str
-    same_as_running: bool = False
-
-
-def _not_to_run(
-    trial: optuna.Trial, params: dict[str, Any], n_trials: int, trials: list[FrozenTrial]
-) -> _NotRun | None:
-    """Why a trial just asked for must not run, looking at every process's `trials` (read
-    after this one's settings were published): a second baseline or
-    a second retry of the same interrupted trial (queued by two processes at once), one more
-    than `n_trials` (trials asked for earlier go first: their numbers are smaller), or
-    settings another process is running."""
-    queued_as = _queued_as(trial)
-    if queued_as is not None:
-        for other in trials[: trial.number]:
-            if _queued_as(other) == queued_as:
-                return _NotRun(f"trial {other.number} was queued for the same: {queued_as}")
-    ahead = sum(
-        counts_toward_n_trials(t) or (t.state is TrialState.RUNNING and t.number < trial.number)
-        for t in trials
-    )
-    if ahead >= n_trials:
-        return _NotRun(f"n_trials={n_trials} were finished or running when it was asked for")
-    key = checks.settings_key(params)
-    for other in trials:
-        theirs = other.user_attrs.get(PARAMS_ATTR)
-        if (
-            other.state is TrialState.RUNNING
-            and other.number != trial.number
-            and theirs is not None
-            and checks.settings_key(theirs) == key
-        ):
-            if (
-                queued_as is not None
-                and other.number > trial.number
-                and (_queued_as(other) == queued_as)
-            ):
-                # A later copy of this queued trial (two processes queued it at once): it
-                # steps aside for this one above; stepping aside here too would run neither.
-                continue
-            return _NotRun(f"trial {other.number} was running these settings", True)
-    return None
-
-
-def _queued_as(trial: FrozenTrial | optuna.Trial) -> str | None:
-    """What a trial was queued for: the baseline, or another run of an interrupted trial."""
-    retry_of = trial.user_attrs.get(RETRY_OF_ATTR)
-    if retry_of is not None:
-        return f"trial {retry_of}'s settings again"
-    return "the baseline" if trial.user_attrs.get(BASELINE_ATTR) else None
 
 
 def _watching(

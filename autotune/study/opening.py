@@ -205,7 +205,7 @@ def enqueue_baseline(
     asking at the same time. It is run as it is, outside the sampler's space; its settings are
     Optuna parameters too (where the space's distributions hold them), so the sampler and
     Optuna's tools see it. Queued, it takes no grid point. Two processes queueing it at the
-    same moment queue two: only the first runs (`_not_to_run`)."""
+    same moment queue two: only the first runs (`not_run.not_to_run`)."""
     if not any(t.user_attrs.get(BASELINE_ATTR) for t in trials):
         values = {name: value for name, (_, value) in baseline.items()}
         study.enqueue_trial(values, user_attrs={BASELINE_ATTR: True})

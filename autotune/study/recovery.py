@@ -135,7 +135,7 @@ def recover(
     host, when it has sent no heartbeat for `stale_after` (Optuna's `fail_stale_trials`; the
     storage's clock). A live search's trial is left alone. Several processes may recover at
     once: a trial is failed by one of them, and of two retries queued for the same trial only
-    the first runs (`loop._not_to_run`). An interrupted baseline is queued with the baseline's
+    the first runs (`not_run.not_to_run`). An interrupted baseline is queued with the baseline's
     Optuna parameters (`SearchSpace.optuna_params`; older studies stored none)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

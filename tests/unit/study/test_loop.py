@@ -77,9 +77,9 @@ def test_of_two_baselines_queued_at_once_only_the_first_runs():
 
 
 def not_to_run(study, trial, params, n_trials):
-    from autotune.study.loop import _not_to_run
+    from autotune.study.not_run import not_to_run
 
-    return _not_to_run(trial, params, n_trials, study.get_trials(deepcopy=False))
+    return not_to_run(trial, params, n_trials, study.get_trials(deepcopy=False))
 
 
 def test_a_trial_stops_early_under_half_the_fastest_feasible_trials_pace(tmp_path):
