@@ -305,7 +305,7 @@ def test_the_sampler_says_enough_once_no_untried_setting_is_worth_its_trial(plan
     plan = dataclasses.replace(plan, config=plan.config.model_copy(update={"n_trials": 100}))
     settings, enough = until_enough(plan, 100)
     assert enough is not None and "0.10% of samples/s a minute" in enough
-    assert BEST in settings and len(settings) < 60
+    assert BEST in settings and len(settings) < 30, len(settings)
     never = plan.config.model_copy(update={"min_gain_per_minute": 0.0})
-    settings, enough = until_enough(dataclasses.replace(plan, config=never), 70)
-    assert enough is None and len(settings) == 70
+    settings, enough = until_enough(dataclasses.replace(plan, config=never), 2 * len(settings))
+    assert enough is None
