@@ -4,9 +4,6 @@ import pytest
 
 from autotune.common.knob_values import optimizer_family
 
-RENAMED = {"activation_checkpointing", "activation_checkpointing_kwargs"}
-"""transformers 5's names for gradient_checkpointing(_kwargs): not in older releases."""
-
 
 @pytest.mark.parametrize(
     ("optim", "family"),

@@ -11,8 +11,6 @@ from autotune.common.trial_settings import (
 )
 from tests.unit.stand_ins import OOM
 
-RENAMED = {"activation_checkpointing", "activation_checkpointing_kwargs"}
-"""transformers 5's names for gradient_checkpointing(_kwargs): not in older releases."""
 BASELINE = baseline_params("adamw_torch_fused", None)
 
 
