@@ -79,7 +79,9 @@ def search(
     `memory_budget="24GiB"`, ...); bad ones raise `ConfigError` naming every problem."""
     from rich.markup import escape
 
-    from autotune.outputs.view import TerminalView, print_outcome, print_paths
+    from autotune.outputs.outcome import print_outcome
+    from autotune.outputs.terminal import print_paths
+    from autotune.outputs.view import TerminalView
 
     quiet_optuna()
     config = make_config({"model": model, "quiet": quiet, **settings})

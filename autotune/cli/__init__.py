@@ -22,7 +22,7 @@ from autotune.common.errors import (
 )
 from autotune.common.version import __version__
 from autotune.execute.base import TrialExecutor
-from autotune.outputs.view import errors, shown_paths
+from autotune.outputs.terminal import errors, shown_paths
 from autotune.plan.config import (
     ConfirmConfig,
     ExportConfig,

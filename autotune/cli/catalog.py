@@ -8,7 +8,7 @@ from rich.table import Table
 
 from autotune.common.errors import AutotuneError, SpaceError
 from autotune.common.models import catalogue_names, catalogue_parameter_counts, resolve_model
-from autotune.outputs.view import console
+from autotune.outputs.terminal import console
 from autotune.plan import software_cache
 from autotune.plan.space_file import load_space, shipped_names
 

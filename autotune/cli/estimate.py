@@ -27,7 +27,7 @@ from autotune.common.knobs import KNOBS, value_of
 from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolve_model
 from autotune.common.trial_settings import baseline_params, describe_params
 from autotune.common.units import GIB, format_bytes
-from autotune.outputs.view import console
+from autotune.outputs.terminal import console
 from autotune.plan import hardware, software_cache
 from autotune.plan.config import (
     EstimateConfig,

@@ -14,10 +14,12 @@ from autotune.common.errors import StudyError
 from autotune.common.trial import Status
 from autotune.common.units import format_bytes, format_gib
 from autotune.outputs import export
+from autotune.outputs.outcome import print_outcome
 from autotune.outputs.pareto import NOTHING_TO_RECOMMEND
 from autotune.outputs.snapshot import StudySnapshot, read_snapshot
 from autotune.outputs.study_folder import write_study_folder
-from autotune.outputs.view import Reporter, TerminalView, console, print_outcome, print_paths
+from autotune.outputs.terminal import Reporter, console, print_paths
+from autotune.outputs.view import TerminalView
 from autotune.plan import conditions
 from autotune.plan.config import (
     ConfirmConfig,

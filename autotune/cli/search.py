@@ -15,8 +15,10 @@ from pydantic import BaseModel
 
 from autotune import api
 from autotune.common.urls import MASK, safe_url
+from autotune.outputs.outcome import print_outcome
 from autotune.outputs.pareto import NOTHING_TO_RECOMMEND
-from autotune.outputs.view import TerminalView, console, print_outcome, print_paths
+from autotune.outputs.terminal import console, print_paths
+from autotune.outputs.view import TerminalView
 from autotune.plan import conditions
 from autotune.plan.config import RunConfig, WorkerConfig, help_rows, load_config
 from autotune.plan.factory_trust import describe

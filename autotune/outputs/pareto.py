@@ -19,10 +19,6 @@ if TYPE_CHECKING:  # records imports this module to build its snapshot
 
 SAVER_WITHIN = 0.10
 """The memory saver may be this much slower than the recommendation."""
-DRIFT_WITHIN = 0.25
-"""A trial this much slower than the baseline, one short measurement each, may yet be the
-faster. Measured on a shared 2-core machine: the quick start's baseline ran at 225 samples/s
-in its trial and 199-264 in its three confirmation rounds (-12% to +17%); 25% leaves room."""
 
 
 NOTHING_TO_RECOMMEND = 3
@@ -260,35 +256,6 @@ class Picks:
         if self.recommended is not None and self.same_training.number == self.recommended.number:
             return "the recommended trial: it keeps the training"
         return self.describe(self.same_training)
-
-
-def candidates(
-    feasible: list[TrialRecord],
-    limit_gib: float,
-    baseline: TrialRecord | None,
-    changes_training: Callable[[TrialRecord], bool],
-) -> list[TrialRecord]:
-    """The trials a confirmation measures again: the baseline, the fastest, the memory saver
-    and the same-training pick by their own figures, each once, in trial order. When all of
-    them are the baseline (its one measurement, taken first, beat every other trial's), the
-    runner-up under the limit runs too when it is within `DRIFT_WITHIN` of the baseline: the
-    baseline may have won by drift alone."""
-    single = pick(
-        feasible, limit_gib, baseline, noise_cv=float("inf"), changes_training=changes_training
-    )
-    chosen = {
-        r.number: r
-        for r in (single.baseline, single.fastest, single.saver, single.same_training)
-        if r is not None
-    }
-    if baseline is not None and baseline.status is Status.OK and set(chosen) == {baseline.number}:
-        fits = [r for r in feasible if r.result.peak_memory_gib <= limit_gib]
-        others = [r for r in fits if r.number != baseline.number]
-        runner_up = max(others, key=lambda r: r.result.samples_per_s, default=None)
-        close = (1 - DRIFT_WITHIN) * baseline.result.samples_per_s
-        if runner_up is not None and runner_up.result.samples_per_s >= close:
-            chosen[runner_up.number] = runner_up
-    return [chosen[n] for n in sorted(chosen) if chosen[n].status is Status.OK]
 
 
 def pick(

@@ -28,10 +28,12 @@ from autotune.common.layout import (
     TRIALS_CSV,
 )
 from autotune.common.output_files import check_owner, write_atomic
-from autotune.outputs import export
+from autotune.outputs.export import render_cli, write_recommendation
+from autotune.outputs.launch import accelerate_command, launch_command
 from autotune.outputs.pareto import Picks
 from autotune.outputs.report.data import build_report_data
 from autotune.outputs.report.html import write_report
+from autotune.outputs.script import render_script
 from autotune.outputs.snapshot import StudySnapshot
 from autotune.plan import conditions
 from autotune.store.records import TrialRecord
@@ -78,10 +80,10 @@ def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
     ]
     script = flags = ""
     if picks.recommended is not None:
-        script = export.render_script(info, picks.recommended)
+        script = render_script(info, picks.recommended)
         result = picks.recommended.result
-        flags = export.render_cli(result.training_args, result.model_kwargs, result.environment)
-        paths += export.write_recommendation(out, recommendation(snapshot), script)
+        flags = render_cli(result.training_args, result.model_kwargs, result.environment)
+        paths += write_recommendation(out, recommendation(snapshot), script)
     else:  # no trial to recommend now: a recommendation left from before would mislead
         for stale in (
             out / RECOMMENDED_JSON,
@@ -150,10 +152,11 @@ def _confidence(snapshot: StudySnapshot) -> dict[str, Any] | None:
 
 
 def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
+    """recommended.json: the recommended trial's settings and figures and how to launch it,
+    the baseline and the other picks, the confirmation, and where the study came from."""
     info, picks = snapshot.info, snapshot.picks
     fastest = picks.recommended
     assert fastest is not None
-    baseline = picks.baseline
     verified = snapshot.verifications.get(fastest.number)
     return {
         "study": info.study,
@@ -165,42 +168,18 @@ def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
         "device_name": fastest.result.device_name,
         "devices_per_trial": info.devices_per_trial or 1,
         # How recommended.py runs as the trial did: one process per device.
-        "launch": export.launch_command(info, fastest.params),
-        "accelerate_launch": export.accelerate_command(info, fastest.params),
+        "launch": launch_command(info, fastest.params),
+        "accelerate_launch": accelerate_command(info, fastest.params),
         # Its settings trained for many steps (`autotune verify`), against its trial's figures.
         "verification": None if verified is None else verified.to_json(),
         # How many untried settings the search's model thinks could still beat this one.
         "search_confidence": _confidence(snapshot),
         **_settings_and_metrics(fastest, snapshot),
-        "baseline": None
-        if baseline is None
-        else {
-            "trial": baseline.number,
-            "status": baseline.status.value,
-            "reason": baseline.result.reason,
-            "params": baseline.params,
-            "metrics": _metrics(baseline),
-            "noisy": snapshot.is_noisy(baseline),
-        },
+        "baseline": _baseline(picks.baseline, snapshot),
         "why": picks.why,
-        "same_training": None
-        if picks.same_training is None
-        else {
-            "trial": picks.same_training.number,
-            **_settings_and_metrics(picks.same_training, snapshot),
-        },
-        "fastest": None
-        if picks.fastest is None
-        else {
-            "trial": picks.fastest.number,
-            **_settings_and_metrics(picks.fastest, snapshot),
-        },
-        "memory_saver": None
-        if picks.saver is None
-        else {
-            "trial": picks.saver.number,
-            **_settings_and_metrics(picks.saver, snapshot),
-        },
+        "same_training": _pick(picks.same_training, snapshot),
+        "fastest": _pick(picks.fastest, snapshot),
+        "memory_saver": _pick(picks.saver, snapshot),
         "confirmation": confirmation(picks),
         "math_change_min_gain": info.math_change_min_gain,
         "memory_budget_gib": info.memory_budget_gib,
@@ -210,6 +189,25 @@ def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
         # Where the study came from: its command line, settings, versions, device, host, times.
         "provenance": conditions.provenance(list(snapshot.runs)),
     }
+
+
+def _baseline(baseline: TrialRecord | None, snapshot: StudySnapshot) -> dict[str, Any] | None:
+    if baseline is None:
+        return None
+    return {
+        "trial": baseline.number,
+        "status": baseline.status.value,
+        "reason": baseline.result.reason,
+        "params": baseline.params,
+        "metrics": _metrics(baseline),
+        "noisy": snapshot.is_noisy(baseline),
+    }
+
+
+def _pick(record: TrialRecord | None, snapshot: StudySnapshot) -> dict[str, Any] | None:
+    if record is None:
+        return None
+    return {"trial": record.number, **_settings_and_metrics(record, snapshot)}
 
 
 def _settings_and_metrics(record: TrialRecord, snapshot: StudySnapshot) -> dict[str, Any]:

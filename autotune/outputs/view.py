@@ -1,6 +1,6 @@
-"""What a person watching a search sees: the plan, a line per trial, the running trial's step
-and ETA, and at the end the front and the picks. Shared by the command line and the Python API
-(`autotune.search` prints the same lines in a notebook); `autotune report` prints the outcome.
+"""What a person watching a search sees while it runs: the plan, a line per trial, the running
+trial's step and ETA. Shared by the command line and the Python API (`autotune.search` prints
+the same lines in a notebook); what the search found is printed after it (`outcome.py`).
 
 On a terminal a progress bar stands over a live line for the running trial; piped output (and
 search.log, always) gets plain lines only, one when a trial starts and one when it ends.
@@ -9,70 +9,26 @@ search.log, always) gets plain lines only, one when a trial starts and one when 
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
 from autotune.common import trial
-from autotune.common.layout import SEARCH_LOG, WORKER_LOG, trial_dir
+from autotune.common.layout import SEARCH_LOG
 from autotune.common.trial import Status, TrialResult
 from autotune.common.trial_settings import describe_params, effective_batch
 from autotune.common.units import format_bytes, format_gib
-from autotune.outputs.confirm import picks_to_confirm
-from autotune.outputs.export import accelerate_command, launch_command
-from autotune.outputs.pareto import NOTHING_TO_RECOMMEND, Picks
-from autotune.outputs.report.data import shared_mfu_peak
-from autotune.outputs.snapshot import StudySnapshot, trained_note
+from autotune.outputs.snapshot import trained_note
+from autotune.outputs.terminal import Reporter, console, shown_path
 from autotune.plan.plan import SearchPlan
 from autotune.plan.run_info import RunInfo
-from autotune.store.records import Ending, TrialRecord
+from autotune.store.records import TrialRecord
 from autotune.study.cost import remaining_s
 from autotune.study.observer import SearchObserver
-
-# Piped output (logs, CI) gets long lines instead of rich's 80-column default, so names and
-# settings are never cut or folded.
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-errors = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
-
-
-class Reporter:
-    """Prints to the terminal (unless quiet) and appends the same lines, plain, to a log."""
-
-    def __init__(self, *, quiet: bool = False, log_path: Path | None = None) -> None:
-        self.quiet = quiet
-        self.log_path = log_path
-
-    def open_log(self, path: Path) -> None:
-        self.log_path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def line(self, markup: str, *, always: bool = False, log_only: bool = False) -> None:
-        if (always or not self.quiet) and not log_only:
-            console.print(markup, soft_wrap=True)
-        if self.log_path is not None:
-            self._append(self.log_path, Text.from_markup(markup).plain + "\n")
-
-    def _append(self, path: Path, text: str) -> None:
-        # O_NOFOLLOW: a link planted at the log's name is refused, not appended through.
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-        try:
-            with open(os.open(path, flags, 0o644), "a") as log:
-                log.write(text)
-        except OSError as exc:  # a full disk: the search goes on, its lines on the terminal
-            errors.print(
-                f"[yellow]warning:[/] cannot append to {escape(str(path))}: "
-                f"{exc.strerror}; the search goes on without it"
-            )
-            self.log_path = None
 
 
 class _BarAndTrial(Progress):
@@ -132,7 +88,7 @@ class TerminalView(SearchObserver):
             f"({plan.info.task}), seq_len {plan.config.seq_len}, {plan.device} "
             f"({escape(plan.info.device_name)}), space {escape(plan.space.name)}, budget "
             f"{format_bytes(plan.info.memory_budget_bytes)}, {plan.config.n_trials} trials "
-            f"-> {escape(_shown(plan.study_dir))}"
+            f"-> {escape(shown_path(plan.study_dir))}"
         )
         self.report.line(f"batch: {plan.info.batch_mode}")
         for note in plan.space.notes:
@@ -386,183 +342,3 @@ def _trial_line(record: TrialRecord, done: int, total: int) -> str:
         ]
         return f"{head}: {', '.join(f for f in figures if f)}"
     return f"{head}: {escape(r.reason)}"
-
-
-def _why_nothing_to_recommend(snapshot: StudySnapshot) -> str:
-    """The budget, unless every trial that ran failed the same way for another reason (bad
-    data, a broken factory): then that reason, which no other budget would change."""
-    ran = [r for r in snapshot.records if r.status not in (Status.SKIPPED, Status.INTERRUPTED)]
-    kinds = {(r.status, r.result.reason.split(":", 1)[0]) for r in ran}
-    if len(kinds) == 1 and ran[0].status not in {Status.OK, *trial.OUT_OF_MEMORY}:
-        first = ran[0]
-        reason = (first.result.reason.strip().splitlines() or ["no reason given"])[0][:200]
-        log = trial_dir(Path(), first.number) / WORKER_LOG
-        return (
-            f"every trial that ran ended {first.status} ({reason}); see {log} in the study folder"
-        )
-    limit = format_gib(snapshot.info.memory_limit_gib)
-    return f"no successful trial stays below {limit} (budget less headroom)"
-
-
-def _confirmed_cells(picks: Picks, record: TrialRecord) -> tuple[str, str]:
-    """The confirmed median samples/s and ratio to the baseline, each with its interval; "-"
-    for a trial not confirmed."""
-    confirmed = picks.confirmed
-    assert confirmed is not None
-    median, spread = confirmed.median(record.number), confirmed.interval(record.number)
-    if median is None or spread is None:
-        return "-", "-"
-    figure = f"{median:.2f}" + escape(f" [{spread[0]:.2f}-{spread[1]:.2f}]")
-    speedup, interval = picks.speedup(record), picks.speedup_interval(record)
-    if speedup is None or interval is None:
-        return figure, "-"
-    times = f"{speedup:.2f}x" + (
-        "" if record.baseline else escape(f" [{interval[0]:.2f}-{interval[1]:.2f}]")
-    )
-    return figure, times
-
-
-def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
-    """The front table, the baseline, the picks with their caveats and what in them changes
-    the training (after a search, and for `autotune report`)."""
-    picks = snapshot.picks
-    table = Table(title="Pareto front (fastest first)")
-    peak = shared_mfu_peak(snapshot.front)  # one denominator for every trial, named
-    mfu = f"MFU of {peak:g} TFLOP/s" if peak else "MFU"
-    # One kind of figure a column: the trials' own measurements, then (confirmed picks) the
-    # medians of the confirmation rounds.
-    confirmed = picks.confirmed
-    again = ("confirmed samples/s", "confirmed x baseline") if confirmed is not None else ()
-    columns = (
-        "trial",
-        "settings",
-        "samples/s",
-        "x baseline",
-        *again,
-        "peak GiB",
-        mfu,
-        "step CV",
-        "changes training",
-    )
-    for column in columns:
-        table.add_column(
-            column, justify="left" if column in ("settings", "changes training") else "right"
-        )
-    for record in snapshot.front:
-        r = record.result
-        marks = ((picks.recommended, " *"), (picks.saver, " m"))
-        mark = "".join(m for pick, m in marks if pick is not None and pick.number == record.number)
-        measured = picks.measured_speedup(record)
-        table.add_row(
-            f"{record.number}{mark}",
-            escape(describe_params(record.params)),
-            f"{r.samples_per_s:.2f}",
-            "n/a" if measured is None else f"{measured:.2f}x",
-            *(_confirmed_cells(picks, record) if confirmed is not None else ()),
-            format_gib(r.peak_memory_gib, 3).removesuffix(" GiB"),
-            "n/a" if r.mfu is None else f"{r.mfu:.1%}",
-            f"{r.step_time_cv:.0%}" + (" noisy" if snapshot.is_noisy(record) else ""),
-            ", ".join(c.setting for c in snapshot.math_changes(record)) or "-",
-        )
-    if not report.quiet and snapshot.front:  # all out of memory: the lines below say so
-        console.print(table)
-        if confirmed is not None:
-            report.line(
-                "samples/s and x baseline: each trial's own measurement (over the "
-                "baseline trial's); confirmed: the median "
-                + escape("[lowest-highest]")
-                + " of the confirmation rounds, and of "
-                "their round-by-round ratios to the baseline"
-            )
-    if confirmed is not None:
-        report.line(
-            f"confirmed: the baseline and the picks ran again {confirmed.rounds} times, "
-            f"interleaved, in {confirmed.wall_s:.0f} s; their figures below are medians "
-            + escape("[lowest-highest round]")
-        )
-    elif snapshot.front and picks_to_confirm(snapshot):
-        report.line(
-            "[yellow]not confirmed: each figure is one short measurement[/] "
-            "(autotune confirm STUDY_DIR measures the picks again)"
-        )
-    elif snapshot.front:
-        report.line("not confirmed: a single trial measured ok, nothing to compare it with")
-    if (ended := snapshot.ended) is not None and ended.how is not Ending.COMPLETE:
-        resume = "; the same command resumes it" if ended.how is Ending.INTERRUPTED else ""
-        report.line(f"[yellow]the search was {escape(ended.describe())}{resume}[/]")
-    if snapshot.confidence is not None:
-        report.line(f"search confidence: {escape(snapshot.confidence.describe())}")
-    report.line(f"baseline (HF defaults): {escape(picks.describe_baseline())}")
-    if (found := snapshot.anytime()) is not None:
-        baseline = picks.baseline.result.samples_per_s if picks.baseline is not None else None
-        report.line(f"found: {escape(found.describe(baseline))}")
-    if picks.baseline is not None and picks.baseline.result.samples_per_s is None:
-        report.line("[yellow]the HF defaults did not run here, so there is no speedup figure[/]")
-    if picks.recommended is None:
-        if ended is not None and ended.how is Ending.INTERRUPTED:  # its exit code is the signal's
-            report.line(
-                f"[yellow]{escape(_why_nothing_to_recommend(snapshot))}: nothing to "
-                "recommend yet[/]"
-            )
-            return
-        report.line(
-            f"[yellow]{escape(_why_nothing_to_recommend(snapshot))}: nothing to "
-            f"recommend (exit code {NOTHING_TO_RECOMMEND})[/]"
-        )
-        return
-    shown = [("recommended (*)", picks.recommended)]
-    if picks.same_training is not None:
-        shown.append(("same-training pick", picks.same_training))
-    if picks.fastest is not None:
-        shown.append(("fastest", picks.fastest))
-    shown.append(("memory saver (m)", picks.saver))
-    said: dict[int, str] = {}
-    for label, record in shown:
-        if record is None:
-            continue
-        if record.number in said:
-            if label.startswith("memory") and record is picks.recommended:
-                report.line(f"{label}: {picks.describe_saver()}")
-            else:
-                report.line(f"{label}: the same trial as {said[record.number]}")
-            continue
-        said[record.number] = label.removesuffix(" (*)").removesuffix(" (m)")
-        report.line(f"{label}: {picks.describe(record)}: {escape(describe_params(record.params))}")
-        if record is picks.recommended:
-            report.line(f"  why: {escape(picks.why)}")
-            if (efficiency := snapshot.scaling_efficiency(record)) is not None:
-                report.line(
-                    f"  scaling efficiency {efficiency:.0%}: its samples/s over "
-                    f"{snapshot.info.devices_per_trial} times the best single-device "
-                    "trial's"
-                )
-            if (accelerate := accelerate_command(snapshot.info, record.params)) is not None:
-                launch = launch_command(snapshot.info, record.params)
-                report.line(f"  run it as its trials ran, in the study folder: {escape(launch)}")
-                report.line(f"  or through accelerate: {escape(accelerate)}")
-        if (payoff := snapshot.compile_payoff(record)) is not None:
-            report.line(f"  {escape(payoff)}")
-        for change in snapshot.math_changes(record):
-            report.line(f"  [yellow]changes the training:[/] {escape(change.describe())}")
-    shown_picks = (picks.recommended, picks.fastest)
-    changes = {c.setting for r in shown_picks if r for c in snapshot.math_changes(r)}
-    if "effective_batch_size" in changes:
-        report.line(
-            "for a real run, search with effective_batch_size=N (the batch your learning rate "
-            "was tuned for): every trial then keeps it"
-        )
-
-
-def print_paths(report: Reporter, paths: list[Path]) -> None:
-    report.line(always=True, markup="wrote " + escape(shown_paths(paths)))
-
-
-def shown_paths(paths: list[Path]) -> str:
-    """`reports/s/trials.csv, ...`: as the end of a search names what it wrote."""
-    return ", ".join(_shown(p) for p in paths)
-
-
-def _shown(path: Path) -> str:
-    """Relative to the working folder when inside it (`reports/...`), else absolute."""
-    path = path.resolve()
-    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)

@@ -169,7 +169,7 @@ def test_measured_and_confirmed_figures_each_have_columns_and_marks_of_their_own
     """The front table's samples/s and x baseline are each trial's own measurement; the
     confirmed medians have columns of their own, and marks of their own on the chart."""
     from autotune.outputs.report.data import build_report_data
-    from autotune.outputs.report.html import pareto_figure
+    from autotune.outputs.report.figures import pareto_figure
 
     result, _ = drifted
     capsys.readouterr()

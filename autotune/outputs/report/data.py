@@ -175,6 +175,7 @@ def _empty(snapshot: StudySnapshot, *, n_ok: int, n_within: int, ranked: bool) -
 
 
 def _summary(snapshot: StudySnapshot) -> dict[str, str]:
+    """The study, how its search ended, the baseline and the best found; then the picks."""
     info, records, picks = snapshot.info, snapshot.records, snapshot.picks
     n_params = next((r.result.n_params for r in records if r.result.n_params), None)
     counts = Counter(r.status.value for r in records)
@@ -203,22 +204,28 @@ def _summary(snapshot: StudySnapshot) -> dict[str, str]:
     if (found := snapshot.anytime()) is not None:
         baseline = picks.baseline.result.samples_per_s if picks.baseline is not None else None
         summary["found"] = found.describe(baseline)
+    return summary | _picks_summary(snapshot)
+
+
+def _picks_summary(snapshot: StudySnapshot) -> dict[str, str]:
+    """The recommendation with why, its compile payoff, training changes and verification,
+    the other picks and the confirmation; or why there is nothing to recommend."""
+    info, picks, ended = snapshot.info, snapshot.picks, snapshot.ended
     if picks.recommended is None or picks.saver is None:
         below = f"no successful trial peaks below {format_gib(info.memory_limit_gib)}"
         if ended is not None and ended.how is Ending.INTERRUPTED:  # its exit code: the signal's
-            summary["recommended"] = (
+            nothing = (
                 f"nothing to recommend yet: {below}; the search was {ended.describe()}: "
                 "the same command resumes it"
             )
         else:
-            summary["recommended"] = (
+            nothing = (
                 f"nothing to recommend: {below} (the search exits with code {NOTHING_TO_RECOMMEND})"
             )
-        return summary
+        return {"recommended": nothing}
     # describe() carries the confirmed interval, or the noise caveat when this trial or the
     # baseline measured noisily and there was no confirmation.
-    summary["recommended"] = picks.describe(picks.recommended)
-    summary["recommended: why"] = picks.why
+    summary = {"recommended": picks.describe(picks.recommended), "recommended: why": picks.why}
     if (payoff := snapshot.compile_payoff(picks.recommended)) is not None:
         summary["recommended: compile"] = payoff
     summary["recommended: changes the training"] = _changes_text(snapshot, picks.recommended)

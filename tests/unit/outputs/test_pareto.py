@@ -8,8 +8,8 @@ import pytest
 
 from autotune.common.trial import Status, TrialResult
 from autotune.common.units import GIB
-from autotune.outputs.confirm import order
-from autotune.outputs.pareto import Confirmed, candidates, pick
+from autotune.outputs.confirm import candidates, order
+from autotune.outputs.pareto import Confirmed, pick
 from autotune.outputs.snapshot import changes_training_of, read_snapshot
 from autotune.plan.run_info import RunInfo
 from autotune.store.records import (

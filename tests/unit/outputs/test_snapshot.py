@@ -10,10 +10,11 @@ from optuna.trial import TrialState
 from autotune.cli.results import _exit_code
 from autotune.common.device import DeviceInfo
 from autotune.common.trial import Status, TrialResult
+from autotune.outputs.outcome import print_outcome
 from autotune.outputs.report.data import build_report_data
 from autotune.outputs.snapshot import read_snapshot, trained_note
 from autotune.outputs.study_folder import table
-from autotune.outputs.view import Reporter, print_outcome
+from autotune.outputs.terminal import Reporter
 from autotune.plan.config import load_config
 from autotune.plan.plan import make_plan
 from autotune.store.records import (

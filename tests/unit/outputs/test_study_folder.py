@@ -168,19 +168,6 @@ def test_a_software_cache_that_cannot_be_written_is_passed_over(
     assert len(probes) == 2  # not cached: each run probes again
 
 
-def test_a_search_log_that_is_a_symlink_is_not_appended_through(tmp_path, capsys):
-    from autotune.outputs.view import Reporter
-
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.write_text("someone else's file\n")
-    (tmp_path / "search.log").symlink_to(elsewhere)
-    report = Reporter(quiet=True, log_path=tmp_path / "search.log")
-    report.line("study s: tiny")
-    report.line("trial 0 ok")
-    assert elsewhere.read_text() == "someone else's file\n"
-    assert capsys.readouterr().err.count("cannot append to") == 1  # said once
-
-
 def test_a_search_lock_that_is_a_symlink_is_refused_and_its_target_left_alone(tmp_path):
     from autotune.common.layout import LOCK_FILE
     from autotune.store.study_lock import StudyLock

@@ -3,8 +3,6 @@ and a warning when the baseline cannot fit or cannot finish in time."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from autotune.common.device import DeviceInfo
@@ -85,14 +83,3 @@ def test_a_classifier_does_no_matmul_with_its_vocabulary():
     assert flops_per_sample(shape, 64, "masked-lm") == pytest.approx(
         classify + 6 * 64 * 30522 * 128
     )
-
-
-def test_written_paths_are_named_relative_to_the_working_folder_when_inside_it(
-    tmp_path, monkeypatch
-):
-    """The normal end and the interrupted one (cli: `...; wrote PATHS`) say them alike."""
-    from autotune.outputs.view import shown_paths
-
-    monkeypatch.chdir(tmp_path)
-    inside, outside = tmp_path / "reports" / "s" / "trials.csv", Path("/elsewhere/trials.csv")
-    assert shown_paths([inside, outside]) == "reports/s/trials.csv, /elsewhere/trials.csv"

@@ -10,7 +10,8 @@ from optuna.trial import TrialState
 
 from autotune.common.trial import Status, TrialResult
 from autotune.outputs.report.data import CHARTS, build_report_data
-from autotune.outputs.report.html import figures, packed_plotly_js, render_html
+from autotune.outputs.report.figures import figures
+from autotune.outputs.report.html import packed_plotly_js, render_html
 from autotune.outputs.snapshot import read_snapshot
 from autotune.plan.run_info import RunInfo
 from autotune.store.records import BASELINE_ATTR, PARAMS_ATTR, store_run_info, tell_result
@@ -86,11 +87,16 @@ def build(trials, info=INFO):
     return build_report_data(read_snapshot(study), code="x = 1", cli_flags="--bf16")
 
 
-@pytest.fixture(scope="module")
-def data():
+def every_outcome():
+    """Report data for TRIALS: a trial of every outcome."""
     return build(
         [({"batch_size": b, "precision": p, "optim": o}, outcome) for b, p, o, outcome in TRIALS]
     )
+
+
+@pytest.fixture(scope="module")
+def data():
+    return every_outcome()
 
 
 def test_points_are_classed_by_outcome(data):
@@ -187,14 +193,6 @@ def test_a_recommendation_that_is_the_memory_saver_says_so():
     assert data.summary["memory saver"].startswith("the same trial")
     assert "memory saver: changes the training" not in data.summary
     assert data.summary["recommended: changes the training"].startswith("precision fp32 -> bf16")
-
-
-def test_the_saver_mark_frames_the_recommendation_star_rather_than_hiding_under_it(data):
-    pareto = dict(figures(data))["pareto"]
-    names = [t.name for t in pareto.data]
-    star, square = (pareto.data[names.index(n)] for n in ("recommended", "memory saver"))
-    # The open square is larger than the star: on the same trial, both show.
-    assert square.marker.symbol.endswith("-open") and square.marker.size > star.marker.size
 
 
 def test_table_rows_keep_status_and_reason(data):
@@ -358,48 +356,6 @@ def test_each_trial_carries_its_step_time_spread_as_error_bars_on_the_throughput
     assert all(t.error_y.array is None for t in drawn["pareto"].data if t.name == "oom")
     assert all(t.error_y.array for t in drawn["speed-by-batch"].data)
     assert not any(t.error_y.array for t in drawn["memory-by-batch"].data)
-
-
-def test_parallel_coordinates_stay_readable_at_a_dozen_knobs():
-    varied = [
-        {
-            "batch_size": 8,
-            "grad_accum": 1,
-            "gradient_checkpointing": False,
-            "precision": "fp32",
-            "optim": "adamw_torch",
-            "attn_implementation": "sdpa",
-            "torch_empty_cache_steps": 0,
-            "dataloader_num_workers": 0,
-            "dataloader_pin_memory": False,
-            "group_by_length": False,
-            "pad_to_multiple_of": 1,
-        },
-        {
-            "batch_size": 16,
-            "grad_accum": 2,
-            "gradient_checkpointing": True,
-            "precision": "bf16",
-            "optim": "adafactor",
-            "attn_implementation": "eager",
-            "torch_empty_cache_steps": 10,
-            "dataloader_num_workers": 2,
-            "dataloader_pin_memory": True,
-            "group_by_length": True,
-            "pad_to_multiple_of": 8,
-        },
-    ]
-    fixed = {"torch_compile": "off", "compile_mode": "default"}
-    trials = [(params | fixed, (100.0 + 50 * i, 4.0 + i)) for i, params in enumerate(varied)]
-    data = build(trials)
-    # Only the knobs that varied get an axis: a fixed one is a flat line through every trial.
-    assert [a.name for a in data.parallel] == [*varied[0], "peak_memory_gib", "samples_per_s"]
-    labels = [a.label for a in data.parallel]
-    assert labels[:3] == ["bs", "ga", "gc"]  # as the settings lines name them
-    assert max(map(len, labels)) <= 11  # the long names would run into each other
-    parcoords = dict(figures(data))["parallel"].data[0]
-    assert parcoords.labelangle != 0  # 13 axes: titles tilted, not overlapping
-    assert "Axes: bs: batch_size, ga: grad_accum, gc: gradient_checkpointing," in render_html(data)
 
 
 def test_long_reasons_wrap_in_the_hover_and_the_table():
