@@ -43,19 +43,21 @@ from autotune.plan.config import RunConfig, WorkerConfig, make_config
 from autotune.plan.factory_trust import describe
 from autotune.plan.plan import SearchPlan, make_plan
 from autotune.search_result import SearchResult
-from autotune.store.records import (
-    CONFIRMATION_ATTR,
-    SETTINGS_ATTR,
+from autotune.store.outcomes import (
     Ending,
     RunEnd,
     Stop,
-    TrialRecord,
     Verification,
+    store_confidence,
+    store_run_end,
+)
+from autotune.store.records import (
+    CONFIRMATION_ATTR,
+    SETTINGS_ATTR,
+    TrialRecord,
     end_run,
     load_records,
     start_run,
-    store_confidence,
-    store_run_end,
     trials_run,
 )
 from autotune.store.storage import load_study_dir

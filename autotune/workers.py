@@ -50,11 +50,10 @@ from autotune.execute.local import LocalExecutor
 from autotune.execute.simulated import SimulatedExecutor
 from autotune.outputs.view import TerminalView
 from autotune.plan.plan import SearchPlan
+from autotune.store.outcomes import Ending, Stop
 from autotune.store.records import (
     PARAMS_ATTR,
     RETRY_OF_ATTR,
-    Ending,
-    Stop,
     TrialRecord,
     counts_toward_n_trials,
     is_recorded,

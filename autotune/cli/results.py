@@ -29,7 +29,7 @@ from autotune.plan.config import (
     help_rows,
     load_config,
 )
-from autotune.store.records import Ending
+from autotune.store.outcomes import Ending
 from autotune.store.storage import load_study_dir
 from autotune.study.interrupts import SearchInterrupted
 

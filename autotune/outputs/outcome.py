@@ -22,7 +22,8 @@ from autotune.outputs.pareto import NOTHING_TO_RECOMMEND, Picks
 from autotune.outputs.report.data import shared_mfu_peak
 from autotune.outputs.snapshot import StudySnapshot
 from autotune.outputs.terminal import Reporter, console
-from autotune.store.records import Ending, TrialRecord
+from autotune.store.outcomes import Ending
+from autotune.store.records import TrialRecord
 
 
 def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:

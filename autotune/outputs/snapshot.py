@@ -16,16 +16,13 @@ from autotune.common.trial_settings import MathChange, math_changes
 from autotune.outputs.pareto import Confirmed, Picks, non_dominated, pick
 from autotune.plan import conditions
 from autotune.plan.run_info import RunInfo
+from autotune.store.outcomes import RunEnd, SearchConfidence, Verification, read_verifications
 from autotune.store.records import (
     CONFIRMATION_ATTR,
-    RunEnd,
-    SearchConfidence,
     TrialRecord,
-    Verification,
     interrupted_records,
     is_recorded,
     read_runs,
-    read_verifications,
     record_of,
     run_info,
 )

@@ -24,12 +24,8 @@ from autotune.execute.local import LocalExecutor
 from autotune.outputs.pareto import Confirmed
 from autotune.outputs.snapshot import read_snapshot
 from autotune.plan.plan import SearchPlan
-from autotune.store.records import (
-    VERIFICATION_PREFIX,
-    TrialRecord,
-    Verification,
-    read_verifications,
-)
+from autotune.store.outcomes import VERIFICATION_PREFIX, Verification, read_verifications
+from autotune.store.records import TrialRecord
 from autotune.study.launch import launch
 from autotune.study.observer import SearchObserver
 

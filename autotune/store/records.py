@@ -2,15 +2,13 @@
 
 The study loop stores each trial's complete knob values and its `TrialResult` as user attrs, so
 every output (tables, recommendation, report) can be rebuilt from the storage alone. Every
-user-attr key is named here, with how a trial is told and decoded; the outputs read a study
-once through `autotune.outputs.snapshot`.
+user-attr key is named here, with how a trial is told and decoded, but for those about a
+search as a whole (how it ended, its confidence, verifications: `outcomes`); the outputs read
+a study once through `autotune.outputs.snapshot`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -56,9 +54,6 @@ PROVENANCE_PREFIX = "provenance:"
 so that runs on several hosts never write the same attr."""
 CONFIRMATION_ATTR = "confirmation"
 """Study: the picks measured again after the search (`pareto.Confirmed.to_json`)."""
-VERIFICATION_PREFIX = "verification:"
-"""Study: a trial's settings trained for many steps (`verify.Verification.to_json`), one attr
-per trial, keyed by this prefix and its number."""
 CONSTRAINT = "peak_over_budget_gib"
 """Trial constraint, feasible when <= 0: peak memory less the budget."""
 
@@ -204,121 +199,11 @@ def is_interrupted(trial: FrozenTrial) -> bool:
 
 
 # --- How a search ended, and the trials it left interrupted --------------------------------
-RUN_END_ATTR = "run_end"
-"""Study: the `RunEnd` of its last search; None while a search runs."""
 INTERRUPTED_BY_ATTR = "interrupted_by"
 """Trial: the signal (`SIGTERM`) that stopped its search while it ran."""
 
 
-class Ending(enum.StrEnum):
-    COMPLETE = "complete"
-    """Every trial ran, the grid or the space ran out, or too many proposals repeated."""
-    TIMEOUT = "timeout"
-    """`timeout=` passed: no trial started after it (a normal end, exit code as complete)."""
-    INTERRUPTED = "interrupted"
-    """Ctrl-C, SIGTERM or SIGHUP (`interrupts.SearchInterrupted`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Stop:
-    """Why a search loop stopped, in words, and how the search ends for it."""
-
-    reason: str
-    ending: Ending = Ending.COMPLETE
-
-    @staticmethod
-    def of_all(stops: list[Stop]) -> Stop:
-        """Why several loops on one study stopped: their words, each once; a timeout when
-        any of them timed out."""
-        timed_out = any(s.ending is Ending.TIMEOUT for s in stops)
-        return Stop(
-            "; ".join(dict.fromkeys(s.reason for s in stops)),
-            Ending.TIMEOUT if timed_out else Ending.COMPLETE,
-        )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RunEnd:
-    """How a search ended, stored in the study when it stopped, so that `autotune report`
-    says the same words later and exits with the code the search had."""
-
-    how: Ending
-    done: int
-    """Trials that count toward n_trials when it stopped."""
-    planned: int
-    """Its n_trials."""
-    signal: str | None = None
-    """SIGINT, SIGTERM or SIGHUP when interrupted."""
-    stopped: str = ""
-    """The search's own words for a complete end (`every grid point has run: 4 trials ...`)."""
-
-    def describe(self) -> str:
-        """`interrupted after 2 of 6 trials (SIGTERM)`, `stopped by timeout after 2 of 6
-        trials`, or why a complete search stopped."""
-        if self.how is Ending.INTERRUPTED:
-            return f"interrupted after {self.done} of {self.planned} trials ({self.signal})"
-        if self.how is Ending.TIMEOUT:
-            return f"stopped by timeout after {self.done} of {self.planned} trials"
-        return self.stopped or f"{self.done} of {self.planned} trials finished"
-
-    @classmethod
-    def of(cls, study: optuna.Study) -> RunEnd | None:
-        stored = study.user_attrs.get(RUN_END_ATTR)
-        return None if stored is None else cls(**stored | {"how": Ending(stored["how"])})
-
-
-def store_run_end(study: optuna.Study, end: RunEnd | None) -> None:
-    """None when a search starts: a report read meanwhile says nothing of an earlier end."""
-    study.set_user_attr(RUN_END_ATTR, None if end is None else asdict(end))
-
-
 # --- What the search thinks is left to find --------------------------------------------------
-CONFIDENCE_ATTR = "search_confidence"
-"""Study: the `SearchConfidence` of its last search's end."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SearchConfidence:
-    """How many settings the search left untried could still beat the fastest trial, by the
-    model of the knobs' effects fitted to every trial (`study.model.confidence`): whether
-    more trials would pay."""
-
-    trials: int
-    """Measured trials the model was fitted to."""
-    best_samples_per_s: float
-    """The fastest trial within the budget."""
-    untried: int
-    """Settings of the space not run that would run (no pre-trial check skips them)."""
-    could_beat: int
-    """Of them, those with a chance of at least `chance` to beat the best by `gain`."""
-    upper_samples_per_s: float | None
-    """The highest 95% upper bound the model gives an untried setting; None: none is left."""
-    gain: float
-    chance: float
-    sampled: bool = False
-    """The space was too large to enumerate: `untried` counts a random sample of it."""
-    records_seen: int = 0
-    """The study's records when it was worked out: trials recorded since make it stale."""
-
-    def describe(self) -> str:
-        if not self.untried:
-            return "every setting of the space that fits was tried"
-        of = f"{self.could_beat} of {self.untried} untried settings{' sampled' * self.sampled}"
-        verdict = "more trials may pay" if self.could_beat else "more trials are unlikely to pay"
-        return (
-            f"{of} could beat the best by {self.gain:.0%} (a chance of {self.chance:.0%} or "
-            f"more each; the model's 95% bound {self.upper_samples_per_s:.1f} samples/s, "
-            f"fastest found {self.best_samples_per_s:.1f}): {verdict}"
-        )
-
-    @classmethod
-    def of(cls, study: optuna.Study) -> SearchConfidence | None:
-        stored = study.user_attrs.get(CONFIDENCE_ATTR)
-        return None if stored is None else cls(**stored)
-
-
-def store_confidence(study: optuna.Study, confidence: SearchConfidence | None) -> None:
-    study.set_user_attr(CONFIDENCE_ATTR, None if confidence is None else asdict(confidence))
 
 
 def interrupted_records(trials: list[FrozenTrial]) -> list[TrialRecord]:
@@ -355,87 +240,3 @@ DIRECTIONS = (optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.
 
 
 OBJECTIVES = ("samples_per_s", "peak_memory_gib")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Verification:
-    """A trial's settings trained for many steps (`autotune verify`, `outputs/verify.py`),
-    beside what its short trial measured; stored one study attr per trial."""
-
-    trial: int
-    steps: int
-    """Optimizer steps trained, warm-up included."""
-    status: str
-    reason: str
-    samples_per_s: float | None
-    peak_memory_gib: float | None
-    peak_allocated_gib: float | None
-    """CUDA: the allocator's peak of live tensors (the peak reserved is `peak_memory_gib`)."""
-    step_time_cv: float | None
-    searched_samples_per_s: float
-    searched_peak_memory_gib: float
-    searched_rounds: int = 0
-    """The confirmation rounds `searched_samples_per_s` is the median of; 0: the trial's own
-    measurement (it was not confirmed)."""
-
-    @property
-    def samples_per_s_ratio(self) -> float | None:
-        """The long run's samples/s over the trial's: 1.0 when the short trial told the truth."""
-        return _ratio(self.samples_per_s, self.searched_samples_per_s)
-
-    @property
-    def peak_memory_ratio(self) -> float | None:
-        return _ratio(self.peak_memory_gib, self.searched_peak_memory_gib)
-
-    @property
-    def fragmentation(self) -> float | None:
-        """CUDA: peak reserved over peak allocated over the whole run (1.0: no cache beyond
-        the live tensors); None on CPU."""
-        return _ratio(self.peak_memory_gib, self.peak_allocated_gib)
-
-    def describe(self) -> str:
-        if self.status != Status.OK.value:
-            return f"trial {self.trial} over {self.steps} steps: {self.status} ({self.reason})"
-        searched = (
-            f"its confirmed median of {self.searched_rounds} rounds, "
-            f"{self.searched_samples_per_s:.1f}"
-            if self.searched_rounds
-            else f"the trial's {self.searched_samples_per_s:.1f}"
-        )
-        text = (
-            f"trial {self.trial} over {self.steps} steps: {self.samples_per_s:.1f} samples/s "
-            f"({self.samples_per_s_ratio:.2f}x {searched}), "
-            f"peak {self.peak_memory_gib:.2f} GiB ({self.peak_memory_ratio:.2f}x the trial's "
-            f"{self.searched_peak_memory_gib:.2f})"
-        )
-        if self.fragmentation is not None:
-            text += f", reserved/allocated {self.fragmentation:.2f} over the run"
-        return text
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {
-            "samples_per_s_ratio": self.samples_per_s_ratio,
-            "peak_memory_ratio": self.peak_memory_ratio,
-            "fragmentation": self.fragmentation,
-        }
-
-    @classmethod
-    def from_json(cls, stored: dict[str, Any]) -> Verification:
-        """From its study attr (the derived ratios stored beside are left out)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in stored.items() if k in names})
-
-
-def _ratio(value: float | None, reference: float | None) -> float | None:
-    if value is None or not reference or not math.isfinite(value):
-        return None
-    return value / reference
-
-
-def read_verifications(study: optuna.Study) -> dict[int, Verification]:
-    """Every trial's verification stored with the study, by trial number."""
-    return {
-        int(key.removeprefix(VERIFICATION_PREFIX)): Verification.from_json(value)
-        for key, value in study.user_attrs.items()
-        if key.startswith(VERIFICATION_PREFIX)
-    }

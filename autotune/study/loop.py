@@ -26,14 +26,13 @@ from autotune.execute.base import TrialExecutor
 from autotune.execute.local import LocalExecutor, set_aside_result
 from autotune.plan.plan import SearchPlan
 from autotune.store import storage_file
+from autotune.store.outcomes import Ending, Stop
 from autotune.store.records import (
     BASELINE_ATTR,
     NOT_RUN_ATTR,
     OWNER_ATTR,
     PARAMS_ATTR,
     VERSIONS_ATTR,
-    Ending,
-    Stop,
     TrialRecord,
     counts_toward_n_trials,
     is_recorded,

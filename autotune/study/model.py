@@ -21,7 +21,8 @@ import numpy as np
 
 from autotune.common.trial import Status
 from autotune.plan.plan import SearchPlan
-from autotune.store.records import SearchConfidence, TrialRecord
+from autotune.store.outcomes import SearchConfidence
+from autotune.store.records import TrialRecord
 from autotune.study import checks
 from autotune.study.points import POINTS_LIMIT, Points
 

@@ -11,7 +11,7 @@ from autotune.common.device import DeviceInfo
 from autotune.common.trial import Status
 from autotune.execute.simulated import SimulatedExecutor
 from autotune.plan.config import make_config
-from autotune.store.records import Ending
+from autotune.store.outcomes import Ending
 from autotune.twin.answer import TwinAnswer
 
 H100 = Path(__file__).resolve().parents[1] / "fixtures" / "probe-h100-2026-11-26.json"

@@ -30,7 +30,8 @@ from autotune.outputs.report.charts import (
 )
 from autotune.outputs.snapshot import StudySnapshot
 from autotune.plan import conditions
-from autotune.store.records import Ending, TrialRecord
+from autotune.store.outcomes import Ending
+from autotune.store.records import TrialRecord
 
 POINT_KINDS = ("front", "dominated", "over budget", "oom", "skipped")
 CHARTS = (

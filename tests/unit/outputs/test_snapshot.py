@@ -17,15 +17,13 @@ from autotune.outputs.study_folder import table
 from autotune.outputs.terminal import Reporter
 from autotune.plan.config import load_config
 from autotune.plan.plan import make_plan
+from autotune.store.outcomes import Ending, RunEnd, store_run_end
 from autotune.store.records import (
     BASELINE_ATTR,
     INTERRUPTED_BY_ATTR,
     PARAMS_ATTR,
     RETRY_OF_ATTR,
-    Ending,
-    RunEnd,
     TrialRecord,
-    store_run_end,
     store_run_info,
     tell_result,
 )

@@ -1,6 +1,6 @@
 import optuna
 
-from autotune.store.records import RUN_ATTR, Ending, Stop, run_info
+from autotune.store.records import RUN_ATTR, run_info
 
 
 def test_run_info_of_a_study_that_stored_the_batch_mode_sentence():
@@ -22,12 +22,3 @@ def test_run_info_of_a_study_that_stored_the_batch_mode_sentence():
     }
     study.set_user_attr(RUN_ATTR, info)
     assert run_info(study).effective_batch_size == 32
-
-
-def test_loops_that_stopped_together_say_each_reason_once_and_a_timeout_wins():
-    done = Stop("6 of 6 trials finished")
-    late = Stop("timeout: 5 of 6 trials finished", Ending.TIMEOUT)
-    assert Stop.of_all([done, done]) == done
-    assert Stop.of_all([done, late]) == Stop(
-        "6 of 6 trials finished; timeout: 5 of 6 trials finished", Ending.TIMEOUT
-    )

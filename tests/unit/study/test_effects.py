@@ -12,7 +12,8 @@ from autotune.common.device import DeviceInfo
 from autotune.common.trial import Status, TrialResult
 from autotune.plan.config import load_config
 from autotune.plan.plan import make_plan
-from autotune.store.records import PARAMS_ATTR, SearchConfidence, TrialRecord, tell_result
+from autotune.store.outcomes import SearchConfidence
+from autotune.store.records import PARAMS_ATTR, TrialRecord, tell_result
 from autotune.study import model as effects
 from autotune.study.effects import EffectsSampler
 from autotune.study.model import confidence, predict
