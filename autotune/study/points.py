@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -17,16 +17,17 @@ POINTS_LIMIT = 200_000
 """Settings enumerated at most; a larger space is searched over a random sample of them."""
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Points:
-    """Every setting of the space (or a random sample of a huge one), encoded for the model."""
+    """Every setting of the space (or a random sample of a huge one), encoded for the model.
+    Not frozen: `find` remembers its lookups in `found`; the rest is not changed once made."""
 
     params: list[dict[str, Any]]
     optuna: list[dict[str, Any]]
     """Each setting's Optuna parameters (what `SearchSpace.sample` asks for)."""
     keys: list[str]
-    index: dict[str, int | None]
-    """Settings key -> index; also of settings found by `find`."""
+    index: dict[str, int]
+    """Settings key -> index."""
     names: list[str]
     """The knobs, in the order of `levels`' columns."""
     levels: np.ndarray
@@ -35,6 +36,9 @@ class Points:
     """knobs: the level of "inactive" of each knob; -1 where it is always active."""
     trends: np.ndarray
     """settings x numeric knobs: standardised log2(1 + value)."""
+    found: dict[str, int | None] = field(default_factory=dict)
+    """Settings key -> index, of the settings `find` looked up that no key names (a memo:
+    the one part that changes)."""
 
     @classmethod
     def of(cls, plan: SearchPlan, rng: np.random.Generator) -> Points:
@@ -80,7 +84,9 @@ class Points:
         left-out knob at what training then does (`knobs.left_out`: compile off), or else the
         one setting that agrees on the rest."""
         key = checks.settings_key(params)
-        if key not in self.index:
+        if key in self.index:
+            return self.index[key]
+        if key not in self.found:
             filled = {
                 **{
                     k: left_out(k)
@@ -93,8 +99,8 @@ class Points:
             if found is None:
                 agree = [i for i, p in enumerate(self.params) if params.items() <= p.items()]
                 found = agree[0] if len(agree) == 1 else None
-            self.index[key] = found
-        return self.index[key]
+            self.found[key] = found
+        return self.found[key]
 
     def differ(self, a: list[int], b: int) -> np.ndarray:
         """How many knobs active in both differ between each setting of `a` and `b`."""
