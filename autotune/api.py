@@ -39,8 +39,9 @@ from autotune.outputs import confirm, verify
 from autotune.outputs.snapshot import StudySnapshot, read_snapshot
 from autotune.outputs.study_folder import write_study_folder
 from autotune.plan import conditions, factories, software_cache, user_data
-from autotune.plan.config import RunConfig, WorkerConfig, make_config
+from autotune.plan.config import RunConfig, WorkerConfig
 from autotune.plan.factory_trust import describe
+from autotune.plan.overrides import make_config
 from autotune.plan.plan import SearchPlan, make_plan
 from autotune.search_result import SearchResult
 from autotune.store.outcomes import (

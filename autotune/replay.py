@@ -31,7 +31,7 @@ from autotune.common.trial import Status, TrialResult, TrialSpec, feasible, stop
 from autotune.common.units import GIB
 from autotune.execute.simulated import SimulatedExecutor
 from autotune.plan import software_cache
-from autotune.plan.config import make_config
+from autotune.plan.overrides import make_config
 from autotune.plan.plan import SearchPlan, make_plan
 from autotune.store.records import TrialRecord, load_records
 from autotune.study.checks import settings_key

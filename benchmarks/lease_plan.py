@@ -20,7 +20,7 @@ from pathlib import Path
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import AutotuneError
 from autotune.common.trial_settings import describe_params
-from autotune.plan.config import load_config
+from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 
 

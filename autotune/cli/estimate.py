@@ -29,15 +29,10 @@ from autotune.common.trial_settings import baseline_params, describe_params
 from autotune.common.units import GIB, format_bytes
 from autotune.outputs.terminal import console
 from autotune.plan import hardware, software_cache
-from autotune.plan.config import (
-    EstimateConfig,
-    RunConfig,
-    help_rows,
-    make_config,
-    parse_overrides,
-)
+from autotune.plan.config import EstimateConfig, RunConfig
 from autotune.plan.estimate import PARTS, Estimate, estimate
-from autotune.plan.plan import input_problems
+from autotune.plan.inputs import input_problems
+from autotune.plan.overrides import help_rows, make_config, parse_overrides
 from autotune.plan.space_file import SoftwareFacts, known_name_problem, normalise_value
 from autotune.twin import model as twin
 
@@ -64,6 +59,44 @@ def run(args: argparse.Namespace) -> int:
     with console.status("reading the model types and optimizer names transformers accepts"):
         facts = software_cache.software_facts()  # cached per user: no torch in this process
     model, task = check(config, knobs, facts)
+    device, device_name, budget = _device_and_budget(config)
+    parameters = catalogue_parameter_counts().get(model.name)
+    devices = config.devices_per_trial
+    fixed, free = _fixed_and_free(knobs, facts, devices)
+    at = _estimator(config, model, task, device, parameters)
+    console.print(_heading(config, model, task, device, device_name, budget))
+    shown = {k: v for k, v in fixed.items() if k != "batch_size"}
+    console.print(f"settings: {escape(describe_params(shown))}")
+    batches = [b for b in (2**k for k in range(13)) if b <= config.max_batch_size]
+    if "batch_size" in knobs:
+        batches = [knobs["batch_size"]]
+    timed = _twin_times(config, model, task, parameters, budget)
+    console.print(_memory_table(at, fixed, batches, budget, timed))
+    console.print(
+        f"largest batch that fits: {_largest(at, fixed, batches, budget) or 'none'}; "
+        f"{at(fixed).flops_per_sample / 1e12:.3g} TFLOP per sample (training)"
+    )
+    if device == "cuda" and (peak := peak_tflops(device_name, "bf16")):
+        console.print(_peak_note(device_name, peak, at(fixed).flops_per_sample))
+    if timed is not None:
+        console.print(_twin_note(config))
+    if devices > 1:
+        console.print(
+            f"model states (weights, gradients, optimizer) per rank of {devices}, "
+            f"most to least: {_states(at, fixed)}"
+        )
+    if free:
+        console.print(_grid(free, at, fixed, batches, budget, timed))
+    console.print(
+        "Estimated by the HF guide's anatomy, before any training: the peak is not the sum, as "
+        "gradients fill in while the last backward frees activations. A trial measures it."
+    )
+    return 0
+
+
+def _device_and_budget(config: EstimateConfig) -> tuple[str, str, int]:
+    """(`cuda` or `cpu`, the device's name, the memory to fit): `memory_budget=`, else a
+    `gpu=`'s memory from the built-in table, else the free memory of the device in hand."""
     if config.gpu:  # a GPU elsewhere, from the built-in table: no NVML needed
         device, device_name = "cuda", config.gpu
         free_bytes = gpu_memory_bytes(config.gpu) or 0
@@ -71,15 +104,27 @@ def run(args: argparse.Namespace) -> int:
         device, device_name, free_bytes = "cuda", "a GPU of memory_budget", 0
     else:
         device, device_name, free_bytes = hardware.memory_without_torch(config.device)
-    budget = int(config.memory_budget or free_bytes)
-    parameters = catalogue_parameter_counts().get(model.name)
+    return device, device_name, int(config.memory_budget or free_bytes)
+
+
+def _fixed_and_free(
+    knobs: dict[str, Any], facts: SoftwareFacts, devices: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The settings every figure is at (the baseline's, with the knobs given) and the knobs the
+    grid varies: those of FREE_KNOBS not given, and on several ranks the strategy."""
     default_optim = facts.default_optim or TRANSFORMERS_DEFAULT_OPTIM
-    devices = config.devices_per_trial
     fixed = baseline_params(default_optim, None, devices=devices)
     fixed |= {"attn_implementation": "sdpa"} | knobs
     free = {k: v for k, v in FREE_KNOBS.items() if k not in knobs}
     if devices > 1 and "strategy" not in knobs:  # how the ranks share it moves memory most
         free = {"strategy": MEMORY_ORDER} | free
+    return fixed, free
+
+
+def _estimator(
+    config: EstimateConfig, model: ModelSpec, task: str, device: str, parameters: int | None
+) -> Callable[[dict[str, Any]], Estimate]:
+    """Settings -> their estimate, for this model, task, seq_len, device and ranks."""
 
     def at(params: dict[str, Any]) -> Estimate:
         return estimate(
@@ -89,11 +134,19 @@ def run(args: argparse.Namespace) -> int:
             params=params,
             device=device,
             parameters=parameters,
-            devices=devices,
+            devices=config.devices_per_trial,
         )
 
+    return at
+
+
+def _heading(
+    config: EstimateConfig, model: ModelSpec, task: str, device: str, device_name: str, budget: int
+) -> str:
+    """The model, its task and seq_len, the device, and the budget with where it comes from."""
+    devices = config.devices_per_trial
     per_rank = f", per rank of {devices}" * (devices > 1)
-    console.print(
+    return (
         f"{escape(model.name)} ({task}), seq_len {config.seq_len}, {device}{per_rank} "
         f"({escape(device_name)}): budget {format_bytes(budget)}"
         + (
@@ -106,12 +159,17 @@ def run(args: argparse.Namespace) -> int:
             else " (free RAM now, less what a search keeps for itself and the machine)"
         )
     )
-    shown = {k: v for k, v in fixed.items() if k != "batch_size"}
-    console.print(f"settings: {escape(describe_params(shown))}")
-    batches = [b for b in (2**k for k in range(13)) if b <= config.max_batch_size]
-    if "batch_size" in knobs:
-        batches = [knobs["batch_size"]]
-    timed = _twin_times(config, model, task, parameters, budget)
+
+
+def _memory_table(
+    at: Callable[[dict[str, Any]], Estimate],
+    fixed: dict[str, Any],
+    batches: list[int],
+    budget: int,
+    timed: Callable[[dict[str, Any]], tuple[str, str, str]] | None,
+) -> Table:
+    """Peak memory by part for each batch size, up to the first that does not fit (and the
+    twin's times, with `gpu=`)."""
     table = Table(
         title="Peak training memory (GiB) by part"
         + " and the GPU twin's time" * (timed is not None)
@@ -130,33 +188,17 @@ def run(args: argparse.Namespace) -> int:
         )
         if not fits:
             break  # larger batches only need more
-    console.print(table)
-    console.print(
-        f"largest batch that fits: {_largest(at, fixed, batches, budget) or 'none'}; "
-        f"{at(fixed).flops_per_sample / 1e12:.3g} TFLOP per sample (training)"
+    return table
+
+
+def _peak_note(device_name: str, peak: float, flops: float) -> str:
+    """The GPU's datasheet peaks, and the least time a sample's training takes at the 16-bit one."""
+    return (
+        f"{escape(device_name)}: datasheet peak {peak_tflops(device_name, 'fp32')} TFLOP/s "
+        f"fp32, {peak:g} 16-bit; a sample's training takes at least "
+        f"{flops / (peak * 1e12) * 1e3:.3g} ms at the 16-bit peak (trials reach a share "
+        "of it: their MFU)"
     )
-    if device == "cuda" and (peak := peak_tflops(device_name, "bf16")):
-        flops = at(fixed).flops_per_sample
-        console.print(
-            f"{escape(device_name)}: datasheet peak {peak_tflops(device_name, 'fp32')} TFLOP/s "
-            f"fp32, {peak:g} 16-bit; a sample's training takes at least "
-            f"{flops / (peak * 1e12) * 1e3:.3g} ms at the 16-bit peak (trials reach a share "
-            "of it: their MFU)"
-        )
-    if timed is not None:
-        console.print(_twin_note(config))
-    if devices > 1:
-        console.print(
-            f"model states (weights, gradients, optimizer) per rank of {devices}, "
-            f"most to least: {_states(at, fixed)}"
-        )
-    if free:
-        console.print(_grid(free, at, fixed, batches, budget, timed))
-    console.print(
-        "Estimated by the HF guide's anatomy, before any training: the peak is not the sum, as "
-        "gradients fill in while the last backward frees activations. A trial measures it."
-    )
-    return 0
 
 
 TIME_COLUMNS = ("step ms", "samples/s", "trial s")

@@ -21,14 +21,8 @@ from autotune.outputs.study_folder import write_study_folder
 from autotune.outputs.terminal import Reporter, console, print_paths
 from autotune.outputs.view import TerminalView
 from autotune.plan import conditions
-from autotune.plan.config import (
-    ConfirmConfig,
-    ExportConfig,
-    ReportConfig,
-    VerifyConfig,
-    help_rows,
-    load_config,
-)
+from autotune.plan.config import ConfirmConfig, ExportConfig, ReportConfig, VerifyConfig
+from autotune.plan.overrides import help_rows, load_config
 from autotune.store.outcomes import Ending
 from autotune.store.storage import load_study_dir
 from autotune.study.interrupts import SearchInterrupted

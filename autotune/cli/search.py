@@ -20,8 +20,9 @@ from autotune.outputs.pareto import NOTHING_TO_RECOMMEND
 from autotune.outputs.terminal import console, print_paths
 from autotune.outputs.view import TerminalView
 from autotune.plan import conditions
-from autotune.plan.config import RunConfig, WorkerConfig, help_rows, load_config
+from autotune.plan.config import RunConfig, WorkerConfig
 from autotune.plan.factory_trust import describe
+from autotune.plan.overrides import help_rows, load_config
 from autotune.study.opening import join_config
 
 

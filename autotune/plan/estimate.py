@@ -24,26 +24,9 @@ The parts, per parameter P and per micro-batch of b samples of s tokens:
 a trial's measured peak counts and its memory budget caps: on CUDA all but the context, which
 PyTorch's allocator does not hold (see `Estimate.budgeted`).
 
-On several devices a trial (`devices`), per rank, by the strategy (ZeRO's accounting,
-Rajbhandari et al. 2020, with Psi parameters and N ranks; mixed-precision AdamW holds 16 B a
-parameter: 4 fp32 weights, 4 gradients, 8 states):
-- ddp: every rank holds all of it (16 Psi), and DDP's gradient buckets copy the gradients
-  once more (4 Psi; PyTorch's default: none with `gradient_as_bucket_view`, where the
-  gradients are views into the buckets);
-- fsdp (FSDP2 full shard, ZeRO-3): 16 Psi / N, plus the gathered weights of the block that
-  computes and the next one it prefetches, and one block's gradients before they are
-  reduce-scattered;
-- fsdp_grad_op (ZeRO-2-like): the same shards, but a block's gathered weights stay from its
-  forward to its backward: at the peak, every block's.
-- fsdp_offload: the 16 Psi / N of shards in host memory (`offloaded`); the device holds the
-  gathered blocks and one block's gradients.
-- zero1/zero2/zero3 (DeepSpeed): the model is trained in its precision's own bytes b (2 under
-  fp16/bf16, which DeepSpeed casts the model to; 4 in fp32) and the optimizer holds an fp32
-  copy of its partition besides its states: ZeRO-1 holds b Psi weights + b Psi gradients +
-  12 Psi / N (4 Psi mixed precision + 12 Psi / N), ZeRO-2 b Psi + (b + 12) Psi / N, ZeRO-3
-  (2 b + 12) Psi / N (16 Psi / N) plus two gathered blocks and one block's gradients;
-- zero2_offload/zero3_offload: the optimizer's copy, its states and (ZeRO-2) the gradients'
-  fp32 partition are in host memory (`offloaded`), ZeRO-3's weights too.
+On several devices a trial (`devices`), the weights, gradients and optimizer states are one
+rank's, by the strategy that shares them: `autotune.plan.model_states` gives each one's
+accounting.
 """
 
 from __future__ import annotations
@@ -54,9 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.common.flops import training_flops
-from autotune.common.knob_values import FSDP, OFFLOADED, ZERO_STAGES, optimizer_family, sixteen_bit
+from autotune.common.knob_values import optimizer_family, sixteen_bit
 from autotune.common.knobs import is_compiled, value_of
 from autotune.common.units import GIB
+from autotune.plan.model_states import rank_states
 
 CUDA_CONTEXT_BYTES = int(0.75 * GIB)
 """The CUDA context of a training process (the runtime, the loaded kernels, the cuBLAS and cuDNN
@@ -191,7 +175,7 @@ class Estimate:
 
 
 def optimizer_bytes_per_parameter(optim: str) -> float | None:
-    """States per parameter; None for Adafactor (factored: see `estimate`)."""
+    """States per parameter; None for Adafactor (factored: see `_optimizer_states`)."""
     family = optimizer_family(optim)
     if family.startswith("Adafactor"):
         return None
@@ -231,113 +215,80 @@ def estimate(
     every forward, as with gradient accumulation. On several `devices` a trial, the figures are
     one rank's, under `params["strategy"]`."""
     shape = shape_of(config, parameters)
+    optimizer = _optimizer_states(shape, value_of(params, "optim"))
+    states = rank_states(shape.parameters, shape.layers, optimizer, params, devices)
+    activations, temporary = _activations(shape, task, seq_len, params, device)
+    # The peak: in the last backward, gradients fill in as activations are freed (one step:
+    # the larger of the two); accumulating steps run every later forward with the gradients
+    # of the earlier ones held.
+    kept = value_of(params, "grad_accum") > 1 or gradients_kept
+    gradients = states.gradients
+    live = gradients + activations if kept else max(gradients, activations)
+    runtime = CUDA_CONTEXT_BYTES if device == "cuda" else CPU_RUNTIME_BYTES
+    context = runtime if context_bytes is None else context_bytes
+    total = states.weights + states.optimizer + live + states.buckets + temporary + context
+    return Estimate(
+        weights=states.weights,
+        gradients=gradients + states.buckets,  # shown with the gradients, which they copy
+        optimizer=states.optimizer,
+        activations=activations,
+        temporary=temporary,
+        context=context,
+        total=total,
+        flops_per_sample=flops_per_sample(shape, seq_len, task),
+        model_states=states.counted,
+        offloaded=states.offloaded,
+        budgeted=total - context if device == "cuda" else total,
+    )
+
+
+def _optimizer_states(shape: Shape, optim: str) -> int:
+    """The optimizer's states for every parameter, before a strategy shares them."""
     p = shape.parameters
-    precision = value_of(params, "precision")
-    mixed = sixteen_bit(precision)
-    batch = value_of(params, "batch_size")
-    accumulating = value_of(params, "grad_accum") > 1
-    per_param = optimizer_bytes_per_parameter(value_of(params, "optim"))
+    per_param = optimizer_bytes_per_parameter(optim)
     if per_param is None:  # Adafactor: a row and a column of fp32 per matrix, the rest full
         factored = sum(r + c for r, c in shape.matrices)
         in_matrices = sum(r * c for r, c in shape.matrices)
-        optimizer = 4 * (factored + max(0, p - in_matrices))
-    else:
-        optimizer = int(per_param * p)
-    strategy = value_of(params, "strategy", devices=devices)
-    buckets = 0  # DDP's gradient buckets: allocated with the wrapper, live throughout
-    offloaded = 0
-    block = p // max(shape.layers, 1)  # one transformer block's parameters, about
-    if strategy in FSDP:
-        gathered = 4 * (p if strategy == "fsdp_grad_op" else 2 * block)
-        weights = 4 * p // devices + gathered + (2 * block if mixed else 0)
-        gradients = 4 * p // devices + 4 * block
-        optimizer //= devices
-        model_states = 8 * p // devices + optimizer
-        if strategy == "fsdp_offload":  # every shard on the host; the blocks that compute here
-            offloaded = model_states
-            weights, gradients, optimizer = weights - 4 * p // devices, 4 * block, 0
-    elif strategy in ZERO_STAGES:
-        weights, gradients, optimizer, offloaded = _zero(
-            strategy, p, block, devices, optimizer, mixed=mixed
-        )
-        model_states = weights + gradients + optimizer + offloaded
-        if ZERO_STAGES[strategy] == 3:  # two blocks gathered, one block's gradients unreduced
-            b = 2 if mixed else 4
-            model_states -= 3 * b * block
-    else:
-        weights = 4 * p + (2 * p if mixed else 0)
-        gradients = 4 * p
-        bucket_view = value_of(params, "gradient_as_bucket_view")
-        buckets = 4 * p if strategy == "ddp" and not bucket_view else 0
-        model_states = 8 * p + optimizer
+        return 4 * (factored + max(0, p - in_matrices))
+    return int(per_param * p)
+
+
+def _activations(
+    shape: Shape, task: str, seq_len: int, params: dict[str, Any], device: str
+) -> tuple[int, int]:
+    """(activations, temporary): what autograd keeps for the backward, and what the backward
+    adds while it runs (one layer's activation gradients, the LM head's logits gradient)."""
+    mixed = sixteen_bit(value_of(params, "precision"))
+    batch = value_of(params, "batch_size")
     attention = value_of(params, "attn_implementation")
     # On CPU, SDPA trains through PyTorch's math path (its fused kernel takes no dropout), which
     # keeps the scores as eager attention does; under bf16 autocast it computes in fp32.
     eager = attention == "eager" or device == "cpu"
     upcast = device == "cpu" and attention == "sdpa" and mixed
     layer = _layer_activations(shape, batch, seq_len, mixed=mixed, eager=eager, upcast=upcast)
-    if params.get("gradient_checkpointing"):
-        # A checkpointed block keeps its input (fp32 residual stream) and is recomputed one at
-        # a time; with every_n_layers=n only blocks 0, n, 2n, ... are, the others keep theirs.
-        every = value_of(params, "checkpointing_every_n_layers")
-        checkpointed = -(-shape.layers // every)
-        stored = (
-            checkpointed * 4 * batch * seq_len * shape.hidden
-            + layer
-            + (shape.layers - checkpointed) * layer
-        )
-    else:
-        stored = shape.layers * layer
+    stored = _stored_activations(shape, layer, params, batch, seq_len)
     head = _head_activations(shape, task, batch, seq_len, mixed=mixed)
     activations = stored + head["kept"]
     if device == "cuda" and is_compiled(params):
         activations = int(activations * COMPILED_ACTIVATIONS_FACTOR)
-    temporary = layer + head["gradient"]
-    # The peak: in the last backward, gradients fill in as activations are freed (one step:
-    # the larger of the two); accumulating steps run every later forward with the gradients
-    # of the earlier ones held.
-    kept = accumulating or gradients_kept
-    live = gradients + activations if kept else max(gradients, activations)
-    gradients += buckets  # shown with the gradients, which they copy
-    runtime = CUDA_CONTEXT_BYTES if device == "cuda" else CPU_RUNTIME_BYTES
-    context = runtime if context_bytes is None else context_bytes
-    total = weights + optimizer + live + buckets + temporary + context
-    return Estimate(
-        weights=weights,
-        gradients=gradients,
-        optimizer=optimizer,
-        activations=activations,
-        temporary=temporary,
-        context=context,
-        total=total,
-        flops_per_sample=flops_per_sample(shape, seq_len, task),
-        model_states=model_states,
-        offloaded=offloaded,
-        budgeted=total - context if device == "cuda" else total,
+    return activations, layer + head["gradient"]
+
+
+def _stored_activations(
+    shape: Shape, layer: int, params: dict[str, Any], batch: int, seq_len: int
+) -> int:
+    """What the blocks keep for the backward, each `layer` bytes unless checkpointed."""
+    if not params.get("gradient_checkpointing"):
+        return shape.layers * layer
+    # A checkpointed block keeps its input (fp32 residual stream) and is recomputed one at
+    # a time; with every_n_layers=n only blocks 0, n, 2n, ... are, the others keep theirs.
+    every = value_of(params, "checkpointing_every_n_layers")
+    checkpointed = -(-shape.layers // every)
+    return (
+        checkpointed * 4 * batch * seq_len * shape.hidden
+        + layer
+        + (shape.layers - checkpointed) * layer
     )
-
-
-def _zero(
-    strategy: str, p: int, block: int, devices: int, optimizer: int, *, mixed: bool
-) -> tuple[int, int, int, int]:
-    """DeepSpeed's (weights, gradients, optimizer, offloaded) on a rank: the model in b bytes
-    a parameter, the optimizer's fp32 copy of its partition with its states; ZeRO-3's rank
-    holds two blocks gathered (the one that computes, the one prefetched) and one block's
-    gradients before they are reduced."""
-    b = 2 if mixed else 4
-    stage = ZERO_STAGES[strategy]
-    weights = b * p if stage < 3 else b * p // devices + 2 * b * block
-    gradients = b * p if stage == 1 else b * p // devices + (b * block if stage == 3 else 0)
-    optimizer = 4 * p // devices + optimizer // devices
-    if strategy not in OFFLOADED:
-        return weights, gradients, optimizer, 0
-    # On the host: the optimizer's copy and states, the gradients' fp32 partition it updates
-    # from, and under ZeRO-3 the weights' partition (only gathered blocks stay on the device).
-    host = optimizer + 4 * p // devices
-    if stage == 3:
-        host += weights - 2 * b * block
-        weights = 2 * b * block
-    return weights, gradients, 0, host
 
 
 def _layer_activations(

@@ -8,37 +8,31 @@ with the model and the space are reported together.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.common.device import DeviceInfo, cpu_reserve_bytes
-from autotune.common.errors import AutotuneError, ConfigError, DataError, StudyError
+from autotune.common.errors import AutotuneError, ConfigError
 from autotune.common.knobs import value_of
 from autotune.common.layout import DATA_CACHE, study_db_url
 from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolve_model
 from autotune.common.output_files import check_owner
 from autotune.common.trial_settings import baseline_params, effective_batch
 from autotune.common.units import GIB, format_bytes
-from autotune.common.urls import safe_url
-from autotune.common.user_data import DataSpec, source_format
-from autotune.plan import conditions, factories
-from autotune.plan.capabilities import apply_sampling_rules, fit_space, trial_cores
-from autotune.plan.config import STUDY_NAME_MAX_CHARS, RunConfig
-from autotune.plan.estimate import (
-    CUDA_CONTEXT_BYTES,
-    KNOBS_READ,
-    Estimate,
-    UnknownShape,
-    estimate,
-)
+from autotune.common.user_data import DataSpec
+from autotune.plan import conditions
+from autotune.plan.capabilities import trial_cores
+from autotune.plan.config import RunConfig
+from autotune.plan.estimate import CUDA_CONTEXT_BYTES, Estimate, UnknownShape, estimate
+from autotune.plan.inputs import data_spec, input_problems, trainer_info
 from autotune.plan.run_info import RunInfo
+from autotune.plan.run_space import fitted_space, sampling_rules
+from autotune.plan.setting_types import STUDY_NAME_MAX_CHARS
 from autotune.plan.slots import Slot, assign
 from autotune.plan.space import SamplingRules, SearchSpace
-from autotune.plan.space_file import SoftwareFacts, load_space
+from autotune.plan.space_file import SoftwareFacts
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -192,81 +186,40 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
     ConfigError); `settle` finishes it for its study."""
     problems: list[str] = []
     device = device_info.resolve(config.device)
-    model = task = None
-    try:
-        model = resolve_model(config.model)
-    except AutotuneError as exc:
-        problems.append(str(exc))
+    model, task = _model_and_task(config, problems)
     facts = SoftwareFacts.from_probe(dataclasses.asdict(device_info))
     source = "trainer" if config.trainer else "data" if config.data else "synthetic"
-    slots, slot_problems = assign(
-        config.workers, config.devices, device, device_info, config.devices_per_trial
-    )
-    problems += slot_problems
-    config = config.model_copy(update={"devices_per_trial": _ranks(config, slots)})
-    per_device_batch = _per_device_batch(config, problems)
-    rules = SamplingRules(
-        effective_batch_size=per_device_batch,
-        tensor_core_64=device == "cuda" and device_info.tensor_core_64,
-        # Random tokens are all seq_len long; the user's data is padded per batch, and a
-        # Trainer's collator is its own.
-        tokens_per_sample=config.seq_len if source == "synthetic" else None,
-    )
+    config, slots = _slots(config, device, device_info, problems)
+    rules = sampling_rules(config, device, device_info, source, problems)
     problems += _devices_problems(config, device, trial_cores(slots))
-    if model is not None:
-        task = model.default_task if config.task == "auto" else config.task
     fitted_for = (model.config.get("model_type", ""), task) if model and task else None
-    space = _fitted_space(
+    space = fitted_space(
         config, device, device_info, facts, rules, source, slots, problems, fitted_for
     )
     study_name = study_dir = data = data_info = None
     if model is not None:
         problems += input_problems(model, task, config.seq_len, facts)
         study_name, study_dir = _study_folder(config, model, device, problems)
-        if config.data:
-            try:
-                data, data_info = _data(config, model)
-            except AutotuneError as exc:
-                problems.append(str(exc))
+        data, data_info = _data(config, model, problems)
     search_dir = Path.cwd()
     trainer = trainer_info(config.trainer, search_dir) if config.trainer else None
-    cuda_indices = [i for s in slots for i in s.cuda_indices]
-    device_name, available_bytes = device_info.memory_for(device, cuda_indices, len(slots))
-    if not config.memory_budget and available_bytes <= 0:
-        problems.append(_no_memory_left(device, device_info, len(slots)))
+    device_name, available_bytes = _memory(config, device, device_info, slots, problems)
     if problems:
         raise ConfigError("\n".join(problems))
     assert model is not None and task and space is not None and study_name and study_dir
-    info = RunInfo(
+    info = _run_info(
+        config,
+        model,
+        task,
+        space,
+        device_info,
+        slots,
         study=study_name,
-        model=model.name,
-        model_config=model.config,
-        task=task,
-        seq_len=config.seq_len,
         device=device,
         device_name=device_name,
-        space=space.name,
-        space_notes=list(space.notes),
-        effective_batch_size=config.effective_batch_size,
         memory_budget_bytes=int(config.memory_budget or available_bytes),
-        headroom=config.headroom,
-        noise_cv=config.noise_cv,
-        math_change_min_gain=config.math_change_min_gain,
-        report_to=config.report_to,
         data=data_info,
         trainer=trainer,
-        measure_steps=config.measure_steps,
-        warmup_steps=config.warmup_steps,
-        cores_per_trial=trial_cores(slots),
-        devices_per_trial=config.devices_per_trial,
-        versions=conditions.installed_versions(device_info),
-    )
-    baseline = baseline_params(
-        device_info.default_optim,
-        per_device_batch,
-        own_data=source != "synthetic",
-        own_collator=source != "trainer",
-        devices=config.devices_per_trial,
     )
     return SearchPlan(
         config=config,
@@ -274,7 +227,7 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         info=info,
         space=space,
         rules=rules,
-        baseline=baseline,
+        baseline=_baseline(config, device_info, rules, source),
         study_dir=study_dir,
         storage_url=config.storage or study_db_url(study_dir),
         device_info=device_info,
@@ -285,49 +238,27 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
     )
 
 
-def _fitted_space(
-    config: RunConfig,
-    device: str,
-    device_info: DeviceInfo,
-    facts: SoftwareFacts,
-    rules: SamplingRules,
-    source: str,
-    slots: list[Slot],
-    problems: list[str],
-    model_type_and_task: tuple[str, str] | None = None,
-) -> SearchSpace | None:
-    """The space `space=` names, fitted to the device, the model, the data source and the cores
-    each trial has; None, with the problem added to `problems`, when it cannot be."""
-    auto_space = "default" if device == "cuda" else "cpu"
-    space_name = auto_space if config.space == "auto" else config.space
+def _model_and_task(config: RunConfig, problems: list[str]) -> tuple[ModelSpec | None, str | None]:
+    """The model `model=` names and the task it trains at; Nones, the problem added, when the
+    model cannot be found."""
     try:
-        space = load_space(space_name, facts)
-        if space.device not in ("any", device):
-            raise ConfigError(
-                f"space={space.name} is for device={space.device}, but this search runs on {device}"
-            )
-        cores = trial_cores(slots)  # loader workers beyond them are taken out of the space
-        fitted = fit_space(
-            space, device, device_info, source, cores, config.devices_per_trial, model_type_and_task
-        )
-        return apply_sampling_rules(fitted, rules)
+        model = resolve_model(config.model)
     except AutotuneError as exc:
         problems.append(str(exc))
-        return None
+        return None, None
+    return model, model.default_task if config.task == "auto" else config.task
 
 
-def _per_device_batch(config: RunConfig, problems: list[str]) -> int | None:
-    """The effective batch a rank trains at: `effective_batch_size` over the trial's ranks."""
-    total, ranks = config.effective_batch_size, config.devices_per_trial
-    if total is None:
-        return None
-    if total % ranks:
-        problems.append(
-            f"effective_batch_size={total} does not split evenly between "
-            f"devices_per_trial={ranks} ranks"
-        )
-        return None
-    return total // ranks
+def _slots(
+    config: RunConfig, device: str, device_info: DeviceInfo, problems: list[str]
+) -> tuple[RunConfig, list[Slot]]:
+    """What each worker owns (`assign`), problems added, and the config with its
+    `devices_per_trial` resolved by them."""
+    slots, slot_problems = assign(
+        config.workers, config.devices, device, device_info, config.devices_per_trial
+    )
+    problems += slot_problems
+    return config.model_copy(update={"devices_per_trial": _ranks(config, slots)}), slots
 
 
 def _ranks(config: RunConfig, slots: list[Slot]) -> int:
@@ -364,6 +295,32 @@ def _study_folder(
     return study_name, study_dir
 
 
+def _data(
+    config: RunConfig, model: ModelSpec, problems: list[str]
+) -> tuple[DataSpec | None, dict[str, Any] | None]:
+    """The user's data and what the study stores of it (`data_spec`); Nones without `data=`,
+    or with the problem added when it cannot be read."""
+    if not config.data:
+        return None, None
+    try:
+        return data_spec(config, model)
+    except AutotuneError as exc:
+        problems.append(str(exc))
+        return None, None
+
+
+def _memory(
+    config: RunConfig, device: str, device_info: DeviceInfo, slots: list[Slot], problems: list[str]
+) -> tuple[str, int]:
+    """The device's name and the memory each worker's trials can have; with nothing left and no
+    `memory_budget=`, the problem added."""
+    cuda_indices = [i for s in slots for i in s.cuda_indices]
+    device_name, available_bytes = device_info.memory_for(device, cuda_indices, len(slots))
+    if not config.memory_budget and available_bytes <= 0:
+        problems.append(_no_memory_left(device, device_info, len(slots)))
+    return device_name, available_bytes
+
+
 def _no_memory_left(device: str, device_info: DeviceInfo, workers: int) -> str:
     if device == "cuda":
         return "memory_budget: the GPU has no free memory; free it, or give memory_budget="
@@ -377,151 +334,59 @@ def _no_memory_left(device: str, device_info: DeviceInfo, workers: int) -> str:
     )
 
 
-def trainer_info(ref: str, search_dir: Path) -> dict[str, str | None]:
-    """What the study stores of `trainer=`: the reference (a file made absolute), the folder a
-    module is looked up in, and the sha256 of the file it runs (None: no such file; the check
-    says so), which a worker joining the study checks before it runs that file."""
-    factory = factories.normalise(ref, search_dir)
-    source = factories.source_file(factory, search_dir)
-    return {
-        "factory": factory,
-        "search_dir": str(search_dir),
-        "sha256": factories.sha256_of(source) if source else None,
-    }
-
-
-def settle(plan: SearchPlan, stored: RunInfo | None, *, joining: bool = False) -> SearchPlan:
-    """The plan finished for its study, whose stored `RunInfo` is `stored` (None: a new
-    study): the one place a plan is settled before the search runs.
-
-    A resumed study must have been made for the same run, under the same measurement
-    conditions (`conditions.changed_conditions`). The memory budget is part of a study:
-    resolved once and stored, so that every trial's feasibility is judged against the same
-    figure; a resumed study keeps its stored budget, and an explicit `memory_budget=` that
-    differs is refused. With the budget settled, the batch sizes that cannot fit it go."""
-    if stored is not None:  # an existing study: it must have been made for this run
-        # What the trials are measured under: a worker joining with other cores or another
-        # GPU model is refused as a resume is.
-        if changed := conditions.changed_conditions(stored, plan.info):
-            raise StudyError(conditions.refusal(plan.study_name, changed))
-        # A joining worker's own trainer= stands in for the study's (`join_config` checked it).
-        identity = [k for k in IDENTITY if not (joining and k == "trainer_factory")]
-        changed = [
-            f"{k} {getattr(stored, k)} -> {getattr(plan.info, k)}"
-            for k in identity
-            if getattr(stored, k) != getattr(plan.info, k)
-        ]
-        if changed:
-            # data_fingerprint covers the data files' bytes, the tokenizer, column and seq_len.
-            raise StudyError(
-                f"study={plan.study_name} in {safe_url(plan.storage_url)} was made for other "
-                f"settings (the study's -> this run's): {', '.join(changed)}; pick another "
-                "study= name or out= folder"
-            )
-        explicit = plan.config.memory_budget
-        if explicit is not None and int(explicit) != stored.memory_budget_bytes:
-            raise StudyError(
-                f"memory_budget={format_bytes(int(explicit))}: study={plan.study_name} was "
-                f"searched with a budget of {format_bytes(stored.memory_budget_bytes)}, and its "
-                "trials were judged against it. Leave memory_budget out to resume with the "
-                "stored one, or use another study= name for another budget"
-            )
-        budget = stored.memory_budget_bytes
-        # The study's versions stay its own: trials run under others are marked (conditions).
-        versions = stored.versions or plan.info.versions
-        plan = dataclasses.replace(
-            plan,
-            info=dataclasses.replace(plan.info, memory_budget_bytes=budget, versions=versions),
-        )
-    return fit_batches_to_budget(plan)  # the budget is settled: drop what cannot fit
-
-
-def fit_batches_to_budget(plan: SearchPlan) -> SearchPlan:
-    """The plan with the batch sizes removed whose estimate is over `estimate_limit_gib`
-    whatever the other knobs (the most frugal choice of each), so the sampler never proposes
-    them; the smallest batch always stays. Called once the study's budget is settled."""
-    limit = plan.estimate_limit_gib
-    knob = plan.space.knobs.get("batch_size")
-    if limit is None or knob is None or len(knob.choices) < 2:
-        return plan
-    others = {
-        name: plan.space.knobs[name].choices
-        for name in KNOBS_READ
-        if name != "batch_size" and name in plan.space.knobs
-    }
-    combos = [dict(zip(others, v, strict=True)) for v in itertools.product(*others.values())]
-    kept = list(knob.choices)
-    while len(kept) > 1:
-        estimates = [plan.estimate_gib({**combo, "batch_size": kept[-1]}) for combo in combos]
-        if None in estimates or min(estimates) <= limit:
-            break
-        kept.pop()
-    if len(kept) == len(knob.choices):
-        return plan
-    note = (
-        f"batch_size above {kept[-1]} removed: estimated over the {limit:.2f} GiB "
-        f"{plan.estimate_limit_source}, with the most frugal other knobs"
-    )
-    space = plan.space.with_choices("batch_size", tuple(kept))
-    space = dataclasses.replace(space, notes=(*space.notes, note))
-    info = dataclasses.replace(plan.info, space_notes=list(space.notes))
-    return dataclasses.replace(plan, space=space, info=info)
-
-
-def _data(config: RunConfig, model: ModelSpec) -> tuple[DataSpec, dict[str, Any]]:
-    """The user's data as prepared for this search, and what the study stores of it (with its
-    fingerprint: other data is another study). Local paths are made absolute."""
-    assert config.data
-    tokenizer = config.tokenizer or model.name
-    spec = DataSpec(
-        data=_absolute(config.data),
-        tokenizer=_absolute(tokenizer),
+def _run_info(
+    config: RunConfig,
+    model: ModelSpec,
+    task: str,
+    space: SearchSpace,
+    device_info: DeviceInfo,
+    slots: list[Slot],
+    *,
+    study: str,
+    device: str,
+    device_name: str,
+    memory_budget_bytes: int,
+    data: dict[str, Any] | None,
+    trainer: dict[str, str | None] | None,
+) -> RunInfo:
+    """What the study is run for, as it stores it."""
+    return RunInfo(
+        study=study,
+        model=model.name,
+        model_config=model.config,
+        task=task,
         seq_len=config.seq_len,
-        split=config.data_split,
-        text_column=config.text_column,
+        device=device,
+        device_name=device_name,
+        space=space.name,
+        space_notes=list(space.notes),
+        effective_batch_size=config.effective_batch_size,
+        memory_budget_bytes=memory_budget_bytes,
+        headroom=config.headroom,
+        noise_cv=config.noise_cv,
+        math_change_min_gain=config.math_change_min_gain,
+        report_to=config.report_to,
+        data=data,
+        trainer=trainer,
+        measure_steps=config.measure_steps,
+        warmup_steps=config.warmup_steps,
+        cores_per_trial=trial_cores(slots),
+        devices_per_trial=config.devices_per_trial,
+        versions=conditions.installed_versions(device_info),
     )
-    data_format, files = source_format(spec.data)
-    try:
-        fingerprint = spec.fingerprint()
-    except OSError as exc:
-        raise DataError(f"data={config.data}: cannot read it: {exc}") from exc
-    return spec, dataclasses.asdict(spec) | {
-        "fingerprint": fingerprint,
-        "format": data_format,
-        "files": files,
-    }
 
 
-def _absolute(path_or_id: str) -> str:
-    """A local path made absolute; a hub id as it is."""
-    path = Path(path_or_id).expanduser()
-    return str(path.resolve()) if path.exists() else path_or_id
-
-
-def input_problems(model: ModelSpec, task: str, seq_len: int, facts: SoftwareFacts) -> list[str]:
-    """What the search refuses about the model, its task and seq_len before any trial runs;
-    `autotune estimate` asks the same, so it never answers for what the search refuses."""
-    problems = []
-    limit = model.max_seq_len
-    if limit is not None and seq_len > limit:
-        problems.append(f"seq_len={seq_len}: {model.name} takes at most {limit} tokens")
-    return problems + model_problems(model, task, facts)
-
-
-def model_problems(model: ModelSpec, task: str, facts: SoftwareFacts) -> list[str]:
-    """What the installed transformers cannot build, found before any trial runs (each check
-    skipped where `facts` does not know)."""
-    known, heads = facts.model_types, (facts.task_model_types or {}).get(task)
-    if known and model.model_type not in known:
-        close = difflib.get_close_matches(model.model_type, known, n=3)
-        hint = f" (close: {', '.join(close)})" if close else ""
-        return [
-            f"model={model.name}: model_type {model.model_type!r} is not one transformers "
-            f"{facts.transformers_version} knows{hint}"
-        ]
-    if heads and model.model_type not in heads:
-        return [f"task={task}: transformers has no {task} head for {model.model_type} models"]
-    return []
+def _baseline(
+    config: RunConfig, device_info: DeviceInfo, rules: SamplingRules, source: str
+) -> dict[str, object]:
+    """The first trial: the HF default TrainingArguments as knobs, at a rank's effective batch."""
+    return baseline_params(
+        device_info.default_optim,
+        rules.effective_batch_size,
+        own_data=source != "synthetic",
+        own_collator=source != "trainer",
+        devices=config.devices_per_trial,
+    )
 
 
 def default_study_name(model_name: str, device: str, seq_len: int) -> str:
@@ -532,9 +397,3 @@ def default_study_name(model_name: str, device: str, seq_len: int) -> str:
     suffix = f"-{device}-s{seq_len}"
     stem = re.sub(r"[^A-Za-z0-9._-]", "_", stem)[: STUDY_NAME_MAX_CHARS - len(suffix)]
     return stem + suffix
-
-
-# What makes a study what it is: a resumed study must have been made for the same.
-# (seq_len, steps, cores or GPU model: `conditions.changed_conditions`, checked first.)
-IDENTITY = ("model", "task", "device", "space", "effective_batch_size",
-            "data_fingerprint", "trainer_factory")  # fmt: skip

@@ -80,30 +80,39 @@ def assign(
     process's cores into N disjoint sets (a trial's ranks split its worker's again)."""
     problems: list[str] = []
     if device == "cpu":
-        if devices != "auto":
-            problems.append(f"devices={devices}: names CUDA devices; this search runs on cpu")
-        if workers in ("auto", 1):
-            return [Slot()], problems
-        cores = sorted(os.sched_getaffinity(0))
-        if workers > len(cores):
-            problems.append(
-                f"workers={workers}: each worker needs a core of its own, and this process "
-                f"may use {len(cores)}"
-            )
-            return [], problems
-        return [Slot(cpus=tuple(part)) for part in _split(cores, workers)], problems
+        return _cpu_slots(workers, devices, problems), problems
+    return _cuda_slots(workers, devices, device_info, per_trial, problems), problems
+
+
+def _cpu_slots(workers: int | str, devices: str, problems: list[str]) -> list[Slot]:
+    """One worker on every core, or N workers on disjoint sets of this process's cores;
+    problems added."""
+    if devices != "auto":
+        problems.append(f"devices={devices}: names CUDA devices; this search runs on cpu")
+    if workers in ("auto", 1):
+        return [Slot()]
+    cores = sorted(os.sched_getaffinity(0))
+    if workers > len(cores):
+        problems.append(
+            f"workers={workers}: each worker needs a core of its own, and this process "
+            f"may use {len(cores)}"
+        )
+        return []
+    return [Slot(cpus=tuple(part)) for part in _split(cores, workers)]
+
+
+def _cuda_slots(
+    workers: int | str,
+    devices: str,
+    device_info: DeviceInfo,
+    per_trial: int | str,
+    problems: list[str],
+) -> list[Slot]:
+    """Each worker's `devices_each` GPUs of those `devices=` names, in order; problems added."""
     names = device_info.cuda_device_names or (device_info.name,)
-    if devices == "auto":
-        indices = list(range(len(names)))
-    else:
-        indices = [int(i) for i in devices.split(",")]
-        missing = [i for i in indices if i >= len(names)]
-        if missing:
-            problems.append(
-                f"devices={devices}: no device {', '.join(map(str, missing))} here "
-                f"({len(names)} visible: 0-{len(names) - 1})"
-            )
-            return [], problems
+    indices = _named_indices(devices, len(names), problems)
+    if indices is None:
+        return []
     each = devices_each(workers, per_trial, len(indices))
     count = len(indices) // each if workers == "auto" else int(workers)
     if count == 0 or count * each > len(indices):
@@ -112,7 +121,7 @@ def assign(
             f"workers={workers} x devices_per_trial={per_trial}: each worker owns {owns}, and "
             f"devices={devices} gives {len(indices)}; lower one of them"
         )
-        return [], problems
+        return []
     indices = indices[: count * each]
     kinds = sorted({names[i] for i in indices})
     if len(kinds) > 1:
@@ -123,14 +132,29 @@ def assign(
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     entries = [e.strip() for e in visible.split(",")] if visible else None
     groups = [indices[k * each : (k + 1) * each] for k in range(count)]
-    slots = [
+    return [
         Slot(
             cuda_devices=tuple(entries[i] if entries else str(i) for i in group),
             cuda_indices=tuple(group),
         )
         for group in groups
     ]
-    return slots, problems
+
+
+def _named_indices(devices: str, visible: int, problems: list[str]) -> list[int] | None:
+    """The indices `devices=` names among the `visible` devices (auto: every one); None, with
+    the problem added, when one of them is not there."""
+    if devices == "auto":
+        return list(range(visible))
+    indices = [int(i) for i in devices.split(",")]
+    missing = [i for i in indices if i >= visible]
+    if missing:
+        problems.append(
+            f"devices={devices}: no device {', '.join(map(str, missing))} here "
+            f"({visible} visible: 0-{visible - 1})"
+        )
+        return None
+    return indices
 
 
 def _split(items: list[int], parts: int) -> list[list[int]]:

@@ -21,9 +21,11 @@ from optuna.trial import FrozenTrial
 from autotune.common.errors import ConfigError, StudyError
 from autotune.common.layout import STUDY_DB
 from autotune.common.urls import safe_url
-from autotune.plan.config import PER_PROCESS_SETTINGS, RunConfig, WorkerConfig, make_config
+from autotune.plan.config import PER_PROCESS_SETTINGS, RunConfig, WorkerConfig
 from autotune.plan.factory_trust import factory_to_run
-from autotune.plan.plan import SearchPlan, settle
+from autotune.plan.overrides import make_config
+from autotune.plan.plan import SearchPlan
+from autotune.plan.settle import settle
 from autotune.store.records import (
     BASELINE_ATTR,
     DIRECTIONS,

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy
 
 from autotune import api, cli
-from autotune.plan.config import load_config
+from autotune.plan.overrides import load_config
 from tests.conftest import TINY_MODEL, fake_executor, postgres_database
 
 pytestmark = pytest.mark.slow

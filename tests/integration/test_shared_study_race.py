@@ -13,7 +13,7 @@ import pytest
 
 from autotune.execute.local import LocalExecutor
 from autotune.plan import hardware
-from autotune.plan.config import load_config
+from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from autotune.study import checks
 from autotune.study.loop import run_search

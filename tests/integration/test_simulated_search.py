@@ -10,7 +10,7 @@ from autotune import api
 from autotune.common.device import DeviceInfo
 from autotune.common.trial import Status
 from autotune.execute.simulated import SimulatedExecutor
-from autotune.plan.config import make_config
+from autotune.plan.overrides import make_config
 from autotune.store.outcomes import Ending
 from autotune.twin.answer import TwinAnswer
 

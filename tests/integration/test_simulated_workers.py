@@ -14,7 +14,7 @@ from autotune import api
 from autotune.common.device import DeviceInfo
 from autotune.common.trial import Status, TrialResult, TrialSpec
 from autotune.execute.simulated import SimulatedExecutor
-from autotune.plan.config import make_config
+from autotune.plan.overrides import make_config
 from autotune.study.checks import settings_key
 
 H100 = Path(__file__).resolve().parents[1] / "fixtures" / "probe-h100-2026-11-26.json"

@@ -3,7 +3,7 @@
 
 from autotune import api, cli
 from autotune.outputs.view import TerminalView
-from autotune.plan.config import make_config
+from autotune.plan.overrides import make_config
 from tests.conftest import TINY_MODEL, fake_executor
 
 ARGS = [f"model={TINY_MODEL}", "n_trials=3", "seq_len=32", "warmup_steps=2", "measure_steps=3"]

@@ -28,7 +28,7 @@ from autotune import api, cli
 from autotune.common.trial import Status, TrialResult
 from autotune.outputs.view import TerminalView
 from autotune.plan import hardware
-from autotune.plan.config import load_config
+from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from autotune.plan.slots import Slot
 from autotune.store.records import (

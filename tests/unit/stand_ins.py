@@ -5,7 +5,7 @@ import dataclasses
 
 from autotune.common.device import DeviceInfo
 from autotune.common.units import GIB
-from autotune.plan.config import load_config
+from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from tests.conftest import TINY_MODEL
 

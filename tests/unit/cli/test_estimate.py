@@ -14,7 +14,7 @@ from autotune.common.device import DeviceInfo
 from autotune.common.errors import ConfigError, DeviceError, SpaceError
 from autotune.common.knobs import KNOBS
 from autotune.plan import hardware, software_cache
-from autotune.plan.config import load_config
+from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from autotune.plan.space_file import SoftwareFacts, parse_space
 

@@ -15,7 +15,7 @@ from autotune.outputs.report.data import build_report_data
 from autotune.outputs.snapshot import read_snapshot, trained_note
 from autotune.outputs.study_folder import table
 from autotune.outputs.terminal import Reporter
-from autotune.plan.config import load_config
+from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from autotune.store.outcomes import Ending, RunEnd, store_run_end
 from autotune.store.records import (

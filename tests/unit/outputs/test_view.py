@@ -8,8 +8,8 @@ import pytest
 from autotune.common.device import DeviceInfo
 from autotune.common.models import resolve_model
 from autotune.outputs.view import expectations
-from autotune.plan.config import load_config
 from autotune.plan.estimate import flops_per_sample, shape_of
+from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 
 GIB = 2**30

@@ -8,9 +8,13 @@ from pathlib import Path
 import pytest
 
 from autotune.common.device import DeviceInfo
-from autotune.common.errors import ConfigError
-from autotune.plan.config import load_config
+from autotune.common.errors import ConfigError, SpaceError
+from autotune.plan.batch_rule import apply_sampling_rules
+from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
+from autotune.plan.space import SamplingRules
+from autotune.plan.space_file import load_space
+from tests.unit import installed
 
 PROBE = Path(__file__).parents[2] / "fixtures" / "probe-h100-2026-11-26.json"
 H100 = DeviceInfo.from_facts(json.loads(PROBE.read_text()))
@@ -90,3 +94,36 @@ def test_samples_of_varying_length_fall_back_to_multiples_of_8(tmp_path, source)
     assert plan.space.knobs["precision"].choices == EVERY_PRECISION
     for precision in EVERY_PRECISION:
         assert plan.space.batch_candidates(precision, plan.rules) == (8, 16, 32), precision
+
+
+def quick_on_h100(effective, tokens_per_sample=100):
+    """The shipped quick space (fp32 and bf16) under this H100's rules."""
+    rules = SamplingRules(
+        effective_batch_size=effective,
+        tensor_core_64=H100.tensor_core_64,
+        tokens_per_sample=tokens_per_sample,
+    )
+    return apply_sampling_rules(load_space("quick", installed.software_facts()), rules), rules
+
+
+def test_a_precision_no_batch_size_of_which_divides_the_effective_batch_is_left_out():
+    # An odd sample length: 16-bit on an H100 takes multiples of 64 only, and 64 > 32.
+    space, rules = quick_on_h100(32, tokens_per_sample=511)
+    assert space.knobs["precision"].choices == ("fp32",)
+    assert space.batch_candidates("fp32", rules) == (8, 16, 32)
+    assert (
+        "precision=bf16 left out: no batch size that is a multiple of 64 divides "
+        "effective_batch_size=32 (batch sizes allowed under the rule: 64)"
+    ) in space.notes
+
+
+def test_an_effective_batch_no_batch_size_of_any_precision_divides_is_refused():
+    with pytest.raises(SpaceError) as refused:
+        quick_on_h100(12)
+    assert str(refused.value) == (
+        "effective_batch_size=12: no batch size of space quick divides it under the batch-size "
+        "rule:\n"
+        "  - precision=fp32: batch sizes allowed under the rule: 8, 16, 32, 64\n"
+        "  - precision=bf16: batch sizes allowed under the rule: 16, 32, 64\n"
+        "  give an effective_batch_size that one of these batch sizes divides"
+    )

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import SpaceError
 from autotune.common.knobs import training_args
-from autotune.plan.capabilities import apply_sampling_rules, fit_space, trial_cores
+from autotune.plan.batch_rule import apply_sampling_rules
+from autotune.plan.capabilities import fit_space, trial_cores
 from autotune.plan.slots import Slot
 from autotune.plan.space import SMALL_BATCHES, SamplingRules, multiple_for
 from autotune.plan.space_file import load_space, shipped_names
@@ -129,29 +130,6 @@ def test_a_knob_left_without_values_is_an_error_naming_the_reasons(tmp_path):
     device, info = profiles()["cpu"]
     with pytest.raises(SpaceError, match="precision: every value is removed on cpu"):
         fit_space(load_space(str(path)), device, info)
-
-
-def test_a_precision_no_batch_size_of_which_divides_the_effective_batch_is_left_out():
-    # An odd sample length: 16-bit on an H100 takes multiples of 64 only, and 64 > 32.
-    space, rules, _ = fitted("quick", "h100", 32, tokens_per_sample=511)
-    assert space.knobs["precision"].choices == ("fp32",)
-    assert space.batch_candidates("fp32", rules) == (8, 16, 32)
-    assert (
-        "precision=bf16 left out: no batch size that is a multiple of 64 divides "
-        "effective_batch_size=32 (batch sizes allowed under the rule: 64)"
-    ) in space.notes
-
-
-def test_an_effective_batch_no_batch_size_of_any_precision_divides_is_refused():
-    with pytest.raises(SpaceError) as refused:
-        fitted("quick", "h100", 12)
-    assert str(refused.value) == (
-        "effective_batch_size=12: no batch size of space quick divides it under the batch-size "
-        "rule:\n"
-        "  - precision=fp32: batch sizes allowed under the rule: 8, 16, 32, 64\n"
-        "  - precision=bf16: batch sizes allowed under the rule: 16, 32, 64\n"
-        "  give an effective_batch_size that one of these batch sizes divides"
-    )
 
 
 def test_synthetic_data_fixes_the_loader_and_padding_knobs():

@@ -9,7 +9,7 @@ import pytest
 
 from autotune.common.errors import ConfigError, SpaceError
 from autotune.plan.capabilities import fit_to_devices
-from autotune.plan.config import load_config
+from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from autotune.plan.space import SearchSpace, SpaceKnob
 from tests.conftest import TINY_MODEL

@@ -8,8 +8,9 @@ import pytest
 from autotune import cli
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import FactoryError
-from autotune.plan.config import WorkerConfig, load_config
+from autotune.plan.config import WorkerConfig
 from autotune.plan.factories import source_file
+from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from autotune.store.records import run_info
 from autotune.study.opening import join_config, open_study

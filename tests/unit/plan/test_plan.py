@@ -3,18 +3,16 @@ trial whose estimate is past what the machine can give is skipped before it star
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import ConfigError
-from autotune.plan.config import load_config
+from autotune.plan.overrides import load_config
 from autotune.plan.plan import default_study_name, make_plan
 from autotune.store.storage import heartbeat_interval_s
 from autotune.study.checks import over_budget_by_estimate
 from tests.conftest import TINY_MODEL
-from tests.unit.stand_ins import CPU, GPUS, machine, plan_for
+from tests.unit.stand_ins import CPU, GPUS, machine
 
 
 def plan_on(device: DeviceInfo, *settings: str, tmp_path):
@@ -63,16 +61,6 @@ def test_a_machine_with_nothing_left_for_a_trial_is_refused_unless_a_budget_is_g
     assert plan_on(machine(1, 2), "memory_budget=1GiB", tmp_path=tmp_path).info
 
 
-def test_a_config_of_an_unknown_model_type_is_refused_before_any_trial(tmp_path):
-    folder = tmp_path / "mystery"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "bertt", "vocab_size": 8}))
-    with pytest.raises(ConfigError, match=r"model_type 'bertt' is not one transformers 5.x knows"):
-        make_plan(load_config([f"model={folder}", f"out={tmp_path}"]), CPU)
-    with pytest.raises(ConfigError, match="transformers has no seq2seq head for bert models"):
-        plan_for(tmp_path, "task=seq2seq")
-
-
 def test_a_default_study_name_stays_a_folder_inside_out(tmp_path, monkeypatch):
     nested = tmp_path / "models" / "inner"
     nested.mkdir(parents=True)
@@ -81,42 +69,6 @@ def test_a_default_study_name_stays_a_folder_inside_out(tmp_path, monkeypatch):
     assert default_study_name(".", "cpu", 64) == "inner-cpu-s64"
     long = default_study_name("org/" + "m" * 200, "cpu", 64)
     assert len(long) == 100 and long.endswith("-cpu-s64")
-
-
-def test_batch_sizes_that_cannot_fit_leave_the_space_and_the_smallest_stays(tmp_path):
-    from autotune.plan.config import load_config
-    from autotune.plan.plan import fit_batches_to_budget, make_plan
-    from tests.unit.stand_ins import CPU
-
-    def plan_for(tmp_path, *settings):
-        return make_plan(load_config([f"out={tmp_path}", *settings]), CPU)
-
-    settings = ["model=bert-large-uncased", "seq_len=512", "space=memory"]
-    roomy = plan_for(tmp_path, *settings, "memory_budget=80GiB")
-    assert fit_batches_to_budget(roomy) == roomy
-    tight = plan_for(tmp_path, *settings, "memory_budget=3GiB")
-    trimmed = fit_batches_to_budget(tight)
-    before, after = (p.space.knobs["batch_size"].choices for p in (tight, trimmed))
-    assert 1 < len(after) < len(before) and after == before[: len(after)]
-    limit = 3 * 1.25
-    frugal = {
-        "precision": "bf16",
-        "optim": "adafactor",
-        "gradient_checkpointing": True,
-        "grad_accum": 4,
-    }
-    assert trimmed.estimate_gib({**frugal, "batch_size": after[-1]}) <= limit
-    assert tight.estimate_gib({**frugal, "batch_size": before[len(after)]}) > limit
-    assert "batch_size above" in trimmed.info.space_notes[-1]
-    # Nothing fits: the smallest batch stays, and its trials say why.
-    assert (
-        fit_batches_to_budget(plan_for(tmp_path, *settings, "memory_budget=1GiB"))
-        .space.knobs["batch_size"]
-        .choices
-        == before[:1]
-    )
-    off = plan_for(tmp_path, *settings, "memory_budget=3GiB", "estimate_margin=null")
-    assert fit_batches_to_budget(off) == off
 
 
 def test_the_memory_budget_is_what_every_worker_can_have(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 
 from autotune.common.device import DeviceInfo
 from autotune.common.trial import Status, TrialResult
-from autotune.plan.config import load_config
+from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from autotune.store.outcomes import SearchConfidence
 from autotune.store.records import PARAMS_ATTR, TrialRecord, tell_result

@@ -87,7 +87,7 @@ def test_a_trial_stops_early_under_half_the_fastest_feasible_trials_pace(tmp_pat
 
     from autotune.common.device import DeviceInfo
     from autotune.common.trial import Status, TrialResult
-    from autotune.plan.config import load_config
+    from autotune.plan.overrides import load_config
     from autotune.plan.plan import make_plan
     from autotune.store.records import TrialRecord
     from autotune.study.launch import stop_threshold
@@ -133,7 +133,7 @@ def test_another_process_training_on_this_searchs_cores_is_said_once(tmp_path):
 
     from autotune.common.device import DeviceInfo
     from autotune.execute.local import LocalExecutor
-    from autotune.plan.config import load_config
+    from autotune.plan.overrides import load_config
     from autotune.plan.plan import make_plan
     from autotune.store.records import OWNER_ATTR
     from autotune.study.loop import _Loop

@@ -6,7 +6,8 @@ import pytest
 
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import StudyError
-from autotune.plan.config import WorkerConfig, load_config
+from autotune.plan.config import WorkerConfig
+from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from autotune.store.records import RUN_ATTR, SETTINGS_ATTR, run_info
 from autotune.store.study_lock import StudyLock
@@ -126,7 +127,7 @@ def test_joining_a_study_that_is_not_there_says_how_to_start_it(tmp_path):
 
 
 def test_a_bad_storage_url_leaves_no_empty_out_folder_behind(tmp_path):
-    from autotune.plan.config import load_config
+    from autotune.plan.overrides import load_config
     from autotune.plan.plan import make_plan
     from autotune.study.opening import locked_study
     from tests.conftest import TINY_MODEL

@@ -3,7 +3,7 @@ import pytest
 
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import ConfigError
-from autotune.plan.config import load_config
+from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from autotune.study.effects import EffectsSampler
 from autotune.study.sampler import make_sampler

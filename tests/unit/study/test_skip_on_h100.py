@@ -8,7 +8,7 @@ import pytest
 
 from autotune.common.device import DeviceInfo
 from autotune.common.trial import Status, TrialResult
-from autotune.plan.config import load_config
+from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from autotune.store.records import TrialRecord
 from autotune.study.checks import first_skip, for_plan

@@ -1,0 +1,129 @@
+"""What one rank holds of the model states at the training peak: the weights, their gradients
+and the optimizer's states, by the strategy that shares them between a trial's ranks
+(`autotune.plan.estimate` adds the activations, the temporary buffers and the context).
+
+On several devices a trial (`devices`), per rank, by the strategy (ZeRO's accounting,
+Rajbhandari et al. 2020, with Psi parameters and N ranks; mixed-precision AdamW holds 16 B a
+parameter: 4 fp32 weights, 4 gradients, 8 states):
+- ddp: every rank holds all of it (16 Psi), and DDP's gradient buckets copy the gradients
+  once more (4 Psi; PyTorch's default: none with `gradient_as_bucket_view`, where the
+  gradients are views into the buckets);
+- fsdp (FSDP2 full shard, ZeRO-3): 16 Psi / N, plus the gathered weights of the block that
+  computes and the next one it prefetches, and one block's gradients before they are
+  reduce-scattered;
+- fsdp_grad_op (ZeRO-2-like): the same shards, but a block's gathered weights stay from its
+  forward to its backward: at the peak, every block's.
+- fsdp_offload: the 16 Psi / N of shards in host memory (`offloaded`); the device holds the
+  gathered blocks and one block's gradients.
+- zero1/zero2/zero3 (DeepSpeed): the model is trained in its precision's own bytes b (2 under
+  fp16/bf16, which DeepSpeed casts the model to; 4 in fp32) and the optimizer holds an fp32
+  copy of its partition besides its states: ZeRO-1 holds b Psi weights + b Psi gradients +
+  12 Psi / N (4 Psi mixed precision + 12 Psi / N), ZeRO-2 b Psi + (b + 12) Psi / N, ZeRO-3
+  (2 b + 12) Psi / N (16 Psi / N) plus two gathered blocks and one block's gradients;
+- zero2_offload/zero3_offload: the optimizer's copy, its states and (ZeRO-2) the gradients'
+  fp32 partition are in host memory (`offloaded`), ZeRO-3's weights too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.common.knob_values import FSDP, OFFLOADED, ZERO_STAGES, sixteen_bit
+from autotune.common.knobs import value_of
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankStates:
+    """Bytes of the model states one rank holds at the peak: on the device its weights (the
+    gathered blocks and 16-bit copies included), gradients, optimizer states and DDP's gradient
+    buckets; in host memory what offload keeps there."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    buckets: int = 0
+    """DDP's gradient buckets: allocated with the wrapper, live throughout."""
+    offloaded: int = 0
+    counted: int
+    """The strategy's formula for them, wherever they are (`Estimate.model_states`)."""
+
+
+def rank_states(
+    parameters: int, layers: int, optimizer: int, params: dict[str, Any], devices: int
+) -> RankStates:
+    """What a rank of `devices` holds under `params["strategy"]` of a model of `parameters`
+    in `layers` blocks, whose optimizer keeps `optimizer` bytes of states for all of them."""
+    strategy = value_of(params, "strategy", devices=devices)
+    mixed = sixteen_bit(value_of(params, "precision"))
+    block = parameters // max(layers, 1)  # one transformer block's parameters, about
+    if strategy in FSDP:
+        return _fsdp(strategy, parameters, block, devices, optimizer, mixed=mixed)
+    if strategy in ZERO_STAGES:
+        return _zero(strategy, parameters, block, devices, optimizer, mixed=mixed)
+    bucket_view = value_of(params, "gradient_as_bucket_view")
+    return _replicated(
+        parameters, optimizer, mixed=mixed, ddp_buckets=strategy == "ddp" and not bucket_view
+    )
+
+
+def _replicated(p: int, optimizer: int, *, mixed: bool, ddp_buckets: bool) -> RankStates:
+    """One device, or DDP: every rank holds all of it, with the 16-bit copies autocast keeps
+    under mixed precision and, with `ddp_buckets`, DDP's copy of the gradients."""
+    return RankStates(
+        weights=4 * p + (2 * p if mixed else 0),
+        gradients=4 * p,
+        optimizer=optimizer,
+        buckets=4 * p if ddp_buckets else 0,
+        counted=8 * p + optimizer,
+    )
+
+
+def _fsdp(
+    strategy: str, p: int, block: int, devices: int, optimizer: int, *, mixed: bool
+) -> RankStates:
+    """FSDP2's shards, the gathered weights of the blocks that compute (every block's under
+    fsdp_grad_op) and one block's gradients before they are reduce-scattered; under
+    fsdp_offload every shard is in host memory."""
+    gathered = 4 * (p if strategy == "fsdp_grad_op" else 2 * block)
+    weights = 4 * p // devices + gathered + (2 * block if mixed else 0)
+    gradients = 4 * p // devices + 4 * block
+    optimizer //= devices
+    counted = 8 * p // devices + optimizer
+    if strategy == "fsdp_offload":  # every shard on the host; the blocks that compute here
+        weights, gradients = weights - 4 * p // devices, 4 * block
+        return RankStates(
+            weights=weights, gradients=gradients, optimizer=0, offloaded=counted, counted=counted
+        )
+    return RankStates(weights=weights, gradients=gradients, optimizer=optimizer, counted=counted)
+
+
+def _zero(
+    strategy: str, p: int, block: int, devices: int, optimizer: int, *, mixed: bool
+) -> RankStates:
+    """DeepSpeed's: the model in b bytes a parameter, the optimizer's fp32 copy of its
+    partition with its states; ZeRO-3's rank holds two blocks gathered (the one that computes,
+    the one prefetched) and one block's gradients before they are reduced."""
+    b = 2 if mixed else 4
+    stage = ZERO_STAGES[strategy]
+    weights = b * p if stage < 3 else b * p // devices + 2 * b * block
+    gradients = b * p if stage == 1 else b * p // devices + (b * block if stage == 3 else 0)
+    optimizer = 4 * p // devices + optimizer // devices
+    host = 0
+    if strategy in OFFLOADED:
+        # On the host: the optimizer's copy and states, the gradients' fp32 partition it
+        # updates from, and under ZeRO-3 the weights' partition (only gathered blocks stay).
+        host = optimizer + 4 * p // devices
+        optimizer = 0
+        if stage == 3:
+            host += weights - 2 * b * block
+            weights = 2 * b * block
+    # Not in the formula: ZeRO-3's two gathered blocks and one block's unreduced gradients.
+    transient = 3 * b * block if stage == 3 else 0
+    return RankStates(
+        weights=weights,
+        gradients=gradients,
+        optimizer=optimizer,
+        offloaded=host,
+        counted=weights + gradients + optimizer + host - transient,
+    )

@@ -1,0 +1,75 @@
+"""The space a run searches and the rules it is sampled under: `space=` loaded (auto: by the
+device), fitted to the device, the model, the data source and a trial's cores (`capabilities`),
+then to the batch-size rule and a rank's effective batch (`batch_rule`). Each problem is added
+to the plan's, so that every one is named at once.
+"""
+
+from __future__ import annotations
+
+from autotune.common.device import DeviceInfo
+from autotune.common.errors import AutotuneError, ConfigError
+from autotune.plan.batch_rule import apply_sampling_rules
+from autotune.plan.capabilities import fit_space, trial_cores
+from autotune.plan.config import RunConfig
+from autotune.plan.slots import Slot
+from autotune.plan.space import SamplingRules, SearchSpace
+from autotune.plan.space_file import SoftwareFacts, load_space
+
+
+def sampling_rules(
+    config: RunConfig, device: str, device_info: DeviceInfo, source: str, problems: list[str]
+) -> SamplingRules:
+    """The rules the run adds to the space: a rank's effective batch, the tensor cores' tiling
+    and, with random tokens, the sample length."""
+    return SamplingRules(
+        effective_batch_size=_per_device_batch(config, problems),
+        tensor_core_64=device == "cuda" and device_info.tensor_core_64,
+        # Random tokens are all seq_len long; the user's data is padded per batch, and a
+        # Trainer's collator is its own.
+        tokens_per_sample=config.seq_len if source == "synthetic" else None,
+    )
+
+
+def fitted_space(
+    config: RunConfig,
+    device: str,
+    device_info: DeviceInfo,
+    facts: SoftwareFacts,
+    rules: SamplingRules,
+    source: str,
+    slots: list[Slot],
+    problems: list[str],
+    model_type_and_task: tuple[str, str] | None = None,
+) -> SearchSpace | None:
+    """The space `space=` names, fitted to the device, the model, the data source and the cores
+    each trial has; None, with the problem added to `problems`, when it cannot be."""
+    auto_space = "default" if device == "cuda" else "cpu"
+    space_name = auto_space if config.space == "auto" else config.space
+    try:
+        space = load_space(space_name, facts)
+        if space.device not in ("any", device):
+            raise ConfigError(
+                f"space={space.name} is for device={space.device}, but this search runs on {device}"
+            )
+        cores = trial_cores(slots)  # loader workers beyond them are taken out of the space
+        fitted = fit_space(
+            space, device, device_info, source, cores, config.devices_per_trial, model_type_and_task
+        )
+        return apply_sampling_rules(fitted, rules)
+    except AutotuneError as exc:
+        problems.append(str(exc))
+        return None
+
+
+def _per_device_batch(config: RunConfig, problems: list[str]) -> int | None:
+    """The effective batch a rank trains at: `effective_batch_size` over the trial's ranks."""
+    total, ranks = config.effective_batch_size, config.devices_per_trial
+    if total is None:
+        return None
+    if total % ranks:
+        problems.append(
+            f"effective_batch_size={total} does not split evenly between "
+            f"devices_per_trial={ranks} ranks"
+        )
+        return None
+    return total // ranks
