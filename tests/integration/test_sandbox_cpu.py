@@ -19,8 +19,7 @@ from autotune.common.models import resolve_model
 from autotune.common.trial import Progress, Stage, Status, TrialSpec
 from autotune.execute.launchers import WORKER_COMMAND, CommandLauncher, ForkserverLauncher
 from autotune.execute.local import launch_trial
-from autotune.store.records import PARAMS_ATTR, RESULT_ATTR
-from autotune.study.loop import RETRY_OF_ATTR
+from autotune.store.records import PARAMS_ATTR, RESULT_ATTR, RETRY_OF_ATTR
 from tests.benchmarking import up_to_three_attempts
 from tests.conftest import TINY_MODEL
 
