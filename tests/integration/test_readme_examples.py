@@ -94,10 +94,6 @@ class NotVerbatim:
 
 # Keyed by a piece of text found in exactly one example (checked below).
 NOT_VERBATIM = {
-    "python3 -m venv .venv && . .venv/bin/activate": NotVerbatim(
-        reason="the test environment is its own virtual environment (CI makes one the same way "
-        "before the tests); the quick start's search, two lines below, runs verbatim",
-    ),
     "pip install torch==2.13.0 && pip install .\n": NotVerbatim(
         reason="the installs are the test environment's own (CI runs them before the tests); "
         "the search on the next line runs verbatim",
