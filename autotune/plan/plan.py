@@ -72,14 +72,17 @@ class SearchPlan:
         found = self._estimate(params)
         return None if found is None else found.budgeted / GIB
 
+    def compute_tflops(self, precision: str) -> float | None:
+        """The fastest a step of this precision computes on the search's device (TFLOP/s:
+        `DeviceInfo.compute_tflops`); None when unknown."""
+        return self.device_info.compute_tflops(self.device, precision)
+
     def compute_floor_s(self, params: dict[str, Any]) -> tuple[float, float] | None:
         """(seconds, TFLOP/s): the least time a trial of these settings can take to compute
         its warm-up and timed steps, at the fastest this device computes
         (`DeviceInfo.compute_tflops`, or `peak_tflops=`); None when either is unknown."""
         found = self._estimate(params)
-        rate = self.config.peak_tflops or self.device_info.compute_tflops(
-            self.device, str(value_of(params, "precision"))
-        )
+        rate = self.config.peak_tflops or self.compute_tflops(str(value_of(params, "precision")))
         if found is None or not rate:
             return None
         steps = self.config.warmup_steps + self.config.measure_steps

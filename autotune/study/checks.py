@@ -13,12 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.common.knobs import value_of
 from autotune.common.trial import OUT_OF_MEMORY, Status
 from autotune.common.trial_settings import at_least_as_hungry, conflict
 from autotune.plan.estimate import Measured, calibrated_gib
 from autotune.store.records import TrialRecord
-from autotune.study.cost import TrialCost
+from autotune.study.cost import Rate, TrialCost, pace_at
 from autotune.study.launch import time_limit_s
 
 if TYPE_CHECKING:
@@ -93,7 +92,7 @@ def over_budget_by_estimate(
 def over_time_by_pace(
     limit_s: Callable[[dict[str, Any]], float],
     steps: int,
-    rate: Callable[[str], float | None],
+    rate: Rate,
 ) -> Check:
     """A check that skips settings sure to pass their trial's time limit: their warm-up and
     timed steps at the fastest pace any trial measured, scaled by the precision's peak rate
@@ -106,12 +105,9 @@ def over_time_by_pace(
         measured = [r for r in records if r.status is Status.OK and r.result.samples_per_s]
         if not measured:
             return None
-        mine = rate(str(value_of(params, "precision")))
 
         def pace(record: TrialRecord) -> float:
-            theirs = rate(str(value_of(record.params, "precision")))
-            scale = mine / theirs if mine and theirs else 1.0
-            return (record.result.samples_per_s or 0.0) * max(scale, 1.0)
+            return pace_at(params, record, rate)
 
         fastest = max(measured, key=pace)
         limit = limit_s(params)
@@ -157,7 +153,7 @@ def for_plan(plan: SearchPlan) -> tuple[Check, ...]:
     by_time = over_time_by_pace(
         lambda params: time_limit_s(config, params),
         config.warmup_steps + config.measure_steps,
-        lambda precision: plan.device_info.compute_tflops(plan.device, precision),
+        plan.compute_tflops,
     )
     if plan.estimate_limit_gib is None:
         return (*PRE_TRIAL_CHECKS, by_time)

@@ -12,10 +12,11 @@ took at least its limit.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.common.knobs import is_compiled
+from autotune.common.knobs import is_compiled, value_of
 from autotune.common.trial import Status
 from autotune.common.trial_settings import effective_batch
 from autotune.store.records import TrialRecord
@@ -63,6 +64,21 @@ class TrialCost:
         samples/s; None where its start-up alone could take that long."""
         left = limit_s - self.start_s - (self.compile_s if is_compiled(params) else 0.0)
         return self.steps * effective_batch(params) / left if left > 0 else None
+
+
+Rate = Callable[[str], float | None]
+"""Precision -> the fastest a step of it computes on the device (TFLOP/s); None: unknown."""
+
+
+def pace_at(params: dict[str, Any], record: TrialRecord, rate: Rate) -> float:
+    """The fastest pace (samples/s) a trial of `params` can be counted on for, from a measured
+    trial: the trial's samples/s, scaled up by its precision's peak rate over the measured
+    one's where that is higher (bf16 on a GPU whose fp32 trial was measured), 1:1 where either
+    rate is unknown (a CPU computes at one rate whatever the precision)."""
+    mine = rate(str(value_of(params, "precision")))
+    theirs = rate(str(value_of(record.params, "precision")))
+    scale = mine / theirs if mine and theirs else 1.0
+    return (record.result.samples_per_s or 0.0) * max(scale, 1.0)
 
 
 def remaining_s(

@@ -3,9 +3,11 @@
 **The guess** is what the HF single-GPU guide and the PyTorch/NVIDIA tuning guides advise for
 the device in hand, taken from the knob catalogue's priors (`Knob.prior`, per device kind,
 each with its source): on a CUDA GPU with bf16, bf16 with TF32 matmuls, fused AdamW,
-FlashAttention where installed (else SDPA), no checkpointing, no compile; at the largest batch
-whose estimate, corrected by the baseline's measured peak, fills at most `GUESS_FILL` of the
-memory budget. A knob without a prior keeps its HF default. Where no batch of that setting
+FlashAttention where installed (else SDPA), no checkpointing, no compile; on a CPU, bf16 where
+it has it, eager attention, fused AdamW. It runs at the largest batch whose estimate, corrected
+by the baseline's measured peak, fills at most `GUESS_FILL` of the memory budget, and whose
+trial would cost at most `GUESS_COST` baseline trials were it to train no faster a sample than
+the baseline. A knob without a prior keeps its HF default. Where no batch of that setting
 fits, the next most advised setting is taken (checkpointing first).
 
 **The ladder** then moves the guess's batch while it pays: up to at most twice the batch, and
@@ -30,6 +32,7 @@ from autotune.common.trial import Status
 from autotune.plan.estimate import calibrated_gib
 from autotune.store.records import TrialRecord
 from autotune.study.checks import measured_peaks, settings_key
+from autotune.study.cost import TrialCost, pace_at
 
 if TYPE_CHECKING:
     from autotune.plan.plan import SearchPlan
@@ -38,6 +41,15 @@ if TYPE_CHECKING:
 GUESS_FILL = 0.85
 """The share of the memory budget the guess's batch may fill by estimate: room for the
 estimate's error (7-8% low at large batches on the H100) and the allocator's fragmentation."""
+GUESS_COST = 3.0
+"""The most the guess may cost, in baseline trials, were it to train no faster a sample than
+the baseline (`TrialCost` fitted on the baseline). On a GPU a trial's start-up dominates its
+cost and the bound leaves the largest batch that fits (bert-large at seq 512 on the H100
+twin: batch 128 against a bound of 141; Qwen2.5-0.5B: 24 against 68). On a CPU a trial's cost
+is its steps, and past batch 8-16 more samples a step rarely train faster there (recorded on
+an AMD EPYC and an AMX Xeon: `benchmarks/results/cpu-advice.md`); the bound keeps the guess to
+16-32 samples a step, where the largest batch that fits cost up to 6 baseline trials even
+stopped early (bert-mini at seq 256: 5 s steps at batch 32 against 0.5 s at 16)."""
 LADDER_GAIN = 0.05
 """A step of the ladder that gains less than this (in samples/s) is its last."""
 LINES_LOOKED_AT = 500
@@ -74,6 +86,15 @@ def expert_guess(
 
     ranked = sorted(range(len(points.params)), key=lambda i: rank(points.params[i]))
     measured = measured_peaks([r for r in records if r.baseline])
+    affordable = _affordable(plan, records)
+
+    def preference(index: int) -> tuple[bool, int, int]:
+        """The largest batch the cost bound allows (else the smallest), then the least
+        accumulation."""
+        params = points.params[index]
+        allowed, batch = affordable(params), _batch(params)
+        return (not allowed, -batch if allowed else batch, value_of(params, "grad_accum"))
+
     limit = plan.info.memory_budget_gib * GUESS_FILL
     lines = itertools.groupby(ranked, key=lambda i: _line_key(points.params[i], free))
     for _, line in itertools.islice(lines, LINES_LOOKED_AT):
@@ -88,14 +109,31 @@ def expert_guess(
                 fits = calibrated_gib(params, estimate, measured) <= limit
             if fits:
                 fitting.append(index)
-        # The largest batch, then the least accumulation.
-        fitting.sort(
-            key=lambda i: (-_batch(points.params[i]), value_of(points.params[i], "grad_accum"))
-        )
-        for index in fitting:
+        for index in sorted(fitting, key=preference):
             if runs(index):
                 return index
     return None
+
+
+def _affordable(plan: SearchPlan, records: list[TrialRecord]) -> Callable[[dict], bool]:
+    """Whether a setting's trial would cost at most `GUESS_COST` baseline trials at the
+    baseline's pace a sample, scaled by its precision's peak rate over fp32's on a GPU
+    (`cost.pace_at`); every setting where the baseline measured none."""
+    baseline = [
+        r
+        for r in records
+        if r.baseline and r.status is Status.OK and r.result.samples_per_s and r.result.wall_s
+    ]
+    if not baseline:
+        return lambda params: True
+    record = baseline[0]
+    cost = TrialCost.fit(baseline, plan.config.warmup_steps + plan.config.measure_steps)
+
+    def affordable(params: dict[str, Any]) -> bool:
+        pace = pace_at(params, record, plan.compute_tflops)
+        return cost.predict_s(params, pace) <= GUESS_COST * record.result.wall_s
+
+    return affordable
 
 
 def ladder_step(

@@ -38,6 +38,7 @@ SETTINGS = {
     "measure_steps": 5,
     "estimate_margin": None,
     "confirm_rounds": 0,  # a landscape keeps each point's one measurement
+    "early_stop": False,  # every point's timed steps, however slow
 }
 
 

@@ -1,0 +1,117 @@
+"""The expert's guess (`study/guess.py`): the guides' advice at the largest batch that fits
+the budget and that costs at most `GUESS_COST` baseline trials at the baseline's pace."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from autotune.common.trial import Status, TrialResult
+from autotune.plan.overrides import load_config
+from autotune.plan.plan import make_plan
+from autotune.store.records import TrialRecord
+from autotune.study.guess import GUESS_COST, expert_guess
+from autotune.study.points import Points
+from tests.conftest import TINY_MODEL
+from tests.unit.study.test_effects import CPU
+from tests.unit.study.test_skip_on_h100 import H100
+
+SPACE = """
+device: cpu
+knobs:
+  precision: {choices: [fp32, bf16]}
+  batch_size: {choices: [8, 16, 32, 64, 128]}
+  gradient_checkpointing: {choices: [false, true]}
+  optim: {choices: [adamw_torch, adamw_torch_fused, adafactor]}
+  attn_implementation: {choices: [sdpa, eager]}
+"""
+STEPS = 3 + 10
+"""The default warm-up and timed steps of a trial."""
+PACE = 100.0
+"""The baseline's samples/s."""
+
+
+@pytest.fixture
+def plan(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    config = load_config(
+        [f"model={TINY_MODEL}", f"space={space}", f"out={tmp_path}", "memory_budget=8GiB"]
+    )
+    return make_plan(config, dataclasses.replace(CPU, bf16_supported=True))
+
+
+def guess(plan, start_s):
+    """The guess after a baseline whose trial took `start_s` besides its steps."""
+    wall_s = start_s + STEPS * plan.baseline["batch_size"] / PACE
+    result = TrialResult(status=Status.OK, samples_per_s=PACE, wall_s=wall_s, peak_memory_gib=0.1)
+    baseline = TrialRecord(number=0, params=dict(plan.baseline), result=result, baseline=True)
+    points = Points.of(plan, np.random.default_rng(0))
+    index = expert_guess(points, plan, [baseline], lambda index: True)
+    return points.params[index], wall_s
+
+
+def test_the_guess_is_the_cpus_advice(plan):
+    params, _ = guess(plan, start_s=20.0)
+    assert {k: v for k, v in params.items() if k != "batch_size"} == {
+        "precision": "bf16",
+        "gradient_checkpointing": False,
+        "optim": "adamw_torch_fused",
+        "attn_implementation": "eager",
+    }
+
+
+def test_where_the_start_up_dominates_a_trial_the_guess_takes_the_largest_batch(plan):
+    """A GPU's trial: 20 s of start-up, 1 s of steps at batch 8; batch 128 costs 37.6 s at
+    the baseline's pace, within 3 x 21 s."""
+    params, _ = guess(plan, start_s=20.0)
+    assert params["batch_size"] == 128
+
+
+def test_where_the_steps_are_a_trials_cost_the_guess_stays_within_a_few_baseline_trials(plan):
+    """A CPU's trial: 1 s of start-up, 1.04 s of steps at batch 8. Batch 32 costs 5.2 s at
+    the baseline's pace, within 3 x 2.04 s; batch 64 (9.3 s) is not."""
+    params, wall_s = guess(plan, start_s=1.0)
+    assert params["batch_size"] == 32
+    assert 1.0 + STEPS * 32 / PACE <= GUESS_COST * wall_s < 1.0 + STEPS * 64 / PACE
+
+
+CUDA_SPACE = """
+device: cuda
+knobs:
+  precision: {choices: [fp32, bf16+tf32]}
+  batch_size: {choices: [8, 16, 32, 48, 64, 96, 128]}
+  optim: {choices: [adamw_torch, adamw_torch_fused]}
+"""
+
+
+def test_on_a_gpu_the_guess_is_costed_at_its_precisions_peak_not_the_fp32_baselines_pace(
+    tmp_path,
+):
+    """The A100 twin's bert-large baseline: fp32 at 12.3 samples/s, 24.8 s a trial. At that
+    pace batch 128 would cost 145 s, past 3 baseline trials (74 s); at the bf16 peak over
+    fp32's (the H100's 989 / 67 TFLOP/s here) it costs about 25 s, and the guess keeps the
+    largest batch that fits, as without the bound."""
+    space = tmp_path / "space.yaml"
+    space.write_text(CUDA_SPACE)
+    config = load_config(
+        ["model=bert-large-uncased", "seq_len=512", f"space={space}", f"out={tmp_path}"]
+    )
+    plan = make_plan(config, H100)
+    points = Points.of(plan, np.random.default_rng(0))
+
+    def guess_after(wall_s):
+        result = TrialResult(
+            status=Status.OK,
+            samples_per_s=12.3,
+            wall_s=wall_s,
+            peak_memory_gib=10.3,
+            estimate_gib=plan.estimate_gib(plan.baseline),
+        )
+        baseline = TrialRecord(number=0, params=dict(plan.baseline), result=result, baseline=True)
+        return points.params[expert_guess(points, plan, [baseline], lambda index: True)]
+
+    unbounded = guess_after(wall_s=None)
+    assert unbounded["precision"] == "bf16+tf32"
+    assert unbounded["batch_size"] >= 96
+    assert guess_after(wall_s=24.8) == unbounded
