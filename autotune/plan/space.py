@@ -25,7 +25,7 @@ GPUs. Values below 8 (1, 2, 4) are allowed only when a space lists them in `choi
 
 from __future__ import annotations
 
-import json
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -99,15 +99,7 @@ class SearchSpace:
         """Batch sizes allowed for a trial with this precision under the run's rules."""
         knob = self.knobs["batch_size"]
         multiple = multiple_for(knob, precision, rules)
-        # Values below 8 are there only because the space lists them: they stay under any rule.
-        values = [
-            v
-            for v in knob.choices
-            if v % multiple == 0 or (v in SMALL_BATCHES and not knob.is_range)
-        ]
-        if rules.effective_batch_size:
-            values = [v for v in values if rules.effective_batch_size % v == 0]
-        return tuple(values)
+        return _batch_values(knob.choices, multiple, knob.is_range, rules.effective_batch_size)
 
     def grid(self, rules: SamplingRules) -> dict[str, list[Any]]:
         """Every Optuna parameter `sample` may suggest, with all its values (for GridSampler)."""
@@ -165,14 +157,14 @@ class SearchSpace:
             except _Branch as branch:
                 stack += [{**fixed, branch.name: c} for c in reversed(branch.choices)]
                 continue
-            found[json.dumps(params, sort_keys=True)] = (params, fixed)
+            found[_key(params)] = (params, fixed)
         if len(found) <= limit:
             return list(found.values())
         found, rng = {}, rng or np.random.default_rng(0)
         for _ in range(limit * 2):
             walker = _Walker({}, rng)
             params = self.sample(walker, rules)  # type: ignore[arg-type]
-            found.setdefault(json.dumps(params, sort_keys=True), (params, walker.fixed))
+            found.setdefault(_key(params), (params, walker.fixed))
             if len(found) == limit:
                 break
         return list(found.values())
@@ -234,6 +226,11 @@ def _holds(distribution: optuna.distributions.BaseDistribution, value: Any) -> b
     return distribution.low <= value <= distribution.high
 
 
+def _key(params: dict[str, Any]) -> tuple:
+    """Settings as a key: settings are scalars by knob (what a space file can write)."""
+    return tuple(sorted(params.items()))
+
+
 class _Branch(Exception):
     def __init__(self, name: str, choices: tuple[Any, ...]) -> None:
         self.name, self.choices = name, choices
@@ -246,20 +243,34 @@ class _Walker:
     def __init__(self, fixed: dict[str, Any], rng: np.random.Generator | None = None) -> None:
         self.fixed = fixed
         self.rng = rng
-        self.distributions: dict[str, optuna.distributions.BaseDistribution] = {}
+        self.asked: dict[str, tuple[Any, ...] | range] = {}
+        """Parameter -> its choices (a range for an integer one), as suggested."""
+
+    @property
+    def distributions(self) -> dict[str, optuna.distributions.BaseDistribution]:
+        """The Optuna distribution of each parameter asked for (made only when wanted: an
+        enumeration walks tens of thousands of settings)."""
+        return {
+            name: optuna.distributions.IntDistribution(choices.start, choices.stop - 1)
+            if isinstance(choices, range)
+            else optuna.distributions.CategoricalDistribution(choices)
+            for name, choices in self.asked.items()
+        }
 
     def suggest_categorical(self, name: str, choices: tuple[Any, ...]) -> Any:
-        self.distributions[name] = optuna.distributions.CategoricalDistribution(choices)
+        self.asked[name] = choices
+        return self._value(name, choices)
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        self.asked[name] = choices = range(low, high + 1)
+        return self._value(name, tuple(choices))
+
+    def _value(self, name: str, choices: tuple[Any, ...]) -> Any:
         if name not in self.fixed:
             if self.rng is None:
                 raise _Branch(name, tuple(choices))
             self.fixed[name] = choices[int(self.rng.integers(len(choices)))]
         return self.fixed[name]
-
-    def suggest_int(self, name: str, low: int, high: int) -> int:
-        value = self.suggest_categorical(name, tuple(range(low, high + 1)))
-        self.distributions[name] = optuna.distributions.IntDistribution(low, high)
-        return value
 
 
 class _Recorder:
@@ -296,6 +307,18 @@ def multiple_for(knob: SpaceKnob, precision: str | None, rules: SamplingRules) -
     # the sample length lacks (on an H100 at seq_len 512, bf16 bs 32 ran within 7% of bs 64).
     lacking = TENSOR_CORE_MULTIPLE // math.gcd(TENSOR_CORE_MULTIPLE, rules.tokens_per_sample)
     return math.lcm(BASE_MULTIPLE, lacking)
+
+
+@functools.cache
+def _batch_values(
+    choices: tuple[int, ...], multiple: int, is_range: bool, effective_batch_size: int | None
+) -> tuple[int, ...]:
+    """`SearchSpace.batch_candidates`, of what it depends on: asked once a setting, so kept."""
+    # Values below 8 are there only because the space lists them: they stay under any rule.
+    values = [v for v in choices if v % multiple == 0 or (v in SMALL_BATCHES and not is_range)]
+    if effective_batch_size:
+        values = [v for v in values if effective_batch_size % v == 0]
+    return tuple(values)
 
 
 def _suggest_batch(

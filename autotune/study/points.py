@@ -46,8 +46,9 @@ class Points:
         params = [p for p, _ in found]
         names = sorted({k for p in params for k in p})
         values = [sorted({repr(p.get(k)) for p in params}) for k in names]
+        level_of = [{value: level for level, value in enumerate(v)} for v in values]
         levels = np.array(
-            [[values[j].index(repr(p.get(k))) for j, k in enumerate(names)] for p in params],
+            [[level_of[j][repr(p.get(k))] for j, k in enumerate(names)] for p in params],
             dtype=np.int32,
         ).reshape(len(params), len(names))
         numeric = [
