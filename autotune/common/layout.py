@@ -44,6 +44,7 @@ INTERRUPTED_RESULT = "result.interrupted.json"
 """What a worker wrote for a trial whose search died before recording it: set aside, not used."""
 
 CONFIRM = "confirm"
+"""The confirmation's runs: `confirm/rR-tNNNN/`, one folder per round and trial."""
 VERIFY = "verify"
 """`autotune verify`'s runs: `verify/tNNNN/`, one folder per trial verified."""
 DATA_CACHE = "data"

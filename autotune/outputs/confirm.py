@@ -29,8 +29,6 @@ from autotune.store.records import CONFIRMATION_ATTR, TrialRecord
 from autotune.study.launch import launch
 from autotune.study.observer import SearchObserver
 
-"""Under the study folder: `confirm/rR-tNNNN/`, one folder per run."""
-
 DRIFT_WITHIN = 0.25
 """A trial this much slower than the baseline, one short measurement each, may yet be the
 faster. Measured on a shared 2-core machine: the quick start's baseline ran at 225 samples/s

@@ -147,7 +147,8 @@ class RunConfig(_ModelSettings):
     sampler: Sampler = Field(
         "auto",
         description="how trials are chosen; auto = effects: the baseline, the guides' "
-        "advice for the device at the largest batch that fits and a batch ladder, then a model "
+        "advice for the device (on a CPU, what was measured there) at the largest batch that "
+        "fits and costs at most 3 baseline trials, and a batch ladder, then a model "
         "of each knob's effect weighing each trial's gain by its predicted time, compiling "
         "last (benchmarks/replay.py); tpe (multivariate), gp, nsga2, random and grid are "
         "Optuna's",
