@@ -43,13 +43,15 @@ GUESS_FILL = 0.85
 estimate's error (7-8% low at large batches on the H100) and the allocator's fragmentation."""
 GUESS_COST = 3.0
 """The most the guess may cost, in baseline trials, were it to train no faster a sample than
-the baseline (`TrialCost` fitted on the baseline). On a GPU a trial's start-up dominates its
-cost and the bound leaves the largest batch that fits (bert-large at seq 512 on the H100
-twin: batch 128 against a bound of 141; Qwen2.5-0.5B: 24 against 68). On a CPU a trial's cost
-is its steps, and past batch 8-16 more samples a step rarely train faster there (recorded on
-an AMD EPYC and an AMX Xeon: `benchmarks/results/cpu-advice.md`); the bound keeps the guess to
-16-32 samples a step, where the largest batch that fits cost up to 6 baseline trials even
-stopped early (bert-mini at seq 256: 5 s steps at batch 32 against 0.5 s at 16)."""
+the baseline (`TrialCost` fitted on the baseline; on a GPU its pace scaled by the precision's
+datasheet peak, `cost.pace_at`). On a GPU that leaves the largest batch that fits (bert-large
+at seq 512 on the H100 twin: batch 128 against a bound of about 2,000; on the A100, 128
+against 880). On a CPU a trial's cost is its steps, and past batch 8-16 more samples a step
+rarely train faster there (recorded on an AMD EPYC and an AMX Xeon:
+`benchmarks/results/cpu-advice.md`); the bound keeps the guess to 16-32 samples a step (27 on
+bert-mini at seq 256), where the largest batch that fits cost up to 6 baseline trials even
+stopped early (there, bf16 SDPA at batch 32 was recorded at 5.8 s a step against 0.9 s at
+16)."""
 LADDER_GAIN = 0.05
 """A step of the ladder that gains less than this (in samples/s) is its last."""
 LINES_LOOKED_AT = 500
@@ -134,7 +136,7 @@ def _most_advised_first(points: Points, order: list[str], kind: str) -> list[int
 
 def _affordable(plan: SearchPlan, records: list[TrialRecord]) -> Callable[[dict], bool]:
     """Whether a setting's trial would cost at most `GUESS_COST` baseline trials at the
-    baseline's pace a sample, scaled by its precision's peak rate over fp32's on a GPU
+    baseline's pace a sample, scaled by its precision's peak rate over the baseline's on a GPU
     (`cost.pace_at`); every setting where the baseline measured none."""
     baseline = [
         r

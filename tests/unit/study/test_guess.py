@@ -89,7 +89,7 @@ def test_on_a_gpu_the_guess_is_costed_at_its_precisions_peak_not_the_fp32_baseli
     tmp_path,
 ):
     """The A100 twin's bert-large baseline: fp32 at 12.3 samples/s, 24.8 s a trial. At that
-    pace batch 128 would cost 145 s, past 3 baseline trials (74 s); at the bf16 peak over
+    pace batch 128 would cost 152 s, past 3 baseline trials (74 s); at the bf16 peak over
     fp32's (the H100's 989 / 67 TFLOP/s here) it costs about 25 s, and the guess keeps the
     largest batch that fits, as without the bound."""
     space = tmp_path / "space.yaml"
