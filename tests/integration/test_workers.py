@@ -168,21 +168,23 @@ def test_three_workers_finish_a_study_in_less_than_half_the_time_of_one(tmp_path
     assert ratio <= 0.45, (one_watch.seconds, three_watch.seconds)
 
 
-def children_running(module: str) -> list[psutil.Process]:
-    """This process's descendants whose command line runs `module`."""
+def children_running(module: str) -> list[tuple[psutil.Process, list[str]]]:
+    """(process, command line) of this process's descendants whose command line runs `module`.
+    The command line is read once: a process that has just ended reads as an empty one."""
     found = []
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):
-            if module in " ".join(child.cmdline()):
-                found.append(child)
+            cmdline = child.cmdline()
+            if module in " ".join(cmdline):
+                found.append((child, cmdline))
     return found
 
 
 def in_a_trial(study: optuna.Study, index: int):
     """(worker `index`'s process, its trial's process, the trial) while it runs a trial."""
-    for worker in children_running("autotune.workers"):
+    for worker, cmdline in children_running("autotune.workers"):
         with contextlib.suppress(psutil.NoSuchProcess):
-            if worker.cmdline()[-1] != str(index):
+            if cmdline[-1] != str(index):
                 continue
             trials = [p for p in worker.children() if "fakes" in " ".join(p.cmdline())]
             running = [
