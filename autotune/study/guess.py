@@ -11,11 +11,9 @@ the baseline. A knob without a prior keeps its HF default. Where no batch of tha
 fits, the next most advised setting is taken (checkpointing first).
 
 **The ladder** then moves the guess's batch while it pays: up to at most twice the batch, and
-again while the last step up gained `LADDER_GAIN`, where the step's trial would cost at most
-`GUESS_COST` baseline trials at the fastest rung's measured pace; down by half where up lost,
-did not fit or cost too much, and again while the last step down gained. It ends at the
-first step that gains less. Both are read from the study's records alone, so that every worker
-of a study agrees on them.
+again while the last step up gained `LADDER_GAIN`; down by half where up lost or did not fit,
+and again while the last step down gained. It ends at the first step that gains less. Both
+are read from the study's records alone, so that every worker of a study agrees on them.
 
 A wrong prior costs one or two trials: after the ladder the effects model chooses
 (`study/effects.py`), and the guess is one measured point among the others.
@@ -136,13 +134,10 @@ def _most_advised_first(points: Points, order: list[str], kind: str) -> list[int
     return [int(i) for i in np.lexsort(columns[::-1])]
 
 
-def _affordable(
-    plan: SearchPlan, records: list[TrialRecord], pace_of: TrialRecord | None = None
-) -> Callable[[dict], bool]:
-    """Whether a setting's trial would cost at most `GUESS_COST` baseline trials at the pace
-    a sample measured by `pace_of` (by default the baseline), scaled by its precision's peak
-    rate over the measured one's on a GPU (`cost.pace_at`); every setting where the baseline
-    measured none. The trial's start-up is the baseline's."""
+def _affordable(plan: SearchPlan, records: list[TrialRecord]) -> Callable[[dict], bool]:
+    """Whether a setting's trial would cost at most `GUESS_COST` baseline trials at the
+    baseline's pace a sample, scaled by its precision's peak rate over the baseline's on a GPU
+    (`cost.pace_at`); every setting where the baseline measured none."""
     baseline = [
         r
         for r in records
@@ -150,13 +145,12 @@ def _affordable(
     ]
     if not baseline:
         return lambda params: True
-    unit = baseline[0]
-    record = pace_of or unit
+    record = baseline[0]
     cost = TrialCost.fit(baseline, plan.config.warmup_steps + plan.config.measure_steps)
 
     def affordable(params: dict[str, Any]) -> bool:
         pace = pace_at(params, record, plan.compute_tflops)
-        return cost.predict_s(params, pace) <= GUESS_COST * unit.result.wall_s
+        return cost.predict_s(params, pace) <= GUESS_COST * record.result.wall_s
 
     return affordable
 
@@ -173,7 +167,6 @@ def ladder_step(
     budget = plan.info.memory_budget_gib
     measured: dict[int, float | None] = {}
     """batch -> samples/s; None where it failed (out of memory, timeout, ...)."""
-    rungs: dict[int, TrialRecord] = {}
     for record in records:
         if record.status is Status.SKIPPED:
             continue
@@ -182,23 +175,20 @@ def ladder_step(
             continue
         ok = record.result.feasible(budget) or record.status is Status.STOPPED  # a slower rung
         measured[_batch(points.params[index])] = record.result.samples_per_s if ok else None
-        rungs[_batch(points.params[index])] = record
     if _batch(points.params[guess]) not in measured:
         return None
     batches = sorted(line)
     speeds = {b: s for b, s in measured.items() if s}
     peaks = measured_peaks(records)
 
-    def first_running(
-        candidates: list[int], affordable: Callable[[dict], bool] = lambda params: True
-    ) -> int | None:
-        """The first batch not measured that runs, fits the budget by its estimate
-        calibrated on the study's peaks, and is `affordable`."""
+    def first_running(candidates: list[int]) -> int | None:
+        """The first batch not measured that runs and fits the budget by its estimate
+        calibrated on the study's peaks."""
         for b in candidates:
             params = points.params[line[b]]
             estimate = plan.estimate_gib(params)
             fits = estimate is None or calibrated_gib(params, estimate, peaks) <= budget
-            if b not in measured and fits and affordable(params) and runs(line[b]):
+            if b not in measured and fits and runs(line[b]):
                 return line[b]
         return None
 
@@ -215,9 +205,7 @@ def ladder_step(
         )
 
     if not above and gained(max(below, default=None)):
-        # A step up costs at most what the guess may, at the best rung's measured pace.
-        affordable = _affordable(plan, records, pace_of=rungs[best])
-        up = first_running([b for b in reversed(batches) if best < b <= 2 * best], affordable)
+        up = first_running([b for b in reversed(batches) if best < b <= 2 * best])
         if up is not None:
             return up
     # Down where up ran slower, or where no larger batch fits: not where a larger batch ran

@@ -1,6 +1,5 @@
 """The expert's guess (`study/guess.py`): the guides' advice at the largest batch that fits
-the budget and that costs at most `GUESS_COST` baseline trials at the baseline's pace; the
-ladder's steps up at most as much, at the guess's measured pace."""
+the budget and that costs at most `GUESS_COST` baseline trials at the baseline's pace."""
 
 import dataclasses
 
@@ -11,7 +10,7 @@ from autotune.common.trial import Status, TrialResult
 from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from autotune.store.records import TrialRecord
-from autotune.study.guess import GUESS_COST, expert_guess, ladder_step
+from autotune.study.guess import GUESS_COST, expert_guess
 from autotune.study.points import Points
 from tests.conftest import TINY_MODEL
 from tests.unit.study.test_effects import CPU
@@ -42,19 +41,14 @@ def plan(tmp_path):
     return make_plan(config, dataclasses.replace(CPU, bf16_supported=True))
 
 
-def baseline_after(plan, start_s):
-    """The baseline's record, its trial `start_s` besides its steps at `PACE`."""
-    wall_s = start_s + STEPS * plan.baseline["batch_size"] / PACE
-    result = TrialResult(status=Status.OK, samples_per_s=PACE, wall_s=wall_s, peak_memory_gib=0.1)
-    return TrialRecord(number=0, params=dict(plan.baseline), result=result, baseline=True)
-
-
 def guess(plan, start_s):
     """The guess after a baseline whose trial took `start_s` besides its steps."""
-    baseline = baseline_after(plan, start_s)
+    wall_s = start_s + STEPS * plan.baseline["batch_size"] / PACE
+    result = TrialResult(status=Status.OK, samples_per_s=PACE, wall_s=wall_s, peak_memory_gib=0.1)
+    baseline = TrialRecord(number=0, params=dict(plan.baseline), result=result, baseline=True)
     points = Points.of(plan, np.random.default_rng(0))
     index = expert_guess(points, plan, [baseline], lambda index: True)
-    return points.params[index], baseline.result.wall_s
+    return points.params[index], wall_s
 
 
 def test_the_guess_is_the_cpus_advice(plan):
@@ -80,30 +74,6 @@ def test_where_the_steps_are_a_trials_cost_the_guess_stays_within_a_few_baseline
     params, wall_s = guess(plan, start_s=1.0)
     assert params["batch_size"] == 32
     assert 1.0 + STEPS * 32 / PACE <= GUESS_COST * wall_s < 1.0 + STEPS * 64 / PACE
-
-
-@pytest.mark.parametrize(("guess_pace", "next_batch"), [(200.0, 64), (120.0, 16)])
-def test_the_ladder_steps_up_only_where_the_step_costs_what_the_guess_may(
-    plan, guess_pace, next_batch
-):
-    """After the guess at batch 32 (the CPU trial above: 1 s of start-up, a baseline trial of
-    2.04 s), batch 64 costs 1 + 13 x 64 / pace: 5.2 s at 200 samples/s, within 3 baseline
-    trials (6.1 s), and the ladder steps up; 7.9 s at 120, and it steps down instead."""
-    baseline = baseline_after(plan, start_s=1.0)
-    points = Points.of(plan, np.random.default_rng(0))
-    index = expert_guess(points, plan, [baseline], lambda index: True)
-    assert points.params[index]["batch_size"] == 32
-    wall_s = 1.0 + STEPS * 32 / guess_pace
-    measured = TrialResult(
-        status=Status.OK, samples_per_s=guess_pace, wall_s=wall_s, peak_memory_gib=0.4
-    )
-    records = [baseline, TrialRecord(number=1, params=points.params[index], result=measured)]
-    step = ladder_step(points, index, plan, records, lambda index: True)
-    assert step is not None
-    stepped = points.params[step]
-    assert stepped == points.params[index] | {"batch_size": next_batch}
-    cost_64 = 1.0 + STEPS * 64 / guess_pace
-    assert (cost_64 <= GUESS_COST * baseline.result.wall_s) == (next_batch == 64)
 
 
 CUDA_SPACE = """
