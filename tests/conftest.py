@@ -11,6 +11,16 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 # Tests never read or write the user's cache of software facts (autotune.plan.software_cache).
 os.environ["AUTOTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotune-test-cache-")
 
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """The timing benchmarks (`-m benchmark`) run one at a time: the default run's two test
+    processes at once (`-n 2` in pyproject.toml) would time each against the other."""
+    marks = config.option.markexpr or ""
+    if "benchmark" in marks and "not benchmark" not in marks:
+        config.option.numprocesses = 0
+
+
 TINY_MODEL = "google/bert_uncased_L-2_H-128_A-2"
 FAKE_WORKER = str(Path(__file__).parent / "fakes" / "worker.py")
 """A stand-in worker: `python FAKE_WORKER MODE SPEC RESULT` behaves as MODE says."""
