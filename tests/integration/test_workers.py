@@ -497,7 +497,9 @@ def test_one_view_shows_every_worker_s_running_trial(tmp_path, any_cores):
     )
     api.run(config, observer=live, executor=fake_executor("progress"))
     assert live.most_at_once == 2
-    assert sorted(live.started) == [0, 1, 2, 3]
+    # Four trials, each started once; their numbers may skip one (a setting one worker
+    # proposed while the other ran it is told, not run, and keeps its number).
+    assert len(live.started) == len(set(live.started)) == 4, live.started
     assert live.view.bar.running == {}
 
 
