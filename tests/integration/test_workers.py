@@ -497,8 +497,8 @@ def test_one_view_shows_every_worker_s_running_trial(tmp_path, any_cores):
     )
     api.run(config, observer=live, executor=fake_executor("progress"))
     assert live.most_at_once == 2
-    # Four trials, each started once; their numbers may skip one (a setting one worker
-    # proposed while the other ran it is told, not run, and keeps its number).
+    # Four trials, each started once. Their numbers may skip one: under load a number can go
+    # to a trial that is told, not run (seen in CI: started [0, 1, 3, 4]).
     assert len(live.started) == len(set(live.started)) == 4, live.started
     assert live.view.bar.running == {}
 
