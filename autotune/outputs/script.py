@@ -354,6 +354,18 @@ def main():
         save_sharded(model, cli.output_dir, rank)
 
 
+def leave_the_ranks():
+    # Every rank done, then the process group ended while Python is whole: a rank that exits
+    # with a gloo group alive can abort (SIGABRT) in the interpreter's teardown, as gloo's
+    # threads let go of the tensors they still hold.
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     main()
+    leave_the_ranks()
 """
