@@ -1,8 +1,8 @@
-"""Record a landscape: every point of `space.yaml` measured once on this machine, by a real
-search (`sampler=grid`, real worker processes, the memory budget's watchdog), written as JSON.
+"""Record a landscape: every point of `space.yaml` measured on this machine, by a real search
+(`sampler=grid`, real worker processes, the memory budget's watchdog), written as JSON.
 
     python benchmarks/landscapes/record.py NAME model=MODEL seq_len=N memory_budget=SIZE \
-        [space=FILE]
+        [space=FILE] [passes=N]
 
 `space=` defaults to `space.yaml` beside this file (the landscapes whose budget binds);
 `needle-*.yaml` are the spaces of the landscapes recorded with a budget that does not.
@@ -11,6 +11,11 @@ Every grid point runs: the pre-trial rule that skips settings at least as memory
 known out-of-memory trial is turned off here (a landscape holds measurements, not inferences),
 and so is the skip by estimate. Trials past the budget are killed by the watchdog and recorded
 as `oom`, as in a search. `benchmarks/replay.py` answers trials from the written file.
+
+`passes=N` (default 1) measures the whole grid N times, one search after another, and keeps
+each point's mean (`merge`): five timed steps leave a point's samples/s a few percent off, and
+the slowest of a landscape's points, or its best, is then partly chance. Each point keeps what
+every pass measured (`passes`), and the run prints how far two passes of one point differ.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import json
 import platform
 import shlex
+import statistics
 import sys
 import tempfile
 from datetime import date
@@ -28,6 +34,7 @@ import transformers
 
 import autotune
 from autotune.replay import FIGURES
+from autotune.store.records import TrialRecord
 from autotune.study import checks
 
 HERE = Path(__file__).parent
@@ -37,31 +44,24 @@ SETTINGS = {
     "warmup_steps": 2,
     "measure_steps": 5,
     "estimate_margin": None,
-    "confirm_rounds": 0,  # a landscape keeps each point's one measurement
+    "confirm_rounds": 0,  # a point is measured once a pass
     "early_stop": False,  # every point's timed steps, however slow
 }
 
 
 def main() -> None:
     name, *pairs = sys.argv[1:]
-    settings = {
-        "space": str(HERE / "space.yaml"),
-        **dict(p.split("=", 1) for p in pairs),
-        **SETTINGS,
-    }
+    given = dict(p.split("=", 1) for p in pairs)
+    passes = int(given.pop("passes", "1"))
+    settings = {"space": str(HERE / "space.yaml"), **given, **SETTINGS}
     checks.PRE_TRIAL_CHECKS = (checks.already_measured,)  # every grid point is measured
-    with tempfile.TemporaryDirectory() as out:
-        result = autotune.search(out=out, **settings)
-    points = [
-        {
-            "number": trial.number,
-            "params": trial.params,
-            "status": trial.result.status.value,
-            **{figure: getattr(trial.result, figure) for figure in FIGURES},
-            "reason": trial.result.reason,
-        }
-        for trial in result.snapshot.records
-    ]
+    runs = []
+    for n in range(passes):
+        print(f"pass {n + 1} of {passes}", flush=True)
+        with tempfile.TemporaryDirectory() as out:
+            result = autotune.search(out=out, **settings)
+        runs.append([point_of(trial) for trial in result.snapshot.records])
+    points = merge(runs) if passes > 1 else runs[0]
     info = result.info
     landscape = {
         "name": name,
@@ -77,13 +77,58 @@ def main() -> None:
         "seq_len": info.seq_len,
         "device": info.device,
         "memory_budget_gib": info.memory_budget_gib,
-        "settings": SETTINGS,
+        "settings": {**SETTINGS, "passes": passes},
         "space": json.loads(json.dumps(_knobs(Path(settings["space"])))),
         "points": points,
     }
     path = HERE / f"{name}.json"
     path.write_text(json.dumps(landscape, indent=1) + "\n")
     print(f"wrote {path}: {len(points)} trials")
+
+
+def point_of(trial: TrialRecord) -> dict:
+    return {
+        "number": trial.number,
+        "params": trial.params,
+        "status": trial.result.status.value,
+        **{figure: getattr(trial.result, figure) for figure in FIGURES},
+        "reason": trial.result.reason,
+    }
+
+
+MEANS = ("samples_per_s", "tokens_per_s", "step_time_cv", "step_time_median_ms", "wall_s")
+"""The figures a point measured more than once keeps the mean of; of its memory, the peak."""
+
+
+def merge(runs: list[list[dict]]) -> list[dict]:
+    """One point per setting, from passes over the same grid: ok if every pass was (the mean of
+    each of `MEANS`, the highest peak memory), else the first pass that was not, as it was."""
+    by_key = [{checks.settings_key(p["params"]): p for p in run} for run in runs]
+    points, gaps = [], []
+    for first in runs[0]:
+        measured = [run[checks.settings_key(first["params"])] for run in by_key]
+        failed = [p for p in measured if p["status"] != "ok"]
+        if failed:
+            points.append({**failed[0], "passes": [_figures(p) for p in measured]})
+            continue
+        point = {**first, **{f: statistics.fmean(p[f] for p in measured) for f in MEANS}}
+        point["peak_memory_gib"] = max(p["peak_memory_gib"] for p in measured)
+        point["passes"] = [_figures(p) for p in measured]
+        points.append(point)
+        speeds = [p["samples_per_s"] for p in measured]
+        gaps.append((max(speeds) - min(speeds)) / point["samples_per_s"])
+    if gaps:
+        gaps.sort()
+        print(
+            f"passes of one point differ by {statistics.median(gaps):.1%} (median), "
+            f"{gaps[int(0.9 * (len(gaps) - 1))]:.1%} (9th decile), {gaps[-1]:.1%} (most) of "
+            "their mean"
+        )
+    return points
+
+
+def _figures(point: dict) -> dict:
+    return {"status": point["status"], **{f: point[f] for f in (*MEANS, "peak_memory_gib")}}
 
 
 def _knobs(path: Path) -> dict:
