@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -245,3 +246,29 @@ def test_the_docs_show_the_tables_the_benchmark_wrote():
     assert estimate.strip() in page("estimate.md")
     results = json.loads((ROOT / "benchmarks/results/replay.json").read_text())
     assert set(results["landscapes"]) >= {land.name for land in RECORDED}
+
+
+def test_a_landscape_recorded_twice_is_compared_with_itself_pass_by_pass():
+    """benchmarks/retest.py on the Xeon's needle-mini (recorded in two passes): each pass's best
+    as the file holds it, and auto and random replayed on the mean and on each pass; a landscape
+    recorded in one pass is refused."""
+    path = ROOT / "benchmarks/results/2026-11-27-xeon/needle/needle-mini-s32.json"
+    points = [p for p in json.loads(path.read_text())["points"] if p["status"] == "ok"]
+    script = str(ROOT / "benchmarks/retest.py")
+    out = subprocess.run(
+        [sys.executable, script, str(path), "--seeds", "1"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    first, second = ([p["passes"][i]["samples_per_s"] for p in points] for i in (0, 1))
+    best = max(range(len(points)), key=first.__getitem__)
+    assert f"pass 1's best ({first[best]:.0f} samples/s) measured {second[best]:.0f}" in out.stdout
+    rows = [row for row in out.stdout.splitlines() if row.startswith("| ") and " s | " in row]
+    assert [row.split(" | ")[:2] for row in rows] == [
+        [f"| {kind}", policy]
+        for kind in ("mean", "pass 1", "pass 2")
+        for policy in ("autotune (sampler=auto)", "random")
+    ]
+    once = subprocess.run(
+        [sys.executable, script, str(LANDSCAPES[0])], capture_output=True, text=True
+    )
+    assert once.returncode == 1 and "recorded in one pass" in once.stderr
