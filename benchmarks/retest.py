@@ -27,6 +27,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 import replay  # noqa: E402
+from twin_calibration import spearman  # noqa: E402
 
 from autotune.replay import Landscape  # noqa: E402
 
@@ -34,19 +35,6 @@ POLICIES = (replay.AUTO, "random")
 HEADER = (
     "| landscape | policy | baseline | found @5 base | found @10 base (worst) | found @20 trials |"
 )
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    def ranks(x: list[float]) -> list[int]:
-        order = sorted(range(len(x)), key=x.__getitem__)
-        out = [0] * len(x)
-        for rank, i in enumerate(order):
-            out[i] = rank
-        return out
-
-    n = len(a)
-    ra, rb = ranks(a), ranks(b)
-    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True)) / (n * (n * n - 1))
 
 
 def agreement(data: dict) -> list[str]:
