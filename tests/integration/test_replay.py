@@ -3,7 +3,6 @@ the loop's samplers learn from the baseline on, the skip by estimate keeps every
 peers' strategies do what they are documented to do, and the tables docs/ shows are the ones
 the benchmark wrote."""
 
-import importlib.util
 import json
 import math
 import statistics
@@ -19,6 +18,7 @@ from autotune.common.trial import Status
 from autotune.plan.estimate import Measured, calibrated_gib
 from autotune.replay import Landscape, replay
 from autotune.store.records import NOT_RUN_ATTR
+from tests import benchmark_scripts
 from tests.docs_text import page
 
 ROOT = Path(__file__).parents[2]
@@ -27,12 +27,8 @@ RECORDED = [Landscape.load(path) for path in LANDSCAPES]
 
 
 def benchmark_module():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("replay_benchmark", ROOT / "benchmarks/replay.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # replay.py imports its neighbours
+    return benchmark_scripts.load("replay.py", "replay_benchmark")
 
 
 def knobs_varied(name):

@@ -4,12 +4,10 @@ says so. A landscape measured in several passes keeps each point's mean."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from autotune.replay import Trial, on_clock
+from tests import benchmark_scripts
 
 OPTIMUM = 100.0
 
@@ -39,24 +37,23 @@ def test_trials_without_a_recorded_cost_have_no_clock():
     assert on_clock(trials, OPTIMUM, marks_s=[20.0], within=0.98) is None
 
 
-def _record_script():
-    path = Path(__file__).parents[2] / "benchmarks" / "landscapes" / "record.py"
-    spec = importlib.util.spec_from_file_location("record", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _point(number, batch, status, speed, peak, wall):
     figures = dict.fromkeys(("tokens_per_s", "step_time_cv", "step_time_median_ms"), speed)
-    return {"number": number, "params": {"batch_size": batch}, "status": status,
-            "samples_per_s": speed, "peak_memory_gib": peak, "wall_s": wall,
-            "estimate_gib": 1.0, "reason": "" if status == "ok" else "over the budget",
-            **figures}  # fmt: skip
+    return {
+        "number": number,
+        "params": {"batch_size": batch},
+        "status": status,
+        "samples_per_s": speed,
+        "peak_memory_gib": peak,
+        "wall_s": wall,
+        "estimate_gib": 1.0,
+        "reason": "" if status == "ok" else "over the budget",
+        **figures,
+    }
 
 
 def test_a_landscape_recorded_in_two_passes_keeps_each_point_s_mean_and_any_failure():
-    record = _record_script()
+    record = benchmark_scripts.load("landscapes/record.py")
     first = [_point(0, 8, "ok", 100.0, 1.0, 2.0), _point(1, 64, "ok", 300.0, 3.0, 6.0)]
     second = [_point(0, 64, "oom", None, 9.0, 1.0), _point(1, 8, "ok", 120.0, 1.5, 4.0)]
     small, large = record.merge([first, second])  # the passes' own orders differ

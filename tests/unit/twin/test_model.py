@@ -2,10 +2,8 @@
 moving the way the hardware does where no figure pins it."""
 
 import dataclasses
-import importlib.util
 import itertools
 import json
-from pathlib import Path
 
 import pytest
 
@@ -13,18 +11,14 @@ from autotune.common.models import resolve_model
 from autotune.common.trial import Status, TrialSpec
 from autotune.twin import model
 from autotune.twin.answer import TwinAnswer
+from tests import benchmark_scripts
 
-ROOT = Path(__file__).resolve().parents[3]
 BERT = resolve_model("bert-large-uncased").config
 TASK = "sequence-classification"
 
 
 def _calibration():
-    path = ROOT / "benchmarks" / "twin_calibration.py"
-    spec = importlib.util.spec_from_file_location("twin_calibration", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_scripts.load("twin_calibration.py")
 
 
 def predict(gpu="H100", **params):
