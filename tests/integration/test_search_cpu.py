@@ -16,7 +16,6 @@ import pytest
 import transformers
 import yaml
 
-from autotune.outputs.confirm import DRIFT_WITHIN
 from autotune.store.records import run_info
 from tests.benchmarking import up_to_three_attempts
 from tests.conftest import TINY_MODEL
@@ -117,14 +116,13 @@ def test_recommendation_builds_training_arguments(search, tmp_path):
     assert recommended["metrics"]["peak_memory_gib"] <= recommended["memory_limit_gib"]
     baseline = recommended["baseline"]
     assert baseline["trial"] == 0 and baseline["params"]["batch_size"] == 8
-    # Nothing is confirmed where nothing compares: the baseline's one measurement beat every
-    # other trial's by more than DRIFT_WITHIN. CI saw it on a busy machine (the other trials at
-    # 0.05-0.31 of the baseline, step CVs of 60-150%): the baseline is recommended, at 1.0x.
+    # Nothing is confirmed only where no other trial ended ok: on a busy machine every trial
+    # after a quiet baseline can be stopped early against it. Any other ok trial, however far
+    # behind, runs again beside the baseline.
     if recommended["confirmation"] is None:
-        trials = rows(study_dir / "trials.csv")
-        ok = {int(r["number"]): float(r["samples_per_s"]) for r in trials if r["status"] == "ok"}
+        statuses = {int(r["number"]): r["status"] for r in rows(study_dir / "trials.csv")}
+        assert statuses[0] == "ok" and "ok" not in [s for n, s in statuses.items() if n], statuses
         assert recommended["trial"] == 0 and recommended["speedup_vs_baseline"] == 1.0
-        assert all(v < (1 - DRIFT_WITHIN) * ok[0] for n, v in ok.items() if n != 0), ok
         return
     # Confirmed: the median of the round-by-round ratios, inside the rounds' range.
     confirmed = recommended["confirmation"]["trials"][str(recommended["trial"])]

@@ -300,19 +300,22 @@ def test_a_baseline_that_beat_every_trial_is_confirmed_against_the_runner_up():
     assert picks.recommended.number == 0 and picks.samples_per_s(picks.recommended) == 100
 
 
-@pytest.mark.parametrize(
-    "others",
-    [
-        [trial(1, 200, memory=10.0, batch_size=64)],  # over the 9 GiB limit
-        [trial(1, 89, precision="bf16")],  # 26% slower: no drift seen makes up for that
-    ],
-)
-def test_a_baseline_far_ahead_of_every_fitting_trial_is_not_confirmed_against_one(others):
-    records = [trial(0, 120), *others]
+def test_a_baseline_far_ahead_is_still_confirmed_against_the_runner_up_under_the_limit():
+    # On a busy machine the trials after a quiet baseline measured at 0.05-0.31 of it: however
+    # far behind, the fastest other trial under the limit runs again beside the baseline.
+    records = [
+        trial(0, 120),
+        trial(1, 200, memory=10.0, batch_size=64),  # over the 9 GiB limit: not a candidate
+        trial(2, 30, precision="bf16"),
+        trial(3, 20, attn_implementation="eager"),
+    ]
     baseline = records[0]
-    assert [
-        r.number for r in candidates(records, 9.0, baseline, changes_training_of(baseline))
-    ] == [0]
+    chosen = candidates(records, 9.0, baseline, changes_training_of(baseline))
+    assert [r.number for r in chosen] == [0, 2]
+    alone = [trial(0, 120), trial(1, 200, memory=10.0, batch_size=64)]
+    assert [r.number for r in candidates(alone, 9.0, alone[0], changes_training_of(alone[0]))] == [
+        0
+    ]
 
 
 def test_a_baseline_that_ran_out_of_memory_is_not_confirmed_nor_compared():
