@@ -16,6 +16,13 @@ as `oom`, as in a search. `benchmarks/replay.py` answers trials from the written
 each point's mean (`merge`): five timed steps leave a point's samples/s a few percent off, and
 the slowest of a landscape's points, or its best, is then partly chance. Each point keeps what
 every pass measured (`passes`), and the run prints how far two passes of one point differ.
+
+    python benchmarks/landscapes/record.py combine OUT.json FIRST.json LATER.json [...]
+
+writes, from landscapes each recorded in one pass over the same space (the same model,
+sequence length, budget and machine kind), the landscape of their passes (`combine`): a
+landscape recorded once can be measured again later and compared with itself
+(`benchmarks/retest.py`).
 """
 
 from __future__ import annotations
@@ -49,7 +56,17 @@ SETTINGS = {
 }
 
 
+SAME = ("model", "task", "seq_len", "device", "memory_budget_gib", "machine", "space")
+"""What landscapes must share for their passes to combine."""
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["combine"]:
+        out, *paths = sys.argv[2:]
+        combined = combine([json.loads(Path(p).read_text()) for p in paths])
+        Path(out).write_text(json.dumps(combined, indent=1) + "\n")
+        print(f"wrote {out}: {len(combined['points'])} trials, {len(paths)} passes")
+        return
     name, *pairs = sys.argv[1:]
     given = dict(p.split("=", 1) for p in pairs)
     passes = int(given.pop("passes", "1"))
@@ -84,6 +101,33 @@ def main() -> None:
     path = HERE / f"{name}.json"
     path.write_text(json.dumps(landscape, indent=1) + "\n")
     print(f"wrote {path}: {len(points)} trials")
+
+
+def combine(landscapes: list[dict]) -> dict:
+    """The landscape of the passes of single-pass landscapes over the same space (`merge`),
+    with each recording's command and date; ValueError where one differs in `SAME` or was
+    itself recorded in several passes."""
+    first = landscapes[0]
+    problems = [
+        f"{land['name']}: {key} {land.get(key)!r}, not {first.get(key)!r}"
+        for land in landscapes[1:]
+        for key in SAME
+        if land.get(key) != first.get(key)
+    ]
+    problems += [
+        f"{land['name']}: recorded in {land['settings']['passes']} passes"
+        for land in landscapes
+        if land["settings"].get("passes", 1) != 1
+    ]
+    if len(landscapes) < 2 or problems:
+        raise ValueError("; ".join(problems) or "two landscapes or more combine")
+    return {
+        **first,
+        "command": [land["command"] for land in landscapes],
+        "recorded": ", ".join(land["recorded"] for land in landscapes),
+        "settings": {**first["settings"], "passes": len(landscapes)},
+        "points": merge([land["points"] for land in landscapes]),
+    }
 
 
 def point_of(trial: TrialRecord) -> dict:

@@ -62,3 +62,39 @@ def test_a_landscape_recorded_in_two_passes_keeps_each_point_s_mean_and_any_fail
     assert [p["samples_per_s"] for p in small["passes"]] == [100.0, 120.0]
     assert large["status"] == "oom" and large["samples_per_s"] is None, "a pass that failed"
     assert [p["status"] for p in large["passes"]] == ["ok", "oom"]
+
+
+def test_landscapes_recorded_once_each_combine_into_the_landscape_of_their_passes():
+    record = benchmark_scripts.load("landscapes/record.py")
+
+    def landscape(name, points, recorded, **changes):
+        return {
+            "name": name,
+            "command": f"python benchmarks/landscapes/record.py {name}",
+            "recorded": recorded,
+            "model": "m",
+            "task": "t",
+            "seq_len": 32,
+            "device": "cpu",
+            "memory_budget_gib": 8.0,
+            "machine": "AMD EPYC",
+            "space": {"batch_size": {"choices": [8, 64]}},
+            "settings": {"sampler": "grid"},
+            "points": points,
+            **changes,
+        }
+
+    first = landscape("a", [_point(0, 8, "ok", 100.0, 1.0, 2.0)], "2026-11-26")
+    later = landscape("a-rerun", [_point(0, 8, "ok", 80.0, 1.2, 4.0)], "2026-11-27")
+    combined = record.combine([first, later])
+    assert combined["name"] == "a" and combined["settings"]["passes"] == 2
+    assert combined["recorded"] == "2026-11-26, 2026-11-27" and len(combined["command"]) == 2
+    (point,) = combined["points"]
+    assert point["samples_per_s"] == pytest.approx(90.0) and point["peak_memory_gib"] == 1.2
+    assert [p["samples_per_s"] for p in point["passes"]] == [100.0, 80.0]
+    elsewhere = landscape("b", later["points"], "2026-11-27", machine="Intel Xeon", seq_len=64)
+    with pytest.raises(ValueError, match="machine 'Intel Xeon', not 'AMD EPYC'") as refused:
+        record.combine([first, elsewhere])
+    assert "seq_len 64, not 32" in str(refused.value)
+    with pytest.raises(ValueError, match="recorded in 2 passes"):
+        record.combine([first, combined])
