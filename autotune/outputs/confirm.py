@@ -54,7 +54,7 @@ def candidates(
     won by drift alone. On a busy machine the trials after a quiet baseline measured at
     0.05-0.31 of it (step CVs of 60-150%); without a second look the search would recommend the
     defaults at 1.0x. Where the baseline is truly faster, the rounds say so at the cost of
-    `rounds` runs of one trial."""
+    `rounds` runs of the baseline and of the runner-up."""
     single = pick(
         feasible, limit_gib, baseline, noise_cv=float("inf"), changes_training=changes_training
     )

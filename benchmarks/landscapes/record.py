@@ -63,7 +63,10 @@ SAME = ("model", "task", "seq_len", "device", "memory_budget_gib", "machine", "s
 def main() -> None:
     if sys.argv[1:2] == ["combine"]:
         out, *paths = sys.argv[2:]
-        combined = combine([json.loads(Path(p).read_text()) for p in paths])
+        try:
+            combined = combine([json.loads(Path(p).read_text()) for p in paths])
+        except ValueError as refused:
+            sys.exit(f"not combined: {refused}")
         Path(out).write_text(json.dumps(combined, indent=1) + "\n")
         print(f"wrote {out}: {len(combined['points'])} trials, {len(paths)} passes")
         return
