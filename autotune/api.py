@@ -64,6 +64,7 @@ from autotune.store.records import (
 from autotune.store.storage import load_study_dir
 from autotune.store.storage_file import StudyFileLost
 from autotune.study import model as effects_model
+from autotune.study import second_look
 from autotune.study.interrupts import SearchInterrupted, stop_signals
 from autotune.study.loop import run_search
 from autotune.study.observer import SearchObserver
@@ -142,6 +143,8 @@ def run(
         this_run = _start_run(study, plan, "search", command, observer)
         try:
             stopped = _run_workers(plan, study, observer, executor)
+            if trials_run(study) > done_before:
+                second_look.run(plan, study, observer, executor)
             if trials_run(study) > done_before or CONFIRMATION_ATTR not in study.user_attrs:
                 _confirm(plan, study, config.confirm_rounds, observer, executor)
             else:  # a finished search run again: its confirmed figures stand

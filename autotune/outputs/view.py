@@ -159,6 +159,12 @@ class TerminalView(SearchObserver):
     def warned(self, message: str) -> None:
         self.report.line(f"[yellow]warning:[/] {escape(message)}", always=True)
 
+    def looking_again(self, message: str) -> None:
+        self.warned(message)
+        self.total += 1  # one trial more than n_trials
+        if self.task is not None:
+            self.bar.update(self.task, total=self.total)
+
     def lost(self, number: int) -> None:
         self._drop(number)
         self.report.line(

@@ -32,6 +32,7 @@ from autotune.store.records import (
     NOT_RUN_ATTR,
     OWNER_ATTR,
     PARAMS_ATTR,
+    SECOND_LOOK_ATTR,
     VERSIONS_ATTR,
     TrialRecord,
     counts_toward_n_trials,
@@ -246,7 +247,10 @@ class _Loop:
         records = [record_of(t) for t in trials if is_recorded(t)]
         self.warn_sharing(trials, trial.number)
         estimate_gib = self.plan.estimate_gib(params)  # once: the check and the record
-        skip = checks.first_skip(params, records, self.pre_trial, estimate_gib)
+        # A second look runs a stopped trial's settings again: that trial is no repeat of it.
+        looked_at = trial.user_attrs.get(SECOND_LOOK_ATTR)
+        others = [r for r in records if r.number != looked_at]
+        skip = checks.first_skip(params, others, self.pre_trial, estimate_gib)
         stopped = self.count_repeat(trial, skip)
         if stopped is not None:
             return stopped
@@ -331,7 +335,8 @@ class _Loop:
         try:
             progress = _watching(self.observer, trial.number, self.watch)
             baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
-            stop_below = None if baseline else stop_threshold(self.plan, records)
+            runs_to_end = baseline or SECOND_LOOK_ATTR in trial.user_attrs
+            stop_below = None if runs_to_end else stop_threshold(self.plan, records)
             return launch(
                 self.plan,
                 trial.number,

@@ -14,6 +14,7 @@ from autotune.store.records import (
     BASELINE_ATTR,
     PARAMS_ATTR,
     RETRY_OF_ATTR,
+    SECOND_LOOK_ATTR,
     counts_toward_n_trials,
 )
 from autotune.study import checks
@@ -68,8 +69,12 @@ def not_to_run(
 
 
 def _queued_as(trial: FrozenTrial | optuna.Trial) -> str | None:
-    """What a trial was queued for: the baseline, or another run of an interrupted trial."""
+    """What a trial was queued for: the baseline, another run of an interrupted trial, or a
+    second look at a stopped one."""
     retry_of = trial.user_attrs.get(RETRY_OF_ATTR)
     if retry_of is not None:
         return f"trial {retry_of}'s settings again"
+    looked_at = trial.user_attrs.get(SECOND_LOOK_ATTR)
+    if looked_at is not None:
+        return f"a second look at trial {looked_at}"
     return "the baseline" if trial.user_attrs.get(BASELINE_ATTR) else None

@@ -51,6 +51,11 @@ class SearchObserver:
     def warned(self, message: str) -> None:
         """Something the user must hear now, while a trial runs (the study file deleted)."""
 
+    def looking_again(self, message: str) -> None:
+        """The search ended with every trial after the baseline stopped early: the fastest
+        runs once more, to its end, as one more trial (`study.second_look`); `message` says
+        why."""
+
     def lost(self, number: int) -> None:
         """Trial `number` ran here, but another process had failed it as stale meanwhile (this
         one sent no heartbeat for `stale_after`): its result was dropped; a retry runs it."""

@@ -26,6 +26,7 @@ from autotune.store.records import (
     INTERRUPTED_BY_ATTR,
     OWNER_ATTR,
     RETRY_OF_ATTR,
+    SECOND_LOOK_ATTR,
     is_interrupted,
 )
 from autotune.study.interrupts import SearchInterrupted
@@ -158,6 +159,8 @@ def recover(
             if trial.user_attrs.get(BASELINE_ATTR):
                 params = {name: value for name, (_, value) in baseline.items()}
                 attrs[BASELINE_ATTR] = True
+            if SECOND_LOOK_ATTR in trial.user_attrs:  # runs to its end again
+                attrs[SECOND_LOOK_ATTR] = trial.user_attrs[SECOND_LOOK_ATTR]
             study.enqueue_trial(params, user_attrs=attrs)
             queued.append(trial.number)
     if queued:

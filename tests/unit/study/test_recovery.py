@@ -8,7 +8,7 @@ import optuna
 import psutil
 
 from autotune.common.layout import INTERRUPTED_RESULT
-from autotune.store.records import OWNER_ATTR
+from autotune.store.records import OWNER_ATTR, RETRY_OF_ATTR, SECOND_LOOK_ATTR
 from autotune.study.recovery import recover
 
 
@@ -46,3 +46,17 @@ def test_only_trials_of_searches_that_are_gone_count_as_interrupted(tmp_path, mo
     dead_dir = tmp_path / "trials" / f"{dead_pid:04d}"
     assert not (dead_dir / "result.json").exists(), "an unrecorded result passes for a real one"
     assert json.loads((dead_dir / INTERRUPTED_RESULT).read_text()) == {"status": "ok"}
+
+
+def test_an_interrupted_second_look_is_queued_again_as_a_second_look(tmp_path):
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    study.enqueue_trial({}, user_attrs={SECOND_LOOK_ATTR: 3})
+    number = study.ask().number  # its search died while it ran
+    study.tell(number, state=optuna.trial.TrialState.FAIL)  # interrupted: no result
+
+    _, queued = recover(study, tmp_path, baseline={})
+
+    assert queued == [number]
+    retry = study.trials[-1]
+    # It runs to its end again (no early stop), and no repeat of trial 3.
+    assert retry.user_attrs[SECOND_LOOK_ATTR] == 3 and retry.user_attrs[RETRY_OF_ATTR] == number
