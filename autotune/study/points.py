@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.common.knobs import left_out
+from autotune.common.knobs import SAMPLE_ORDER, active, left_out
 from autotune.plan.plan import SearchPlan
 from autotune.study import checks
 
@@ -88,14 +88,11 @@ class Points:
         if key in self.index:
             return self.index[key]
         if key not in self.found:
-            filled = {
-                **{
-                    k: left_out(k)
-                    for k in self.names
-                    if k not in params and left_out(k) is not None
-                },
-                **params,
-            }
+            filled = dict(params)
+            for name in SAMPLE_ORDER:  # each knob after those it requires
+                if name in self.names and name not in params and left_out(name) is not None:
+                    if active(name, filled):  # as the space has it: no inactive knob set
+                        filled[name] = left_out(name)
             found = self.index.get(checks.settings_key(filled))
             if found is None:
                 agree = [i for i, p in enumerate(self.params) if params.items() <= p.items()]

@@ -2,14 +2,17 @@
 the budget and that costs at most `GUESS_COST` baseline trials at the baseline's pace."""
 
 import dataclasses
+import functools
 
 import numpy as np
+import optuna
 import pytest
 
 from autotune.common.trial import Status, TrialResult
 from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
-from autotune.store.records import TrialRecord
+from autotune.store.records import BASELINE_ATTR, PARAMS_ATTR, TrialRecord, tell_result
+from autotune.study.effects import EffectsSampler
 from autotune.study.guess import GUESS_COST, expert_guess
 from autotune.study.points import Points
 from tests.conftest import TINY_MODEL
@@ -115,3 +118,57 @@ def test_on_a_gpu_the_guess_is_costed_at_its_precisions_peak_not_the_fp32_baseli
     assert unbounded["precision"] == "bf16+tf32"
     assert unbounded["batch_size"] >= 96
     assert guess_after(wall_s=24.8) == unbounded
+
+
+def test_on_the_default_cuda_space_the_model_takes_over_from_the_ladder_not_novelty(tmp_path):
+    """`autotune search model=bert-large-uncased seq_len=512` on the H100's facts, its default
+    space (62,208 settings: loader workers, pinned memory, Liger, compile modes, checkpointing
+    every n layers): the baseline, which sets none of those, is the point with each at what
+    training then does, so that with the guess two settings are measured and the model
+    chooses. Where it was not (a knob inactive in the baseline's setting filled in), the next
+    trial after the ladder was the setting with the most unseen values: bs 200 checkpointed,
+    fp8, paged 8-bit AdamW, eager attention, compiled (112 s on the twin, stopped)."""
+    plan = make_plan(
+        load_config(["model=bert-large-uncased", "seq_len=512", f"out={tmp_path}"]), H100
+    )
+    sampler = EffectsSampler(plan, seed=0)
+    points = sampler.points
+    baseline = points.params[points.find(plan.baseline)]
+    assert baseline == {
+        **plan.baseline,
+        "torch_compile": "off",
+        "use_liger_kernel": False,
+        "dataloader_num_workers": 0,
+        "dataloader_pin_memory": True,
+    }
+    study = optuna.create_study(
+        directions=["maximize", "minimize"], sampler=optuna.samplers.RandomSampler(seed=0)
+    )
+
+    def record(params, result, *, is_baseline=False):
+        trial = study.ask({})
+        trial.set_user_attr(PARAMS_ATTR, params)
+        if is_baseline:
+            trial.set_user_attr(BASELINE_ATTR, True)
+        tell_result(study, trial, result, plan.info.memory_budget_gib, noise_cv=0.1)
+
+    # The twin's H100: the baseline, then the guess at 8x, then its ladder's rung out of memory.
+    ok = functools.partial(TrialResult, status=Status.OK, step_time_cv=0.01)
+    record(
+        dict(plan.baseline),
+        ok(samples_per_s=39.5, wall_s=21.9, peak_memory_gib=11.3),
+        is_baseline=True,
+    )
+    guess = points.params[sampler.choose(study.get_trials())]
+    assert guess["precision"] == "bf16+tf32" and guess["batch_size"] == 128
+    record(guess, ok(samples_per_s=311.0, wall_s=24.6, peak_memory_gib=70.5))
+    rung = points.params[sampler.choose(study.get_trials())]
+    assert rung == {**guess, "batch_size": rung["batch_size"]} and rung["batch_size"] > 128
+    record(rung, TrialResult(status=Status.OOM, wall_s=19.8))
+
+    fourth = points.params[sampler.choose(study.get_trials())]
+    differs = {k for k in fourth.keys() | guess.keys() if fourth.get(k) != guess.get(k)}
+    assert len(differs) <= 2, (differs, fourth)  # near the fastest, not the most novel
+    assert fourth["torch_compile"] == "off" and fourth["precision"] != "fp8", fourth
+    assert not fourth["gradient_checkpointing"] and fourth["attn_implementation"] != "eager"
+    assert "8bit" not in fourth["optim"], fourth
