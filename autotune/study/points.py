@@ -82,13 +82,16 @@ class Points:
     def find(self, params: dict[str, Any]) -> int | None:
         """The index of these settings. Settings that leave out knobs the space searches (a
         baseline planned before them, which sets no compile) match the setting with each
-        left-out knob at what training then does (`knobs.left_out`: compile off), or else the
-        one setting that agrees on the rest."""
+        left-out knob that is active there at what training then does (`knobs.left_out`:
+        compile off), or else the one setting that agrees on the rest; a knob the space does
+        not search, set at that value, is as if left out."""
         key = checks.settings_key(params)
         if key in self.index:
             return self.index[key]
         if key not in self.found:
-            filled = dict(params)
+            # A knob the space leaves out, set at what training does without it (the
+            # baseline's fp32 where the space searches no precision), is no difference.
+            filled = {k: v for k, v in params.items() if k in self.names or v != left_out(k)}
             for name in SAMPLE_ORDER:  # each knob after those it requires
                 if name in self.names and name not in params and left_out(name) is not None:
                     if active(name, filled):  # as the space has it: no inactive knob set

@@ -172,22 +172,23 @@ def test_a_replay_runs_the_loop_on_the_recorded_answers_and_skips_use_up_no_tria
 
 
 def test_a_search_stops_by_itself_once_no_untried_setting_is_worth_its_trial():
-    """needle-tiny (96 settings, every one fits): with room for 80 trials, `sampler=auto`
-    stops when the model expects no untried setting to gain 0.1% of samples/s a minute of its
-    trial, having found the optimum within 2% (by its 3rd trial: the guess and one rung of the
-    ladder), and not before the model has looked past the ladder; `min_gain_per_minute=0`
-    runs on."""
+    """needle-tiny (192 settings and the baseline, every one fits): with room for 200
+    trials, `sampler=auto` stops when the model expects no untried setting to gain 0.1% of
+    samples/s a minute of its trial (here after 76, its trials costing seconds: 0.1% a minute
+    is a gain of 0.005% a trial), having found the optimum within 2%;
+    `min_gain_per_minute=0` runs on through the whole space, the same search up to the
+    stop."""
     land = next(land for land in RECORDED if land.name == "needle-tiny-s128")
-    replayed = replay(land, n_trials=80, seed=0)
+    replayed = replay(land, n_trials=200, seed=0)
     last = replayed.study.trials[-1]
     assert last.user_attrs[NOT_RUN_ATTR].startswith("the model expects no untried setting")
     assert last.params == {}, "stopped before it was given settings: a later run may try them"
     ran = replayed.answered
-    assert 10 <= len(ran) < 60
+    assert 10 <= len(ran) < 0.7 * len(land.points)
     best = max(p["samples_per_s"] for p in ran if land.feasible(p))
     assert best >= 0.98 * land.optimum()
-    on = replay(land, n_trials=80, seed=0, min_gain_per_minute=0)
-    assert len(on.answered) == 80
+    on = replay(land, n_trials=200, seed=0, min_gain_per_minute=0)
+    assert len(on.answered) == len(land.points)
     assert on.answered[: len(ran)] == ran, "the same search up to the stop"
 
 

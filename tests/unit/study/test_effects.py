@@ -230,6 +230,10 @@ def test_a_baseline_that_leaves_out_a_knob_is_the_setting_with_what_training_the
     assert points.find(unknown) is None, "four settings agree with it"
     alone = {k: v for k, v in full.items() if k != "grad_accum"}
     assert points.find({**alone, "grad_accum": 7}) is None
+    # The space searches no precision: the baseline's fp32 is what training does without it,
+    # and bf16 is no setting of this space.
+    assert points.find({**full, "precision": "fp32"}) == eager
+    assert points.find({**full, "precision": "bf16"}) is None
 
 
 def records_of(study):
