@@ -143,9 +143,11 @@ def run(
         this_run = _start_run(study, plan, "search", command, observer)
         try:
             stopped = _run_workers(plan, study, observer, executor)
-            if trials_run(study) > done_before:
-                second_look.run(plan, study, observer, executor)
-            if trials_run(study) > done_before or CONFIRMATION_ATTR not in study.user_attrs:
+            ran = trials_run(study) > done_before
+            looked = second_look.run(plan, study, observer, executor) if ran else None
+            if looked is not None:
+                stopped = dataclasses.replace(stopped, reason=f"{stopped.reason}; {looked}")
+            if ran or CONFIRMATION_ATTR not in study.user_attrs:
                 _confirm(plan, study, config.confirm_rounds, observer, executor)
             else:  # a finished search run again: its confirmed figures stand
                 observer.warned(_nothing_to_run(plan, done_before))

@@ -31,15 +31,15 @@ def run(
     study: optuna.Study,
     observer: SearchObserver,
     executor: TrialExecutor | None,
-) -> bool:
+) -> str | None:
     """After the search's loops ended: the second look, where one is due (`to_look_at`), run
     by this process's loop on the first slot (as the confirmation runs), past `timeout=` and
-    one over `n_trials`. Whether it ran."""
+    one over `n_trials`. What it did, in words for how the search ended; None: not due."""
     trials = study.get_trials(deepcopy=False)
     records = load_records(study)
     record = to_look_at(records, plan.info.memory_budget_gib, trials)
     if record is None:
-        return False
+        return None
     baseline = next(r for r in records if r.baseline)
     observer.looking_again(why(record, baseline))
     enqueue(study, trials, record)
@@ -48,7 +48,10 @@ def run(
         run_search(
             dataclasses.replace(plan, config=once), study, observer=observer, executor=executor
         )
-    return True
+    return (
+        f"trial {record.number}'s settings ran again to the end (every trial after the "
+        "baseline had stopped early)"
+    )
 
 
 def to_look_at(

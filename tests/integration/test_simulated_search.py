@@ -219,6 +219,11 @@ def test_when_every_trial_stops_against_a_quiet_baseline_the_fastest_runs_again_
     recommended = result.recommended
     assert recommended.number == looked.number and recommended.confirmed
     assert recommended.speedup > 5
+    assert result.stopped == (
+        f"4 of 4 trials finished; trial {fastest_stopped.number}'s settings ran again to the "
+        "end (every trial after the baseline had stopped early)"
+    )
+    assert result.snapshot.ended.stopped == result.stopped  # in the study, for the report
     # A resumed search (nothing left to run) does not look again.
     again = api.run(config, executor=executor, device_info=device)
     assert len(again.snapshot.records) == len(result.snapshot.records)
