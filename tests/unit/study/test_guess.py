@@ -172,3 +172,41 @@ def test_on_the_default_cuda_space_the_model_takes_over_from_the_ladder_not_nove
     assert fourth["torch_compile"] == "off" and fourth["precision"] != "fp8", fourth
     assert not fourth["gradient_checkpointing"] and fourth["attn_implementation"] != "eager"
     assert "8bit" not in fourth["optim"], fourth
+
+
+def test_with_one_setting_measured_the_start_stays_near_it_and_leaves_compile_and_fp8(tmp_path):
+    """The HF defaults of a large model out of memory on the card, the guess measured, its
+    ladder's rung up out of memory: one setting measured, too few for the model. The next
+    trial changes one knob of the guess, not every knob at once (compiled, fp8, checkpointed,
+    eager, paged 8-bit: the setting with the most unseen values, and the likeliest to fail)."""
+    plan = make_plan(
+        load_config(["model=bert-large-uncased", "seq_len=512", f"out={tmp_path}"]), H100
+    )
+    sampler = EffectsSampler(plan, seed=0)
+    points = sampler.points
+    study = optuna.create_study(
+        directions=["maximize", "minimize"], sampler=optuna.samplers.RandomSampler(seed=0)
+    )
+
+    def record(params, result, *, is_baseline=False):
+        trial = study.ask({})
+        trial.set_user_attr(PARAMS_ATTR, params)
+        if is_baseline:
+            trial.set_user_attr(BASELINE_ATTR, True)
+        tell_result(study, trial, result, plan.info.memory_budget_gib, noise_cv=0.1)
+
+    record(dict(plan.baseline), TrialResult(status=Status.OOM, wall_s=9.0), is_baseline=True)
+    guess = points.params[sampler.choose(study.get_trials())]
+    ok = TrialResult(status=Status.OK, samples_per_s=311.0, wall_s=24.6, peak_memory_gib=70.5)
+    record(guess, ok)
+    rung = points.params[sampler.choose(study.get_trials())]
+    assert rung["batch_size"] > guess["batch_size"]
+    record(rung, TrialResult(status=Status.OOM, wall_s=19.8))
+
+    # One knob away while fewer than 3 trials since the guess found nothing faster, then two.
+    for radius in (1, 1, 2):
+        proposal = points.params[sampler.choose(study.get_trials())]
+        active = {k for k in proposal.keys() & guess.keys() if proposal[k] != guess[k]}
+        assert 1 <= len(active) <= radius, (active, proposal)
+        assert proposal["torch_compile"] == "off" and proposal["precision"] != "fp8", proposal
+        record(proposal, TrialResult(status=Status.CRASHED))  # measured nothing: still one
