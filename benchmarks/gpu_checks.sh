@@ -35,9 +35,9 @@
 #   OUT=DIR bash benchmarks/gpu_checks.sh lease
 #       (GPU, <= 9 min) all of it, smaller, for a lease of 15 minutes, each stage bounded and
 #       reporting whatever another did: the search's plan against the device's facts (plan.txt,
-#       in a second), a search of 140 s at effective batch 32, fidelity over 60 steps, a
-#       trial's cost in parts (trial_overhead.py), the guide's table, offload, 70 s of
-#       landscape; plan.txt, probe.json, search.txt, trials.csv, fidelity.json, overhead.txt,
+#       in a second), the headline search with its defaults for 2 minutes of trials, fidelity
+#       over 60 steps, a trial's cost in parts (trial_overhead.py), the guide's table,
+#       offload, 50 s of landscape; plan.txt, probe.json, search.txt, trials.csv, fidelity.json, overhead.txt,
 #       guide_table.md, offload.json, landscape.json and rest.tgz (the others). LEASE_STAGES
 #       picks stages (plan search follow-up offload landscape).
 #       A dry run on a CPU with the H100's facts, as CI runs it (exit 2 on a refusal):
@@ -79,8 +79,11 @@ if [ "$stage" = lease ]; then
   rest=$work/lease
   rm -rf "$rest" && mkdir -p "$OUT" "$rest/search" "$rest/follow-up" "$rest/offload" "$rest/landscape"
   stages=" ${LEASE_STAGES:-plan search follow-up offload landscape} "
-  lease_args=${SEARCH_ARGS:-effective_batch_size=32 n_trials=40 timeout=120s trial_timeout=60s \
-compile_timeout=60s}
+  # The headline search as users start it (`autotune search model=bert-large-uncased
+  # seq_len=512`: its default space, batch rule and sampler), bounded to 2 minutes of trials
+  # and without the confirmation's rounds: its trials, the time to 90% of its best, best /
+  # baseline.
+  lease_args=${SEARCH_ARGS:-timeout=120s confirm_rounds=0 trial_timeout=60s compile_timeout=60s}
   # Each stage is bounded and reports on its own, whatever another did; about 8.5 minutes in all.
   if [[ $stages == *" plan "* ]]; then
     # The search's plan against this device's facts, in a second, before anything trains (the
@@ -93,7 +96,7 @@ compile_timeout=60s}
       2>&1 | tee "$rest/plan.txt" || { echo "plan refused"; plan_refused=2; }
   fi
   if [[ $stages == *" search "* ]]; then
-    OUT=$rest/search SEARCH_WALL_S=${SEARCH_WALL_S:-140} SEARCH_ARGS=$lease_args \
+    OUT=$rest/search SEARCH_WALL_S=${SEARCH_WALL_S:-180} SEARCH_ARGS=$lease_args \
       bash "$0" search || echo "search stage exited with $?"
   fi
   if [[ $stages == *" follow-up "* ]]; then
@@ -104,7 +107,7 @@ compile_timeout=60s}
     OUT=$rest/offload OFFLOAD_WALL_S=100 bash "$0" offload || echo "offload stage exited with $?"
   fi
   if [[ $stages == *" landscape "* ]]; then
-    OUT=$rest/landscape LANDSCAPE_WALL_S=${LANDSCAPE_WALL_S:-70} bash "$0" landscape \
+    OUT=$rest/landscape LANDSCAPE_WALL_S=${LANDSCAPE_WALL_S:-50} bash "$0" landscape \
       || echo "landscape stage exited with $?"
     # The GPU twin re-fitted with the new points (pure Python, seconds): commit twin/*.
     if [ -s "$rest/landscape/landscape.json" ]; then

@@ -23,17 +23,27 @@ def lease(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_lease_plans_its_bert_large_search_on_the_h100_facts(tmp_path):
-    # The first H100 lease was refused at its first command: "effective_batch_size=32: no
-    # batch size of precision=fp16 divides it". Its plan, made here in a second, must hold.
+def test_the_lease_plans_the_headline_search_on_the_h100_facts(tmp_path):
+    # The lease's search is `autotune search model=bert-large-uncased seq_len=512` with its
+    # defaults, bounded in time: its plan, made here in a second, must hold.
     done = lease(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     plan = (tmp_path / "plan.txt").read_text()
     assert "plan on NVIDIA H100 80GB HBM3" in plan
-    assert "model=bert-large-uncased seq_len=512 effective_batch_size=32" in plan
+    assert "model=bert-large-uncased seq_len=512 timeout=120s confirm_rounds=0" in plan
+    for precision in ("fp32", "bf16", "fp16"):
+        assert f"batch sizes of precision={precision}: 8, 16, 24, 32, 40, " in plan
+    assert "skip by estimate past 78.43 GiB" in plan  # never past the card's memory
+
+
+def test_the_lease_plans_a_fixed_effective_batch_on_the_h100_facts(tmp_path):
+    # The first H100 lease was refused at its first command: "effective_batch_size=32: no
+    # batch size of precision=fp16 divides it".
+    done = lease(tmp_path, SEARCH_ARGS="effective_batch_size=32 n_trials=40")
+    assert done.returncode == 0, done.stdout + done.stderr
+    plan = (tmp_path / "plan.txt").read_text()
     for precision in ("fp32", "bf16", "fp16"):
         assert f"batch sizes of precision={precision}: 8, 16, 32\n" in plan
-    assert "skip by estimate past 78.43 GiB" in plan  # never past the card's memory
 
 
 def test_a_plan_the_search_would_refuse_fails_the_lease_before_anything_trains(tmp_path):
