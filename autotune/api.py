@@ -144,10 +144,10 @@ def run(
         try:
             stopped = _run_workers(plan, study, observer, executor)
             ran = trials_run(study) > done_before
-            looked = second_look.run(plan, study, observer, executor) if ran else None
+            looked = second_look.run(plan, study, observer, executor, may_start=ran)
             if looked is not None:
                 stopped = dataclasses.replace(stopped, reason=f"{stopped.reason}; {looked}")
-            if ran or CONFIRMATION_ATTR not in study.user_attrs:
+            if trials_run(study) > done_before or CONFIRMATION_ATTR not in study.user_attrs:
                 _confirm(plan, study, config.confirm_rounds, observer, executor)
             else:  # a finished search run again: its confirmed figures stand
                 observer.warned(_nothing_to_run(plan, done_before))

@@ -19,7 +19,7 @@ of each knob's effect on throughput (`study/model.py`) and what each trial costs
 
 While fewer than two settings of the space were measured (the baseline and the guess did not
 both run), each trial takes the untried setting with the most knob values not yet seen,
-within the trust radius of the fastest trial once one ran, never compiled or fp8.
+within the trust radius of the fastest trial once one ran, compiled and fp8 ones last.
 
 Every setting is a point of the space enumerated once (`study/points.py`); candidates the
 search loop would skip (the pre-trial checks: over the memory budget by estimate, at least as
@@ -229,28 +229,41 @@ class EffectsSampler(optuna.samplers.BaseSampler):
     def _designed(self, untried: list[int], records: list[TrialRecord]) -> list[int]:
         """Untried settings, most unseen knob values first, ties in random order: while fewer
         than two settings were measured (the baseline and the guess did not both run: on a GPU
-        the HF defaults of a large model often run out of memory). Compiled and fp8 settings
-        wait as they do for the model (`Neighbourhood.refinements`), and once a trial ran
-        feasible, only settings within the trust radius of the fastest are looked at
-        (`Neighbourhood.around`): a setting that changes every knob at once (checkpointing,
-        eager attention, a paged 8-bit optimizer and max-autotune together) is the likeliest
-        to fail, and says least of what each change does."""
+        the HF defaults of a large model often run out of memory). First those within the
+        trust radius of the fastest feasible trial, where one ran (`Neighbourhood.around`),
+        then the others; compiled and fp8 settings last, as the model leaves them
+        (`Neighbourhood.refinements`): a setting that changes every knob at once
+        (checkpointing, eager attention, a paged 8-bit optimizer and max-autotune together)
+        is the likeliest to fail, and says least of what each change does."""
         near = Neighbourhood(self.points, self.plan)
-        untried = near.refinements(untried, None, late=False)
+        plain = near.refinements(untried, None, late=False)
         fastest = max(
             (r for r in records if self._feasible(r) and self.points.find(r.params) is not None),
             key=lambda r: r.result.samples_per_s,
             default=None,
         )
-        if fastest is not None:
-            untried = near.around(untried, self.points.find(fastest.params), records)
+        close = (
+            plain
+            if fastest is None
+            else near.around(plain, self.points.find(fastest.params), records)
+        )
         seen = np.zeros(self.points.levels.shape, dtype=bool)
         for record in records:
             index = self.points.find(record.params)
             if index is not None:
                 seen |= self.points.levels == self.points.levels[index]
-        unseen = (~seen[untried]).sum(axis=1) + self.rng.random(len(untried))
-        return [untried[i] for i in np.argsort(-unseen)]
+
+        def by_novelty(indices: list[int]) -> list[int]:
+            unseen = (~seen[indices]).sum(axis=1) + self.rng.random(len(indices))
+            return [indices[i] for i in np.argsort(-unseen)]
+
+        first = set(close)
+        later = set(plain) - first
+        return (
+            by_novelty(close)
+            + by_novelty([i for i in plain if i in later])
+            + by_novelty([i for i in untried if i not in first and i not in later])
+        )
 
     def _by_model(
         self,

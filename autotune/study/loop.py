@@ -119,6 +119,32 @@ def run_search(
             return stopped
 
 
+def run_queued(
+    plan: SearchPlan,
+    study: optuna.Study,
+    wanted: Callable[[FrozenTrial], bool],
+    *,
+    observer: SearchObserver,
+    executor: TrialExecutor | None = None,
+) -> None:
+    """Run the study's queued trials, oldest first, while one that `wanted` accepts waits:
+    a second look after the search's loops ended (`study.second_look`), whatever `n_trials`,
+    `timeout=` or a used-up grid say. Each runs as a trial of the loop (refresh, checks, run,
+    tell); one another process took meanwhile is its to run."""
+    loop = _Loop.start(plan, study, observer, executor or LocalExecutor())
+    while True:
+        trials = loop.refresh()  # an interrupted one is queued again here
+        if not any(t.state is TrialState.WAITING and wanted(t) for t in trials):
+            return
+        trial = loop.ask()
+        try:
+            with heartbeat(trial):
+                loop.one_trial(trial)
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+            if not loop.lost(trial):
+                raise
+
+
 @dataclasses.dataclass(kw_only=True)
 class _Loop:
     """What the loop keeps from one iteration to the next, and its phases."""

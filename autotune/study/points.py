@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from autotune.common.knobs import SAMPLE_ORDER, active, left_out
+from autotune.common.knobs import SAMPLE_ORDER, active, left_out, value_of
 from autotune.plan.plan import SearchPlan
+from autotune.plan.space import Condition
 from autotune.study import checks
 
 POINTS_LIMIT = 200_000
@@ -36,6 +37,8 @@ class Points:
     """knobs: the level of "inactive" of each knob; -1 where it is always active."""
     trends: np.ndarray
     """settings x numeric knobs: standardised log2(1 + value)."""
+    conditions: dict[str, tuple[Condition, ...]] = field(default_factory=dict)
+    """knob -> the space's own conditions on it (`when:` in a space file)."""
     found: dict[str, int | None] = field(default_factory=dict)
     """Settings key -> index, of the settings `find` looked up that no key names (a memo:
     the one part that changes)."""
@@ -77,6 +80,7 @@ class Points:
                 [v.index("None") if "None" in v else -1 for v in values], dtype=np.int32
             ),
             trends=trends,
+            conditions={k: plan.space.knobs[k].when for k in names if k in plan.space.knobs},
         )
 
     def find(self, params: dict[str, Any]) -> int | None:
@@ -91,10 +95,12 @@ class Points:
         if key not in self.found:
             # A knob the space leaves out, set at what training does without it (the
             # baseline's fp32 where the space searches no precision), is no difference.
-            filled = {k: v for k, v in params.items() if k in self.names or v != left_out(k)}
+            filled = {k: v for k, v in params.items() if k in self.names or v != value_of({}, k)}
             for name in SAMPLE_ORDER:  # each knob after those it requires
                 if name in self.names and name not in params and left_out(name) is not None:
-                    if active(name, filled):  # as the space has it: no inactive knob set
+                    # As the space has it: no knob set where it is inactive.
+                    when = self.conditions.get(name, ())
+                    if active(name, filled) and all(c.holds(filled) for c in when):
                         filled[name] = left_out(name)
             found = self.index.get(checks.settings_key(filled))
             if found is None:

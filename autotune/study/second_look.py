@@ -8,21 +8,30 @@ trials at 0.05-0.31 of a quiet baseline. A stopped trial is never recommended, s
 search ended with the baseline as its only candidate and recommended the defaults at 1.0x,
 unconfirmed. The second look is an ordinary trial of the study (queued with its settings,
 early stopping off for it), so the front, the picks and the confirmation's rounds see it as
-any other; it counts toward `n_trials`, and a resumed search looks once only.
+any other. It runs one trial over `n_trials`, and a study gets one: a resumed search runs
+one left queued or interrupted, and starts none after it ended.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
 
+from autotune.common.knobs import value_of
 from autotune.common.trial import Status
 from autotune.execute.base import TrialExecutor
 from autotune.plan.plan import SearchPlan
-from autotune.store.records import SECOND_LOOK_ATTR, TrialRecord, load_records, trials_run
-from autotune.study.loop import run_search
+from autotune.store.records import (
+    SECOND_LOOK_ATTR,
+    TrialRecord,
+    is_recorded,
+    load_records,
+    record_of,
+)
+from autotune.study.loop import run_queued
 from autotune.study.observer import SearchObserver
 
 
@@ -31,36 +40,62 @@ def run(
     study: optuna.Study,
     observer: SearchObserver,
     executor: TrialExecutor | None,
+    *,
+    may_start: bool,
 ) -> str | None:
-    """After the search's loops ended: the second look, where one is due (`to_look_at`), run
-    by this process's loop on the first slot (as the confirmation runs), past `timeout=` and
-    one over `n_trials`. What it did, in words for how the search ended; None: not due."""
+    """After the search's loops ended: the second look, run by this process on the first slot
+    (as the confirmation runs), past `timeout=` and one trial over `n_trials`. A new one only
+    where one is due (`to_look_at`) and `may_start` (this search ran trials); one an earlier
+    search queued or left interrupted runs in any case. What happened, in words for how the
+    search ended; None: no second look."""
     trials = study.get_trials(deepcopy=False)
-    records = load_records(study)
-    record = to_look_at(records, plan.info.memory_budget_gib, trials)
-    if record is None:
-        return None
-    baseline = next(r for r in records if r.baseline)
-    observer.looking_again(why(record, baseline))
-    enqueue(study, trials, record)
-    once = plan.config.model_copy(update={"n_trials": trials_run(study) + 1, "timeout": None})
+    looks = [t for t in trials if SECOND_LOOK_ATTR in t.user_attrs]
+    if any(is_recorded(t) for t in looks):
+        return None  # a study gets one
+    if not looks:
+        records = load_records(study)
+        record = to_look_at(records, plan.info.memory_budget_gib) if may_start else None
+        if record is None:
+            return None
+        baseline = next(r for r in records if r.baseline)
+        observer.looking_again(why(record, baseline))
+        enqueue(study, trials, record)
+    room = plan.config.model_copy(update={"n_trials": len(study.get_trials()) + 1})
     with observer.watching(), plan.slots[0].applied():
-        run_search(
-            dataclasses.replace(plan, config=once), study, observer=observer, executor=executor
+        run_queued(
+            dataclasses.replace(plan, config=room),
+            study,
+            lambda t: SECOND_LOOK_ATTR in t.user_attrs,
+            observer=observer,
+            executor=executor,
+        )
+    return outcome(study.get_trials(deepcopy=False))
+
+
+def outcome(trials: list[FrozenTrial]) -> str:
+    """How the second look ended, in words."""
+    looks = [t for t in trials if SECOND_LOOK_ATTR in t.user_attrs]
+    of = looks[0].user_attrs[SECOND_LOOK_ATTR]
+    done = next((t for t in looks if is_recorded(t)), None)
+    if done is None:
+        return f"a second look at trial {of}'s settings did not end here (another process ran it)"
+    record = record_of(done)
+    if record.status is Status.OK:
+        figure = f"{record.result.samples_per_s:.2f} samples/s"
+        return (
+            f"trial {of}'s settings ran again to the end as trial {done.number}, at {figure} "
+            "(every trial after the baseline had stopped early)"
         )
     return (
-        f"trial {record.number}'s settings ran again to the end (every trial after the "
-        "baseline had stopped early)"
+        f"trial {of}'s settings ran again as trial {done.number}: {record.status.value} "
+        f"({record.result.reason})"
     )
 
 
-def to_look_at(
-    records: list[TrialRecord], budget_gib: float, trials: list[FrozenTrial]
-) -> TrialRecord | None:
+def to_look_at(records: list[TrialRecord], budget_gib: float) -> TrialRecord | None:
     """The stopped trial to run again: the fastest by what it measured, when the baseline
-    ended feasible, no other trial did, and the study (`trials`) has no second look yet."""
-    if any(SECOND_LOOK_ATTR in t.user_attrs for t in trials):
-        return None
+    ended feasible and no other trial did (out of memory, crashed or stopped; at least one
+    stopped), leaving out one that trained the baseline's own settings."""
     baseline = next((r for r in records if r.baseline), None)
     if baseline is None or not baseline.result.feasible(budget_gib):
         return None
@@ -70,10 +105,15 @@ def to_look_at(
         r
         for r in records
         if r.status is Status.STOPPED
-        and r.params != baseline.params
+        and not same_training_settings(r.params, baseline.params)
         and r.result.samples_per_s is not None
     ]
     return max(stopped, key=lambda r: r.result.samples_per_s, default=None)
+
+
+def same_training_settings(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal once each knob either leaves out counts at what training then does."""
+    return all(value_of(a, k) == value_of(b, k) for k in a.keys() | b.keys())
 
 
 def why(record: TrialRecord, baseline: TrialRecord) -> str:

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import optuna
+import pytest
 
 from autotune import api
 from autotune.common.device import DeviceInfo
@@ -16,6 +17,7 @@ from autotune.execute.simulated import SimulatedExecutor
 from autotune.plan.overrides import make_config
 from autotune.store.outcomes import Ending
 from autotune.store.records import SECOND_LOOK_ATTR
+from autotune.study.interrupts import SearchInterrupted
 from autotune.twin.answer import TwinAnswer
 
 H100 = Path(__file__).resolve().parents[1] / "fixtures" / "probe-h100-2026-11-26.json"
@@ -221,9 +223,54 @@ def test_when_every_trial_stops_against_a_quiet_baseline_the_fastest_runs_again_
     assert recommended.speedup > 5
     assert result.stopped == (
         f"4 of 4 trials finished; trial {fastest_stopped.number}'s settings ran again to the "
-        "end (every trial after the baseline had stopped early)"
+        f"end as trial {looked.number}, at {looked.result.samples_per_s:.2f} samples/s (every "
+        "trial after the baseline had stopped early)"
     )
     assert result.snapshot.ended.stopped == result.stopped  # in the study, for the report
     # A resumed search (nothing left to run) does not look again.
     again = api.run(config, executor=executor, device_info=device)
     assert len(again.snapshot.records) == len(result.snapshot.records)
+
+
+class InterruptedLook(BusyAfterTheBaseline):
+    """Ctrl-C while the second look runs, the first time."""
+
+    interrupted = False
+
+    def __call__(self, spec):
+        if spec.stop_below_samples_per_s is None and spec.trial_number > 0:
+            if not InterruptedLook.interrupted:
+                InterruptedLook.interrupted = True
+                raise KeyboardInterrupt
+        return super().__call__(spec)
+
+
+def test_a_second_look_cut_off_runs_when_the_search_is_resumed(tmp_path):
+    device = DeviceInfo.from_facts(json.loads(H100.read_text()))
+    config = make_config(
+        {
+            "model": "bert-large-uncased",
+            "seq_len": 512,
+            "n_trials": 4,
+            "confirm_rounds": 2,
+            "out": str(tmp_path),
+            "study": "cut",
+            "quiet": True,
+        }
+    )
+    with pytest.raises(SearchInterrupted):
+        api.run(config, executor=SimulatedExecutor(InterruptedLook()), device_info=device)
+    # Resumed with the same n_trials: nothing is left to search, the second look still runs.
+    result = api.run(config, executor=SimulatedExecutor(InterruptedLook()), device_info=device)
+    looks = [
+        t
+        for t in optuna.load_study(
+            study_name="cut", storage=f"sqlite:///{tmp_path / 'cut' / 'study.db'}"
+        ).trials
+        if SECOND_LOOK_ATTR in t.user_attrs
+    ]
+    assert [t.state.name for t in looks] == ["FAIL", "COMPLETE"]  # cut off, then run again
+    looked = next(r for r in result.snapshot.records if r.number == looks[-1].number)
+    assert looked.status is Status.OK
+    assert result.recommended.number == looked.number and result.recommended.confirmed
+    assert "ran again to the end as trial" in result.stopped

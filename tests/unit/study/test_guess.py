@@ -210,3 +210,26 @@ def test_with_one_setting_measured_the_start_stays_near_it_and_leaves_compile_an
         assert 1 <= len(active) <= radius, (active, proposal)
         assert proposal["torch_compile"] == "off" and proposal["precision"] != "fp8", proposal
         record(proposal, TrialResult(status=Status.CRASHED))  # measured nothing: still one
+
+
+def test_the_baseline_is_found_where_the_space_file_makes_a_knob_it_leaves_out_inactive(
+    tmp_path,
+):
+    # Pinned memory searched only off fp32, the optimizer not searched: the fp32 baseline
+    # (which sets fused AdamW, the default) is the fp32 batch 8 point without either.
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "device: cuda\n"
+        "knobs:\n"
+        "  precision: {choices: [fp32, bf16]}\n"
+        "  batch_size: {choices: [8, 16]}\n"
+        "  dataloader_pin_memory: {choices: [true, false], when: {precision: {not: fp32}}}\n"
+    )
+    config = load_config(
+        ["model=bert-large-uncased", "seq_len=512", f"space={space}", f"out={tmp_path}"]
+    )
+    plan = make_plan(config, H100)
+    points = Points.of(plan, np.random.default_rng(0))
+    found = points.find(dict(plan.baseline))
+    assert found is not None
+    assert points.params[found] == {"precision": "fp32", "batch_size": 8}
