@@ -185,22 +185,21 @@ class BusyAfterTheBaseline:
         return replace(busy, samples_per_s=samples_per_s, tokens_per_s=None, reason=reason)
 
 
+def busy_search(tmp_path, study):
+    """The H100's facts, and a search of 4 trials confirmed in 2 rounds."""
+    device = DeviceInfo.from_facts(json.loads(H100.read_text()))
+    settings = {"model": "bert-large-uncased", "seq_len": 512, "n_trials": 4}
+    config = make_config(
+        settings | {"confirm_rounds": 2, "out": str(tmp_path), "study": study, "quiet": True}
+    )
+    return device, config
+
+
 def test_when_every_trial_stops_against_a_quiet_baseline_the_fastest_runs_again_to_its_end(
     tmp_path,
 ):
-    device = DeviceInfo.from_facts(json.loads(H100.read_text()))
+    device, config = busy_search(tmp_path, "busy")
     executor = SimulatedExecutor(BusyAfterTheBaseline())
-    config = make_config(
-        {
-            "model": "bert-large-uncased",
-            "seq_len": 512,
-            "n_trials": 4,
-            "confirm_rounds": 2,
-            "out": str(tmp_path),
-            "study": "busy",
-            "quiet": True,
-        }
-    )
     result = api.run(config, executor=executor, device_info=device)
 
     ran = [r for r in result.snapshot.records if r.status is not Status.SKIPPED]
@@ -246,18 +245,7 @@ class InterruptedLook(BusyAfterTheBaseline):
 
 
 def test_a_second_look_cut_off_runs_when_the_search_is_resumed(tmp_path):
-    device = DeviceInfo.from_facts(json.loads(H100.read_text()))
-    config = make_config(
-        {
-            "model": "bert-large-uncased",
-            "seq_len": 512,
-            "n_trials": 4,
-            "confirm_rounds": 2,
-            "out": str(tmp_path),
-            "study": "cut",
-            "quiet": True,
-        }
-    )
+    device, config = busy_search(tmp_path, "cut")
     with pytest.raises(SearchInterrupted):
         api.run(config, executor=SimulatedExecutor(InterruptedLook()), device_info=device)
     # Resumed with the same n_trials: nothing is left to search, the second look still runs.

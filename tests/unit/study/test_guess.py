@@ -120,27 +120,13 @@ def test_on_a_gpu_the_guess_is_costed_at_its_precisions_peak_not_the_fp32_baseli
     assert guess_after(wall_s=24.8) == unbounded
 
 
-def test_on_the_default_cuda_space_the_model_takes_over_from_the_ladder_not_novelty(tmp_path):
-    """`autotune search model=bert-large-uncased seq_len=512` on the H100's facts, its default
-    space (62,208 settings: loader workers, pinned memory, Liger, compile modes, checkpointing
-    every n layers): the baseline, which sets none of those, is the point with each at what
-    training then does, so that with the guess two settings are measured and the model
-    chooses. Where it was not (a knob inactive in the baseline's setting filled in), the next
-    trial after the ladder was the setting with the most unseen values: bs 200 checkpointed,
-    fp8, paged 8-bit AdamW, eager attention, compiled (112 s on the twin, stopped)."""
+def h100_search(tmp_path):
+    """The headline search's plan on the H100's facts, its effects sampler, a study filled by
+    hand (another sampler: this one would fit its model at every ask), and how to record a
+    trial in it."""
     plan = make_plan(
         load_config(["model=bert-large-uncased", "seq_len=512", f"out={tmp_path}"]), H100
     )
-    sampler = EffectsSampler(plan, seed=0)
-    points = sampler.points
-    baseline = points.params[points.find(plan.baseline)]
-    assert baseline == {
-        **plan.baseline,
-        "torch_compile": "off",
-        "use_liger_kernel": False,
-        "dataloader_num_workers": 0,
-        "dataloader_pin_memory": True,
-    }
     study = optuna.create_study(
         directions=["maximize", "minimize"], sampler=optuna.samplers.RandomSampler(seed=0)
     )
@@ -151,6 +137,28 @@ def test_on_the_default_cuda_space_the_model_takes_over_from_the_ladder_not_nove
         if is_baseline:
             trial.set_user_attr(BASELINE_ATTR, True)
         tell_result(study, trial, result, plan.info.memory_budget_gib, noise_cv=0.1)
+
+    return plan, EffectsSampler(plan, seed=0), study, record
+
+
+def test_on_the_default_cuda_space_the_model_takes_over_from_the_ladder_not_novelty(tmp_path):
+    """`autotune search model=bert-large-uncased seq_len=512` on the H100's facts, its default
+    space (62,208 settings: loader workers, pinned memory, Liger, compile modes, checkpointing
+    every n layers): the baseline, which sets none of those, is the point with each at what
+    training then does, so that with the guess two settings are measured and the model
+    chooses. Where it was not (a knob inactive in the baseline's setting filled in), the next
+    trial after the ladder was the setting with the most unseen values: bs 200 checkpointed,
+    fp8, paged 8-bit AdamW, eager attention, compiled (112 s on the twin, stopped)."""
+    plan, sampler, study, record = h100_search(tmp_path)
+    points = sampler.points
+    baseline = points.params[points.find(plan.baseline)]
+    assert baseline == {
+        **plan.baseline,
+        "torch_compile": "off",
+        "use_liger_kernel": False,
+        "dataloader_num_workers": 0,
+        "dataloader_pin_memory": True,
+    }
 
     # The twin's H100: the baseline, then the guess at 8x, then its ladder's rung out of memory.
     ok = functools.partial(TrialResult, status=Status.OK, step_time_cv=0.01)
@@ -179,21 +187,8 @@ def test_with_one_setting_measured_the_start_stays_near_it_and_leaves_compile_an
     ladder's rung up out of memory: one setting measured, too few for the model. The next
     trial changes one knob of the guess, not every knob at once (compiled, fp8, checkpointed,
     eager, paged 8-bit: the setting with the most unseen values, and the likeliest to fail)."""
-    plan = make_plan(
-        load_config(["model=bert-large-uncased", "seq_len=512", f"out={tmp_path}"]), H100
-    )
-    sampler = EffectsSampler(plan, seed=0)
+    plan, sampler, study, record = h100_search(tmp_path)
     points = sampler.points
-    study = optuna.create_study(
-        directions=["maximize", "minimize"], sampler=optuna.samplers.RandomSampler(seed=0)
-    )
-
-    def record(params, result, *, is_baseline=False):
-        trial = study.ask({})
-        trial.set_user_attr(PARAMS_ATTR, params)
-        if is_baseline:
-            trial.set_user_attr(BASELINE_ATTR, True)
-        tell_result(study, trial, result, plan.info.memory_budget_gib, noise_cv=0.1)
 
     record(dict(plan.baseline), TrialResult(status=Status.OOM, wall_s=9.0), is_baseline=True)
     guess = points.params[sampler.choose(study.get_trials())]
