@@ -144,9 +144,7 @@ def run(
         try:
             stopped = _run_workers(plan, study, observer, executor)
             ran = trials_run(study) > done_before
-            looked = second_look.run(plan, study, observer, executor, may_start=ran)
-            if looked is not None:
-                stopped = dataclasses.replace(stopped, reason=f"{stopped.reason}; {looked}")
+            looked = second_look.run(plan, study, observer, executor, may_start=ran) or ""
             if trials_run(study) > done_before or CONFIRMATION_ATTR not in study.user_attrs:
                 _confirm(plan, study, config.confirm_rounds, observer, executor)
             else:  # a finished search run again: its confirmed figures stand
@@ -173,11 +171,10 @@ def run(
                 _write_outputs(study, plan, this_run)
             raise
         with signals.deferred():  # a signal now stops the search once the outputs are whole
-            _store_end(study, plan, stopped.ending, stopped=stopped.reason)
+            _store_end(study, plan, stopped.ending, stopped=stopped.reason, then=looked)
             snapshot, paths = _write_outputs(study, plan, this_run)
-    return SearchResult(
-        snapshot=snapshot, study_dir=plan.study_dir, paths=paths, stopped=stopped.reason
-    )
+    words = f"{stopped.reason}; {looked}" if looked else stopped.reason
+    return SearchResult(snapshot=snapshot, study_dir=plan.study_dir, paths=paths, stopped=words)
 
 
 def _nothing_to_run(plan: SearchPlan, done: int) -> str:
@@ -196,6 +193,7 @@ def _store_end(
     how: Ending,
     signal: str | None = None,
     stopped: str = "",
+    then: str = "",
 ) -> RunEnd:
     """How this search ended, kept in the study for the outputs and `autotune report`."""
     end = RunEnd(
@@ -204,6 +202,7 @@ def _store_end(
         planned=plan.config.n_trials,
         signal=signal,
         stopped=stopped,
+        then=then,
     )
     store_run_end(study, end)
     store_confidence(study, effects_model.confidence(plan, load_records(study)))

@@ -63,6 +63,9 @@ class RunEnd:
     """SIGINT, SIGTERM or SIGHUP when interrupted."""
     stopped: str = ""
     """The search's own words for a complete end (`every grid point has run: 4 trials ...`)."""
+    then: str = ""
+    """What ran after its loops stopped, however they stopped: a second look
+    (`study.second_look`)."""
 
     def describe(self) -> str:
         """`interrupted after 2 of 6 trials (SIGTERM)`, `stopped by timeout after 2 of 6
@@ -70,8 +73,10 @@ class RunEnd:
         if self.how is Ending.INTERRUPTED:
             return f"interrupted after {self.done} of {self.planned} trials ({self.signal})"
         if self.how is Ending.TIMEOUT:
-            return f"stopped by timeout after {self.done} of {self.planned} trials"
-        return self.stopped or f"{self.done} of {self.planned} trials finished"
+            words = f"stopped by timeout after {self.done} of {self.planned} trials"
+        else:
+            words = self.stopped or f"{self.done} of {self.planned} trials finished"
+        return f"{words}; {self.then}" if self.then else words
 
     @classmethod
     def of(cls, study: optuna.Study) -> RunEnd | None:

@@ -47,7 +47,11 @@ def test_the_result_is_what_the_study_folder_says(result):
     assert [t.number for t in result.front] == [
         int(row["number"]) for row in csv.DictReader(open(result.study_dir / "pareto.csv"))
     ]
-    assert result.stopped == "5 of 5 trials finished"
+    # and, where a loaded machine stopped every trial after the baseline early, the fastest of
+    # them run again to its end (a second look).
+    stopped, *looked = result.stopped.split("; ")
+    assert stopped == "5 of 5 trials finished"
+    assert looked == [] or (looked[0].startswith("trial ") and "ran again" in looked[0])
 
 
 def test_training_args_are_real_and_take_overrides(result):
