@@ -236,20 +236,15 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         (checkpointing, eager attention, a paged 8-bit optimizer and max-autotune together)
         is the likeliest to fail, and says least of what each change does."""
         near = Neighbourhood(self.points, self.plan)
-        plain = near.refinements(untried, None, late=False)
-        fastest = max(
-            (r for r in records if self._feasible(r) and self.points.find(r.params) is not None),
-            key=lambda r: r.result.samples_per_s,
-            default=None,
-        )
-        close = (
-            plain
-            if fastest is None
-            else near.around(plain, self.points.find(fastest.params), records)
-        )
+        plain = set(near.refinements(untried, None, late=False))
+        measured = [(r, self.points.find(r.params)) for r in records]
+        feasible = [(r, i) for r, i in measured if i is not None and self._feasible(r)]
+        close = [i for i in untried if i in plain]
+        if feasible:
+            incumbent = max(feasible, key=lambda pair: pair[0].result.samples_per_s)[1]
+            close = near.around(close, incumbent, records)
         seen = np.zeros(self.points.levels.shape, dtype=bool)
-        for record in records:
-            index = self.points.find(record.params)
+        for _, index in measured:
             if index is not None:
                 seen |= self.points.levels == self.points.levels[index]
 
@@ -258,11 +253,11 @@ class EffectsSampler(optuna.samplers.BaseSampler):
             return [indices[i] for i in np.argsort(-unseen)]
 
         first = set(close)
-        later = set(plain) - first
+        rest = [i for i in untried if i not in first]
         return (
             by_novelty(close)
-            + by_novelty([i for i in plain if i in later])
-            + by_novelty([i for i in untried if i not in first and i not in later])
+            + by_novelty([i for i in rest if i in plain])
+            + by_novelty([i for i in rest if i not in plain])
         )
 
     def _by_model(

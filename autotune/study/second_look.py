@@ -86,10 +86,8 @@ def outcome(trials: list[FrozenTrial]) -> str:
             f"trial {of}'s settings ran again to the end as trial {done.number}, at {figure} "
             "(every trial after the baseline had stopped early)"
         )
-    return (
-        f"trial {of}'s settings ran again as trial {done.number}: {record.status.value} "
-        f"({record.result.reason})"
-    )
+    # Its reason (a traceback's tail, perhaps) is in trials.csv: these words are one line.
+    return f"trial {of}'s settings ran again as trial {done.number}: {record.status.value}"
 
 
 def to_look_at(records: list[TrialRecord], budget_gib: float) -> TrialRecord | None:
@@ -120,10 +118,10 @@ def why(record: TrialRecord, baseline: TrialRecord) -> str:
     """What the user hears before the second look runs."""
     share = record.result.samples_per_s / baseline.result.samples_per_s
     return (
-        f"every trial after the baseline stopped early against it, the fastest (trial "
-        f"{record.number}) at {share:.2f} of its pace: the machine may have been busier than "
-        f"when the baseline ran. Trial {record.number}'s settings run once more, to the end, "
-        "before the picks are confirmed"
+        "no trial after the baseline ended ok, and the fastest that stopped early against it "
+        f"(trial {record.number}) ran at {share:.2f} of its pace: the machine may have been "
+        f"busier than when the baseline ran. Trial {record.number}'s settings run once more, "
+        "to the end, before the picks are confirmed"
     )
 
 

@@ -21,7 +21,7 @@ def test_when_every_trial_after_the_baseline_stopped_the_fastest_runs_again():
                record(3, Status.OOM, None), record(4, Status.STOPPED, 25.0)]  # fmt: skip
     assert to_look_at(records, BUDGET_GIB).number == 2
     said = why(records[2], BASELINE)
-    assert "trial 2) at 0.31 of its pace" in said and "machine may have been busier" in said
+    assert "(trial 2) ran at 0.31 of its pace" in said and "machine may have been busier" in said
 
 
 def test_no_second_look_where_another_trial_ended_feasible():
