@@ -8,6 +8,12 @@ budget, estimate), and runs `search.loop.run_search` unchanged with a simulated 
 tell rules, pre-trial checks and the skip by estimate all act as in a real search, so
 strategies can be compared on the same landscape in seconds and repeated over seeds.
 
+A landscape whose points are noise-free figures (a cost model's) says how much a measurement
+of them varies (`Landscape.remeasure_sigma`): each replay then measures every point afresh, the
+draw made from its seed, so that seeds are re-runs of the search on the same machine, and a
+search's pick (its fastest measurement) is scored at the point's noise-free figure: what the
+user would get, lucky draws and all.
+
 `on_clock` scores a replayed search against its simulated time: what it had found by given
 moments of the search, and when it first came near the optimum.
 """
@@ -17,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
+import random
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +77,11 @@ class Landscape:
     steps: dict[str, int] = field(default_factory=dict)
     """The `warmup_steps` and `measure_steps` the points were recorded with, where recorded:
     a replayed trial runs (and stops within) the same steps, so its recorded `wall_s` holds."""
+    remeasure_sigma: float = 0.0
+    """How much one measurement of a point varies (the standard deviation of log samples/s)
+    where the points' figures are noise-free: a replay answers a point's samples/s times
+    exp(sigma x N(0, 1)), drawn from its seed and the settings. 0 for a recorded landscape,
+    whose figures are themselves one measurement each."""
 
     @classmethod
     def load(cls, path: Path) -> Landscape:
@@ -108,15 +121,31 @@ class Landscape:
 
 class LandscapeAnswers:
     """Answers each trial from the landscape, its recorded cost (`wall_s`) included: the
-    simulated executor's answer (`autotune.execute.simulated`); no process runs."""
+    simulated executor's answer (`autotune.execute.simulated`); no process runs. With the
+    landscape's `remeasure_sigma`, each point as this seed's measurement of it."""
 
-    def __init__(self, landscape: Landscape) -> None:
+    def __init__(self, landscape: Landscape, seed: int = 0) -> None:
         self.landscape = landscape
+        self.seed = seed
         self.answered: list[dict[str, Any]] = []
-        """The points answered, in order: what a real search would have run."""
+        """The points answered, in order, as measured (where measured afresh,
+        `true_samples_per_s` is the landscape's own figure): what a real search would have
+        run."""
+
+    def measured(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The landscape's point for `params`, as this seed measures it."""
+        point = self.landscape.answer(params)
+        true = point.get("samples_per_s")
+        sigma = self.landscape.remeasure_sigma
+        if not true or not sigma:
+            return point
+        # The same draw for the same seed and settings: a replay is repeatable.
+        factor = math.exp(sigma * random.Random(f"{self.seed}/{settings_key(params)}").gauss())
+        scaled = {k: point[k] * factor for k in ("samples_per_s", "tokens_per_s") if point.get(k)}
+        return {**point, **scaled, "true_samples_per_s": true}
 
     def __call__(self, spec: TrialSpec) -> TrialResult:
-        point = self.landscape.answer(spec.params)
+        point = self.measured(spec.params)
         self.answered.append(point)
         figures = {k: point.get(k) for k in FIGURES if k != "estimate_gib"}
         below, speed = spec.stop_below_samples_per_s, point.get("samples_per_s")
@@ -181,7 +210,7 @@ def replay(
         # Opened as a search opens its study (settled plan, sampler, baseline queued), in
         # memory: a replay runs hundreds of searches.
         study, plan = open_study(plan, storage=optuna.storages.InMemoryStorage())
-        answers = LandscapeAnswers(landscape)
+        answers = LandscapeAnswers(landscape, seed)
         executor = SimulatedExecutor(answers)
         run_search(plan, study, executor=executor)
         return Replayed(
@@ -249,9 +278,27 @@ class Trial:
 
     status: str
     samples_per_s: float | None
-    """Set only where the trial found something: feasible (ok and within the budget)."""
+    """As measured; set only where the trial found something: feasible (ok and within the
+    budget)."""
     wall_s: float | None
     """Its recorded cost; None where the landscape has none (a cost model without a clock)."""
+    true_samples_per_s: float | None = None
+    """The point's noise-free figure where the landscape measures it afresh
+    (`Landscape.remeasure_sigma`); None: the measurement is the figure."""
+
+    @property
+    def worth(self) -> float:
+        """What this trial gives the user as the search's pick: its point's figure."""
+        if self.samples_per_s is None:
+            return 0.0
+        return self.samples_per_s if self.true_samples_per_s is None else self.true_samples_per_s
+
+
+def picked(trials: Sequence[Trial]) -> Trial | None:
+    """The trial a search recommends from these: the fastest measured (scored at its `worth`:
+    a lucky measurement of a slower point is what the user gets)."""
+    found = [t for t in trials if t.samples_per_s is not None]
+    return max(found, key=lambda t: t.samples_per_s, default=None)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -259,8 +306,8 @@ class OnClock:
     """A search scored against its simulated time."""
 
     found: tuple[float, ...]
-    """At each mark, the best `samples_per_s` of the trials ended by then over the optimum;
-    0.0 where none had found anything."""
+    """At each mark, the worth of the pick of the trials ended by then (`picked`) over the
+    optimum; 0.0 where none had found anything."""
     within_s: float | None
     """When the first trial within `within` of the optimum ended; None: none was."""
 
@@ -274,11 +321,12 @@ def on_clock(
     moves the clock on. None where a trial's cost is unknown."""
     if any(t.wall_s is None for t in trials):
         return None
-    series, ended_s, best = [], 0.0, 0.0
-    for trial in trials:
+    series, ended_s = [], 0.0
+    for k, trial in enumerate(trials, 1):
         ended_s += trial.wall_s
-        best = max(best, (trial.samples_per_s or 0.0) / optimum)
-        series.append((ended_s, best))
-    found = tuple(max((b for e, b in series if e <= mark), default=0.0) for mark in marks_s)
+        pick = picked(trials[:k])
+        series.append((ended_s, pick.worth / optimum if pick else 0.0))
+    # The pick can change for a worse point (a lucky measurement): the last pick by the mark.
+    found = tuple(next((b for e, b in reversed(series) if e <= mark), 0.0) for mark in marks_s)
     within_s = next((e for e, b in series if b >= within), None)
     return OnClock(found=found, within_s=within_s)

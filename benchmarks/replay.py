@@ -19,9 +19,17 @@ strategies run as they work, on the same answers:
 - HF defaults: the baseline alone.
 - random (`sampler=random`) and the full grid (`sampler=grid`), through the loop.
 
-For each: the best feasible samples/s found over the landscape's optimum (what a full grid
-finds) after 10 and 20 trials, how many trials it took to come within 2% of the optimum,
+For each: the samples/s of its pick over the landscape's optimum (what a full grid finds)
+after 10 and 20 trials, how many trials it took to come within 2% of the optimum,
 trials spent on OOM, and the recorded wall time of the trials it ran (CPU landscapes).
+
+A pick is the fastest feasible trial measured. The recorded landscapes' points are one
+measurement each, replayed as they are: every seed of `sampler=auto` sees the same figures. The
+twin's points are noise-free, and each seed measures them afresh with the GPUs' step noise
+(`Landscape.remeasure_sigma`), so that its seeds are re-runs of the search; a pick is scored at
+its point's noise-free figure (a lucky measurement of a slower point is what a user would get),
+and the optimum is the best noise-free figure. The peers run on the points' figures, noise-free
+on the twin: the batch they keep does not hang on a measurement's luck.
 
 The clock columns score the same searches against simulated search time instead of trials
 (`autotune.replay.on_clock`): the trials run one after another, each costing its recorded
@@ -29,9 +37,9 @@ The clock columns score the same searches against simulated search time instead 
 compile, one that runs out of memory late) spends time that a count of trials does not see.
 Time is in baseline-times, the recorded wall time of the landscape's HF-defaults trial (the
 search's first), so that landscapes of different speed compare: found @5/10/20 base is the
-median over seeds of best-found/optimum among the trials ended by 5, 10 and 20 baseline-times
+median over seeds of the pick/optimum among the trials ended by 5, 10 and 20 baseline-times
 (the seconds they are on that landscape in the header), and "time to 2%" the median time at
-which the first trial within 2% of the optimum ended ("never" where fewer than half of the
+which the pick first came within 2% of the optimum ("never" where fewer than half of the
 seeds got there). A search whose trials all ended before a mark counts what it found in them.
 A peer hands over its pick when it stops, so its pick counts from the end of its last trial
 (nothing before; the batches it tried and did not keep find nothing). A landscape without
@@ -68,7 +76,7 @@ from landscapes import twin  # noqa: E402
 from autotune.common.trial import OUT_OF_MEMORY, Status  # noqa: E402
 from autotune.plan.config import RunConfig  # noqa: E402
 from autotune.plan.estimate import Measured, calibrated_gib  # noqa: E402
-from autotune.replay import Landscape, Trial, on_clock, plan_for, replay  # noqa: E402
+from autotune.replay import Landscape, Trial, on_clock, picked, plan_for, replay  # noqa: E402
 from autotune.study.model import confidence  # noqa: E402
 from autotune.study.sampler import quiet_optuna  # noqa: E402
 
@@ -136,8 +144,9 @@ def search(name: str, policy: str, seed: int, trials: int) -> tuple[list[Trial],
             r.status.value,
             r.samples_per_s if r.feasible(land.memory_budget_gib) else None,
             r.wall_s,
+            point.get("true_samples_per_s"),
         )
-        for r in replayed.results
+        for r, point in zip(replayed.results, replayed.answered, strict=True)
     ]
     wall_s = _wall(trials)
     assert wall_s is None or math.isclose(wall_s, replayed.clock_s), (wall_s, replayed.clock_s)
@@ -221,7 +230,7 @@ def peer(name: str, policy: str) -> dict[str, Any]:
     trials = [_as_trial(land, p) for p in tried]
     # The pick is handed over when the peer stops: it counts from the end of the last trial.
     *before, last = trials
-    picked = [
+    handed_over = [
         *(replace(t, samples_per_s=None) for t in before),
         replace(last, samples_per_s=chosen["samples_per_s"] if found else None),
     ]
@@ -232,7 +241,7 @@ def peer(name: str, policy: str) -> dict[str, Any]:
         "oom_trials": sum(p["status"] in _oom() for p in tried),
         "wall_s": _wall(trials),
         "chosen_batch": chosen["params"]["batch_size"] if chosen else None,
-        "clock": summarise_clock([picked], optimum, name),
+        "clock": summarise_clock([handed_over], optimum, name),
     }
 
 
@@ -283,6 +292,12 @@ def summarise_clock(trials_by_seed: list[list[Trial]], optimum: float, name: str
     return out
 
 
+def found(trials: list[Trial], optimum: float) -> float:
+    """The worth of the search's pick of these trials over the optimum (0.0: none found)."""
+    pick = picked(trials)
+    return pick.worth / optimum if pick else 0.0
+
+
 def summarise(
     trials_by_seed: list[list[Trial]],
     optimum: float,
@@ -293,24 +308,23 @@ def summarise(
     and whether the confidence said more trials may pay where the search missed the optimum
     by more than 2% (and where it did not)."""
 
-    def best(trials: list[Trial]) -> float:
-        return max((t.samples_per_s or 0.0 for t in trials), default=0.0) / optimum
-
     def to_within(trials: list[Trial]) -> int | None:
-        return next((k for k in range(1, len(trials) + 1) if best(trials[:k]) >= WITHIN), None)
+        return next(
+            (k for k in range(1, len(trials) + 1) if found(trials[:k], optimum) >= WITHIN), None
+        )
 
     out: dict[str, Any] = {"seeds": len(trials_by_seed)}
     for mark in marks:
-        found = [best(t[:mark]) for t in trials_by_seed]
-        out[f"found@{mark}"] = {"median": statistics.median(found), "min": min(found)}
-        out[f"within_2pct@{mark}"] = sum(f >= WITHIN for f in found)
+        picks = [found(t[:mark], optimum) for t in trials_by_seed]
+        out[f"found@{mark}"] = {"median": statistics.median(picks), "min": min(picks)}
+        out[f"within_2pct@{mark}"] = sum(f >= WITHIN for f in picks)
         out[f"oom_trials@{mark}"] = statistics.median(
             sum(x.status in _oom() for x in t[:mark]) for t in trials_by_seed
         )
         walls = [_wall(t[:mark]) for t in trials_by_seed]
         out[f"wall_s@{mark}"] = None if None in walls else statistics.median(walls)
     if could_beat is not None:
-        at_end = [best(t) >= WITHIN for t in trials_by_seed]
+        at_end = [found(t, optimum) >= WITHIN for t in trials_by_seed]
         out["confidence"] = {
             "missed_said_may_pay": sum(
                 not r and bool(c) for r, c in zip(at_end, could_beat, strict=True)

@@ -82,7 +82,7 @@ def searches(name: str, data: dict, seeds: int, folder: Path) -> list[str]:
         for policy in POLICIES:
             runs = [replay.search(key, policy, seed, 20)[0] for seed in range(seeds)]
             clock = replay.summarise_clock(runs, optimum, key)
-            at_20 = statistics.median(max(t.samples_per_s or 0 for t in r) / optimum for r in runs)
+            at_20 = statistics.median(replay.found(r, optimum) for r in runs)
             lines.append(
                 f"| {kind} | {policy} | {replay.baseline_s(key):.1f} s | "
                 f"{clock['found@5x']['median']:.2f} | {clock['found@10x']['median']:.2f} "

@@ -5,17 +5,17 @@ warm-up and timed steps), so that a replayed search runs on the GPU's clock.
 The space is `search_spaces/default.yaml` as a search plans it on that GPU with the software
 the H100 run had (`benchmarks/results/2026-11-26-h100/probe.json`: no FlashAttention; Liger
 for the models it patches; torchao and bitsandbytes); the budget is the card less its CUDA
-context. Each point's samples/s carries a fixed draw of the GPUs' measured step noise (1%),
-from its settings: the landscape is the same on every replay. A trial past `trial_timeout`
-(and `compile_timeout` when compiled: the search's defaults, 10 minutes each) ends `timeout`
-in the simulated executor, as it would on the GPU.
+context. The points are the twin's noise-free figures; each replay measures them afresh with
+the GPUs' measured step noise (1%, `Landscape.remeasure_sigma`), drawn from its seed: seeds are
+re-runs of a search on the same GPU, and its pick is scored at the noise-free figure. A trial
+past `trial_timeout` (and `compile_timeout` when compiled: the search's defaults, 10 minutes
+each) ends `timeout` in the simulated executor, as it would on the GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import random
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -75,13 +75,11 @@ def landscape(name: str) -> Landscape:
                 "peak_memory_gib": None,
                 "wall_s": p.wall_s,
             }
-        rng = random.Random(settings_key(params))
-        speed = p.samples_per_s * model.lognormal_factor(sigma, 1 - rng.random(), rng.random())
         return {
             "status": "ok",
             "reason": "",
-            "samples_per_s": speed,
-            "tokens_per_s": speed * seq_len,
+            "samples_per_s": p.samples_per_s,
+            "tokens_per_s": p.samples_per_s * seq_len,
             "peak_memory_gib": p.peak_gib,
             "step_time_cv": sigma,
             "step_time_median_ms": p.step_s * 1e3,
@@ -97,6 +95,7 @@ def landscape(name: str) -> Landscape:
         memory_budget_gib=(g.memory_bytes - CUDA_CONTEXT_BYTES) / GIB,
         knobs=yaml.safe_load(SPACE.read_text())["knobs"],
         answer=answer_point,
+        remeasure_sigma=sigma,
         device_facts={k: v for k, v in facts.items() if k not in HARDWARE},
         description=f"benchmarks/landscapes/twin.py: the GPU twin of the {g.name}",
     )

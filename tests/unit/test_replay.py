@@ -1,12 +1,14 @@
 """A replayed search scored against its simulated clock: a trial counts from the moment it ends,
 one out of memory costs time and finds nothing, and a search that never comes near the optimum
-says so. A landscape measured in several passes keeps each point's mean."""
+says so; on a landscape measured afresh each replay, the pick is the fastest measurement, scored
+at its point's noise-free figure. A landscape measured in several passes keeps each point's
+mean."""
 
 from __future__ import annotations
 
 import pytest
 
-from autotune.replay import Trial, on_clock
+from autotune.replay import Landscape, LandscapeAnswers, Trial, on_clock
 from tests import benchmark_scripts
 
 OPTIMUM = 100.0
@@ -35,6 +37,49 @@ def test_a_search_that_never_comes_within_2pct_says_never():
 def test_trials_without_a_recorded_cost_have_no_clock():
     trials = [Trial("ok", 50.0, 10.0), Trial("ok", 60.0, None)]
     assert on_clock(trials, OPTIMUM, marks_s=[20.0], within=0.98) is None
+
+
+def test_the_pick_is_the_fastest_measurement_and_it_is_worth_its_point_s_true_figure():
+    trials = [
+        Trial("ok", 90.0, 10.0, 90.0),  # ends at 10 s: measured as it is
+        Trial("ok", 97.0, 10.0, 85.0),  # ends at 20 s: a lucky measurement of a slower point
+        Trial("ok", 96.0, 10.0, 99.0),  # ends at 30 s: the better point, measured unluckily
+        Trial("ok", 99.5, 10.0, 99.0),  # ends at 40 s: measured again near its figure
+    ]
+    score = on_clock(trials, OPTIMUM, marks_s=[10.0, 20.0, 30.0, 40.0], within=0.98)
+    assert score.found == pytest.approx((0.90, 0.85, 0.85, 0.99)), "the pick got worse at 20 s"
+    assert score.within_s == pytest.approx(40.0), "not at 30 s: the search did not pick it"
+
+
+def _landscape(sigma):
+    def answer(params):
+        speed = 100.0 * params["batch_size"]
+        return {"status": "ok", "samples_per_s": speed, "tokens_per_s": speed * 32}
+
+    return Landscape(
+        name="l", model="m", seq_len=32, device="cuda", device_name="GPU",
+        memory_budget_gib=80.0, knobs={}, answer=answer, remeasure_sigma=sigma,
+    )  # fmt: skip
+
+
+def test_each_seed_measures_the_points_afresh_and_again_the_same_on_a_rerun():
+    noisy = _landscape(0.01)
+    settings = [{"batch_size": b} for b in (8, 16, 32, 64)]
+
+    def measured(seed):
+        return [LandscapeAnswers(noisy, seed).measured(p)["samples_per_s"] for p in settings]
+
+    truth = [100.0 * s["batch_size"] for s in settings]
+    assert measured(1) == measured(1), "a replay is repeatable"
+    assert measured(1) != measured(2) and measured(1) != truth
+    for seed in (1, 2):
+        ratios = [m / t for m, t in zip(measured(seed), truth, strict=True)]
+        assert all(0.95 < r < 1.05 for r in ratios), "1% noise, within 5 sigma"
+    point = LandscapeAnswers(noisy, 3).measured({"batch_size": 8})
+    assert point["true_samples_per_s"] == 800.0
+    assert point["tokens_per_s"] == pytest.approx(point["samples_per_s"] * 32)
+    recorded = LandscapeAnswers(_landscape(0.0), 3).measured({"batch_size": 8})
+    assert recorded["samples_per_s"] == 800.0, "a recorded landscape's points are the measurements"
 
 
 def _point(number, batch, status, speed, peak, wall):
