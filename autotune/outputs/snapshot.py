@@ -94,8 +94,10 @@ class StudySnapshot:
 
     def compile_payoff(self, record: TrialRecord) -> str | None:
         """For a compiled trial: what compiling cost, and after how many training steps its
-        faster steps repay it, against the trial of the same settings run eagerly; None for
-        an eager trial."""
+        faster steps repay it, against the trial of the same settings run eagerly or, where
+        none ran (compiled activations take more memory: the search may compile at a smaller
+        batch), the fastest feasible eager trial, sample for sample; None for an eager
+        trial."""
         result = record.result
         if not is_compiled(record.params) or result.compile_s is None:
             return None
@@ -104,19 +106,43 @@ class StudySnapshot:
         } | {"torch_compile": "off"}
         twin = next((r for r in self.records if r.status is Status.OK and r.params == eager), None)
         spent = f"compiling took {result.compile_s:.0f} s"
-        if twin is None or not twin.result.step_time_median_ms or not result.step_time_median_ms:
-            return f"{spent} (no trial of the same settings ran eagerly to compare)"
-        saved_ms = twin.result.step_time_median_ms - result.step_time_median_ms
-        if saved_ms <= 0:
+        if twin is not None and twin.result.step_time_median_ms and result.step_time_median_ms:
+            saved_ms = twin.result.step_time_median_ms - result.step_time_median_ms
+            if saved_ms <= 0:
+                return (
+                    f"{spent}, and its steps are slower than trial {twin.number}'s eager ones "
+                    f"({result.step_time_median_ms:.0f} vs "
+                    f"{twin.result.step_time_median_ms:.0f} ms): it never pays off"
+                )
+            steps = result.compile_s / (saved_ms / 1e3)
             return (
-                f"{spent}, and its steps are slower than trial {twin.number}'s eager ones "
-                f"({result.step_time_median_ms:.0f} vs {twin.result.step_time_median_ms:.0f} "
-                "ms): it never pays off"
+                f"{spent}; it pays off after {steps:,.0f} training steps (each {saved_ms:.0f} "
+                f"ms faster than trial {twin.number}'s eager steps)"
             )
+        budget = self.info.memory_budget_gib
+        eager_ok = [
+            r
+            for r in self.records
+            if r.status is Status.OK
+            and not is_compiled(r.params)
+            and r.result.samples_per_s
+            and r.result.feasible(budget)
+        ]
+        fastest = max(eager_ok, key=lambda r: r.result.samples_per_s, default=None)
+        if fastest is None or not result.samples_per_s or not result.step_time_median_ms:
+            return f"{spent} (no eager trial to compare)"
+        ours, theirs = result.samples_per_s, fastest.result.samples_per_s
+        if ours <= theirs:
+            return (
+                f"{spent}, and it trains slower than trial {fastest.number}, the fastest eager "
+                f"one ({ours:.1f} vs {theirs:.1f} samples/s): it never pays off"
+            )
+        # Each of its steps trains what takes trial `fastest` step_ms x ours/theirs.
+        saved_ms = result.step_time_median_ms * (ours / theirs - 1)
         steps = result.compile_s / (saved_ms / 1e3)
         return (
-            f"{spent}; it pays off after {steps:,.0f} training steps (each {saved_ms:.0f} ms "
-            f"faster than trial {twin.number}'s eager steps)"
+            f"{spent}; it pays off after {steps:,.0f} training steps (each trains its samples "
+            f"{saved_ms:.0f} ms faster than trial {fastest.number}, the fastest eager one)"
         )
 
     def math_changes(self, record: TrialRecord) -> list[MathChange]:

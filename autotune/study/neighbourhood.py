@@ -32,16 +32,28 @@ class Neighbourhood:
         (`effects.LOCAL_TRIALS`), none compiled or in fp8 (their compile and scaling cost most
         and pay off least often: tried last, on the best eager settings); in them, those one
         knob from the fastest feasible trial, a compile mode other than the default only once
-        a compiled trial is the fastest."""
+        a compiled trial is the fastest. Compiling or fp8 may come with another batch (and its
+        accumulation): compiled activations take more memory (`estimate`), so the fastest
+        eager batch may not fit them."""
         points = self.points
         if late and incumbent is not None:
             compiled = is_compiled(points.params[incumbent])
+            refined = _refinement(points.params[incumbent])
+            batch_knobs = {"batch_size", "grad_accum"}
             near = [
                 i
-                for i, changed in zip(untried, self._changed(untried, incumbent, 1), strict=True)
+                for i, changed in zip(untried, self._changed(untried, incumbent, 3), strict=True)
                 if changed is not None
                 and (compiled or _default_mode(points.params[i]))
                 and not self._pointless(changed, points.params[i], batch=False)
+                and (
+                    len(changed) == 1
+                    or (
+                        len(set(changed) - batch_knobs) == 1
+                        and _refinement(points.params[i])
+                        and not refined
+                    )
+                )
             ]
             if near:
                 return near

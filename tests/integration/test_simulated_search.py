@@ -266,3 +266,35 @@ def test_a_second_look_cut_off_runs_when_the_search_is_resumed(tmp_path):
     assert looked.status is Status.OK
     assert result.recommended.number == looked.number and result.recommended.confirmed
     assert "ran again to the end as trial" in result.stopped
+
+
+def test_a_default_length_search_on_a_simulated_h100_compiles_its_fastest_settings_last(
+    tmp_path,
+):
+    """The headline search's 20 trials on the H100 twin: compiling waits for the last trials,
+    and comes as a refinement of the fastest eager settings at a batch its estimate fits
+    (compiled activations take about twice the memory, and the fastest eager batch filled
+    70 of the card's 79 GiB). Its compile time is told against the fastest eager trial."""
+    device = DeviceInfo.from_facts(json.loads(H100.read_text()))
+    settings = {"model": "bert-large-uncased", "seq_len": 512, "n_trials": 20}
+    config = make_config({**settings, "confirm_rounds": 0, "out": str(tmp_path), "quiet": True})
+    executor = SimulatedExecutor(TwinAnswer("H100", seed=0))
+    result = api.run(config, executor=executor, device_info=device)
+
+    ran = [r for r in result.snapshot.records if r.status is not Status.SKIPPED]
+    compiled = [r for r in ran if r.params.get("torch_compile", "off") != "off"]
+    assert len(compiled) == 1 and ran.index(compiled[0]) >= 20 - 6, [r.params for r in ran]
+    (trial,) = compiled
+    assert trial.status is Status.OK and trial.result.compile_s > 0
+    eager = [r for r in ran if r.status is Status.OK and r not in compiled]
+    fastest = max(eager, key=lambda r: r.result.samples_per_s)
+    assert trial.params["batch_size"] < fastest.params["batch_size"]
+    differs = {k for k in trial.params if trial.params[k] != fastest.params.get(k)}
+    assert differs - {"batch_size", "grad_accum", "compile_mode", "compile_regional"} == {
+        "torch_compile"
+    }
+    # On the twin, as on the H100, whole-model compile trains slower than eager.
+    assert result.snapshot.compile_payoff(trial).endswith("it never pays off")
+    assert f"than trial {fastest.number}, the fastest eager one" in result.snapshot.compile_payoff(
+        trial
+    )

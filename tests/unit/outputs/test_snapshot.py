@@ -223,16 +223,16 @@ def test_a_compiled_trial_says_after_how_many_steps_its_compile_pays_off():
     eager = {"batch_size": 64, "precision": "bf16", "torch_compile": "off"}
     compiled = {**eager, "torch_compile": "inductor", "compile_mode": "default"}
 
-    def ran(number, params, step_ms, compile_s=None):
+    def ran(number, params, step_ms, compile_s=None, peak_gib=4.0):
         return TrialRecord(
             number=number,
             params=params,
             result=TrialResult(
                 status=Status.OK,
-                samples_per_s=64e3 / step_ms,
+                samples_per_s=params["batch_size"] * 1e3 / step_ms,
                 step_time_median_ms=step_ms,
                 compile_s=compile_s,
-                peak_memory_gib=4.0,
+                peak_memory_gib=peak_gib,
             ),
         )
 
@@ -253,7 +253,26 @@ def test_a_compiled_trial_says_after_how_many_steps_its_compile_pays_off():
             "its steps are slower than trial 1's eager ones (272 vs 205 ms): it never pays off"
         )
     )
-    assert snapshot(slower).compile_payoff(slower) == (
-        "compiling took 77 s (no trial of the same settings ran eagerly to compare)"
+    assert (
+        snapshot(slower).compile_payoff(slower) == "compiling took 77 s (no eager trial to compare)"
+    )
+    # Compiled at a smaller batch (its activations take more memory): against the fastest
+    # feasible eager trial, sample for sample. 32 samples in 100 ms is 320 samples/s against
+    # 300: each step trains what takes the eager trial 106.7 ms.
+    at_32 = ran(3, {**compiled, "batch_size": 32}, 100.0, compile_s=80.0)
+    fastest = ran(1, {**eager, "batch_size": 128}, 128e3 / 300.0)
+    over_budget = ran(4, {**eager, "batch_size": 256}, 256e3 / 400.0, peak_gib=200.0)
+    assert snapshot(ran(2, eager, 250.0), fastest, over_budget, at_32).compile_payoff(at_32) == (
+        "compiling took 80 s; it pays off after 12,000 training steps (each trains its "
+        "samples 7 ms faster than trial 1, the fastest eager one)"
+    )
+    slow_32 = ran(3, {**compiled, "batch_size": 32}, 128.0, compile_s=80.0)
+    assert (
+        snapshot(fastest, slow_32)
+        .compile_payoff(slow_32)
+        .endswith(
+            "it trains slower than trial 1, the fastest eager one (250.0 vs 300.0 samples/s): it "
+            "never pays off"
+        )
     )
     assert snapshot(ran(1, eager, 205.0)).compile_payoff(ran(1, eager, 205.0)) is None

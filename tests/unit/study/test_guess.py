@@ -14,6 +14,7 @@ from autotune.plan.plan import make_plan
 from autotune.store.records import BASELINE_ATTR, PARAMS_ATTR, TrialRecord, tell_result
 from autotune.study.effects import EffectsSampler
 from autotune.study.guess import GUESS_COST, expert_guess
+from autotune.study.neighbourhood import Neighbourhood
 from autotune.study.points import Points
 from tests.conftest import TINY_MODEL
 from tests.unit.study.test_effects import CPU
@@ -120,12 +121,13 @@ def test_on_a_gpu_the_guess_is_costed_at_its_precisions_peak_not_the_fp32_baseli
     assert guess_after(wall_s=24.8) == unbounded
 
 
-def h100_search(tmp_path):
+def h100_search(tmp_path, *settings):
     """The headline search's plan on the H100's facts, its effects sampler, a study filled by
     hand (another sampler: this one would fit its model at every ask), and how to record a
     trial in it."""
     plan = make_plan(
-        load_config(["model=bert-large-uncased", "seq_len=512", f"out={tmp_path}"]), H100
+        load_config(["model=bert-large-uncased", "seq_len=512", f"out={tmp_path}", *settings]),
+        H100,
     )
     study = optuna.create_study(
         directions=["maximize", "minimize"], sampler=optuna.samplers.RandomSampler(seed=0)
@@ -228,3 +230,44 @@ def test_the_baseline_is_found_where_the_space_file_makes_a_knob_it_leaves_out_i
     found = points.find(dict(plan.baseline))
     assert found is not None
     assert points.params[found] == {"precision": "fp32", "batch_size": 8}
+
+
+def test_the_last_trials_may_compile_the_fastest_eager_settings_at_another_batch(tmp_path):
+    """Compiled activations take about twice the memory (`estimate`): at the fastest eager
+    batch (bs 128, 70.5 of the H100's 79 GiB) a compiled setting is over the budget, so the
+    last trials, one knob from the fastest, never compiled. Compiling (or fp8) may now come
+    with another batch and accumulation; any other change stays one knob."""
+    plan, sampler, _, _ = h100_search(tmp_path)
+    points = sampler.points
+    guess = next(
+        i
+        for i, p in enumerate(points.params)
+        if p["batch_size"] == 128
+        and p["grad_accum"] == 1
+        and p["precision"] == "bf16+tf32"
+        and p["optim"] == "adamw_torch_fused"
+        and p["attn_implementation"] == "sdpa"
+        and not p["gradient_checkpointing"]
+        and p["torch_compile"] == "off"
+        and not p["use_liger_kernel"]
+        and p["dataloader_num_workers"] == 0
+    )
+    untried = [i for i in range(len(points.params)) if i != guess]
+    near = Neighbourhood(points, plan).refinements(untried, guess, late=True)
+
+    def changed(i):
+        params, fastest = points.params[i], points.params[guess]
+        return {k for k in params.keys() & fastest.keys() if params[k] != fastest[k]}
+
+    compiled = [i for i in near if points.params[i]["torch_compile"] != "off"]
+    assert {points.params[i]["batch_size"] for i in compiled} >= {64, 128}
+    for i in compiled:
+        assert changed(i) - {"batch_size", "grad_accum"} == {"torch_compile"}, points.params[i]
+        assert points.params[i]["compile_mode"] == "default"
+    for i in near:
+        if i not in compiled and points.params[i]["precision"] != "fp8":
+            assert len(changed(i)) == 1, points.params[i]
+    budget = plan.info.memory_budget_gib
+    at_128 = [i for i in compiled if points.params[i]["batch_size"] == 128]
+    assert all(plan.estimate_gib(points.params[i]) > budget for i in at_128)
+    assert any(plan.estimate_gib(points.params[i]) <= budget for i in compiled)
