@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
 
@@ -70,9 +70,6 @@ from autotune.study.loop import run_search
 from autotune.study.observer import SearchObserver
 from autotune.study.opening import join_config, locked_study, open_study
 from autotune.study.sampler import quiet_optuna
-
-if TYPE_CHECKING:
-    pass
 
 
 def search(
@@ -143,8 +140,12 @@ def run(
         this_run = _start_run(study, plan, "search", command, observer)
         try:
             stopped = _run_workers(plan, study, observer, executor)
-            ran = trials_run(study) > done_before
-            looked = second_look.run(plan, study, observer, executor, may_start=ran) or ""
+            # Not under other versions than the study's: its trial would be kept out of the
+            # picks, and the confirmation does not run (`_confirm`).
+            may_look = trials_run(study) > done_before and not conditions.other_versions(
+                plan.versions, plan.info.versions
+            )
+            looked = second_look.run(plan, study, observer, executor, may_start=may_look) or ""
             if trials_run(study) > done_before or CONFIRMATION_ATTR not in study.user_attrs:
                 _confirm(plan, study, config.confirm_rounds, observer, executor)
             else:  # a finished search run again: its confirmed figures stand

@@ -130,13 +130,24 @@ def run_queued(
     """Run the study's queued trials, oldest first, while one that `wanted` accepts waits:
     a second look after the search's loops ended (`study.second_look`), whatever `n_trials`,
     `timeout=` or a used-up grid say. Each runs as a trial of the loop (refresh, checks, run,
-    tell); one another process took meanwhile is its to run."""
+    tell). One another process took (its loop asks for queued trials first) is its to run:
+    this waits for it to end, or for its process to be found dead (it is then queued again);
+    a proposal asked for here when another process took the last wanted one between the
+    refresh and the ask is handed back, not run."""
     loop = _Loop.start(plan, study, observer, executor or LocalExecutor())
     while True:
         trials = loop.refresh()  # an interrupted one is queued again here
         if not any(t.state is TrialState.WAITING and wanted(t) for t in trials):
-            return
+            if not any(t.state is TrialState.RUNNING and wanted(t) for t in trials):
+                return
+            time.sleep(WAIT_FOR_OTHERS_S)
+            continue
+        queued = {t.number for t in trials if t.state is TrialState.WAITING}
         trial = loop.ask()
+        if trial.number not in queued:  # a new proposal: the queue was emptied meanwhile
+            trial.set_user_attr(NOT_RUN_ATTR, "another process took the queued trials first")
+            study.tell(trial, state=TrialState.FAIL)
+            continue
         try:
             with heartbeat(trial):
                 loop.one_trial(trial)
@@ -273,10 +284,13 @@ class _Loop:
         records = [record_of(t) for t in trials if is_recorded(t)]
         self.warn_sharing(trials, trial.number)
         estimate_gib = self.plan.estimate_gib(params)  # once: the check and the record
-        # A second look runs a stopped trial's settings again: that trial is no repeat of it.
-        looked_at = trial.user_attrs.get(SECOND_LOOK_ATTR)
-        others = [r for r in records if r.number != looked_at]
-        skip = checks.first_skip(params, others, self.pre_trial, estimate_gib)
+        # A second look runs a stopped trial's settings again, to its end, whatever the checks
+        # say: they trained (an out-of-memory trial since, on a machine grown busy, says
+        # nothing against them), and that trial is no repeat of it.
+        if SECOND_LOOK_ATTR in trial.user_attrs:
+            skip = None
+        else:
+            skip = checks.first_skip(params, records, self.pre_trial, estimate_gib)
         stopped = self.count_repeat(trial, skip)
         if stopped is not None:
             return stopped

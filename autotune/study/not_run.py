@@ -34,18 +34,24 @@ def not_to_run(
     """Why a trial just asked for must not run, looking at every process's `trials` (read
     after this one's settings were published): a second baseline or
     a second retry of the same interrupted trial (queued by two processes at once), one more
-    than `n_trials` (trials asked for earlier go first: their numbers are smaller), or
-    settings another process is running."""
+    than `n_trials` (trials asked for earlier go first: their numbers are smaller; a second
+    look is over it by design), or settings another process is running."""
     queued_as = _queued_as(trial)
     if queued_as is not None:
         for other in trials[: trial.number]:
             if _queued_as(other) == queued_as:
                 return NotRun(f"trial {other.number} was queued for the same: {queued_as}")
     ahead = sum(
-        counts_toward_n_trials(t) or (t.state is TrialState.RUNNING and t.number < trial.number)
+        counts_toward_n_trials(t)
+        or (
+            t.state is TrialState.RUNNING
+            and t.number < trial.number
+            and SECOND_LOOK_ATTR not in t.user_attrs
+        )
         for t in trials
     )
-    if ahead >= n_trials:
+    # A second look runs one trial over n_trials, in whichever process took it.
+    if ahead >= n_trials and SECOND_LOOK_ATTR not in trial.user_attrs:
         return NotRun(f"n_trials={n_trials} were finished or running when it was asked for")
     key = checks.settings_key(params)
     for other in trials:

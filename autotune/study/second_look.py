@@ -8,8 +8,10 @@ trials at 0.05-0.31 of a quiet baseline. A stopped trial is never recommended, s
 search ended with the baseline as its only candidate and recommended the defaults at 1.0x,
 unconfirmed. The second look is an ordinary trial of the study (queued with its settings,
 early stopping off for it), so the front, the picks and the confirmation's rounds see it as
-any other. It runs one trial over `n_trials`, and a study gets one: a resumed search runs
-one left queued or interrupted, and starts none after it ended.
+any other. It runs one trial over `n_trials` (it does not count toward it), past the
+pre-trial checks (its settings trained), and a study gets one: a resumed search runs one left
+queued or cut off (queued again however often it was), and starts none after it ended. A look
+another process took (its loop asks for queued trials first) is waited for.
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ import dataclasses
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.common.knobs import value_of
 from autotune.common.trial import Status
 from autotune.execute.base import TrialExecutor
 from autotune.plan.plan import SearchPlan
 from autotune.store.records import (
+    RETRY_OF_ATTR,
     SECOND_LOOK_ATTR,
     TrialRecord,
+    is_interrupted,
     is_recorded,
     load_records,
     record_of,
@@ -60,6 +64,13 @@ def run(
         baseline = next(r for r in records if r.baseline)
         observer.looking_again(why(record, baseline))
         enqueue(study, trials, record)
+    elif not any(_pending(t, trials) for t in looks):
+        # Cut off twice (it runs past timeout=, and a scheduler's time limit may end it too),
+        # or refused: queued again, as a retry of the last copy.
+        last = looks[-1]
+        of = last.user_attrs[SECOND_LOOK_ATTR]
+        attrs = {SECOND_LOOK_ATTR: of, RETRY_OF_ATTR: last.number}
+        study.enqueue_trial(trials[of].params, user_attrs=attrs)
     room = plan.config.model_copy(update={"n_trials": len(study.get_trials()) + 1})
     with observer.watching(), plan.slots[0].applied():
         run_queued(
@@ -72,19 +83,33 @@ def run(
     return outcome(study.get_trials(deepcopy=False))
 
 
+def _pending(look: FrozenTrial, trials: list[FrozenTrial]) -> bool:
+    """Waiting, running, or cut off and to be queued again by the next look at the study
+    (`recovery.recover`: an interrupted trial once, not a retry of one)."""
+    if look.state in (TrialState.WAITING, TrialState.RUNNING):
+        return True
+    retried = {t.user_attrs.get(RETRY_OF_ATTR) for t in trials}
+    return (
+        is_interrupted(look) and look.number not in retried and RETRY_OF_ATTR not in look.user_attrs
+    )
+
+
 def outcome(trials: list[FrozenTrial]) -> str:
     """How the second look ended, in words."""
     looks = [t for t in trials if SECOND_LOOK_ATTR in t.user_attrs]
     of = looks[0].user_attrs[SECOND_LOOK_ATTR]
     done = next((t for t in looks if is_recorded(t)), None)
     if done is None:
-        return f"a second look at trial {of}'s settings did not end here (another process ran it)"
+        return (
+            f"a second look at trial {of}'s settings did not end; it runs when the search is "
+            "resumed"
+        )
     record = record_of(done)
     if record.status is Status.OK:
         figure = f"{record.result.samples_per_s:.2f} samples/s"
         return (
             f"trial {of}'s settings ran again to the end as trial {done.number}, at {figure} "
-            "(every trial after the baseline had stopped early)"
+            "(no other trial after the baseline had ended ok within the budget)"
         )
     # Its reason (a traceback's tail, perhaps) is in trials.csv: these words are one line.
     return f"trial {of}'s settings ran again as trial {done.number}: {record.status.value}"
@@ -118,7 +143,8 @@ def why(record: TrialRecord, baseline: TrialRecord) -> str:
     """What the user hears before the second look runs."""
     share = record.result.samples_per_s / baseline.result.samples_per_s
     return (
-        "no trial after the baseline ended ok, and the fastest that stopped early against it "
+        "no trial after the baseline ended ok within the memory budget, and the fastest that "
+        "stopped early against it "
         f"(trial {record.number}) ran at {share:.2f} of its pace: the machine may have been "
         f"busier than when the baseline ran. Trial {record.number}'s settings run once more, "
         "to the end, before the picks are confirmed"
