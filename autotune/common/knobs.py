@@ -362,12 +362,12 @@ KNOBS: dict[str, Knob] = {
             name="ddp_bucket_cap_mb", kind=int, check=lambda v: v > 0,
             expected="a positive integer (MiB of gradients DDP reduces at a time)",
             ranges=True, short="bucket_mb", requires={"strategy": "ddp"},
-            training_args=_same_name("ddp_bucket_cap_mb"),
-        ),
+            training_args=_same_name("ddp_bucket_cap_mb"), unset=25,
+        ),  # unset: the Trainer passes none, and DDP takes 25 MiB
         Knob(
             name="ddp_static_graph", kind=bool, check=lambda v: True, expected="true or false",
             short="static_graph", requires={"strategy": "ddp"},
-            training_args=_same_name("ddp_static_graph"),
+            training_args=_same_name("ddp_static_graph"), unset=False,
         ),
         Knob(
             name="gradient_as_bucket_view", kind=bool, check=lambda v: True,
@@ -478,11 +478,14 @@ def value_of(
     """The value a setting trains with for a knob: its own, else what training does about a
     knob it leaves out (`left_out`): for `optim` the installed transformers' default
     (`default_optim`), for `strategy` DDP on several `devices` (as torchrun runs them), one
-    device alone on one. None where leaving it out is no value of the knob."""
+    device alone on one, for `ddp_find_unused_parameters` the Trainer's choice (on unless
+    checkpointing). None where leaving it out is no value of the knob."""
     if name in params:
         return params[name]
     if name == "optim":
         return default_optim
     if name == "strategy":
         return "single" if devices == 1 else "ddp"
+    if name == "ddp_find_unused_parameters":
+        return not value_of(params, "gradient_checkpointing")
     return left_out(name)

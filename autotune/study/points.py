@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.common.knobs import SAMPLE_ORDER, active, left_out, value_of
+from autotune.common.knobs import SAMPLE_ORDER, active, value_of
 from autotune.plan.plan import SearchPlan
 from autotune.plan.space import Condition
 from autotune.study import checks
@@ -86,9 +86,9 @@ class Points:
     def find(self, params: dict[str, Any]) -> int | None:
         """The index of these settings. Settings that leave out knobs the space searches (a
         baseline planned before them, which sets no compile) match the setting with each
-        left-out knob that is active there at what training then does (`knobs.left_out`:
-        compile off), or else the one setting that agrees on the rest; a knob the space does
-        not search, set at that value, is as if left out."""
+        left-out knob that is active there at what training then does (`knobs.value_of`:
+        compile off, DDP's 25 MiB buckets), or else the one setting that agrees on the rest; a
+        knob the space does not search, set at that value, is as if left out."""
         key = checks.settings_key(params)
         if key in self.index:
             return self.index[key]
@@ -97,11 +97,12 @@ class Points:
             # baseline's fp32 where the space searches no precision), is no difference.
             filled = {k: v for k, v in params.items() if k in self.names or v != value_of({}, k)}
             for name in SAMPLE_ORDER:  # each knob after those it requires
-                if name in self.names and name not in params and left_out(name) is not None:
+                value = value_of(filled, name)
+                if name in self.names and name not in params and value is not None:
                     # As the space has it: no knob set where it is inactive.
                     when = self.conditions.get(name, ())
                     if active(name, filled) and all(c.holds(filled) for c in when):
-                        filled[name] = left_out(name)
+                        filled[name] = value
             found = self.index.get(checks.settings_key(filled))
             if found is None:
                 agree = [i for i, p in enumerate(self.params) if params.items() <= p.items()]

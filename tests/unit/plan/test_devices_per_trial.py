@@ -150,3 +150,30 @@ def test_one_gpu_keeps_the_offload_strategies_a_space_names():
     assert notes == ["removed strategy=ddp: needs devices_per_trial of 2 or more"]
     space, notes = fit_to_devices(named, 1, "cpu")  # on CPU there is no device memory to spare
     assert "strategy" not in space.knobs
+
+
+def test_the_two_rank_baseline_is_a_point_of_the_space_with_ddps_own_settings_as_it_trains(
+    tmp_path,
+):
+    """The baseline on several devices is DDP and sets none of DDP's own settings, which the
+    space searches: it is the point with each at what the Trainer and DDP then do (unused
+    parameters looked for unless checkpointing, 25 MiB buckets, no static graph, gradients
+    not bucket views). Before, those had no left-out value and the baseline was no point."""
+    import numpy as np
+
+    from autotune.common.knobs import value_of
+    from autotune.study.points import Points
+
+    plan = plan_for(tmp_path, "devices_per_trial=2", "workers=1", "space=quick")
+    points = Points.of(plan, np.random.default_rng(0))
+    found = points.find(plan.baseline)
+    assert found is not None
+    # Each of the baseline's own settings, where the space searches the knob.
+    assert all(points.params[found].get(k, v) == v for k, v in plan.baseline.items())
+    assert {k: points.params[found].get(k) for k in ("ddp_find_unused_parameters",
+            "ddp_bucket_cap_mb", "ddp_static_graph", "gradient_as_bucket_view")} == {
+        "ddp_find_unused_parameters": True, "ddp_bucket_cap_mb": 25,
+        "ddp_static_graph": False, "gradient_as_bucket_view": False,
+    }  # fmt: skip
+    checkpointed = {"gradient_checkpointing": True}
+    assert value_of(checkpointed, "ddp_find_unused_parameters") is False
