@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -143,11 +144,17 @@ class SearchSpace:
         return {k: params[k] for k in KNOBS if k in params}
 
     def points(
-        self, rules: SamplingRules, *, limit: int, rng: np.random.Generator | None = None
+        self,
+        rules: SamplingRules,
+        *,
+        limit: int,
+        rng: np.random.Generator | None = None,
+        first: Sequence[dict[str, Any]] = (),
     ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Every setting `sample` can suggest, with its Optuna parameters: (settings,
         {parameter: value}). A space of more than `limit` settings gives `limit` of them drawn
-        at random (each parameter's value drawn in turn; repeats dropped)."""
+        at random (each parameter's value drawn in turn; repeats dropped), those of `first`
+        that are settings of the space among them."""
         found: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
         stack: list[dict[str, Any]] = [{}]
         while stack and len(found) <= limit:
@@ -161,6 +168,13 @@ class SearchSpace:
         if len(found) <= limit:
             return list(found.values())
         found, rng = {}, rng or np.random.default_rng(0)
+        for params in first:
+            fixed = {name: value for name, (_, value) in self.optuna_params(params, rules).items()}
+            walker = _Walker(fixed, rng)
+            sampled = self.sample(walker, rules)
+            if sampled == params:  # one of the space's own settings
+                asked = {k: v for k, v in walker.fixed.items() if k in walker.asked}
+                found[_key(sampled)] = (sampled, asked)
         for _ in range(limit * 2):
             walker = _Walker({}, rng)
             params = self.sample(walker, rules)  # type: ignore[arg-type]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +46,11 @@ class Points:
 
     @classmethod
     def of(cls, plan: SearchPlan, rng: np.random.Generator) -> Points:
-        found = plan.space.points(plan.rules, limit=POINTS_LIMIT, rng=rng)
+        # A space too large to enumerate is searched over a random sample: the baseline's
+        # setting is drawn into it first, so that the model has it from the first trial.
+        conditions = {k: knob.when for k, knob in plan.space.knobs.items()}
+        baseline = as_searched(plan.baseline, plan.space.knobs.keys(), conditions)
+        found = plan.space.points(plan.rules, limit=POINTS_LIMIT, rng=rng, first=[baseline])
         params = [p for p, _ in found]
         names = sorted({k for p in params for k in p})
         values = [sorted({repr(p.get(k)) for p in params}) for k in names]
@@ -93,16 +98,7 @@ class Points:
         if key in self.index:
             return self.index[key]
         if key not in self.found:
-            # A knob the space leaves out, set at what training does without it (the
-            # baseline's fp32 where the space searches no precision), is no difference.
-            filled = {k: v for k, v in params.items() if k in self.names or v != value_of({}, k)}
-            for name in SAMPLE_ORDER:  # each knob after those it requires
-                value = value_of(filled, name)
-                if name in self.names and name not in params and value is not None:
-                    # As the space has it: no knob set where it is inactive.
-                    when = self.conditions.get(name, ())
-                    if active(name, filled) and all(c.holds(filled) for c in when):
-                        filled[name] = value
+            filled = as_searched(params, self.names, self.conditions)
             found = self.index.get(checks.settings_key(filled))
             if found is None:
                 agree = [i for i, p in enumerate(self.params) if params.items() <= p.items()]
@@ -131,3 +127,21 @@ class Points:
         """`kernel` of each point of `a` with itself (arrays of len(a))."""
         knobs = self.levels.shape[1]
         return np.full(len(a), knobs), (self.trends[a] ** 2).sum(axis=1), np.zeros(len(a))
+
+
+def as_searched(
+    params: dict[str, Any], names: Collection[str], conditions: dict[str, tuple[Condition, ...]]
+) -> dict[str, Any]:
+    """Settings as the space of knobs `names` (with its `when:` `conditions`) would hold them:
+    each knob they leave out that the space searches, where it is active, at what training
+    then does (`knobs.value_of`); a knob the space does not search, set at that value, as if
+    left out (the baseline's fp32 where the space searches no precision)."""
+    filled = {k: v for k, v in params.items() if k in names or v != value_of({}, k)}
+    for name in SAMPLE_ORDER:  # each knob after those it requires
+        value = value_of(filled, name)
+        if name in names and name not in params and value is not None:
+            # As the space has it: no knob set where it is inactive.
+            when = conditions.get(name, ())
+            if active(name, filled) and all(c.holds(filled) for c in when):
+                filled[name] = value
+    return filled

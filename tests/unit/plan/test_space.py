@@ -213,3 +213,26 @@ def test_a_knob_given_twice_in_a_space_file_is_refused_naming_both_lines(tmp_pat
     assert str(refused.value) == (
         f"{path}:5: knobs.batch_size: given twice (first on line 3); keep one"
     )
+
+
+def test_a_space_too_large_to_enumerate_draws_the_settings_it_is_given_first():
+    """A space of more settings than the limit is searched over a random sample; settings the
+    sample must hold (the baseline's: the model's first measurement) are drawn into it, where
+    they are settings of the space."""
+    import numpy as np
+
+    knobs = {
+        "batch_size": {"choices": [8, 16, 32, 64]},
+        "optim": {"choices": ["adamw_torch", "adamw_torch_fused", "adafactor", "sgd"]},
+        "gradient_checkpointing": {"choices": [False, True]},
+    }
+    space = parse_space({"knobs": knobs}, name="s", source="s", facts=FACTS)
+    rules = SamplingRules()
+    wanted = {"batch_size": 8, "gradient_checkpointing": False, "optim": "sgd"}
+    elsewhere = {**wanted, "batch_size": 12}  # no batch of this space
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        drawn = space.points(rules, limit=3, rng=rng, first=[wanted, elsewhere])
+        assert len(drawn) == 3 and drawn[0][0] == wanted
+        assert drawn[0][1] == {"batch_size": 8, "optim": "sgd", "gradient_checkpointing": False}
+        assert all(params != elsewhere for params, _ in drawn)
