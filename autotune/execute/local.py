@@ -45,6 +45,7 @@ from autotune.common.trial import (
     write_json_atomic,
 )
 from autotune.common.units import GIB, format_bytes_apart
+from autotune.execute import build_locks
 from autotune.execute.base import Submission
 from autotune.execute.launchers import ForkserverLauncher, Launcher, Worker
 from autotune.execute.oom_killer import OomWitness
@@ -112,6 +113,7 @@ class LocalTrial:
         # The worker writes its output into a pipe, copied into worker.log up to a cap.
         self.log = CappedLog(log_path, folder / LOG_PIPE)
         self.started = time.perf_counter()
+        self.started_epoch_s = time.time()  # for file times (`build_locks`)
         try:
             self.worker = launcher.start(spec_path, self.result_path, self.log.pipe_path)
         except BaseException:
@@ -143,6 +145,11 @@ class LocalTrial:
         wall_s = time.perf_counter() - self.started
         if verdict is not None:
             result = verdict
+            if result.status is Status.TIMEOUT:
+                stale = build_locks.locks_older_than(self.started_epoch_s)
+                result = dataclasses.replace(
+                    result, reason=result.reason + build_locks.describe(stale)
+                )
         else:
             result = _read_result(self.result_path, self.worker.poll(), self.witness)
         overhead_s = process_s = None
@@ -253,7 +260,7 @@ def supervise(
         if exited:
             return None
         if time.perf_counter() > deadline:
-            return TrialResult(status=Status.TIMEOUT, reason="no result before trial_timeout")
+            return TrialResult(status=Status.TIMEOUT, reason=timeout_reason(last))
         watching_memory = rss_limit_bytes is not None and last is not None
         if watching_memory or time.perf_counter() - walked_s >= TREE_WALK_S:
             walked_s = time.perf_counter()
@@ -272,6 +279,14 @@ def supervise(
                     peak_memory_gib=peak / GIB,
                 )
         time.sleep(POLL_S)
+
+
+def timeout_reason(last: Progress | None) -> str:
+    """Why a trial timed out, with how far it got: its last progress record, or none (it was
+    still starting: imports, the device, the data)."""
+    if last is None:
+        return "no result before trial_timeout; it had not begun building the model"
+    return f"no result before trial_timeout; last heard at {last.summary()}"
 
 
 def _process(pid: int) -> psutil.Process | None:

@@ -233,3 +233,36 @@ def test_an_unreadable_progress_file_is_no_record_and_supervision_goes_on(tmp_pa
     verdict = supervise(Exited(), deadline, 2**20, tmp_path / "progress.json", seen.append)
     assert verdict is None  # the worker's exit decides, as without a progress file
     assert seen == []
+
+
+def test_a_timeout_says_how_far_the_trial_got(tmp_path):
+    starting = run("sleep", tmp_path / "starting", timeout_s=2)
+    assert starting.reason == "no result before trial_timeout; it had not begun building the model"
+    building = run("stuck_building", tmp_path / "building", timeout_s=2)
+    assert building.status is Status.TIMEOUT
+    assert re.fullmatch(
+        r"no result before trial_timeout; last heard at step 0/3 \(building\) \d+\.\d s elapsed",
+        building.reason,
+    ), building.reason
+
+
+def test_a_timeout_names_a_build_lock_older_than_the_trial(tmp_path, monkeypatch):
+    """DeepSpeed's kernels build under torch's lock: one left by a killed process makes every
+    later build wait, silently, until the trial's timeout."""
+    extensions = tmp_path / "extensions"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
+    stale = extensions / "deepspeed_shm_comm" / "lock"
+    stale.parent.mkdir(parents=True)
+    stale.touch()
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    fresh = extensions / "cpu_adam" / "lock"  # a build that began during the trial
+    fresh.parent.mkdir()
+    fresh.touch()
+    os.utime(fresh, (time.time() + 3600, time.time() + 3600))
+    result = run("stuck_building", tmp_path / "trial", timeout_s=2)
+    assert result.status is Status.TIMEOUT
+    assert f"older than this trial is still there ({stale})" in result.reason
+    assert "remove it if no build is running" in result.reason
+    assert "cpu_adam" not in result.reason
+    stale.unlink()
+    assert "lock" not in run("stuck_building", tmp_path / "again", timeout_s=2).reason
