@@ -61,7 +61,7 @@ from autotune.store.records import (
     start_run,
     trials_run,
 )
-from autotune.store.storage import load_study_dir
+from autotune.store.storage import load_study_dir, write_back
 from autotune.store.storage_file import StudyFileLost
 from autotune.study import model as effects_model
 from autotune.study import second_look
@@ -381,6 +381,7 @@ def join(
             raise signals.interrupted(exc) from None
         finally:
             end_run(study, *this_run)
+            write_back(plan.storage_url)
 
 
 _CALLED_AS = {"search": "run", "worker": "join", "confirm": "confirm_study",

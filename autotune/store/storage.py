@@ -135,6 +135,22 @@ def _use_wal(path: Path) -> None:
         conn.execute("PRAGMA journal_mode=WAL")
 
 
+def write_back(url: str) -> None:
+    """Copy what an SQLite study's write-ahead log holds into its file, at the end of a run
+    that wrote to it, so that `study.db` alone holds every trial (a copy of it, `autotune
+    report` elsewhere). SQLite does this itself when its last connection closes; while another
+    process has the file open (optuna-dashboard, a notebook, a worker of the same study) it
+    does not, and the last trials stay in `study.db-wal`. A passive checkpoint waits for
+    nobody: a reader in the middle of a transaction keeps the frames it reads in the log, for
+    the next run's write-back. Other storages, and a file that is gone, are left alone."""
+    path = storage_file.sqlite_file(url)
+    if path is None or not path.is_file():
+        return
+    with contextlib.suppress(sqlite3.Error):  # the data is safe in the log either way
+        with contextlib.closing(sqlite3.connect(path, timeout=0)) as conn:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+
 def _begin_immediate(connection: sqlalchemy.engine.Connection) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE")
 

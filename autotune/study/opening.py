@@ -36,7 +36,7 @@ from autotune.store.records import (
     run_info,
     store_run_info,
 )
-from autotune.store.storage import load_named, open_storage
+from autotune.store.storage import load_named, open_storage, write_back
 from autotune.store.study_lock import StudyLock
 from autotune.study.sampler import make_sampler
 
@@ -58,7 +58,10 @@ def locked_study(
         with StudyLock.acquire(plan.study_dir, plan.study_name, what):
             study, plan = open_study(plan)
             opened = True
-            yield study, plan
+            try:
+                yield study, plan
+            finally:
+                write_back(plan.storage_url)
     finally:
         if created and not opened:
             shutil.rmtree(plan.study_dir, ignore_errors=True)

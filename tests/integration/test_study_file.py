@@ -99,3 +99,19 @@ def test_a_study_file_deleted_mid_search_stops_it_and_says_nothing_can_resume(tm
         numbers = [int(row["number"]) for row in csv.DictReader(file)]
     assert numbers[:2] == [0, 1] and len(numbers) < 6, "stopped after the running trial"
     assert not db.exists()
+
+
+def test_a_search_ends_with_every_trial_in_the_file_while_another_reader_holds_it(tmp_path):
+    """SQLite moves its write-ahead log into the file when the last connection closes; while
+    another one is open (optuna-dashboard, a notebook) it does not, and a copy of study.db
+    alone lacked the trials of the latest run."""
+    assert search(tmp_path, "ok", "n_trials=2") == 0
+    db = tmp_path / "s" / "study.db"
+    with contextlib.closing(sqlite3.connect(db)) as dashboard:
+        dashboard.execute("SELECT count(*) FROM trials").fetchall()  # open, as a viewer keeps it
+        assert search(tmp_path, "ok", "n_trials=4") == 0
+        copy = tmp_path / "copy.db"
+        copy.write_bytes(db.read_bytes())  # the file alone, no study.db-wal beside it
+        with contextlib.closing(sqlite3.connect(copy)) as alone:
+            states = alone.execute("SELECT state FROM trials").fetchall()
+        assert states == [("COMPLETE",)] * 4
