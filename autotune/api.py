@@ -380,8 +380,10 @@ def join(
         except KeyboardInterrupt as exc:
             raise signals.interrupted(exc) from None
         finally:
-            end_run(study, *this_run)
-            write_back(plan.storage_url)
+            try:
+                end_run(study, *this_run)
+            finally:  # a storage that fails the last write still gets its log written back
+                write_back(plan.storage_url)
 
 
 _CALLED_AS = {"search": "run", "worker": "join", "confirm": "confirm_study",

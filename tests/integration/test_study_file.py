@@ -8,9 +8,11 @@ import sqlite3
 import threading
 import time
 
+import optuna
 import pytest
 
 from autotune import cli
+from autotune.store.records import SETTINGS_ATTR
 from autotune.store.storage_file import STUDY_FILE_LOST_EXIT_CODE
 from tests.conftest import TINY_MODEL, fake_executor
 
@@ -101,15 +103,24 @@ def test_a_study_file_deleted_mid_search_stops_it_and_says_nothing_can_resume(tm
     assert not db.exists()
 
 
-def test_a_search_ends_with_every_trial_in_the_file_while_another_reader_holds_it(tmp_path):
+@pytest.mark.parametrize("then", ["search", "worker"])
+def test_a_run_ends_with_every_trial_in_the_file_while_another_reader_holds_it(tmp_path, then):
     """SQLite moves its write-ahead log into the file when the last connection closes; while
     another one is open (optuna-dashboard, a notebook) it does not, and a copy of study.db
-    alone lacked the trials of the latest run."""
+    alone lacked the trials of the latest run: a resumed search's, or a joining worker's."""
     assert search(tmp_path, "ok", "n_trials=2") == 0
     db = tmp_path / "s" / "study.db"
+    if then == "worker":  # the study asks for 4 trials: a worker joins to run the other two
+        study = optuna.load_study(study_name="s", storage=f"sqlite:///{db}")
+        study.set_user_attr(SETTINGS_ATTR, study.user_attrs[SETTINGS_ATTR] | {"n_trials": 4})
+        del study
     with contextlib.closing(sqlite3.connect(db)) as dashboard:
         dashboard.execute("SELECT count(*) FROM trials").fetchall()  # open, as a viewer keeps it
-        assert search(tmp_path, "ok", "n_trials=4") == 0
+        if then == "search":
+            assert search(tmp_path, "ok", "n_trials=4") == 0
+        else:
+            worker = ["worker", f"out={tmp_path}", "study=s"]
+            assert cli.main(worker, executor=fake_executor("ok")) == 0
         copy = tmp_path / "copy.db"
         copy.write_bytes(db.read_bytes())  # the file alone, no study.db-wal beside it
         with contextlib.closing(sqlite3.connect(copy)) as alone:
