@@ -85,7 +85,7 @@ class Points:
                 [v.index("None") if "None" in v else -1 for v in values], dtype=np.int32
             ),
             trends=trends,
-            conditions={k: plan.space.knobs[k].when for k in names if k in plan.space.knobs},
+            conditions={k: conditions[k] for k in names if k in conditions},
         )
 
     def find(self, params: dict[str, Any]) -> int | None:
@@ -138,8 +138,9 @@ def as_searched(
     left out (the baseline's fp32 where the space searches no precision)."""
     filled = {k: v for k, v in params.items() if k in names or v != value_of({}, k)}
     for name in SAMPLE_ORDER:  # each knob after those it requires
-        value = value_of(filled, name)
-        if name in names and name not in params and value is not None:
+        if name not in names or name in params:
+            continue
+        if (value := value_of(filled, name)) is not None:
             # As the space has it: no knob set where it is inactive.
             when = conditions.get(name, ())
             if active(name, filled) and all(c.holds(filled) for c in when):
