@@ -10,8 +10,6 @@ machine that speeds up by STEP (a share) with each run: call k (a counter file i
 MODE `sleep:SECONDS` takes that long, then writes MODE `ok`'s result. Results give as
 `cpu_threads` the number of cores the fake worker could use.
 
-MODE `stuck_building` writes the `building` progress record, then never ends.
-
 MODE `progress` reports as the real worker does: `building` and training-begins progress
 records 0.3 s apart, then a record and a log line per step (warm-up, then measuring; 0.1 s a
 step; an ETA from the second step on) up to the spec's warm-up + measured steps, then writes
@@ -126,9 +124,6 @@ elif mode == "hog":  # grow until something stops it
 elif mode == "segfault":
     os.kill(os.getpid(), signal.SIGSEGV)
 elif mode == "sleep":
-    time.sleep(60)
-elif mode == "stuck_building":  # waits in the build, as on a lock no build will release
-    report(Stage.BUILDING, 0, time.monotonic())
     time.sleep(60)
 elif mode == "garbage":
     result_path.write_text("{not json")

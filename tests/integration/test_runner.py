@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.common.trial import Progress, Stage, Status, TrialSpec
+from autotune.common.trial import Progress, Stage, Status, TrialSpec, write_progress
 from autotune.execute.launchers import CommandLauncher
 from autotune.execute.local import launch_trial, supervise
 from autotune.execute.oom_killer import OomWitness, read_oom_kills
@@ -235,15 +235,27 @@ def test_an_unreadable_progress_file_is_no_record_and_supervision_goes_on(tmp_pa
     assert seen == []
 
 
+class Running(Exited):
+    pid = os.getpid()
+
+    def poll(self) -> int | None:
+        return None
+
+
 def test_a_timeout_says_how_far_the_trial_got(tmp_path):
-    starting = run("sleep", tmp_path / "starting", timeout_s=2)
+    """The last progress record read, or none: the deadline has passed at the first poll."""
+    progress_path = tmp_path / "progress.json"
+    starting = supervise(Running(), 0.0, None, progress_path)
+    assert starting.status is Status.TIMEOUT
     assert starting.reason == "no result before trial_timeout; it had not begun building the model"
-    building = run("stuck_building", tmp_path / "building", timeout_s=2)
-    assert building.status is Status.TIMEOUT
-    assert re.fullmatch(
-        r"no result before trial_timeout; last heard at step 0/3 \(building\) \d+\.\d s elapsed",
-        building.reason,
-    ), building.reason
+    record = Progress(
+        baseline_rss_bytes=1, stage=Stage.BUILDING, step=0, total_steps=13, elapsed_s=41.23
+    )
+    write_progress(progress_path, record)
+    building = supervise(Running(), 0.0, None, progress_path)
+    assert building.reason == (
+        "no result before trial_timeout; last heard at step 0/13 (building) 41.2 s elapsed"
+    )
 
 
 def test_a_timeout_names_a_build_lock_older_than_the_trial(tmp_path, monkeypatch):
@@ -259,10 +271,10 @@ def test_a_timeout_names_a_build_lock_older_than_the_trial(tmp_path, monkeypatch
     fresh.parent.mkdir()
     fresh.touch()
     os.utime(fresh, (time.time() + 3600, time.time() + 3600))
-    result = run("stuck_building", tmp_path / "trial", timeout_s=2)
+    result = run("sleep", tmp_path / "trial", timeout_s=2)
     assert result.status is Status.TIMEOUT
     assert f"older than this trial is still there ({stale})" in result.reason
     assert "remove it if no build is running" in result.reason
     assert "cpu_adam" not in result.reason
     stale.unlink()
-    assert "lock" not in run("stuck_building", tmp_path / "again", timeout_s=2).reason
+    assert "lock" not in run("sleep", tmp_path / "again", timeout_s=2).reason
