@@ -93,7 +93,8 @@ class _Stopped(Exception):
 
 class _UntilStopped:
     """The executor, for one worker thread: once `stop` is set, a trial is refused before it
-    starts (the loop records it as interrupted: a resume runs it again)."""
+    starts (the loop records it as interrupted: a resume runs it again); a trial that raises
+    sets it."""
 
     def __init__(self, executor: TrialExecutor, stop: threading.Event) -> None:
         self.executor, self.stop = executor, stop
@@ -104,7 +105,13 @@ class _UntilStopped:
         self.executor.ready()
 
     def submit(self, submission: Submission) -> TrialHandle:
-        return self.executor.submit(submission)
+        try:
+            return self.executor.submit(submission)
+        except BaseException:
+            # At once: the loop records this trial before the exception leaves the thread,
+            # and the others would go on taking trials meanwhile.
+            self.stop.set()
+            raise
 
 
 class _OneView(SearchObserver):

@@ -120,8 +120,13 @@ def test_recommendation_builds_training_arguments(search, tmp_path):
     assert recommended["model_kwargs"] == {
         "attn_implementation": recommended["params"]["attn_implementation"]
     }
-    front = rows(study_dir / "pareto.csv")
-    assert str(recommended["trial"]) in {r["number"] for r in front}
+    front = {r["number"] for r in rows(study_dir / "pareto.csv")}
+    # The front is of each trial's own figures. The recommendation is off it only where the
+    # picks were ranked by their confirmed figures instead, or where it keeps the training
+    # against a faster trial that changes it by less than math_change_min_gain.
+    if str(recommended["trial"]) not in front:
+        keeps = recommended["why"].startswith("the fastest that keeps the training")
+        assert keeps or recommended["confirmation"] is not None, (recommended["why"], front)
     assert recommended["metrics"]["peak_memory_gib"] <= recommended["memory_limit_gib"]
     baseline = recommended["baseline"]
     assert baseline["trial"] == 0 and baseline["params"]["batch_size"] == 8
