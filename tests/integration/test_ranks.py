@@ -306,7 +306,8 @@ def test_the_exported_launch_command_trains_each_strategy_on_two_ranks(tmp_path,
             text=True,
             # A rank that aborts prints every thread's Python stack: one zero3 run in CI ended
             # SIGABRT ("terminate called without an active exception") after its training,
-            # and none of 22 runs here since, loaded or not.
+            # and none of 24 runs here since (12 of this test, 12 of torchrun alone), loaded
+            # or not.
             env={**os.environ, "PYTHONFAULTHANDLER": "1"},
         )
         assert run.returncode == 0, run.stdout + run.stderr
