@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import resource
 import statistics
 import time
@@ -315,8 +316,12 @@ def peak_rss_bytes() -> int:
 
 
 def numel(parameter: Any) -> int:
-    """A parameter's size, however it is sharded: a DTensor's is its global one; ZeRO-3 keeps
-    it in `ds_numel` (the tensor itself is emptied between uses)."""
+    """A parameter's size, however it is sharded or quantized: a DTensor's is its global one;
+    ZeRO-3 keeps it in `ds_numel` (the tensor itself is emptied between uses); bitsandbytes'
+    4-bit weight packs two a byte, its shape in `quant_state`."""
+    quant_state = getattr(parameter, "quant_state", None)
+    if quant_state is not None:
+        return math.prod(quant_state.shape)
     return getattr(parameter, "ds_numel", None) or parameter.numel()
 
 
@@ -326,14 +331,23 @@ def matmul_parameters(model: Any) -> int:
     Counted per module, so a tied LM head counts: its matmul runs even though the weight is the
     embedding's. Embedding lookups, norms and biases do no matmul and are left out.
     """
+
+    return sum(numel(weight) for weight in _matmul_weights(model))
+
+
+def frozen_matmul_parameters(model: Any) -> int:
+    """The matmul weights that get no gradient (a base an adapter trains on): their backward
+    computes the activations' gradients but not their own."""
+    return sum(numel(weight) for weight in _matmul_weights(model) if not weight.requires_grad)
+
+
+def _matmul_weights(model: Any) -> list[Any]:
     import torch
     from transformers.pytorch_utils import Conv1D
 
-    return sum(
-        numel(module.weight)
-        for module in model.modules()
-        if isinstance(module, torch.nn.Linear | Conv1D)
-    )
+    return [
+        module.weight for module in model.modules() if isinstance(module, torch.nn.Linear | Conv1D)
+    ]
 
 
 def attention_layers(config: Any) -> tuple[int, int]:
@@ -353,5 +367,10 @@ def training_flops(model: Any, counts: Counts) -> float:
     both sides."""
     blocks, width = attention_layers(model.config)
     return flops.training_flops(
-        matmul_parameters(model), blocks, width, counts.tokens, counts.squared_lengths
+        matmul_parameters(model),
+        blocks,
+        width,
+        counts.tokens,
+        counts.squared_lengths,
+        frozen_weights=frozen_matmul_parameters(model),
     )

@@ -39,10 +39,20 @@ def count_parameters(names: list[str]) -> dict[str, int]:
 
 
 def build_model(
-    spec: ModelSpec, task: str, *, attn_implementation: str | None = None, device: str | None = None
+    spec: ModelSpec,
+    task: str,
+    *,
+    attn_implementation: str | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+    quantization_config: dict[str, Any] | None = None,
+    adapter: dict[str, Any] | None = None,
 ) -> Any:
     """A randomly initialised model for `task`, built on `device` (None: torch's default, or
-    the surrounding `torch.device` context); weights do not change speed or memory."""
+    the surrounding `torch.device` context) in `dtype` (a torch dtype's name; None: fp32);
+    weights do not change speed or memory. With `quantization_config` (`BitsAndBytesConfig`
+    kwargs) its linear layers are quantized by bitsandbytes as from_pretrained quantizes a
+    checkpoint; with `adapter` (`LoraConfig` kwargs) peft wraps it, the base frozen."""
     import torch
     import transformers
 
@@ -51,19 +61,62 @@ def build_model(
         # Decoder models refuse batches > 1 without a pad id; synthetic data has no padding.
         config.pad_token_id = config.eos_token_id
     auto_class = getattr(transformers, TASK_CLASSES[task][0])
-    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    kwargs: dict[str, Any] = (
+        {"attn_implementation": attn_implementation} if attn_implementation else {}
+    )
+    if dtype:
+        kwargs["dtype"] = dtype  # a torch dtype's name, as from_config takes it
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     placed = torch.device(device) if device else contextlib.nullcontext()
-    if is_deepspeed_zero3_enabled():
+    if quantization_config:
+        model = _quantized(auto_class, config, kwargs, quantization_config, device or "cpu")
+    elif is_deepspeed_zero3_enabled():
         # Built inside DeepSpeed's `zero.Init`, each rank holds a partition of every weight,
         # which from_config initialises gathered: the model's init cannot run again after.
         with placed:
-            return auto_class.from_config(config, **kwargs)
-    with placed, _initialised_once():
-        model = auto_class.from_config(config, **kwargs)
-    model.init_weights()
-    return model
+            model = auto_class.from_config(config, **kwargs)
+    else:
+        with placed, _initialised_once():
+            model = auto_class.from_config(config, **kwargs)
+        model.init_weights()
+    return with_adapter(model, adapter) if adapter else model
+
+
+def _quantized(
+    auto_class: Any, config: Any, kwargs: dict[str, Any], quantization: dict[str, Any], device: str
+) -> Any:
+    """The model with bitsandbytes' quantized linear layers on `device`: random weights made in
+    host memory, then handed to from_pretrained as a checkpoint's state dict, which quantizes
+    each one as it places it (transformers' own path for `quantization_config`). The device
+    never holds the unquantized weights, as when a checkpoint is loaded."""
+    import torch
+    import transformers
+
+    with torch.device("cpu"), _initialised_once():
+        made = auto_class.from_config(config, **kwargs)
+    made.init_weights()
+    state_dict = made.state_dict()
+    del made
+    model_class = auto_class._model_mapping[type(config)]
+    return model_class.from_pretrained(
+        None,
+        config=config,
+        state_dict=state_dict,
+        quantization_config=transformers.BitsAndBytesConfig(**quantization),
+        device_map={"": device},
+        **kwargs,
+    )
+
+
+def with_adapter(model: Any, adapter: dict[str, Any]) -> Any:
+    """`model` wrapped by peft with the adapter `adapter` describes (`LoraConfig` kwargs): the
+    base frozen, the adapters trainable in fp32 (peft's `autocast_adapter_dtype`)."""
+    import peft
+
+    # Checkpointing needs the frozen embeddings' output to ask for a gradient: peft and the
+    # Trainer's checkpointing switch both see to it (`enable_input_require_grads`).
+    return peft.get_peft_model(model, peft.LoraConfig(**adapter))
 
 
 @contextlib.contextmanager

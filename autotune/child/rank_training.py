@@ -94,6 +94,11 @@ def full_parameters(model: torch.nn.Module) -> int:
     return sum(numel(p) for p in model.parameters())
 
 
+def trainable_parameters(model: torch.nn.Module) -> int:
+    """The parameters that train (an adapter's alone on a frozen base), however sharded."""
+    return sum(numel(p) for p in model.parameters() if p.requires_grad)
+
+
 def _bytes(tensors: Any) -> int:
     """What this rank holds of these tensors (of each sharded one, its local part)."""
     local = [_local(t) for t in tensors if torch.is_tensor(t)]

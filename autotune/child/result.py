@@ -48,6 +48,9 @@ class Measured:
     cpu_threads: int | None
     training_args: dict[str, Any]
     model_kwargs: dict[str, Any]
+    peft_config: dict[str, Any] | None
+    quantization_config: dict[str, Any] | None
+    trainable_params: int
     environment: dict[str, str]
     compiled_modules: int | None
     step_times_ms: list[float]

@@ -52,6 +52,8 @@ def our_trainer(
             ModelSpec(name=spec.model_name, source="spec", config=spec.model_config),
             spec.task,
             device=where,
+            quantization_config=knobs.quantization_config(spec.params),
+            adapter=spec.adapter,
             **model_kwargs,
         )
     with clock.stage("data_s"):
@@ -170,6 +172,25 @@ def _run_args(spec: TrialSpec) -> dict[str, Any]:
         "disable_tqdm": True,
         "seed": spec.seed,
     }
+
+
+ADAPTER_FIELDS = ("r", "lora_alpha", "lora_dropout", "target_modules", "task_type")
+"""What of a `LoraConfig` autotune records, stores and exports: the job's adapter."""
+
+
+def adapter_of(model: Any) -> dict[str, Any] | None:
+    """The LoRA adapter a model (a factory's `PeftModel`) trains, as `LoraConfig` kwargs;
+    None for a model without one. Sets come back sorted: a config as JSON is the same twice."""
+    configs = getattr(model, "peft_config", None)
+    if not configs:
+        return None
+    config = next(iter(configs.values())).to_dict()
+    kwargs = {k: config.get(k) for k in ADAPTER_FIELDS if config.get(k) is not None}
+    if isinstance(kwargs.get("target_modules"), list | set | tuple):
+        kwargs["target_modules"] = sorted(kwargs["target_modules"])
+    if "task_type" in kwargs:
+        kwargs["task_type"] = str(getattr(kwargs["task_type"], "value", kwargs["task_type"]))
+    return kwargs
 
 
 def compiled_modules(trainer: transformers.Trainer) -> int:

@@ -137,6 +137,9 @@ def _measured(
         cpu_threads=None if spec.device == "cuda" else torch.get_num_threads(),
         training_args=built.tuned_args,
         model_kwargs=built.model_kwargs,
+        peft_config=spec.adapter if spec.trainer is None else trainers.adapter_of(model),
+        quantization_config=knobs.quantization_config(spec.params),
+        trainable_params=rank_training.trainable_parameters(model),
         environment=built.environment,
         compiled_modules=trainers.compiled_modules(built.trainer)
         if knobs.is_compiled(spec.params)

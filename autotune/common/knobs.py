@@ -15,6 +15,8 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from autotune.common.adapter import BASE_DTYPES, QUANTIZATIONS, TORCH_DTYPE_NAMES
+from autotune.common.adapter import quantization_config as _quantization_kwargs
 from autotune.common.knob_values import (
     ATTENTION,
     COMPILE_MODES,
@@ -58,6 +60,10 @@ class Knob:
     training_args: Mapping = lambda value, params, fields: {}
     model_kwarg: bool = False
     """Set on the model (`from_config(..., name=value)`) rather than in TrainingArguments."""
+    model_args: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
+    """(value, all params) -> the model kwargs a `model_kwarg` knob sets, where they are not
+    `{name: value}` (the base's dtype is `dtype=`; a quantized base is a config of its own,
+    `quantization_config`)."""
     collator: bool = False
     """Set on autotune's batch collator (`data.PaddingCollator`) rather than in
     TrainingArguments: a user's own Trainer (`trainer=`) brings its own collator."""
@@ -145,6 +151,23 @@ def _precision_math(baseline: str, value: str) -> str | None:
     if added == {"tf32"}:
         return "TF32 matmuls: 10-bit mantissa instead of fp32's 23"
     return "another numeric precision"
+
+
+def _base_dtype_math(baseline: str, value: str) -> str | None:
+    if value == "bf16" and baseline != "bf16":
+        return (
+            "the frozen base's weights in bf16 (8-bit mantissa, not fp32's 23): its forward "
+            "rounds as they do"
+        )
+    return "another dtype of the frozen base's weights"
+
+
+def _quantization_math(baseline: str, value: str) -> str | None:
+    if value == "nf4":
+        return "a 4-bit NormalFloat base (QLoRA): the frozen weights are approximated in 4 bits"
+    if value == "int8":
+        return "an 8-bit base (LLM.int8): the frozen weights are approximated in 8 bits"
+    return "the base's weights as loaded, not quantized"
 
 
 def _flag(variable: str) -> Callable[[Any, dict[str, Any]], dict[str, str]]:
@@ -310,6 +333,20 @@ KNOBS: dict[str, Knob] = {
             "are level (median 1.00)",
         ),
         Knob(
+            name="torch_dtype", kind=str, check=lambda v: v in BASE_DTYPES,
+            expected="one of " + ", ".join(BASE_DTYPES), short="base", unset="fp32",
+            model_kwarg=True, math=_base_dtype_math,
+            model_args=lambda v, params: {"dtype": TORCH_DTYPE_NAMES[v]} if v != "fp32" else {},
+            prior={"cuda": ("bf16",)},
+            prior_source="PEFT and TRL LoRA guides: load the frozen base in bf16, adapters in "
+            "fp32; half the base's bytes",
+        ),  # the dtype the base is built (loaded) in; with an adapter only (`peft=`)
+        Knob(
+            name="quantization", kind=str, check=lambda v: v in QUANTIZATIONS,
+            expected="one of " + ", ".join(QUANTIZATIONS), short="quant", unset="none",
+            model_kwarg=True, math=_quantization_math, model_args=lambda v, params: {},
+        ),  # bitsandbytes' quantized base (`quantization_config`); with an adapter only
+        Knob(
             name="torch_empty_cache_steps", kind=int, check=lambda v: v >= 0,
             expected="an integer >= 0 (0: never)", ranges=True, short="empty_cache",
             # 0 is "never", the HF default (None), which is no value a space can write.
@@ -405,8 +442,9 @@ SAMPLE_ORDER = (
     "gradient_as_bucket_view", "fsdp_prefetch", "zero_overlap_comm",
     "precision", "optim", "gradient_checkpointing", "checkpointing_reentrant",
     "checkpointing_every_n_layers", "activation_offload", "use_liger_kernel",
-    "attn_implementation", "packing", "torch_compile", "compile_mode", "compile_dynamic",
-    "compile_fullgraph", "compile_regional", "batch_size", "grad_accum",
+    "attn_implementation", "torch_dtype", "quantization", "packing", "torch_compile",
+    "compile_mode", "compile_dynamic", "compile_fullgraph", "compile_regional", "batch_size",
+    "grad_accum",
     "torch_empty_cache_steps", "dataloader_num_workers", "dataloader_prefetch_factor",
     "dataloader_persistent_workers", "dataloader_pin_memory", "group_by_length",
     "pad_to_multiple_of",
@@ -457,8 +495,26 @@ def environment(params: dict[str, Any]) -> dict[str, str]:
 
 
 def model_kwargs(params: dict[str, Any]) -> dict[str, Any]:
-    """`from_config`/`from_pretrained` kwargs the knobs set (the attention kernel)."""
-    return {k: v for k, v in params.items() if KNOBS[k].model_kwarg}
+    """`from_config`/`from_pretrained` kwargs the knobs set (the attention kernel, the base's
+    dtype); a quantized base's config is `quantization_config(params)`."""
+    kwargs: dict[str, Any] = {}
+    for name, value in params.items():
+        knob = KNOBS[name]
+        if knob.model_kwarg:
+            kwargs |= {name: value} if knob.model_args is None else knob.model_args(value, params)
+    return kwargs
+
+
+def quantization_config(params: dict[str, Any]) -> dict[str, Any] | None:
+    """`BitsAndBytesConfig` kwargs of a quantized base (`adapter.quantization_config`),
+    computing in the trial's 16-bit precision, else in the base's dtype; None: not quantized."""
+    precision = precision_parts(value_of(params, "precision"))
+    compute = (
+        "bfloat16" if {"bf16", "fp8"} & precision
+        else "float16" if "fp16" in precision
+        else TORCH_DTYPE_NAMES[value_of(params, "torch_dtype")]
+    )  # fmt: skip
+    return _quantization_kwargs(value_of(params, "quantization"), compute)
 
 
 def left_out(name: str) -> Any:

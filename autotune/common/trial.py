@@ -83,6 +83,9 @@ class TrialSpec:
     measured) when even its fastest step's pace is below this: clearly slower than the
     fastest trial so far. None: it runs to its end."""
     stop_after_steps: int = 3
+    adapter: dict[str, Any] | None = None
+    """peft's `LoraConfig` kwargs of the job's adapter (`RunInfo.adapter`), which the worker
+    applies to the model it builds; None: a full fine-tune."""
     schema_version: int = SCHEMA_VERSION
 
 
@@ -186,6 +189,12 @@ class TrialResult:
     """Several devices a trial: the bytes of weights, gradients and optimizer states each rank
     held after its last step, counted tensor by tensor."""
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    peft_config: dict[str, Any] | None = None
+    """The adapter the trial trained (peft's `LoraConfig` kwargs); None: every weight."""
+    quantization_config: dict[str, Any] | None = None
+    """The quantized base's `BitsAndBytesConfig` kwargs; None: not quantized."""
+    trainable_params: int | None = None
+    """The parameters that trained (the adapter's alone on a frozen base)."""
     compiled_modules: int | None = None
     """torch.compile's compiled modules in what the Trainer trained: 1 for the whole model,
     one per repeated block (and the rest) under regional compilation; None: not compiled."""

@@ -30,6 +30,7 @@ from autotune.outputs.launch import accelerate_config
 from autotune.outputs.script import render_script
 
 if TYPE_CHECKING:  # types only: rendering an export reads no storage (records imports optuna)
+    from autotune.common.trial import TrialResult
     from autotune.plan.run_info import RunInfo
     from autotune.store.records import TrialRecord
 
@@ -72,6 +73,8 @@ def render(fmt: str, *, info: RunInfo, record: TrialRecord, report_to: str | Non
     payload = {
         "training_args": record.result.training_args,
         "model_kwargs": record.result.model_kwargs,
+        "peft_config": record.result.peft_config,
+        "quantization_config": record.result.quantization_config,
         "environment": record.result.environment,
     }
     if fmt == "json":
@@ -80,7 +83,9 @@ def render(fmt: str, *, info: RunInfo, record: TrialRecord, report_to: str | Non
         return yaml.safe_dump(payload, sort_keys=False)
     if fmt == "cli":
         result = record.result
-        return render_cli(result.training_args, result.model_kwargs, result.environment) + "\n"
+        return (
+            render_cli(result.training_args, result.model_kwargs, result.environment, result) + "\n"
+        )
     return render_script(info, record, report_to=report_to)
 
 
@@ -88,6 +93,7 @@ def render_cli(
     training_args: dict[str, Any],
     model_kwargs: dict[str, Any] | None = None,
     environment: dict[str, str] | None = None,
+    model: TrialResult | None = None,
 ) -> str:
     """Flags for the HF example scripts (HfArgumentParser): `--bf16`, `--optim adamw_torch`.
 
@@ -98,12 +104,23 @@ def render_cli(
     environment variables the trial set (torch.compile's modes, which accelerate reads).
     """
     comment = ""
+    made = {
+        name: config
+        for name in ("peft_config", "quantization_config")
+        if model is not None and (config := getattr(model, name)) is not None
+    }
+    if made:
+        shown = ", ".join(f"{k}={v!r}" for k, v in made.items())
+        comment = (
+            f"# not flags of the HF example scripts: the trial's model had {shown}; build it "
+            "with peft.LoraConfig and transformers.BitsAndBytesConfig (recommended.py does)\n"
+        )
     if model_kwargs:
         # repr() writes a newline as `\n`: nothing in a value can end the comment line.
         kwargs = ", ".join(
             f"{k}={v!r}" if k.isidentifier() else f"{k!r}: {v!r}" for k, v in model_kwargs.items()
         )
-        comment = (
+        comment += (
             f"# not a flag of the HF example scripts: the trials built the model with {kwargs}; "
             "pass it to from_pretrained/from_config (recommended.py does)\n"
         )

@@ -54,6 +54,8 @@ def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None =
         "MODEL_CONFIG": info.model_config,
         "TRAINING_ARGS": metrics.training_args,
         "MODEL_KWARGS": metrics.model_kwargs,
+        "PEFT_CONFIG": metrics.peft_config,
+        "QUANTIZATION_CONFIG": metrics.quantization_config,
         "ENVIRONMENT": metrics.environment,
         "REPORT_TO": (report_to or info.report_to).split(","),
         "DATA": data,
@@ -116,7 +118,9 @@ did, the script builds the model from its config with random weights and trains 
 tokens, or on your data (DATA: tokenized, truncated at SEQ_LEN and padded per batch by the
 collator the trials used), or calls your Trainer factory (TRAINER) with the arguments. For your
 own run with autotune's Trainer, load pretrained weights with AUTO_CLASS.from_pretrained(MODEL,
-**MODEL_KWARGS).
+**MODEL_KWARGS), with quantization_config=transformers.BitsAndBytesConfig(**QUANTIZATION_CONFIG)
+where the trial's base was quantized, and wrap it in the adapter the trial trained,
+peft.get_peft_model(model, peft.LoraConfig(**PEFT_CONFIG)), where it trained one.
 """
 
 import argparse
@@ -292,6 +296,27 @@ def save_sharded(model, output_dir, rank):
         model.save_pretrained(output_dir, state_dict=state_dict)
 
 
+def build_model(config):
+    # As the trial built it: random weights in MODEL_KWARGS's dtype; a quantized base made on
+    # the host and quantized by from_pretrained as it places each weight, as a checkpoint
+    # would be; the adapter by peft, the base frozen.
+    if QUANTIZATION_CONFIG:
+        made = AUTO_CLASS.from_config(config, **MODEL_KWARGS)
+        model = AUTO_CLASS._model_mapping[type(config)].from_pretrained(
+            None, config=config, state_dict=made.state_dict(),
+            quantization_config=transformers.BitsAndBytesConfig(**QUANTIZATION_CONFIG),
+            device_map={"": "cpu" if TRAINING_ARGS.get("use_cpu") else "cuda"}, **MODEL_KWARGS,
+        )
+        del made
+    else:
+        model = AUTO_CLASS.from_config(config, **MODEL_KWARGS)
+    if PEFT_CONFIG:
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(**PEFT_CONFIG))
+    return model
+
+
 def main():
     parser = argparse.ArgumentParser(
         description=description(), formatter_class=argparse.RawDescriptionHelpFormatter
@@ -335,7 +360,7 @@ def main():
     config = transformers.AutoConfig.for_model(**MODEL_CONFIG)
     if TASK == "sequence-classification" and config.pad_token_id is None:
         config.pad_token_id = config.eos_token_id
-    model = AUTO_CLASS.from_config(config, **MODEL_KWARGS)
+    model = build_model(config)
     if sharded:
         shard(model)
     if DATA:

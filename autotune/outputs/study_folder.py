@@ -82,7 +82,7 @@ def write_study_folder(snapshot: StudySnapshot, out: Path) -> list[Path]:
     if picks.recommended is not None:
         script = render_script(info, picks.recommended)
         result = picks.recommended.result
-        flags = render_cli(result.training_args, result.model_kwargs, result.environment)
+        flags = render_cli(result.training_args, result.model_kwargs, result.environment, result)
         paths += write_recommendation(out, recommendation(snapshot), script)
     else:  # no trial to recommend now: a recommendation left from before would mislead
         for stale in (
@@ -215,6 +215,10 @@ def _settings_and_metrics(record: TrialRecord, snapshot: StudySnapshot) -> dict[
         "params": record.params,
         "training_args": record.result.training_args,
         "model_kwargs": record.result.model_kwargs,
+        # The adapter (LoraConfig kwargs) and the quantized base (BitsAndBytesConfig kwargs)
+        # the trial trained; None: every weight trained, the base as built.
+        "peft_config": record.result.peft_config,
+        "quantization_config": record.result.quantization_config,
         "environment": record.result.environment,
         "metrics": _metrics(record),
         "noisy": snapshot.is_noisy(record),
@@ -284,9 +288,11 @@ def _record(picks: Picks, number: int) -> TrialRecord | None:
 
 RECOMMENDATION_METRICS = (
     "samples_per_s", "tokens_per_s", "padding_share", "peak_memory_gib", "step_time_median_ms",
-    "step_time_cv", "mfu", "rank_peak_memory_gib", "rank_params", "rank_model_state_bytes",
+    "step_time_cv", "mfu", "n_params", "trainable_params", "rank_peak_memory_gib", "rank_params",
+    "rank_model_state_bytes",
 )  # fmt: skip
-"""`rank_*`: each rank's own peak and parameters on several devices a trial; None on one."""
+"""`rank_*`: each rank's own peak and parameters on several devices a trial; None on one.
+`trainable_params`: those that trained (an adapter's, on a frozen base)."""
 
 
 def _metrics(record: TrialRecord) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from autotune.common import trial
+from autotune.common import adapter, trial
 from autotune.common.layout import SEARCH_LOG
 from autotune.common.trial import Status, TrialResult
 from autotune.common.trial_settings import describe_params, effective_batch
@@ -91,6 +91,11 @@ class TerminalView(SearchObserver):
             f"-> {escape(shown_path(plan.study_dir))}"
         )
         self.report.line(f"batch: {plan.info.batch_mode}")
+        if plan.info.adapter is not None:
+            self.report.line(
+                f"adapter: {escape(adapter.describe(plan.info.adapter))}, the same in every "
+                "trial (the base frozen)"
+            )
         for note in plan.space.notes:
             self.report.line(f"[yellow]note:[/] {escape(note)}")
         if len(plan.slots) > 1:

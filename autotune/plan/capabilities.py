@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
+from autotune.common.adapter import BASE_DTYPES, QUANTIZATIONS
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import SpaceError
 from autotune.common.knob_values import (
@@ -160,6 +161,20 @@ def _model_limits(
     return limits
 
 
+def _base_dtype(value: str, device: str, info: DeviceInfo) -> str | None:
+    if value == "bf16" and not info.bf16_supported:
+        where = "GPU" if device == "cuda" else "CPU"
+        return f"this {where} has no bf16 arithmetic: a bf16 base would be emulated"
+    return None
+
+
+def _quantization(value: str, device: str, info: DeviceInfo) -> str | None:
+    if value != "none" and info.bitsandbytes_error:
+        error = info.bitsandbytes_error
+        return f"a quantized base is bitsandbytes'; it does not import here ({error})"
+    return None
+
+
 def _pin_memory(value: bool, device: str, info: DeviceInfo) -> str | None:
     if value and device == "cpu":
         return "pinned memory only speeds host-to-GPU copies: there are none on CPU"
@@ -177,6 +192,8 @@ DEVICE_LIMITS: dict[str, DeviceLimit] = {
     "use_liger_kernel": _liger,
     "activation_offload": _activation_offload,
     "packing": _packing,
+    "torch_dtype": _base_dtype,
+    "quantization": _quantization,
 }
 
 
@@ -192,14 +209,19 @@ def fit_space(
     cores: int | None = None,
     devices: int = 1,
     model: tuple[str, str] | None = None,
+    adapter: bool = False,
 ) -> SearchSpace:
     """The space less what cannot run on `device` with `cores` CPU cores a trial (`trial_cores`;
     None: not fitted to them) and `devices` ranks, or for `model` (its model type and task;
-    None: not fitted to it), or cannot matter for the data trained on; the reasons are in the
-    result's notes."""
-    # First: on several devices the strategy joins the space, and is fitted as the rest.
+    None: not fitted to it), or cannot matter for the data trained on; with an `adapter`
+    (`peft=lora`) the base's dtype and quantization join it. The reasons are in the result's
+    notes."""
+    # First: on several devices the strategy joins the space, and is fitted as the rest; so
+    # do the base's knobs with an adapter.
     added = devices > 1 and "strategy" not in space.knobs
     space, device_notes = _fit_strategy(space, devices, device)
+    space, adapter_notes = _fit_to_adapter(space, adapter)
+    device_notes += adapter_notes
     notes = []
     emptied = []
     for name, knob in space.knobs.items():
@@ -318,6 +340,26 @@ def _fit_strategy(space: SearchSpace, devices: int, device: str) -> tuple[Search
         f"strategy=single trains on one of a trial's {devices} devices: the reference of the "
         "others' scaling efficiency"
     ]
+
+
+ADAPTER_KNOBS = {"torch_dtype": BASE_DTYPES, "quantization": QUANTIZATIONS}
+"""The frozen base's settings: searched with an adapter (every value) unless the space names
+them; they cannot apply to a full fine-tune, which trains every weight."""
+
+
+def _fit_to_adapter(space: SearchSpace, adapter: bool) -> tuple[SearchSpace, list[str]]:
+    knobs = dict(space.knobs)
+    notes = []
+    for name, values in ADAPTER_KNOBS.items():
+        if adapter and name not in knobs:
+            knobs[name] = SpaceKnob(name=name, choices=values)
+        elif not adapter and name in knobs:
+            del knobs[name]
+            notes.append(
+                f"removed {name}: it sets the frozen base an adapter trains on (peft=lora); a "
+                "full fine-tune trains every weight"
+            )
+    return replace(space, knobs=knobs), notes
 
 
 def trial_cores(slots: Sequence[Slot]) -> int | None:

@@ -8,10 +8,11 @@ Python values, every problem reported at once) is `autotune.plan.overrides`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from autotune.common.adapter import ALL_LINEAR, lora_config, parse_targets
 from autotune.plan.setting_types import (
     Device,
     Devices,
@@ -50,6 +51,55 @@ class _ModelSettings(_Settings):
     )
     task: Task = Field("auto", description="training head; auto picks it from the architecture")
     seq_len: int = Field(512, gt=0, description="tokens per sample")
+    peft: Literal["none", "lora"] = Field(
+        "none",
+        description="lora: train LoRA adapters on a frozen base (peft's LoraConfig, the same in "
+        "every trial and part of the study); the base's dtype and a quantized base (QLoRA) "
+        "are then searched; none = a full fine-tune",
+    )
+    lora_r: int = Field(16, gt=0, description="peft=lora: the adapters' rank")
+    lora_alpha: int = Field(32, gt=0, description="peft=lora: the adapters' scale numerator")
+    lora_dropout: float = Field(
+        0.05, ge=0, lt=1, description="peft=lora: dropout on the adapters' input"
+    )
+    lora_target: str = Field(
+        ALL_LINEAR,
+        description="peft=lora: the modules that get adapters: all-linear (every linear "
+        "layer but the output head) or names, e.g. q_proj,v_proj",
+        json_schema_extra={"metavar": "NAMES"},
+    )
+
+    @field_validator("lora_target")
+    @classmethod
+    def _lora_target_is_module_names(cls, value: str) -> str:
+        parse_targets(value)  # raises ValueError naming what is wrong
+        return value
+
+    @model_validator(mode="after")
+    def _lora_settings_need_lora(self) -> _ModelSettings:
+        given = sorted(
+            k
+            for k in self.model_fields_set
+            if k.startswith("lora_") and getattr(self, k) != type(self).model_fields[k].default
+        )
+        if given and self.peft != "lora":
+            raise ValueError(
+                f"{', '.join(k + '=' for k in given)} without peft=lora: the settings are "
+                "the LoRA adapters'; add peft=lora"
+            )
+        return self
+
+    def adapter(self, task: str) -> dict[str, Any] | None:
+        """peft's LoraConfig kwargs for the job at `task`; None: a full fine-tune."""
+        if self.peft != "lora":
+            return None
+        return lora_config(
+            r=self.lora_r,
+            alpha=self.lora_alpha,
+            dropout=self.lora_dropout,
+            targets=parse_targets(self.lora_target),
+            task=task,
+        )
 
 
 class _StoredStudy(_Settings):
@@ -252,6 +302,11 @@ class RunConfig(_ModelSettings):
             )
         if self.tokenizer and not self.data:
             raise ValueError("tokenizer= without data=: the tokenizer is for data=")
+        if self.trainer and self.peft != "none":
+            raise ValueError(
+                f"peft={self.peft} with trainer=: the factory builds its own model; apply the "
+                "adapter there (get_peft_model), and autotune reads it from the Trainer's model"
+            )
         return self
 
     @field_validator("stale_after")

@@ -364,6 +364,7 @@ def _run_info(
         space=space.name,
         space_notes=list(space.notes),
         effective_batch_size=config.effective_batch_size,
+        adapter=config.adapter(task),
         memory_budget_bytes=memory_budget_bytes,
         headroom=config.headroom,
         noise_cv=config.noise_cv,

@@ -36,6 +36,9 @@ class RunInfo:
     """A pick that changes the training must beat the same-training pick by this much."""
     report_to: str = "none"
     """Trackers the exported script logs to (`TrainingArguments.report_to`); trials never log."""
+    adapter: dict[str, Any] | None = None
+    """The adapter every trial trains (`peft=lora`: peft's LoraConfig kwargs, or the one a
+    factory's model carries); None: a full fine-tune, or a factory's model without one."""
     data: dict[str, Any] | None = None
     """The user's data (`user_data.DataSpec` fields and its `fingerprint`); None: synthetic."""
     trainer: dict[str, str | None] | None = None

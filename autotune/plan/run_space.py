@@ -53,7 +53,14 @@ def fitted_space(
             )
         cores = trial_cores(slots)  # loader workers beyond them are taken out of the space
         fitted = fit_space(
-            space, device, device_info, source, cores, config.devices_per_trial, model_type_and_task
+            space,
+            device,
+            device_info,
+            source,
+            cores,
+            config.devices_per_trial,
+            model_type_and_task,
+            adapter=config.peft != "none",
         )
         return apply_sampling_rules(fitted, rules)
     except AutotuneError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from autotune.common import adapter
 from autotune.common.errors import StudyError
 from autotune.common.units import format_bytes
 from autotune.common.urls import safe_url
@@ -18,7 +19,7 @@ from autotune.plan.run_info import RunInfo
 
 # What makes a study what it is: a resumed study must have been made for the same.
 # (seq_len, steps, cores or GPU model: `conditions.changed_conditions`, checked first.)
-IDENTITY = ("model", "task", "device", "space", "effective_batch_size",
+IDENTITY = ("model", "task", "device", "space", "effective_batch_size", "adapter",
             "data_fingerprint", "trainer_factory")  # fmt: skip
 
 
@@ -39,7 +40,7 @@ def settle(plan: SearchPlan, stored: RunInfo | None, *, joining: bool = False) -
         # A joining worker's own trainer= stands in for the study's (`join_config` checked it).
         identity = [k for k in IDENTITY if not (joining and k == "trainer_factory")]
         changed = [
-            f"{k} {getattr(stored, k)} -> {getattr(plan.info, k)}"
+            f"{k} {_shown(k, getattr(stored, k))} -> {_shown(k, getattr(plan.info, k))}"
             for k in identity
             if getattr(stored, k) != getattr(plan.info, k)
         ]
@@ -66,6 +67,13 @@ def settle(plan: SearchPlan, stored: RunInfo | None, *, joining: bool = False) -
             info=dataclasses.replace(plan.info, memory_budget_bytes=budget, versions=versions),
         )
     return fit_batches_to_budget(plan)  # the budget is settled: drop what cannot fit
+
+
+def _shown(key: str, value: object) -> str:
+    """An identity's value in a refusal: the adapter in words (`LoRA r=16 ...`)."""
+    if key == "adapter":
+        return adapter.describe(value)  # type: ignore[arg-type]
+    return str(value)
 
 
 def fit_batches_to_budget(plan: SearchPlan) -> SearchPlan:

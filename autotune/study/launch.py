@@ -70,6 +70,7 @@ def launch(
         trainer_dir=str(plan.search_dir),
         devices=config.devices_per_trial,
         stop_below_samples_per_s=stop_below,
+        adapter=plan.info.adapter,
     )
     submission = Submission(
         spec=spec,

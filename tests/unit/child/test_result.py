@@ -58,6 +58,9 @@ def measured_on(device_name: str) -> result.Measured:
         cpu_threads=None,
         training_args={},
         model_kwargs={},
+        peft_config=None,
+        quantization_config=None,
+        trainable_params=335_000_000,
         environment={},
         compiled_modules=None,
         step_times_ms=[100.0, 100.0],
@@ -68,6 +71,7 @@ def measured_on(device_name: str) -> result.Measured:
 
 def test_the_result_holds_every_figure_measured_under_its_own_name(monkeypatch):
     monkeypatch.setattr(measure, "matmul_parameters", lambda model: 300_000_000)
+    monkeypatch.setattr(measure, "frozen_matmul_parameters", lambda model: 0)
     measured = measured_on("cpu")
     ok = result.of_trial(cuda_spec(), Timed(), BERT_LARGE, measured)
     assert (ok.status, ok.peak_memory_gib, ok.n_params, ok.final_loss) == (
@@ -91,6 +95,7 @@ def test_every_trials_mfu_is_of_the_devices_16_bit_peak_whatever_its_precision(m
     # The fp32 HF-defaults trial on an H100 showed 0.594 of fp32's 66.9 TFLOP/s, while a bf16
     # trial 7.8x faster would show ~0.33 of 989: MFUs of different denominators do not compare.
     monkeypatch.setattr(measure, "matmul_parameters", lambda model: 300_000_000)
+    monkeypatch.setattr(measure, "frozen_matmul_parameters", lambda model: 0)
     measured = measured_on("NVIDIA H100 80GB HBM3")
     results = {
         precision: result.of_trial(cuda_spec(precision=precision), Timed(), BERT_LARGE, measured)

@@ -37,6 +37,7 @@ def run_info(text: str) -> RunInfo:
         "space_notes": [text],
         "batch_mode": text,
         "effective_batch_size": None,
+        "adapter": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": [text]},
         "memory_budget_bytes": 2**30,
         "headroom": 0.1,
         "noise_cv": 0.05,
