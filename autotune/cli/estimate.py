@@ -16,6 +16,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from autotune.common import adapter
 from autotune.common.device import (
     GPU_MEMORY_MIB,
     gpu_memory_bytes,
@@ -23,12 +24,13 @@ from autotune.common.device import (
 )
 from autotune.common.errors import AutotuneError, ConfigError
 from autotune.common.knob_values import MEMORY_ORDER, TRANSFORMERS_DEFAULT_OPTIM
-from autotune.common.knobs import KNOBS, value_of
+from autotune.common.knobs import KNOBS, left_out, value_of
 from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolve_model
 from autotune.common.trial_settings import baseline_params, describe_params
 from autotune.common.units import GIB, format_bytes
 from autotune.outputs.terminal import console
 from autotune.plan import hardware, software_cache
+from autotune.plan.capabilities import ADAPTER_KNOBS
 from autotune.plan.config import EstimateConfig, RunConfig
 from autotune.plan.estimate import PARTS, Estimate, estimate
 from autotune.plan.inputs import input_problems
@@ -67,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     console.print(_heading(config, model, task, device, device_name, budget))
     shown = {k: v for k, v in fixed.items() if k != "batch_size"}
     console.print(f"settings: {escape(describe_params(shown))}")
+    if (lora := config.adapter(task)) is not None:
+        console.print(_adapter_line(lora, at(fixed)))
     batches = [b for b in (2**k for k in range(13)) if b <= config.max_batch_size]
     if "batch_size" in knobs:
         batches = [knobs["batch_size"]]
@@ -135,6 +139,7 @@ def _estimator(
             device=device,
             parameters=parameters,
             devices=config.devices_per_trial,
+            adapter=config.adapter(task),
         )
 
     return at
@@ -191,6 +196,17 @@ def _memory_table(
     return table
 
 
+def _adapter_line(lora: dict[str, Any], parts: Estimate) -> str:
+    """The adapter, what trains of the model, and what the frozen base holds."""
+    trained, frozen = parts.trained_parameters, parts.parameters
+    return (
+        f"adapter: {escape(adapter.describe(lora))}: {trained / 1e6:.1f}M parameters train "
+        f"({trained / frozen:.2%} of the base's {frozen / 1e9:.2f}B); the base is frozen: its "
+        "gradients and optimizer states are 0 (the gradients and optimizer columns are the "
+        "adapter's)"
+    )
+
+
 def _peak_note(device_name: str, peak: float, flops: float) -> str:
     """The GPU's datasheet peaks, and the least time a sample's training takes at the 16-bit one."""
     return (
@@ -232,6 +248,7 @@ def _twin_times(
             parameters=parameters,
             devices=devices,
             memory_budget_bytes=budget,
+            adapter=config.adapter(task),
             **steps,
         )
         if p.samples_per_s is None:
@@ -243,11 +260,17 @@ def _twin_times(
 
 def _twin_note(config: EstimateConfig) -> str:
     g = twin.gpu(config.gpu or "")
+    uncalibrated = (
+        ""
+        if g.calibrated
+        else f"; not calibrated on the {escape(g.key)}: its datasheet with the constants "
+        "fitted there"
+    )
     return (
         f"times: the GPU twin of the {escape(g.name)} (a performance model calibrated on "
         "this project's H100 and H200 measurements, within 10% of each; "
-        "benchmarks/results/twin-calibration.md); a trial: start, build, compile and "
-        "warm-up, and the timed steps"
+        f"benchmarks/results/twin-calibration.md{uncalibrated}); a trial: start, build, "
+        "compile and warm-up, and the timed steps"
     )
 
 
@@ -296,6 +319,11 @@ def check(
     for key, value in knobs.items():
         if problem := known_name_problem(key, value, facts):
             problems.append(f"{key}: {problem}")
+        if key in ADAPTER_KNOBS and config.peft == "none" and value != left_out(key):
+            problems.append(
+                f"{key}={value} without peft=lora: it sets the frozen base an adapter trains "
+                "on; add peft=lora"
+            )
     model = task = None
     try:
         model = resolve_model(config.model)

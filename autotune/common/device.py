@@ -6,6 +6,7 @@ in a child process (`autotune.child.probe`); `autotune.plan.hardware` starts it.
 from __future__ import annotations
 
 import platform
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,9 +174,19 @@ reports it: `NVIDIA A100-SXM4-80GB`); the first match wins, so specific names co
 def gpu_memory_bytes(name: str) -> int | None:
     """A GPU's total memory by (a piece of) its name; None for one not in the table."""
     for piece, mib in GPU_MEMORY_MIB:
-        if piece.lower() in name.lower():
+        if _names(piece, name):
             return mib * 2**20
     return None
+
+
+def _names(piece: str, name: str) -> bool:
+    """Whether `name` holds `piece`, whatever the case, spaces and hyphens (`RTX4090`, `RTX
+    4090`, `NVIDIA GeForce RTX 4090`)."""
+    return _bare(piece) in _bare(name)
+
+
+def _bare(name: str) -> str:
+    return re.sub(r"[\s-]", "", name).lower()
 
 
 def tensor_peak_tflops(device_name: str) -> float | None:
@@ -195,7 +206,7 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
         else "fp32"
     )
     for piece, peaks in PEAK_TFLOPS:
-        if piece.lower() in device_name.lower():
+        if _names(piece, device_name):
             return peaks[key]
     return None
 

@@ -33,6 +33,11 @@ TASK_CLASSES = {
 # Models whose learned position table starts after the padding index (position ids run from
 # pad_token_id + 1), so seq_len can reach max_position_embeddings - pad_token_id - 1 only.
 _PADDING_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "longformer"}
+# Decoder-only model types: a config that names no architecture (a folder written by
+# `LlamaConfig().save_pretrained`) is a causal LM, not a classifier.
+_DECODER_ONLY = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
+                 "gemma", "gemma2", "gemma3_text", "phi", "phi3", "gpt2", "gpt_neox", "gptj",
+                 "falcon", "olmo", "olmo2", "starcoder2", "smollm3", "granite"}  # fmt: skip
 # Relative position schemes: no hard sequence limit in the config.
 _RELATIVE_POSITIONS = {"t5", "mt5", "umt5"}
 PARAMETER_COUNTS_FILE = "model_parameter_counts.json"
@@ -57,6 +62,8 @@ class ModelSpec:
             return "seq2seq"
         architectures = self.config.get("architectures") or []
         if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+            return "causal-lm"
+        if not architectures and self.model_type in _DECODER_ONLY:
             return "causal-lm"
         return "sequence-classification"
 

@@ -40,7 +40,8 @@ from autotune.common.flops import training_flops
 from autotune.common.knob_values import optimizer_family, sixteen_bit
 from autotune.common.knobs import is_compiled, value_of
 from autotune.common.units import GIB
-from autotune.plan.model_states import rank_states
+from autotune.plan.linears import DECODER_LINEARS, block_linears, targeted
+from autotune.plan.model_states import adapter_states, rank_states
 
 CUDA_CONTEXT_BYTES = int(0.75 * GIB)
 """The CUDA context of a training process (the runtime, the loaded kernels, the cuBLAS and cuDNN
@@ -67,7 +68,7 @@ median error."""
 MASK_BYTES = 1
 """A dropout mask element (torch.bool)."""
 
-PARTS = ("weights", "gradients", "optimizer", "activations", "temporary", "context")
+PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "temporary", "context")
 
 
 class UnknownShape(ValueError):
@@ -89,11 +90,31 @@ class Shape:
     """The weight matrices' shapes, one entry per kind with its count folded in (Adafactor)."""
     dropout: bool
     cross_attention_layers: int = 0
+    block_linear: int = 0
+    """The weights of one block's linear layers: what a quantized base quantizes."""
+    largest_linear: int = 0
+    """The largest of them: a quantized base dequantizes one at a time to multiply by it."""
+    adapter_parameters: int | None = None
+    """The adapter's parameters (`peft=lora`), which alone train; None: every parameter."""
+    adapter_matrices: tuple[tuple[int, int], ...] = ()
+    """The adapter's matrices (A: r x in, B: out x r), one entry per kind, counts folded in."""
+    adapter_inputs: int = 0
+    """The input features of one block's adapted layers: LoRA keeps each input (its dropout's
+    output, with a mask, when it drops out)."""
+    adapter_dropout: bool = False
+
+    @property
+    def trained(self) -> int:
+        """The parameters that get gradients and optimizer states."""
+        return self.parameters if self.adapter_parameters is None else self.adapter_parameters
 
 
-def shape_of(config: dict[str, Any], parameters: int | None = None) -> Shape:
-    """The config's dimensions (BERT, GPT-2, T5, Llama names alike) and its parameter count
-    (the catalogue's when given, else counted from the dimensions)."""
+def shape_of(
+    config: dict[str, Any], parameters: int | None = None, adapter: dict[str, Any] | None = None
+) -> Shape:
+    """The config's dimensions (BERT, GPT-2, T5, Llama names alike), its parameter count (the
+    catalogue's when given, else counted from the dimensions) and, with `adapter` (peft's
+    LoraConfig kwargs), the adapter's parameters on the linear layers it targets."""
 
     def first(*names: str, default: Any = None) -> Any:
         return next((config[n] for n in names if config.get(n) is not None), default)
@@ -120,6 +141,13 @@ def shape_of(config: dict[str, Any], parameters: int | None = None) -> Shape:
         *[(hidden, intermediate)] * (3 if gated else 2) * layers,
     )
     counted = vocab * hidden + layers * (attention + mlp) + decoder * attention
+    linears = block_linears(config, hidden, intermediate, heads)
+    if config.get("model_type") in DECODER_LINEARS:
+        # Today's decoders: grouped K and V heads, a head of their own or tied to the
+        # embeddings; counted layer by layer as transformers builds them (norms aside).
+        matrices = ((vocab, hidden), *[(i, o) for _, i, o in linears] * layers)
+        untied = not config.get("tie_word_embeddings", True)
+        counted = vocab * hidden * (1 + untied) + layers * sum(i * o for _, i, o in linears)
     dropout = any(
         (config.get(k) or 0) > 0
         for k in (
@@ -132,6 +160,18 @@ def shape_of(config: dict[str, Any], parameters: int | None = None) -> Shape:
             "attention_dropout",
         )
     )
+    lora: dict[str, Any] = {}
+    if adapter is not None:
+        targeted_linears = targeted(linears, adapter["target_modules"])
+        r = adapter["r"]
+        lora = {
+            "adapter_parameters": layers * sum(r * (i + o) for _, i, o in targeted_linears),
+            "adapter_matrices": tuple(
+                m for _, i, o in targeted_linears for m in ((r, i), (o, r)) for _ in range(layers)
+            ),
+            "adapter_inputs": sum(i for _, i, _ in targeted_linears),
+            "adapter_dropout": (adapter.get("lora_dropout") or 0) > 0,
+        }
     return Shape(
         hidden=hidden,
         layers=layers,
@@ -142,6 +182,9 @@ def shape_of(config: dict[str, Any], parameters: int | None = None) -> Shape:
         matrices=matrices,
         dropout=dropout,
         cross_attention_layers=decoder,
+        block_linear=sum(i * o for _, i, o in linears),
+        largest_linear=max((i * o for _, i, o in linears), default=0),
+        **lora,
     )
 
 
@@ -153,6 +196,10 @@ class Estimate:
     gradients: int
     optimizer: int
     activations: int
+    """What autograd keeps for the backward in the blocks (the logits apart)."""
+    logits: int
+    """What a language-model head keeps: the logits, vocabulary x tokens, with their fp32 copy
+    for the loss; a large share at long sequence and a 128k vocabulary."""
     temporary: int
     context: int
     total: int
@@ -172,6 +219,10 @@ class Estimate:
     offloaded: int = 0
     """What of the model states a rank keeps in host memory (ZeRO-Offload, FSDP2's offload):
     not in `total`."""
+    parameters: int = 0
+    """The model's parameters."""
+    trained_parameters: int = 0
+    """The parameters that get gradients and optimizer states (an adapter's alone)."""
 
 
 def optimizer_bytes_per_parameter(optim: str) -> float | None:
@@ -192,7 +243,7 @@ def optimizer_bytes_per_parameter(optim: str) -> float | None:
 
 KNOBS_READ = ("precision", "batch_size", "grad_accum", "optim", "attn_implementation",
               "gradient_checkpointing", "checkpointing_every_n_layers", "strategy",
-              "torch_compile")  # fmt: skip
+              "torch_compile", "torch_dtype", "quantization")  # fmt: skip
 """The knobs `estimate` reads; the others leave it unchanged."""
 
 
@@ -207,23 +258,31 @@ def estimate(
     context_bytes: int | None = None,
     gradients_kept: bool = False,
     devices: int = 1,
+    adapter: dict[str, Any] | None = None,
 ) -> Estimate:
     """The peak of one training step with `params` (knob -> value; missing knobs at their HF
     default), on `device`. `context_bytes` replaces the CUDA context's size (CUDA_CONTEXT_BYTES);
     `gradients_kept` is for training loops that zero gradients in place instead of freeing them
     (`zero_grad(set_to_none=False)`, PyTorch's default before 2.0): they then live through
     every forward, as with gradient accumulation. On several `devices` a trial, the figures are
-    one rank's, under `params["strategy"]`."""
-    shape = shape_of(config, parameters)
+    one rank's, under `params["strategy"]`. With `adapter` (peft's LoraConfig kwargs) the base
+    is frozen: no gradients or optimizer states but the adapter's (`model_states.adapter_states`,
+    the base in `torch_dtype`'s bytes or quantized)."""
+    shape = shape_of(config, parameters, adapter)
     optimizer = _optimizer_states(shape, value_of(params, "optim"))
-    states = rank_states(shape.parameters, shape.layers, optimizer, params, devices)
-    activations, temporary = _activations(shape, task, seq_len, params, device)
+    if shape.adapter_parameters is None:
+        states = rank_states(shape.parameters, shape.layers, optimizer, params, devices)
+    else:  # an adapter's job: replicated on each rank, whatever the strategy
+        quantized = shape.layers * shape.block_linear
+        states = adapter_states(shape.parameters, shape.trained, quantized, optimizer, params)
+    activations, logits, temporary = _activations(shape, task, seq_len, params, device)
     # The peak: in the last backward, gradients fill in as activations are freed (one step:
     # the larger of the two); accumulating steps run every later forward with the gradients
     # of the earlier ones held.
     kept = value_of(params, "grad_accum") > 1 or gradients_kept
     gradients = states.gradients
-    live = gradients + activations if kept else max(gradients, activations)
+    held = activations + logits
+    live = gradients + held if kept else max(gradients, held)
     runtime = CUDA_CONTEXT_BYTES if device == "cuda" else CPU_RUNTIME_BYTES
     context = runtime if context_bytes is None else context_bytes
     total = states.weights + states.optimizer + live + states.buckets + temporary + context
@@ -232,6 +291,7 @@ def estimate(
         gradients=gradients + states.buckets,  # shown with the gradients, which they copy
         optimizer=states.optimizer,
         activations=activations,
+        logits=logits,
         temporary=temporary,
         context=context,
         total=total,
@@ -239,26 +299,33 @@ def estimate(
         model_states=states.counted,
         offloaded=states.offloaded,
         budgeted=total - context if device == "cuda" else total,
+        parameters=shape.parameters,
+        trained_parameters=shape.trained,
     )
 
 
 def _optimizer_states(shape: Shape, optim: str) -> int:
-    """The optimizer's states for every parameter, before a strategy shares them."""
-    p = shape.parameters
+    """The optimizer's states for every parameter that trains, before a strategy shares them."""
+    p = shape.trained
+    matrices = shape.matrices if shape.adapter_parameters is None else shape.adapter_matrices
     per_param = optimizer_bytes_per_parameter(optim)
     if per_param is None:  # Adafactor: a row and a column of fp32 per matrix, the rest full
-        factored = sum(r + c for r, c in shape.matrices)
-        in_matrices = sum(r * c for r, c in shape.matrices)
+        factored = sum(r + c for r, c in matrices)
+        in_matrices = sum(r * c for r, c in matrices)
         return 4 * (factored + max(0, p - in_matrices))
     return int(per_param * p)
 
 
 def _activations(
     shape: Shape, task: str, seq_len: int, params: dict[str, Any], device: str
-) -> tuple[int, int]:
-    """(activations, temporary): what autograd keeps for the backward, and what the backward
-    adds while it runs (one layer's activation gradients, the LM head's logits gradient)."""
-    mixed = sixteen_bit(value_of(params, "precision"))
+) -> tuple[int, int, int]:
+    """(activations, logits, temporary): what autograd keeps for the backward in the blocks
+    and at the LM head, and what the backward adds while it runs (one layer's activation
+    gradients, the LM head's logits gradient, a quantized base's dequantized weight)."""
+    # 16-bit activations under autocast, or from a base whose weights are bf16.
+    mixed = sixteen_bit(value_of(params, "precision")) or (
+        value_of(params, "torch_dtype") == "bf16" and shape.adapter_parameters is not None
+    )
     batch = value_of(params, "batch_size")
     attention = value_of(params, "attn_implementation")
     # On CPU, SDPA trains through PyTorch's math path (its fused kernel takes no dropout), which
@@ -266,12 +333,18 @@ def _activations(
     eager = attention == "eager" or device == "cpu"
     upcast = device == "cpu" and attention == "sdpa" and mixed
     layer = _layer_activations(shape, batch, seq_len, mixed=mixed, eager=eager, upcast=upcast)
+    if shape.adapter_dropout:  # LoRA's dropped-out copy of each adapted layer's input, its mask
+        layer += batch * seq_len * shape.adapter_inputs * ((2 if mixed else 4) + MASK_BYTES)
     stored = _stored_activations(shape, layer, params, batch, seq_len)
     head = _head_activations(shape, task, batch, seq_len, mixed=mixed)
-    activations = stored + head["kept"]
+    activations, logits = stored, head["kept"]
     if device == "cuda" and is_compiled(params):
         activations = int(activations * COMPILED_ACTIVATIONS_FACTOR)
-    return activations, layer + head["gradient"]
+        logits = int(logits * COMPILED_ACTIVATIONS_FACTOR)
+    temporary = layer + head["gradient"]
+    if value_of(params, "quantization") != "none":  # one weight dequantized at a time
+        temporary += shape.largest_linear * (2 if mixed else 4)
+    return activations, logits, temporary
 
 
 def _stored_activations(
@@ -333,7 +406,13 @@ def flops_per_sample(shape: Shape, seq_len: int, task: str = "causal-lm") -> flo
         matrices = tuple(m for m in matrices if m != (shape.vocab, shape.hidden))
     matmul = sum(r * c for r, c in matrices)
     blocks = shape.layers + shape.cross_attention_layers
-    return training_flops(matmul, blocks, shape.hidden, seq_len, seq_len**2)
+    if shape.adapter_parameters is None:
+        return training_flops(matmul, blocks, shape.hidden, seq_len, seq_len**2)
+    # The base frozen: its matmuls compute the activations' gradients, not their own.
+    adapter = shape.adapter_parameters
+    return training_flops(
+        matmul + adapter, blocks, shape.hidden, seq_len, seq_len**2, frozen_weights=matmul
+    )
 
 
 # ---- calibration: the estimate against what a study's own trials measured ----

@@ -32,6 +32,17 @@ from typing import Any
 from autotune.common.knob_values import FSDP, OFFLOADED, ZERO_STAGES, sixteen_bit
 from autotune.common.knobs import value_of
 
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+"""A bitsandbytes NF4 weight with double quantization (QLoRA, Dettmers et al. 2023, sec. 3):
+4 bits, an 8-bit scale per block of 64 and an fp32 scale per 256 of those blocks (0.127 bits
+a parameter for the constants): 0.516 bytes. bitsandbytes' `quantize_4bit` defaults to the
+same blocks (64; `compress_statistics` quantizes their scales in blocks of 256)."""
+INT8_BYTES = 1.0
+"""A bitsandbytes LLM.int8 weight: a byte, and an fp32 scale per output row (4 / in_features
+bytes a weight, under 0.2% of it for a 4096-wide layer: left out)."""
+QUANTIZED_BYTES = {"none": None, "nf4": NF4_BYTES, "int8": INT8_BYTES}
+BASE_BYTES = {"fp32": 4, "bf16": 2}
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RankStates:
@@ -64,6 +75,29 @@ def rank_states(
     bucket_view = value_of(params, "gradient_as_bucket_view")
     return _replicated(
         parameters, optimizer, mixed=mixed, ddp_buckets=strategy == "ddp" and not bucket_view
+    )
+
+
+def adapter_states(
+    parameters: int, trained: int, quantized: int, optimizer: int, params: dict[str, Any]
+) -> RankStates:
+    """An adapter on a frozen base of `parameters` (`quantized` of them in the blocks' linear
+    layers, which a quantized base stores in its own bytes): the base in `torch_dtype`'s bytes
+    with no gradients and no optimizer states; the `trained` adapter parameters in fp32 (as
+    peft keeps them, with autocast's 16-bit copies under mixed precision), their gradients and
+    `optimizer`'s states. The same on every rank (an adapter's job is not sharded here)."""
+    base = BASE_BYTES[value_of(params, "torch_dtype")]
+    per_weight = QUANTIZED_BYTES[value_of(params, "quantization")]
+    frozen = base * parameters
+    if per_weight is not None:
+        frozen = int(per_weight * quantized + base * (parameters - quantized))
+    mixed = sixteen_bit(value_of(params, "precision"))
+    weights = frozen + 4 * trained + (2 * trained if mixed else 0)
+    return RankStates(
+        weights=weights,
+        gradients=4 * trained,
+        optimizer=optimizer,
+        counted=frozen + 8 * trained + optimizer,
     )
 
 

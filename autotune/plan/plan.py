@@ -121,6 +121,7 @@ class SearchPlan:
                 device=self.device,
                 parameters=parameters,
                 devices=self.config.devices_per_trial,
+                adapter=self.info.adapter,
             )
         except (UnknownShape, TypeError):  # a config of unexpected types: no estimate
             return None

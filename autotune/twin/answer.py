@@ -16,7 +16,7 @@ from typing import Any
 
 from autotune.common.device import DeviceInfo, tensor_peak_tflops
 from autotune.common.knob_values import FSDP, ZERO_STAGES
-from autotune.common.knobs import value_of
+from autotune.common.knobs import quantization_config, value_of
 from autotune.common.trial import Status, TrialResult, TrialSpec, stopped_reason
 from autotune.common.units import GIB
 from autotune.plan.estimate import CUDA_CONTEXT_BYTES, flops_per_sample, shape_of
@@ -52,12 +52,15 @@ class TwinAnswer:
             measure_steps=spec.measure_steps,
             devices=spec.devices,
             memory_budget_bytes=spec.memory_budget_bytes,
+            adapter=spec.adapter,
         )
         parts = {
             "build_s": p.build_s,
             "overhead_s": p.start_s,
             "wall_s": p.wall_s,
             "device_name": self.gpu.name,
+            "peft_config": spec.adapter,
+            "quantization_config": quantization_config(spec.params),
         }
         if p.status is Status.OOM:
             budget = (spec.memory_budget_bytes or self.gpu.memory_bytes) / GIB
@@ -88,7 +91,8 @@ class TwinAnswer:
         steps_ms = self._steps_ms(spec, p)
         samples = value_of(spec.params, "batch_size") * value_of(spec.params, "grad_accum")
         median_ms, cv, samples_per_s = _pace(steps_ms, samples * spec.devices)
-        flops = flops_per_sample(shape_of(spec.model_config), spec.seq_len, spec.task)
+        shape = shape_of(spec.model_config, adapter=spec.adapter)
+        flops = flops_per_sample(shape, spec.seq_len, spec.task)
         peak_tflops = tensor_peak_tflops(self.gpu.name)
         mfu = (
             None
@@ -122,7 +126,8 @@ class TwinAnswer:
             nvml_used_gib=p.peak_gib + CUDA_CONTEXT_BYTES / GIB,
             train_s=p.compile_s + p.warmup_s + timed_s,
             trained_seq_len=spec.seq_len,
-            n_params=shape_of(spec.model_config).parameters,
+            n_params=shape.parameters,
+            trainable_params=shape.trained,
             **parts,
         )
 

@@ -69,6 +69,9 @@ class Gpu:
     """Between two GPUs of the host, one direction (NVLink, else PCIe): DDP's all-reduce."""
     compute_capability: str
     host: Host
+    calibrated: bool = False
+    """Whether this project's own measurements on this GPU fitted the constants; otherwise its
+    datasheet with the constants fitted on others (H100, H200)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -138,6 +141,7 @@ def gpu(key: str) -> Gpu:
         link_gb_s=entry["link_gb_s"],
         compute_capability=entry["compute_capability"],
         host=Host(**host),
+        calibrated=entry["calibrated"],
     )
 
 
@@ -189,7 +193,7 @@ def step(
     all_reduce_s = 0.0
     if devices > 1:
         link = g.link_gb_s * 1e9
-        all_reduce_s = 2 * (devices - 1) / devices * 4 * shape.parameters / link
+        all_reduce_s = 2 * (devices - 1) / devices * 4 * shape.trained / link
         all_reduce_s *= 1 - v["all_reduce_hidden"]
     accumulation = value_of(params, "grad_accum")
     return Step(
@@ -208,7 +212,8 @@ def _micro_device_s(
     cls = _precision_class(precision)
     batch = value_of(params, "batch_size")
     share = _checkpointed_share(params, shape)
-    recompute = 1 + share / 3  # the forward is 2 of training's 6 FLOPs per weight and token
+    # The forward is 2 of training's 6 FLOPs per weight and token; of 4 on a frozen base.
+    recompute = 1 + share / (3 if shape.adapter_parameters is None else 2)
     tokens = batch * seq_len
     peak = (peak_tflops(g.name, precision) or 0.0) * 1e12
     efficiency = v["efficiency"][cls] * tokens / (tokens + v["tokens_half"][cls])
@@ -218,6 +223,11 @@ def _micro_device_s(
     if value_of(params, "attn_implementation") == "eager":
         scores = shape.layers * shape.heads * batch * seq_len**2
         traffic += v["eager_score_bytes"] * scores * element
+    if value_of(params, "quantization") != "none":
+        # bitsandbytes dequantizes each quantized weight to 16 bits in the forward and again in
+        # the backward: read its packed bytes, write and read the 16-bit copy.
+        quantized = shape.layers * shape.block_linear
+        traffic += 2 * quantized * v["dequantize_bytes"]
     return matmul_s + traffic * recompute / (g.bandwidth_gb_s * 1e9)
 
 
@@ -229,9 +239,9 @@ def _optimizer_s(
     precision = value_of(params, "precision")
     optimizer = v["optimizers"][_optimizer_kind(value_of(params, "optim"))]
     bandwidth = g.bandwidth_gb_s * 1e9
-    device_s = optimizer["bytes"] * shape.parameters / bandwidth
+    device_s = optimizer["bytes"] * shape.trained / bandwidth
     if precision == "fp16" or "fp16" in precision_parts(precision):
-        device_s += v["grad_scaler_bytes"] * shape.parameters / bandwidth
+        device_s += v["grad_scaler_bytes"] * shape.trained / bandwidth
     host_s = optimizer["host_us_per_tensor"] * _parameter_tensors(shape) * 1e-6
     return device_s, host_s
 
@@ -276,6 +286,7 @@ def peak_gib(
     seq_len: int,
     params: dict[str, Any],
     devices: int = 1,
+    adapter: dict[str, Any] | None = None,
 ) -> float:
     """The allocator's peak (one rank's): the project's estimate (context not included) times
     its overhead (fragmentation, cached blocks) fitted on measured peaks."""
@@ -287,6 +298,7 @@ def peak_gib(
         device="cuda",
         parameters=shape.parameters,
         devices=devices,
+        adapter=adapter,
     )
     return e.budgeted * model_constant("reserved_over_estimate") / GIB
 
@@ -304,13 +316,16 @@ def predict(
     memory_budget_bytes: int | None = None,
     trainer: bool = True,
     devices: int = 1,
+    adapter: dict[str, Any] | None = None,
 ) -> Prediction:
     """One trial of `params` on `g` (on each of `devices` under DDP: `samples_per_s` is
     theirs together): ok with its figures, or oom past the budget (the card's memory less its
     CUDA context when no budget is given)."""
-    shape = shape_of(config, parameters)
+    shape = shape_of(config, parameters, adapter)
     s = step(g, shape, task=task, seq_len=seq_len, params=params, trainer=trainer, devices=devices)
-    peak = peak_gib(config, shape, task=task, seq_len=seq_len, params=params, devices=devices)
+    peak = peak_gib(
+        config, shape, task=task, seq_len=seq_len, params=params, devices=devices, adapter=adapter
+    )
     budget = memory_budget_bytes or g.memory_bytes - CUDA_CONTEXT_BYTES
     start_s = g.host.start_s
     build_s = g.host.build_s_per_gparam * shape.parameters / 1e9

@@ -41,6 +41,9 @@ def test_every_catalogue_model_has_a_shipped_parameter_count():
         ("gpt2", "causal-lm", 1024),
         ("t5-small", "seq2seq", None),
         ("Qwen/Qwen2.5-0.5B", "causal-lm", 32768),
+        ("meta-llama/Llama-3.1-8B", "causal-lm", 131072),
+        ("microsoft/Phi-3-mini-4k-instruct", "causal-lm", 4096),
+        ("google/gemma-2-2b", "causal-lm", 8192),
     ],
 )
 def test_default_task_and_sequence_limit(name, task, max_seq_len):
@@ -55,6 +58,19 @@ def test_a_local_folder_with_config_json(tmp_path):
     spec = resolve_model(str(tmp_path))
     assert spec.source == "local"
     assert spec.default_task == "causal-lm"
+
+
+@pytest.mark.parametrize("architectures", [None, []])
+def test_a_llama_folder_naming_no_architecture_trains_as_a_causal_lm(tmp_path, architectures):
+    # `LlamaConfig(...).save_pretrained(folder)` writes `"architectures": null`.
+    config = {"model_type": "llama", "num_hidden_layers": 2, "architectures": architectures}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert resolve_model(str(tmp_path)).default_task == "causal-lm"
+
+
+def test_a_bert_folder_naming_no_architecture_stays_a_classifier(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert resolve_model(str(tmp_path)).default_task == "sequence-classification"
 
 
 def test_a_local_folder_without_config_json(tmp_path):
