@@ -126,7 +126,7 @@ def test_the_recommended_script_builds_the_model_the_trials_trained(search, tmp_
 
 
 def test_a_resume_with_another_adapter_is_refused_and_the_same_one_resumes(search):
-    args, proc, study_dir = search
+    args, proc, _ = search
     assert proc.returncode == 0, proc.stderr
     other = autotune("search", *[a if a != "lora_r=8" else "lora_r=4" for a in args])
     assert other.returncode == 2

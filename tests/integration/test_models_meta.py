@@ -4,7 +4,6 @@ catalogue's counts are shipped so that `autotune models` need not, and must matc
 from autotune.child.models import count_parameters
 from autotune.common.models import catalogue_names, catalogue_parameter_counts
 
-
 PUBLISHED_SIZES = {
     "meta-llama/Llama-3.2-1B": 1.24,
     "meta-llama/Llama-3.2-3B": 3.21,
