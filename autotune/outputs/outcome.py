@@ -151,11 +151,29 @@ def _print_search(report: Reporter, snapshot: StudySnapshot) -> None:
     if snapshot.confidence is not None:
         report.line(f"search confidence: {escape(snapshot.confidence.describe())}")
     report.line(f"baseline (HF defaults): {escape(picks.describe_baseline())}")
+    if picks.reference is not None:
+        report.line(
+            f"reference ({escape(reference_recipe(picks))}): {escape(picks.describe_reference())}"
+        )
     if (found := snapshot.anytime()) is not None:
-        baseline = picks.baseline.result.samples_per_s if picks.baseline is not None else None
-        report.line(f"found: {escape(found.describe(baseline))}")
+        yardstick = picks.yardstick.result.samples_per_s if picks.yardstick is not None else None
+        report.line(f"found: {escape(found.describe(yardstick, picks.yardstick_name))}")
     if picks.baseline is not None and picks.baseline.result.samples_per_s is None:
-        report.line("[yellow]the HF defaults did not run here, so there is no speedup figure[/]")
+        if picks.yardstick is not None:
+            report.line(
+                f"the HF defaults do not fit here: every speedup is against the reference, "
+                f"trial {picks.yardstick.number}"
+            )
+        else:
+            report.line(
+                "[yellow]the HF defaults did not run here, so there is no speedup figure[/]"
+            )
+
+
+def reference_recipe(picks: Picks) -> str:
+    """What the reference changes of the HF defaults: `the HF defaults with gc=on bs=1 ga=8
+    base=bf16`."""
+    return f"the HF defaults with {describe_params(picks.reference_changes())}"
 
 
 def _print_nothing_to_recommend(report: Reporter, snapshot: StudySnapshot) -> None:

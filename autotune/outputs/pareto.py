@@ -133,6 +133,8 @@ class Picks:
     """The HF-defaults trial, when it ran."""
     noise_cv: float
     """A trial whose step-time CV is above this is flagged noisy."""
+    reference: TrialRecord | None = None
+    """The reference, queued where the HF defaults do not fit (`SearchPlan.reference`)."""
     min_gain: float = 1.10
     confirmed: Confirmed | None = None
     """The picks measured again after the search; None when not (`confirm_rounds=0`)."""
@@ -146,26 +148,43 @@ class Picks:
             return self.confirmed.median(record.number)
         return record.result.samples_per_s
 
+    @property
+    def yardstick(self) -> TrialRecord | None:
+        """What speedups are told against: the baseline where it measured, else the reference
+        where it did; None: neither has a figure."""
+        for record in (self.baseline, self.reference):
+            if record is not None and record.status is Status.OK:
+                return record
+        return None
+
+    @property
+    def yardstick_name(self) -> str:
+        """`the baseline` or `the reference`, as speedups name what they are against."""
+        yardstick = self.yardstick
+        return "the reference" if yardstick is not None and yardstick.reference else "the baseline"
+
     def speedup(self, record: TrialRecord) -> float | None:
-        """samples/s relative to the baseline, confirmed (the median of the round-by-round
-        ratios) when both were confirmed; None when the baseline has no figure."""
-        if self.baseline is None or self.baseline.status is not Status.OK:
+        """samples/s relative to the yardstick (the baseline, else the reference), confirmed
+        (the median of the round-by-round ratios) when both were confirmed; None when neither
+        has a figure."""
+        if (yardstick := self.yardstick) is None:
             return None
-        if (confirmed := self._confirmed_ratio(record, self.baseline)) is not None:
+        if (confirmed := self._confirmed_ratio(record, yardstick)) is not None:
             return confirmed[0]
         return self.measured_speedup(record)
 
     def measured_speedup(self, record: TrialRecord) -> float | None:
-        """The trial's own samples/s over the baseline trial's (not confirmed); None where
-        either has no figure."""
-        if self.baseline is None or self.baseline.status is not Status.OK:
+        """The trial's own samples/s over the yardstick's (not confirmed); None where either
+        has no figure."""
+        if (yardstick := self.yardstick) is None:
             return None
-        mine, theirs = record.result.samples_per_s, self.baseline.result.samples_per_s
+        mine, theirs = record.result.samples_per_s, yardstick.result.samples_per_s
         return mine / theirs if mine and theirs else None
 
     def speedup_interval(self, record: TrialRecord) -> tuple[float, float] | None:
-        """The lowest and highest round's ratio to the baseline; None unconfirmed."""
-        if self.baseline is None or (found := self._confirmed_ratio(record, self.baseline)) is None:
+        """The lowest and highest round's ratio to the yardstick; None unconfirmed."""
+        yardstick = self.yardstick
+        if yardstick is None or (found := self._confirmed_ratio(record, yardstick)) is None:
             return None
         return found[1], found[2]
 
@@ -175,7 +194,7 @@ class Picks:
             return []
         others = {
             r.number: r
-            for r in (self.fastest, self.same_training, self.saver, self.baseline)
+            for r in (self.fastest, self.same_training, self.saver, self.baseline, self.reference)
             if r is not None
         }
         return [
@@ -191,6 +210,22 @@ class Picks:
             return (1.0, 1.0, 1.0) if self.is_confirmed(record) else None
         return self.confirmed.ratio(record.number, other.number)
 
+    def reference_changes(self) -> dict[str, Any]:
+        """What the reference's settings change of the baseline's (the low-memory recipe)."""
+        if self.reference is None:
+            return {}
+        before = self.baseline.params if self.baseline is not None else {}
+        return {k: v for k, v in self.reference.params.items() if before.get(k) != v}
+
+    def describe_reference(self) -> str:
+        """The reference's figure, or why it has none; "" where none was queued."""
+        if self.reference is None:
+            return ""
+        if self.reference.result.samples_per_s is None:
+            status = self.reference.status.value
+            return f"trial {self.reference.number}: {status}: {self.reference.result.reason}"
+        return self.describe(self.reference, speedup=False)
+
     def describe_baseline(self) -> str:
         if self.baseline is None:
             return "not run"
@@ -204,7 +239,8 @@ class Picks:
         interval (`median of 3 rounds 498.10-520.30, 1.42x [1.38-1.45] the baseline`) or with
         a caveat when this trial or the baseline measured noisily."""
         notes = []
-        speedup = speedup and not (self.baseline and record.number == self.baseline.number)
+        yardstick, versus = self.yardstick, self.yardstick_name
+        speedup = speedup and not (yardstick and record.number == yardstick.number)
         if self.confirmed is not None and self.is_confirmed(record):
             low, high = self.confirmed.interval(record.number) or (0.0, 0.0)
             notes.append(
@@ -212,11 +248,11 @@ class Picks:
             )
             interval = self.speedup_interval(record)
             if speedup and (times := self.speedup(record)) is not None and interval is not None:
-                notes.append(f"{times:.2f}x [{interval[0]:.2f}-{interval[1]:.2f}] the baseline")
+                notes.append(f"{times:.2f}x [{interval[0]:.2f}-{interval[1]:.2f}] {versus}")
             notes += [f"tied with trial {r.number}" for r in self.ties(record)]
         else:
             if speedup and (times := self.speedup(record)) is not None:
-                notes.append(f"{times:.2f}x the baseline")
+                notes.append(f"{times:.2f}x {versus}")
             notes += [caveat] if (caveat := self.noise_caveat(record)) else []
         times_text = f" ({'; '.join(notes)})" if notes else ""
         memory = record.result.peak_memory_gib
@@ -229,8 +265,8 @@ class Picks:
         """`noisy: step CV 35% on this trial, 22% on the baseline (above 10%): ...`; "" when
         neither figure behind the speedup is noisy."""
         measured = [(record, "it")]
-        if self.baseline is not None and self.baseline.number != record.number:
-            measured.append((self.baseline, "the baseline"))
+        if (yardstick := self.yardstick) is not None and yardstick.number != record.number:
+            measured.append((yardstick, self.yardstick_name))
         noisy = [
             f"{r.result.step_time_cv:.0%} on {which}"
             for r, which in measured
@@ -267,6 +303,7 @@ def pick(
     changes_training: Callable[[TrialRecord], bool],
     min_gain: float = 1.10,
     confirmed: Confirmed | None = None,
+    reference: TrialRecord | None = None,
 ) -> Picks:
     """The picks among the successful trials under the budget (`feasible`) that also stay
     under `limit_gib` (the budget less headroom). With a confirmation that covers the trials
@@ -288,7 +325,9 @@ def pick(
     # By its own figures: the confirmation measures it too.
     saver = _saver(fitting, recommended, measured)
     if confirmed is not None:
-        picked = [r for r in (fastest, same, saver, baseline) if r and r.status is Status.OK]
+        picked = [
+            r for r in (fastest, same, saver, baseline, reference) if r and r.status is Status.OK
+        ]
         if all(confirmed.covers(r) for r in picked):
             speed = functools.partial(_confirmed_speed, confirmed)
             covered = [r for r in fitting if confirmed.covers(r)]
@@ -305,6 +344,7 @@ def pick(
         same_training=same,
         saver=saver,
         baseline=baseline,
+        reference=reference,
         noise_cv=noise_cv,
         min_gain=min_gain,
         confirmed=confirmed,

@@ -168,9 +168,9 @@ class Anytime:
     near_s: float
     share: float
 
-    def describe(self, baseline: float | None) -> str:
+    def describe(self, baseline: float | None, versus: str = "the baseline") -> str:
         speed = self.best.result.samples_per_s
-        times = f" ({speed / baseline:.2f}x the baseline)" if baseline else ""
+        times = f" ({speed / baseline:.2f}x {versus})" if baseline else ""
         return (
             f"best {speed:.2f} samples/s{times} by trial {self.best.number}, "
             f"{_minutes(self.best_s)} of trials into the search; {self.share:.0%} of it by "
@@ -234,6 +234,7 @@ def read_snapshot(study: optuna.Study) -> StudySnapshot:
     feasible = [r for r in same if r.result.feasible(info.memory_budget_gib)]
     front = sorted(non_dominated(feasible), key=lambda r: r.result.samples_per_s, reverse=True)
     baseline = next((r for r in same if r.baseline), None)
+    reference = next((r for r in same if r.reference), None)
     confirmed = None
     if (stored := study.user_attrs.get(CONFIRMATION_ATTR)) is not None:
         confirmed = Confirmed.from_json(stored)
@@ -260,6 +261,7 @@ def read_snapshot(study: optuna.Study) -> StudySnapshot:
             changes_training=changes_training_of(baseline),
             min_gain=info.math_change_min_gain,
             confirmed=confirmed,
+            reference=reference,
         ),
         search_s=search_s,
         ended=RunEnd.of(study),

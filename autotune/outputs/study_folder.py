@@ -176,6 +176,9 @@ def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
         "search_confidence": _confidence(snapshot),
         **_settings_and_metrics(fastest, snapshot),
         "baseline": _baseline(picks.baseline, snapshot),
+        # Where the HF defaults do not fit: the trial every speedup is against instead.
+        "reference": _baseline(picks.reference, snapshot),
+        "speedups_against": picks.yardstick_name.removeprefix("the "),
         "why": picks.why,
         "same_training": _pick(picks.same_training, snapshot),
         "fastest": _pick(picks.fastest, snapshot),

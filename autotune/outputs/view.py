@@ -278,7 +278,16 @@ def expectations(plan: SearchPlan) -> list[str]:
                 "seq_len"
             )
     limit, estimate_gib = plan.estimate_limit_gib, plan.estimate_gib(baseline)
-    if limit is not None and estimate_gib is not None and estimate_gib > limit:
+    reference = plan.reference()
+    if reference is not None and estimate_gib is not None:
+        budget = format_bytes(plan.info.memory_budget_bytes)
+        lines.append(
+            f"the HF defaults do not fit: the baseline is estimated at {estimate_gib:.2f} GiB, "
+            f"over the {budget} budget; a reference runs after it, the guides' low-memory "
+            f"recipe on the defaults ({escape(reference.recipe)}), and speedups are told "
+            "against it"
+        )
+    elif limit is not None and estimate_gib is not None and estimate_gib > limit:
         lines.append(
             f"[yellow]warning:[/] the baseline (HF defaults) is estimated at "
             f"{estimate_gib:.2f} GiB, over the {limit:.2f} GiB {plan.estimate_limit_source}: it "

@@ -23,7 +23,7 @@ from autotune.common.trial_settings import baseline_params, effective_batch
 from autotune.common.units import GIB, format_bytes
 from autotune.common.user_data import DataSpec
 from autotune.plan import conditions
-from autotune.plan.capabilities import trial_cores
+from autotune.plan.capabilities import ADAPTER_KNOBS, trial_cores
 from autotune.plan.config import RunConfig
 from autotune.plan.estimate import CUDA_CONTEXT_BYTES, Estimate, UnknownShape, estimate
 from autotune.plan.inputs import data_spec, input_problems, trainer_info
@@ -31,8 +31,21 @@ from autotune.plan.run_info import RunInfo
 from autotune.plan.run_space import fitted_space, sampling_rules
 from autotune.plan.setting_types import STUDY_NAME_MAX_CHARS
 from autotune.plan.slots import Slot, assign
-from autotune.plan.space import SamplingRules, SearchSpace
+from autotune.plan.space import SamplingRules, SearchSpace, SpaceKnob
 from autotune.plan.space_file import SoftwareFacts
+
+NONE = SpaceKnob(name="none", choices=())
+"""A knob the space does not search: none of its values is there."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reference:
+    """What speedups are told against where the HF defaults do not fit: their settings with the
+    guides' low-memory recipe (`SearchPlan.reference`)."""
+
+    params: dict[str, Any]
+    recipe: str
+    """What it changes of the HF defaults, in words."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,6 +122,45 @@ class SearchPlan:
         ]
         known = [floor for floor in floors if floor is not None]
         return min(known) if known else None
+
+    def reference(self, baseline_fits: bool | None = None) -> Reference | None:
+        """Where the HF defaults do not fit the budget (`baseline_fits`: as their trial
+        measured; None: by their estimate), the guides' low-memory recipe on them, one saver
+        at a time until the estimate fits: checkpointing with batch 1 and the effective batch
+        by accumulation (the same training), then with an adapter a bf16 base, then a 4-bit
+        one, where the space holds them. None where the defaults fit, or nothing is estimated,
+        or the whole recipe is estimated over the budget too."""
+        budget = self.info.memory_budget_gib
+        if baseline_fits is None:
+            found = self.estimate_gib(self.baseline)
+            if found is None or found <= budget:
+                return None
+        elif baseline_fits:
+            return None
+        samples = effective_batch(self.baseline)
+        steps = [
+            (
+                {"gradient_checkpointing": True, "batch_size": 1, "grad_accum": samples},
+                f"checkpointing, batch 1 x {samples} accumulation",
+            ),
+            ({"torch_dtype": "bf16"}, "a bf16 base"),
+            ({"quantization": "nf4"}, "a 4-bit (NF4) base"),
+        ]
+        searched = self.space.knobs
+        steps = [
+            (change, words)
+            for change, words in steps
+            if all(k not in ADAPTER_KNOBS or v in searched.get(k, NONE).choices
+                   for k, v in change.items())
+        ]  # fmt: skip
+        params, recipe = dict(self.baseline), []
+        for change, words in steps:
+            params |= change
+            recipe.append(words)
+            found = self.estimate_gib(params)
+            if found is not None and found <= budget:
+                return Reference(params=params, recipe=", ".join(recipe))
+        return None
 
     def _estimate(self, params: dict[str, Any]) -> Estimate | None:
         parameters = catalogue_parameter_counts().get(self.model.name)

@@ -26,6 +26,9 @@ RESULT_ATTR = "result"
 """Trial: the `TrialResult`; a finished trial without one was interrupted or a repeat."""
 BASELINE_ATTR = "baseline"
 """Trial: true for the HF-defaults trial."""
+REFERENCE_ATTR = "reference"
+"""Trial: true for the reference, queued where the HF defaults do not fit (the guides'
+low-memory recipe on them: `SearchPlan.reference`); speedups are told against it then."""
 RETRY_OF_ATTR = "retry_of"
 """Trial: the interrupted trial whose settings it runs again."""
 SECOND_LOOK_ATTR = "second_look_of"
@@ -67,6 +70,8 @@ class TrialRecord:
     result: TrialResult
     baseline: bool = False
     """The HF-defaults trial every speedup is measured against."""
+    reference: bool = False
+    """The reference that fits, where the HF defaults do not (`REFERENCE_ATTR`)."""
     versions: dict[str, str] | None = None
     """What it was measured under (torch, transformers, autotune); None: not stored."""
 
@@ -135,6 +140,7 @@ def record_of(trial: FrozenTrial) -> TrialRecord:
         params=dict(trial.user_attrs[PARAMS_ATTR]),
         result=TrialResult.from_dict(trial.user_attrs[RESULT_ATTR]),
         baseline=bool(trial.user_attrs.get(BASELINE_ATTR)),
+        reference=bool(trial.user_attrs.get(REFERENCE_ATTR)),
         versions=trial.user_attrs.get(VERSIONS_ATTR),
     )
 
@@ -240,6 +246,7 @@ def interrupted_record(trial: FrozenTrial, retry: int | None) -> TrialRecord:
         params=dict(trial.user_attrs.get(PARAMS_ATTR, {})),
         result=TrialResult(status=Status.INTERRUPTED, reason=reason),
         baseline=bool(trial.user_attrs.get(BASELINE_ATTR)),
+        reference=bool(trial.user_attrs.get(REFERENCE_ATTR)),
     )
 
 

@@ -24,7 +24,7 @@ from autotune.common.layout import trial_dir
 from autotune.common.trial import Progress, Status, TrialResult
 from autotune.execute.base import TrialExecutor
 from autotune.execute.local import LocalExecutor, set_aside_result
-from autotune.plan.plan import SearchPlan
+from autotune.plan.plan import Reference, SearchPlan
 from autotune.store import storage_file
 from autotune.store.outcomes import Ending, Stop
 from autotune.store.records import (
@@ -32,6 +32,7 @@ from autotune.store.records import (
     NOT_RUN_ATTR,
     OWNER_ATTR,
     PARAMS_ATTR,
+    REFERENCE_ATTR,
     SECOND_LOOK_ATTR,
     VERSIONS_ATTR,
     TrialRecord,
@@ -45,6 +46,7 @@ from autotune.study import checks
 from autotune.study.launch import launch, stop_threshold
 from autotune.study.not_run import NotRun, not_to_run
 from autotune.study.observer import SearchObserver
+from autotune.study.opening import enqueue_reference
 from autotune.study.recovery import (
     heartbeat,
     note_interruption,
@@ -220,6 +222,11 @@ class _Loop:
                     self.observer.trial_ended(record_of(trial))
         return trials
 
+    def reference(self) -> Reference | None:
+        """The reference's settings: by the estimate, else (the baseline measured over the
+        budget) as queued after it."""
+        return self.plan.reference() or self.plan.reference(baseline_fits=False)
+
     def stop_reason(self) -> Stop | None:
         n_trials = self.plan.config.n_trials
         if self.done >= n_trials:
@@ -254,6 +261,11 @@ class _Loop:
             for name, (distribution, _) in self.baseline.items():
                 suggest(trial, name, distribution)  # the queued values: Optuna sees them
             params = dict(self.plan.baseline)
+        elif trial.user_attrs.get(REFERENCE_ATTR) and (reference := self.reference()):
+            optuna_params = self.plan.space.optuna_params(reference.params, self.plan.rules)
+            for name, (distribution, _) in optuna_params.items():
+                suggest(trial, name, distribution)
+            params = dict(reference.params)
         else:
             params = self.plan.space.sample(trial, self.plan.rules)
         # Published before looking at the others, so that of two processes proposing the same
@@ -374,8 +386,8 @@ class _Loop:
         self.observer.trial_started(trial.number, params)
         try:
             progress = _watching(self.observer, trial.number, self.watch)
-            baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
-            runs_to_end = baseline or SECOND_LOOK_ATTR in trial.user_attrs
+            queued = trial.user_attrs.get(BASELINE_ATTR) or trial.user_attrs.get(REFERENCE_ATTR)
+            runs_to_end = queued or SECOND_LOOK_ATTR in trial.user_attrs
             stop_below = None if runs_to_end else stop_threshold(self.plan, records)
             return launch(
                 self.plan,
@@ -396,14 +408,24 @@ class _Loop:
 
     def tell(self, trial: optuna.Trial, params: dict[str, Any], result: TrialResult) -> None:
         baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
+        in_space = self.baseline_in_space or not baseline
+        if trial.user_attrs.get(REFERENCE_ATTR):
+            in_space = self.plan.space.holds(params, self.plan.rules)
         tell_result(
             self.study,
             trial,
             result,
             self.plan.info.memory_budget_gib,
             noise_cv=self.plan.info.noise_cv,
-            in_space=self.baseline_in_space or not baseline,
+            in_space=in_space,
         )
+        budget = self.plan.info.memory_budget_gib
+        if baseline and not result.feasible(budget) and result.status is not Status.STOPPED:
+            # The defaults did not fit after all (the estimate said they would): speedups are
+            # told against the reference, queued now.
+            if (reference := self.plan.reference(baseline_fits=False)) is not None:
+                values = self.plan.space.optuna_params(reference.params, self.plan.rules)
+                enqueue_reference(self.study, self.study.get_trials(deepcopy=False), values)
         record = TrialRecord(
             number=trial.number,
             params=params,

@@ -13,6 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.store.records import (
     BASELINE_ATTR,
     PARAMS_ATTR,
+    REFERENCE_ATTR,
     RETRY_OF_ATTR,
     SECOND_LOOK_ATTR,
     counts_toward_n_trials,
@@ -83,4 +84,6 @@ def _queued_as(trial: FrozenTrial | optuna.Trial) -> str | None:
     looked_at = trial.user_attrs.get(SECOND_LOOK_ATTR)
     if looked_at is not None:
         return f"a second look at trial {looked_at}"
+    if trial.user_attrs.get(REFERENCE_ATTR):
+        return "the reference"
     return "the baseline" if trial.user_attrs.get(BASELINE_ATTR) else None

@@ -30,6 +30,7 @@ from autotune.store.records import (
     BASELINE_ATTR,
     DIRECTIONS,
     OBJECTIVES,
+    REFERENCE_ATTR,
     RUN_ATTR,
     SETTINGS_ATTR,
     is_recorded,
@@ -124,6 +125,8 @@ def open_study(
         study.set_user_attr(SETTINGS_ATTR, study_settings(plan))
         # Queued before any worker starts, so that none of them queues it too.
         enqueue_baseline(study, trials, plan.space.optuna_params(plan.baseline, plan.rules))
+        if (reference := plan.reference()) is not None:  # the defaults will not fit
+            enqueue_reference(study, trials, plan.space.optuna_params(reference.params, plan.rules))
     return study, plan
 
 
@@ -198,6 +201,18 @@ def join_config(worker: WorkerConfig) -> RunConfig:
     trainer = factory_to_run(stored_trainer, worker.trainer, Path.cwd(), name)
     own = worker.model_dump(exclude={"study", "storage", "trainer"})
     return make_config({**settings, **own, "study": name, "storage": url, "trainer": trainer})
+
+
+def enqueue_reference(
+    study: optuna.Study,
+    trials: list[FrozenTrial],
+    reference: dict[str, tuple[optuna.distributions.BaseDistribution, Any]],
+) -> None:
+    """Queue the reference (`SearchPlan.reference`) once, after the baseline: where the HF
+    defaults do not fit, speedups are told against it."""
+    if not any(t.user_attrs.get(REFERENCE_ATTR) for t in trials):
+        values = {name: value for name, (_, value) in reference.items()}
+        study.enqueue_trial(values, user_attrs={REFERENCE_ATTR: True})
 
 
 def enqueue_baseline(

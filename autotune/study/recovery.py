@@ -25,6 +25,7 @@ from autotune.store.records import (
     BASELINE_ATTR,
     INTERRUPTED_BY_ATTR,
     OWNER_ATTR,
+    REFERENCE_ATTR,
     RETRY_OF_ATTR,
     SECOND_LOOK_ATTR,
     is_interrupted,
@@ -159,6 +160,8 @@ def recover(
             if trial.user_attrs.get(BASELINE_ATTR):
                 params = {name: value for name, (_, value) in baseline.items()}
                 attrs[BASELINE_ATTR] = True
+            if trial.user_attrs.get(REFERENCE_ATTR):  # its settings are the plan's
+                attrs[REFERENCE_ATTR] = True
             if SECOND_LOOK_ATTR in trial.user_attrs:  # runs to its end again
                 attrs[SECOND_LOOK_ATTR] = trial.user_attrs[SECOND_LOOK_ATTR]
             study.enqueue_trial(params, user_attrs=attrs)

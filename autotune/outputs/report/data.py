@@ -202,9 +202,15 @@ def _summary(snapshot: StudySnapshot) -> dict[str, str]:
     summary["baseline (HF defaults)"] = picks.describe_baseline()
     if picks.baseline is not None and (caveat := picks.noise_caveat(picks.baseline)):
         summary["baseline (HF defaults)"] += f"; {caveat}"
+    if picks.reference is not None:
+        changed = describe_params(picks.reference_changes())
+        summary["reference (the HF defaults do not fit)"] = (
+            f"{picks.describe_reference()}: the HF defaults with {changed}; every speedup is "
+            "against it"
+        )
     if (found := snapshot.anytime()) is not None:
-        baseline = picks.baseline.result.samples_per_s if picks.baseline is not None else None
-        summary["found"] = found.describe(baseline)
+        yardstick = picks.yardstick.result.samples_per_s if picks.yardstick is not None else None
+        summary["found"] = found.describe(yardstick, picks.yardstick_name)
     return summary | _picks_summary(snapshot)
 
 

@@ -56,10 +56,24 @@ def test_a_baseline_that_cannot_finish_or_fit_is_said_before_it_runs(tmp_path):
         "trial_timeout=10.0 min: it and every larger trial will time out; raise trial_timeout, "
         "or lower measure_steps or seq_len"
     )
-    assert big.startswith(
-        "[yellow]warning:[/] the baseline (HF defaults) is estimated at 17.35 GiB, over the "
-        "10.00 GiB memory_budget and estimate_margin allow"
+    # A reference that fits is run after it: the guides' low-memory recipe on the defaults.
+    assert big == (
+        "the HF defaults do not fit: the baseline is estimated at 17.35 GiB, over the 8.00 GiB "
+        "budget; a reference runs after it, the guides' low-memory recipe on the defaults "
+        "(checkpointing, batch 1 x 8 accumulation), and speedups are told against it"
     )
+    assert plan.reference().params == plan.baseline | {
+        "gradient_checkpointing": True,
+        "batch_size": 1,
+        "grad_accum": 8,
+    }
+
+
+def test_a_baseline_that_cannot_fit_even_by_the_low_memory_recipe_is_warned_of(tmp_path):
+    plan = plan_for(cpu(0.1), "memory_budget=1GiB", tmp_path=tmp_path)
+    assert plan.reference() is None
+    big = expectations(plan)[-1]
+    assert big.startswith("[yellow]warning:[/] the baseline (HF defaults) is estimated at ")
     assert big.endswith("lower seq_len, or search where it fits")
 
 
