@@ -19,7 +19,7 @@ from autotune.common.knob_values import (
     optimizer_family,
     sixteen_bit,
 )
-from autotune.common.knobs import KNOBS, active, value_of
+from autotune.common.knobs import KNOBS, active, left_out, value_of
 
 
 def conflict(params: dict[str, Any]) -> str | None:
@@ -114,12 +114,13 @@ def math_changes(
             MathChange(setting="effective_batch_size", baseline=before, value=after, why=why)
         )
     for name, knob in KNOBS.items():
-        if name in params and name in baseline and params[name] != baseline[name]:
-            why = knob.math(baseline[name], params[name])
-            if why is not None:
-                changes.append(
-                    MathChange(setting=name, baseline=baseline[name], value=params[name], why=why)
-                )
+        # A knob one of them leaves out trains as it would unset (a base not quantized).
+        before, after = baseline.get(name, left_out(name)), params.get(name, left_out(name))
+        if before is None or after is None or before == after:
+            continue
+        why = knob.math(before, after)
+        if why is not None:
+            changes.append(MathChange(setting=name, baseline=before, value=after, why=why))
     return changes
 
 

@@ -139,7 +139,7 @@ class RunConfig(_ModelSettings):
     space: str = Field(
         "auto",
         description="search space: a shipped name (see search_spaces/) or a YAML path; "
-        "auto = default on cuda, cpu on cpu",
+        "auto = default on cuda (lora with peft=lora), cpu on cpu",
         json_schema_extra={"metavar": "NAME|PATH"},
     )
     effective_batch_size: int | None = Field(

@@ -41,9 +41,11 @@ def fitted_space(
     problems: list[str],
     model_type_and_task: tuple[str, str] | None = None,
 ) -> SearchSpace | None:
-    """The space `space=` names, fitted to the device, the model, the data source and the cores
-    each trial has; None, with the problem added to `problems`, when it cannot be."""
-    auto_space = "default" if device == "cuda" else "cpu"
+    """The space `space=` names (auto: `default` on cuda, `lora` there with an adapter, `cpu`
+    on cpu), fitted to the device, the model, the data source and the cores each trial has;
+    None, with the problem added to `problems`, when it cannot be."""
+    # On a GPU an adapter's job has a space of its own (micro batches from 1, the base's knobs).
+    auto_space = ("lora" if config.peft != "none" else "default") if device == "cuda" else "cpu"
     space_name = auto_space if config.space == "auto" else config.space
     try:
         space = load_space(space_name, facts)

@@ -46,7 +46,7 @@ from autotune.study import checks
 from autotune.study.launch import launch, stop_threshold
 from autotune.study.not_run import NotRun, not_to_run
 from autotune.study.observer import SearchObserver
-from autotune.study.opening import enqueue_reference
+from autotune.study.opening import enqueue_reference, reference_params
 from autotune.study.recovery import (
     heartbeat,
     note_interruption,
@@ -262,8 +262,7 @@ class _Loop:
                 suggest(trial, name, distribution)  # the queued values: Optuna sees them
             params = dict(self.plan.baseline)
         elif trial.user_attrs.get(REFERENCE_ATTR) and (reference := self.reference()):
-            optuna_params = self.plan.space.optuna_params(reference.params, self.plan.rules)
-            for name, (distribution, _) in optuna_params.items():
+            for name, (distribution, _) in reference_params(self.plan, reference).items():
                 suggest(trial, name, distribution)
             params = dict(reference.params)
         else:
@@ -424,7 +423,7 @@ class _Loop:
             # The defaults did not fit after all (the estimate said they would): speedups are
             # told against the reference, queued now.
             if (reference := self.plan.reference(baseline_fits=False)) is not None:
-                values = self.plan.space.optuna_params(reference.params, self.plan.rules)
+                values = reference_params(self.plan, reference)
                 enqueue_reference(self.study, self.study.get_trials(deepcopy=False), values)
         record = TrialRecord(
             number=trial.number,

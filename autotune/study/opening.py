@@ -24,7 +24,7 @@ from autotune.common.urls import safe_url
 from autotune.plan.config import PER_PROCESS_SETTINGS, RunConfig, WorkerConfig
 from autotune.plan.factory_trust import factory_to_run
 from autotune.plan.overrides import make_config
-from autotune.plan.plan import SearchPlan
+from autotune.plan.plan import Reference, SearchPlan
 from autotune.plan.settle import settle
 from autotune.store.records import (
     BASELINE_ATTR,
@@ -126,7 +126,7 @@ def open_study(
         # Queued before any worker starts, so that none of them queues it too.
         enqueue_baseline(study, trials, plan.space.optuna_params(plan.baseline, plan.rules))
         if (reference := plan.reference()) is not None:  # the defaults will not fit
-            enqueue_reference(study, trials, plan.space.optuna_params(reference.params, plan.rules))
+            enqueue_reference(study, trials, reference_params(plan, reference))
     return study, plan
 
 
@@ -201,6 +201,23 @@ def join_config(worker: WorkerConfig) -> RunConfig:
     trainer = factory_to_run(stored_trainer, worker.trainer, Path.cwd(), name)
     own = worker.model_dump(exclude={"study", "storage", "trainer"})
     return make_config({**settings, **own, "study": name, "storage": url, "trainer": trainer})
+
+
+def reference_params(
+    plan: SearchPlan, reference: Reference
+) -> dict[str, tuple[optuna.distributions.BaseDistribution, Any]]:
+    """The reference as Optuna parameters (`SearchSpace.optuna_params`), less those the
+    baseline holds with another distribution: a knob the space fixes (a single batch size
+    left by the budget) has a one-value distribution at the baseline's value, and a study
+    holds one distribution per name."""
+    baseline = plan.space.optuna_params(plan.baseline, plan.rules)
+    return {
+        name: (distribution, value)
+        for name, (distribution, value) in plan.space.optuna_params(
+            reference.params, plan.rules
+        ).items()
+        if name not in baseline or baseline[name][0] == distribution
+    }
 
 
 def enqueue_reference(
