@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotune.common import adapter
+from autotune.common.adapter import BASE_DTYPES
 from autotune.common.device import (
     GPU_MEMORY_MIB,
     gpu_memory_bytes,
@@ -65,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     parameters = catalogue_parameter_counts().get(model.name)
     devices = config.devices_per_trial
     fixed, free = _fixed_and_free(knobs, facts, devices)
+    if config.peft != "none" and "torch_dtype" not in knobs:  # an adapter's first memory lever
+        free |= {"torch_dtype": BASE_DTYPES}
     at = _estimator(config, model, task, device, parameters)
     console.print(_heading(config, model, task, device, device_name, budget))
     shown = {k: v for k, v in fixed.items() if k != "batch_size"}

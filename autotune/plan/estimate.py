@@ -334,7 +334,11 @@ def _activations(
     upcast = device == "cpu" and attention == "sdpa" and mixed
     layer = _layer_activations(shape, batch, seq_len, mixed=mixed, eager=eager, upcast=upcast)
     if shape.adapter_dropout:  # LoRA's dropped-out copy of each adapted layer's input, its mask
-        layer += batch * seq_len * shape.adapter_inputs * ((2 if mixed else 4) + MASK_BYTES)
+        e = 2 if mixed else 4
+        # CUDA's fused dropout keeps a bool mask; on CPU dropout is a multiply by a mask of the
+        # input's dtype, which autograd keeps (MulBackward0's `other`, torch 2.13).
+        mask = MASK_BYTES if device == "cuda" else e
+        layer += batch * seq_len * shape.adapter_inputs * (e + mask)
     stored = _stored_activations(shape, layer, params, batch, seq_len)
     head = _head_activations(shape, task, batch, seq_len, mixed=mixed)
     activations, logits = stored, head["kept"]
