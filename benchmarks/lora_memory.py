@@ -97,7 +97,8 @@ def main() -> None:
         "all-linear, dropout 0.05. Measured: the trial process's peak resident memory over its "
         "start (GiB); estimated: `plan.estimate` with its CPU runtime term (0.125 GiB).\n\n"
         "| model | setting | status | measured GiB | estimated GiB | error | weights | "
-        "gradients + optimizer | activations | logits |\n|---|---|---|---|---|---|---|---|---|---|\n"
+        "gradients + optimizer | activations | logits |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
     )
     out.write_text(head + "\n".join(rows) + "\n")
     print(f"wrote {out}")
