@@ -7,9 +7,10 @@ Importing `transformers.trainer` did, on an H100 (torch 2.11, transformers 5.17,
 0.18): the Trainer imports the model code, whose quantizers import torchao, and
 `torchao.prototype.mx_formats.kernels` asks `torch.cuda.get_device_capability()` at import
 (`torchao.utils.is_sm_at_least_100`); that call initialises CUDA. bitsandbytes asks the same
-at import (`bitsandbytes.cuda_specs`), but only a trial that trains with its optimizers
-imports it, after the fork. `tests/integration/test_parent_process.py` finds such calls on a
-CPU by pretending a GPU is there.
+at import (`bitsandbytes.cuda_specs`), and the server imports it too: with peft installed
+(`peft=lora`), `transformers.trainer` imports peft, which imports bitsandbytes.
+`tests/integration/test_parent_process.py` finds such calls on a CPU by pretending a GPU is
+there.
 
 `install` answers that one question from NVML while CUDA is uninitialised (the same answer,
 without a context), and records the first call that does initialise CUDA, so that

@@ -21,7 +21,7 @@ import psutil
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.common.layout import trial_dir
-from autotune.common.trial import Progress, Status, TrialResult
+from autotune.common.trial import MEMORY_STATUSES, Progress, Status, TrialResult
 from autotune.execute.base import TrialExecutor
 from autotune.execute.local import LocalExecutor, set_aside_result
 from autotune.plan.plan import Reference, SearchPlan
@@ -419,9 +419,11 @@ class _Loop:
             in_space=in_space,
         )
         budget = self.plan.info.memory_budget_gib
-        if baseline and not result.feasible(budget) and result.status is not Status.STOPPED:
+        over = result.status is Status.OK and not result.feasible(budget)
+        if baseline and (result.status in MEMORY_STATUSES or over):
             # The defaults did not fit after all (the estimate said they would): speedups are
-            # told against the reference, queued now.
+            # told against the reference, queued now. (Not after a timeout or a crash: those
+            # say nothing of memory.)
             if (reference := self.plan.reference(baseline_fits=False)) is not None:
                 values = reference_params(self.plan, reference)
                 enqueue_reference(self.study, self.study.get_trials(deepcopy=False), values)

@@ -56,6 +56,9 @@ torch.cuda.is_available = lambda: True
 torch.cuda.device_count = lambda: 1
 torch.version.cuda = "13.0"
 torch._C._cuda_getDevice = lambda: 0
+# bitsandbytes' CUDA ops keep a reference to it at import (transformers.trainer imports peft,
+# and peft bitsandbytes): a name only, which a CPU build lacks.
+torch._C._cuda_getCurrentRawStream = lambda device: 0
 torch.cuda._get_device_properties = lambda index: types.SimpleNamespace(
     major=9, minor=0, name="NVIDIA H100 80GB HBM3", total_memory=85017493504, gcnArchName="")
 # NVML answers as the H100's driver did (probe.json: compute_capability 9.0).
