@@ -219,20 +219,15 @@ class Picks:
 
     def describe_reference(self) -> str:
         """The reference's figure, or why it has none; "" where none was queued."""
-        if self.reference is None:
-            return ""
-        if self.reference.result.samples_per_s is None:
-            status = self.reference.status.value
-            return f"trial {self.reference.number}: {status}: {self.reference.result.reason}"
-        return self.describe(self.reference, speedup=False)
+        return "" if self.reference is None else self._describe_yardstick(self.reference)
 
     def describe_baseline(self) -> str:
-        if self.baseline is None:
-            return "not run"
-        if self.baseline.result.samples_per_s is None:
-            status = self.baseline.status.value
-            return f"trial {self.baseline.number}: {status}: {self.baseline.result.reason}"
-        return self.describe(self.baseline, speedup=False)
+        return "not run" if self.baseline is None else self._describe_yardstick(self.baseline)
+
+    def _describe_yardstick(self, record: TrialRecord) -> str:
+        if record.result.samples_per_s is None:
+            return f"trial {record.number}: {record.status.value}: {record.result.reason}"
+        return self.describe(record, speedup=False)
 
     def describe(self, record: TrialRecord, speedup: bool = True) -> str:
         """`trial 7: 512.30 samples/s (1.42x the baseline) at 3.210 GiB`, confirmed with its

@@ -31,11 +31,8 @@ from autotune.plan.run_info import RunInfo
 from autotune.plan.run_space import fitted_space, sampling_rules
 from autotune.plan.setting_types import STUDY_NAME_MAX_CHARS
 from autotune.plan.slots import Slot, assign
-from autotune.plan.space import SamplingRules, SearchSpace, SpaceKnob
+from autotune.plan.space import SamplingRules, SearchSpace
 from autotune.plan.space_file import SoftwareFacts
-
-NONE = SpaceKnob(name="none", choices=())
-"""A knob the space does not search: none of its values is there."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -146,13 +143,13 @@ class SearchPlan:
             ({"torch_dtype": "bf16"}, "a bf16 base"),
             ({"quantization": "nf4"}, "a 4-bit (NF4) base"),
         ]
-        searched = self.space.knobs
+        # The base's savers only where the space searches them (an adapter's, on this device).
+        searched = {k: self.space.knobs[k].choices for k in ADAPTER_KNOBS if k in self.space.knobs}
         steps = [
             (change, words)
             for change, words in steps
-            if all(k not in ADAPTER_KNOBS or v in searched.get(k, NONE).choices
-                   for k, v in change.items())
-        ]  # fmt: skip
+            if all(k not in ADAPTER_KNOBS or v in searched.get(k, ()) for k, v in change.items())
+        ]
         params, recipe = dict(self.baseline), []
         for change, words in steps:
             params |= change

@@ -18,6 +18,7 @@ from autotune.common.trial import Status, TrialSpec
 from autotune.execute.launchers import ForkserverLauncher
 from autotune.execute.local import launch_trial
 from autotune.plan.estimate import shape_of
+from tests.integration.test_search_cpu import autotune
 
 pytestmark = pytest.mark.slow
 
@@ -36,17 +37,6 @@ def tiny_folder(root: Path, base: str, **changes) -> Path:
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(config))
     return folder
-
-
-def autotune(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "autotune", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=cwd,
-        check=False,
-    )
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHITECTURES))

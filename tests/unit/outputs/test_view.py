@@ -97,3 +97,34 @@ def test_a_classifier_does_no_matmul_with_its_vocabulary():
     assert flops_per_sample(shape, 64, "masked-lm") == pytest.approx(
         classify + 6 * 64 * 30522 * 128
     )
+
+
+def test_an_adapters_reference_adds_the_bases_savers_until_its_estimate_fits(tmp_path):
+    # Llama-3.1-8B with LoRA at seq_len 2048: checkpointing at batch 1 in fp32 does not fit
+    # 24 GiB (its fp32 base alone is 30 GiB); a bf16 base does not either; a 4-bit one does.
+    device = DeviceInfo(
+        cuda_available=False,
+        name="cpu",
+        total_memory_bytes=64 * GIB,
+        free_memory_bytes=60 * GIB,
+        cpu_name="cpu",
+        host_available_memory_bytes=60 * GIB,
+        host_total_memory_bytes=64 * GIB,
+        bf16_supported=True,
+    )
+    config = load_config(
+        [
+            "model=meta-llama/Llama-3.1-8B",
+            "peft=lora",
+            "seq_len=2048",
+            "memory_budget=20GiB",
+            f"out={tmp_path}",
+        ]
+    )
+    reference = make_plan(config, device).reference()
+    assert reference is not None
+    assert (
+        reference.recipe
+        == "checkpointing, batch 1 x 8 accumulation, a bf16 base, a 4-bit (NF4) base"
+    )
+    assert reference.params["quantization"] == "nf4" and reference.params["torch_dtype"] == "bf16"
