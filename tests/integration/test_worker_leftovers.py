@@ -141,7 +141,8 @@ class Precision(enum.Enum):
 
 def test_only_the_import_noise_is_dropped(monkeypatch, caplog):
     torchao, pytree = logging.getLogger("torchao"), logging.getLogger("torch.utils._pytree")
-    for logger in (torchao, pytree):
+    bnb = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    for logger in (torchao, pytree, bnb):
         monkeypatch.setattr(logger, "filters", [])  # this process's loggers as they were
     quiet_imports.install()
     enum_notice = "%s is an Enum subclass and is now natively supported by torch.compile"
@@ -151,6 +152,11 @@ def test_only_the_import_noise_is_dropped(monkeypatch, caplog):
         pytree.warning(enum_notice, kernel_enum)
         torchao.warning("Skipping import of cpp extensions due to incompatible torch version")
         pytree.warning(enum_notice, Precision)  # the user's own Enum: still told
+        bnb.warning(
+            "Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure "
+            "you already `pip install kernels` and the kernels >= 0.11.1",
+            ModuleNotFoundError("No module named 'kernels'"),
+        )
     assert caplog.messages == [
         "Skipping import of cpp extensions due to incompatible torch version",
         enum_notice % Precision,
