@@ -12,6 +12,7 @@ import textwrap
 from collections import Counter
 from dataclasses import dataclass
 
+from autotune.common import adapter
 from autotune.common.trial import MEMORY_STATUSES, Status
 from autotune.common.trial_settings import MathChange, describe_params
 from autotune.common.units import format_gib
@@ -192,6 +193,8 @@ def _summary(snapshot: StudySnapshot) -> dict[str, str]:
             f"(recommend below {format_gib(info.memory_limit_gib)})"
         ),
         "space": f"{info.space}; {info.batch_mode}",
+        "adapter": adapter.describe(info.adapter)
+        + (" (the base frozen: the same in every trial)" if info.adapter else ""),
         "trials": ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "none",
         "search time": "n/a" if search_s is None else f"{search_s / 60:.1f} min",
     }
