@@ -3,6 +3,8 @@ and a warning when the baseline cannot fit or cannot finish in time."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autotune.common.device import DeviceInfo
@@ -102,16 +104,7 @@ def test_a_classifier_does_no_matmul_with_its_vocabulary():
 def test_an_adapters_reference_adds_the_bases_savers_until_its_estimate_fits(tmp_path):
     # Llama-3.1-8B with LoRA at seq_len 2048: checkpointing at batch 1 in fp32 does not fit
     # 24 GiB (its fp32 base alone is 30 GiB); a bf16 base does not either; a 4-bit one does.
-    device = DeviceInfo(
-        cuda_available=False,
-        name="cpu",
-        total_memory_bytes=64 * GIB,
-        free_memory_bytes=60 * GIB,
-        cpu_name="cpu",
-        host_available_memory_bytes=60 * GIB,
-        host_total_memory_bytes=64 * GIB,
-        bf16_supported=True,
-    )
+    device = dataclasses.replace(cpu(None), bf16_supported=True)
     config = load_config(
         [
             "model=meta-llama/Llama-3.1-8B",
