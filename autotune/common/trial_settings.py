@@ -35,6 +35,12 @@ def conflict(params: dict[str, Any]) -> str | None:
         and not optimizer_family(optim).startswith("AdamW")
     ):
         return f"{strategy} updates the weights with DeepSpeed's host AdamW, not {optim}"
+    quantization = value_of(params, "quantization")
+    if quantization != "none" and (strategy in FSDP or strategy in ZERO_STAGES):
+        return (
+            f"a {quantization} base holds bitsandbytes' packed weights, which {strategy} does not "
+            "shard here: quantize a base on one device, or under DDP"
+        )
     attention, precision = params.get("attn_implementation"), value_of(params, "precision")
     if attention in FLASH_ATTENTION and not sixteen_bit(precision):
         return f"{attention} runs in fp16 or bf16, not {precision}"

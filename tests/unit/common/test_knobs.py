@@ -270,3 +270,13 @@ def test_a_knob_that_needs_one_of_some_values_says_them_in_words():
         parse_space(
             {"knobs": {"strategy": "ddp", "fsdp_prefetch": True}}, name="t", source="t.yaml"
         )
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "zero3", "zero2_offload"])
+def test_a_quantized_base_is_not_sharded(strategy):
+    # bitsandbytes' packed weights are no parameters FSDP2 or ZeRO can shard as they are.
+    assert conflict({"strategy": strategy, "quantization": "nf4"}).startswith(
+        f"a nf4 base holds bitsandbytes' packed weights, which {strategy} does not shard here"
+    )
+    assert conflict({"strategy": strategy, "quantization": "none"}) is None
+    assert conflict({"strategy": "ddp", "quantization": "int8"}) is None
