@@ -39,7 +39,7 @@ def conflict(params: dict[str, Any]) -> str | None:
     if quantization != "none" and (strategy in FSDP or strategy in ZERO_STAGES):
         return (
             f"a {quantization} base holds bitsandbytes' packed weights, which {strategy} does not "
-            "shard here: quantize a base on one device, or under DDP"
+            "shard here: quantize a base on one device"
         )
     attention, precision = params.get("attn_implementation"), value_of(params, "precision")
     if attention in FLASH_ATTENTION and not sixteen_bit(precision):
