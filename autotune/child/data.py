@@ -4,7 +4,8 @@ Synthetic by default: random token ids of one length, as the HF guide measures, 
 loading is kept out of what is measured. The user's own data (`data=`) is the folder
 `autotune.child.prepare_data` wrote, memory-mapped by each trial after it is forked, and batched
 by `PaddingCollator`: padded to the longest sample of each batch (rounded up to a multiple),
-so padding, length grouping and the loader are part of what is measured.
+so padding, length grouping and the loader are part of what is measured; or, packed, by
+transformers' `DataCollatorWithFlattening` (`CompletionFlattening` for prompt-completion rows).
 """
 
 from __future__ import annotations
@@ -54,12 +55,39 @@ class PaddingCollator:
         length = math.ceil(longest / self.multiple) * self.multiple
         input_ids = torch.full((len(samples), length), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(samples), length), dtype=torch.long)
+        counted = torch.zeros((len(samples), length), dtype=torch.bool)  # by the loss
         for row, sample in enumerate(samples):
             ids = torch.as_tensor(sample["input_ids"], dtype=torch.long)
             input_ids[row, : len(ids)] = ids
             attention_mask[row, : len(ids)] = 1
+            # A prompt-completion sample's prompt is not trained on (`completion_mask` 0).
+            mask = sample.get("completion_mask")
+            counted[row, : len(ids)] = True if mask is None else torch.as_tensor(mask) == 1
         if self.task == "sequence-classification":
             labels = torch.tensor([int(s.get("label", s.get("labels", 0))) for s in samples])
         else:
-            labels = input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
+            labels = input_ids.masked_fill(~counted, IGNORE_INDEX)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+class CompletionFlattening:
+    """transformers' `DataCollatorWithFlattening` (a batch's samples in one row, none padded)
+    on prompt-completion samples: their prompt tokens labelled to be ignored by the loss."""
+
+    def __init__(self) -> None:
+        import transformers
+
+        self.flatten = transformers.DataCollatorWithFlattening()
+
+    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        labelled = [
+            {
+                "input_ids": s["input_ids"],
+                "labels": [
+                    t if m else IGNORE_INDEX
+                    for t, m in zip(s["input_ids"], s["completion_mask"], strict=True)
+                ],
+            }
+            for s in samples
+        ]
+        return self.flatten(labelled)

@@ -83,6 +83,56 @@ def check_texts(data: str, column: str, values: Iterable[Any]) -> None:
         )
 
 
+def check_turns(data: str, column: str, values: Iterable[Any]) -> None:
+    """Every value of a chat column is a list of turns, each a role and its text, as a chat
+    template reads them."""
+    for row, turns in enumerate(values, 1):
+        problem = _turns_problem(turns)
+        if problem:
+            raise DataError(
+                f"data={data}: row {row} (counting from 1) of the {column} column {problem}; "
+                'each row must be a list of turns like {"role": "user", "content": "..."}'
+            )
+
+
+def _turns_problem(turns: Any) -> str | None:
+    if not isinstance(turns, list) or not turns:
+        return "holds no turns" if not turns else f"holds {_typed(turns)}"
+    for number, turn in enumerate(turns, 1):
+        if not isinstance(turn, dict):
+            return f"has turn {number} of {_typed(turn)}"
+        for key in ("role", "content"):
+            if not isinstance(turn.get(key), str):
+                found = "none" if turn.get(key) is None else _typed(turn[key])
+                return f"has turn {number} whose {key} is {found}, not text"
+    return None
+
+
+def check_prompt_completion(data: str, pairs: Iterable[tuple[Any, Any]]) -> None:
+    """Every prompt and its completion are both text, or both lists of chat turns."""
+    for row, (prompt, completion) in enumerate(pairs, 1):
+        if isinstance(prompt, str) and isinstance(completion, str):
+            continue
+        where = f"data={data}: row {row} (counting from 1)"
+        if isinstance(prompt, list) and isinstance(completion, list):
+            for column, turns in (("prompt", prompt), ("completion", completion)):
+                problem = _turns_problem(turns)
+                if problem:
+                    raise DataError(
+                        f"{where} of the {column} column {problem}; each turn is like "
+                        '{"role": "user", "content": "..."}'
+                    )
+            continue
+        found = [
+            "null (no value)" if v is None else "turns" if isinstance(v, list) else _typed(v)
+            for v in (prompt, completion)
+        ]
+        raise DataError(
+            f"{where} has a prompt of {found[0]} and a completion of {found[1]}; give both "
+            "as text, or both as lists of chat turns"
+        )
+
+
 def _typed(value: Any) -> str:
     """A value as a message shows it: its type and the start of its text."""
     return f"a value of type {type(value).__name__} ({value!r:.40})"

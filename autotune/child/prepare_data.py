@@ -1,8 +1,9 @@
 """The user's own data (`data=`): loaded with HF `datasets`, tokenized once, cached.
 
 A dataset is local json/jsonl/csv/parquet/text files, a `save_to_disk` folder, or a hub id
-when the hub is reachable. Its text column is tokenized with the tokenizer given (a local
-folder or a hub id), truncated at `seq_len`, and saved with `save_to_disk` under a folder named
+when the hub is reachable. Its rows (text, chat turns, or prompts and completions:
+`autotune.child.rows`) are tokenized with the tokenizer given (a local folder or a hub id),
+truncated at `seq_len`, and saved with `save_to_disk` under a folder named
 by the fingerprint of everything that decides the tokens (the data files' bytes, the
 tokenizer's files, the column, the split, `seq_len`), so a second preparation of the same
 data is a lookup, and changed data is another cache entry. Data that already holds
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from autotune.child import data_checks
+from autotune.child import data_checks, rows
 from autotune.common.errors import DataError, first_line
 from autotune.common.models import hub_offline
 from autotune.common.user_data import (
@@ -107,23 +108,38 @@ def load(spec: DataSpec) -> Any:
         loaded = loaded[spec.split]
     if len(loaded) == 0:
         raise DataError(f"data={spec.data}: the {spec.split} split has no rows")
-    if "input_ids" not in loaded.column_names and spec.text_column not in loaded.column_names:
-        raise DataError(
-            f"text_column={spec.text_column}: data={spec.data} has no such column (it has: "
-            f"{', '.join(loaded.column_names)}); name the text column, or give input_ids"
-        )
     _check_values(loaded, spec)
     return loaded
+
+
+def layout(dataset: Any, spec: DataSpec) -> tuple[str, str]:
+    """The dataset's layout and the column it reads (`rows.layout_of`), or a DataError."""
+    found = rows.layout_of(
+        dataset.column_names, spec.text_column, rows.turn_columns(dataset.data.schema)
+    )
+    if found is None:
+        raise DataError(
+            f"text_column={spec.text_column}: data={spec.data} has no such column (it has: "
+            f"{', '.join(dataset.column_names)}); name the text column, or give input_ids, a "
+            "messages column of chat turns, or prompt and completion columns"
+        )
+    return found
 
 
 def _check_values(dataset: Any, spec: DataSpec) -> None:
     """Values a trial would train on as if right, or fail on in every trial, are refused."""
     import pyarrow
 
-    if "input_ids" in dataset.column_names:
+    kind, column = layout(dataset, spec)
+    if kind == rows.TOKENS:
         data_checks.check_token_ids(spec.data, dataset.data.column("input_ids"))
+    elif kind == rows.MESSAGES:
+        data_checks.check_turns(spec.data, column, _values(dataset, column))
+    elif kind == rows.PROMPT_COMPLETION:
+        pairs = zip(_values(dataset, "prompt"), _values(dataset, "completion"), strict=True)
+        data_checks.check_prompt_completion(spec.data, pairs)
     else:
-        data_checks.check_texts(spec.data, spec.text_column, _values(dataset, spec.text_column))
+        data_checks.check_texts(spec.data, column, _values(dataset, column))
     for column in ("label", "labels"):
         arrow_type = dataset.data.column(column).type if column in dataset.column_names else None
         # `labels` may hold a label per token (seq2seq data): only class ids are checked.
@@ -146,9 +162,10 @@ def _values(dataset: Any, column: str) -> Iterable[Any]:
 def tokenize(
     dataset: Any, spec: DataSpec, on_progress: Callable[[str], None] = lambda text: None
 ) -> tuple[Any, int]:
-    """Token ids of the text column (truncated at seq_len, no padding: trials pad per batch),
-    the label column when there is one, and the id trials pad with."""
-    if "input_ids" in dataset.column_names:  # tokenized already: padded with 0 unless a
+    """Token ids of each row (`rows.encode`: truncated at seq_len, no padding: trials pad per
+    batch), the label column when there is one, and the id trials pad with."""
+    kind, column = layout(dataset, spec)
+    if kind == rows.TOKENS:  # tokenized already: padded with 0 unless a
         kept = [c for c in dataset.column_names if c in KEPT_COLUMNS]  # tokenizer says else
         dataset = dataset.select_columns(kept)
         truncated = dataset.map(lambda row: _with_length(row["input_ids"][: spec.seq_len]))
@@ -157,20 +174,36 @@ def tokenize(
         except DataError:
             return truncated, 0
     tokenizer = load_tokenizer(spec.tokenizer)
+    chat = kind == rows.MESSAGES or (
+        kind == rows.PROMPT_COMPLETION and isinstance(dataset[0]["prompt"], list)
+    )
+    if chat and not tokenizer.chat_template:
+        raise DataError(
+            f"tokenizer={spec.tokenizer}: it has no chat template, and data={spec.data} holds "
+            "chat turns that it would render; give a tokenizer saved with one (its "
+            "tokenizer_config.json's chat_template, or chat_template.jinja), or the rows as text"
+        )
     done, shown_s = 0, time.monotonic()
 
-    def encode(batch: dict[str, list]) -> dict[str, list]:
+    def encode(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         nonlocal done, shown_s
-        texts = batch[spec.text_column]  # strings all (`data_checks.check_texts`)
-        encoded = tokenizer(texts, truncation=True, max_length=spec.seq_len)
-        done += len(texts)
+        try:  # the values are checked (`_check_values`): a template may still refuse them
+            encoded = rows.encode(
+                batch, layout=kind, column=column, tokenizer=tokenizer, seq_len=spec.seq_len
+            )
+        except Exception as exc:  # jinja's TemplateError, or the template's raise_exception
+            raise DataError(
+                f"data={spec.data}: the tokenizer's chat template refused rows {indices[0] + 1}-"
+                f"{indices[-1] + 1} (counting from 1): {first_line(exc)}"
+            ) from exc
+        done += len(indices)
         if time.monotonic() - shown_s >= PROGRESS_INTERVAL_S:
             on_progress(f"tokenizing data: {done}/{len(dataset)} rows")
             shown_s = time.monotonic()
         return {**encoded, LENGTH_COLUMN: [len(ids) for ids in encoded["input_ids"]]}
 
     dropped = [c for c in dataset.column_names if c not in ("label", "labels")]
-    tokenized = dataset.map(encode, batched=True, remove_columns=dropped)
+    tokenized = dataset.map(encode, batched=True, with_indices=True, remove_columns=dropped)
     data_checks.check_real_tokens(
         spec.data, tokenized.data.column("input_ids"), tokenizer.all_special_ids
     )

@@ -74,21 +74,27 @@ def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None =
 
 
 _COLLATOR_SLOT = "# (autotune's PaddingCollator)\n"
+COPIED = {
+    "data.py": ("IGNORE_INDEX", "PaddingCollator", "CompletionFlattening"),
+    "rows.py": ("TOKENS", "DEFAULT_TEXT_COLUMN", "COMPLETION_MASK", "turn_columns", "layout_of",
+                "encode"),
+}  # fmt: skip
+"""What of `autotune.child` the script holds a copy of: the collators the trials batched with,
+and how their rows became tokens."""
 
 
 def _collator_source() -> str:
-    """The source of `data.PaddingCollator`, the collator the trials measured, read from its
-    file: this module is imported where torch is not."""
-    path = Path(str(resources.files("autotune.child") / "data.py"))
-    source = path.read_text(encoding="utf-8")
-    tree = ast.parse(source)
+    """The source of `COPIED`, read from the files the trials ran it from: this module is
+    imported where torch is not."""
     pieces = []
-    for node in tree.body:
-        names = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
-        if (isinstance(node, ast.ClassDef) and node.name == "PaddingCollator") or (
-            "IGNORE_INDEX" in names
-        ):
-            pieces.append(ast.get_source_segment(source, node))
+    for file, names in COPIED.items():
+        path = Path(str(resources.files("autotune.child") / file))
+        source = path.read_text(encoding="utf-8")
+        for node in ast.parse(source).body:
+            assigned = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            assigned += [e.id for t in getattr(node, "targets", []) for e in getattr(t, "elts", [])]
+            if getattr(node, "name", None) in names or set(assigned) & set(names):
+                pieces.append(ast.get_source_segment(source, node))
     return "\n\n".join(pieces) + "\n"
 
 
@@ -184,16 +190,19 @@ def your_data():
         dataset = datasets.load_dataset(DATA_FORMAT, data_files=DATA_FILES)
     if isinstance(dataset, datasets.DatasetDict):
         dataset = dataset[DATA["split"]]
-    if "input_ids" in dataset.column_names:
+    layout, column = layout_of(
+        dataset.column_names, DATA["text_column"], turn_columns(dataset.data.schema)
+    )
+    if layout == TOKENS:
         kept = [c for c in dataset.column_names if c in ("input_ids", "label", "labels")]
         dataset = dataset.select_columns(kept).map(
             lambda row: {"input_ids": row["input_ids"][:SEQ_LEN]}
         )
-    else:
+    else:  # text, chat turns (the tokenizer's chat template), or prompts and completions
         dropped = [c for c in dataset.column_names if c not in ("label", "labels")]
         dataset = dataset.map(
-            lambda batch: tokenizer(batch[DATA["text_column"]], truncation=True,
-                                    max_length=SEQ_LEN),
+            lambda batch: encode(batch, layout=layout, column=column, tokenizer=tokenizer,
+                                 seq_len=SEQ_LEN),
             batched=True, remove_columns=dropped,
         )
     # group_by_length reads the lengths from this column instead of measuring every sample.
@@ -202,6 +211,8 @@ def your_data():
         (t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0
     )
     if COLLATOR_KWARGS.get("packing"):  # a batch's samples in one row (FlashAttention)
+        if COMPLETION_MASK in dataset.column_names:  # the prompts' tokens not trained on
+            return dataset, CompletionFlattening()
         return dataset, transformers.DataCollatorWithFlattening()
     padding = {k: v for k, v in COLLATOR_KWARGS.items() if k != "packing"}
     return dataset, PaddingCollator(task=TASK, pad_token_id=pad_token_id, **padding)

@@ -9,9 +9,11 @@ from autotune.child.data_checks import (
     DataError,
     check_files,
     check_labels,
+    check_prompt_completion,
     check_real_tokens,
     check_texts,
     check_token_ids,
+    check_turns,
     first_bad_json_line,
 )
 
@@ -93,3 +95,37 @@ def test_the_first_malformed_json_line_is_named(tmp_path):
     document = tmp_path / "b.json"
     document.write_text('[\n{"text": "a"},\n{"text": "b"}\n]\n')
     assert first_bad_json_line([str(document)]) is None
+
+
+USER = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize(
+    ("turns", "says"),
+    [
+        ([], "holds no turns"),
+        ("hi", "holds a value of type str"),
+        ([USER, "hi"], "has turn 2 of a value of type str"),
+        ([{"role": "user"}], "has turn 1 whose content is none, not text"),
+        ([{"role": 1, "content": "hi"}], "has turn 1 whose role is a value of type int"),
+    ],
+)
+def test_chat_turns_without_a_role_and_its_text_are_refused_naming_row_and_turn(turns, says):
+    with pytest.raises(
+        DataError, match=rf"row 2 \(counting from 1\) of the messages column {says}"
+    ):
+        check_turns("chat.jsonl", "messages", [[USER], turns])
+
+
+def test_chat_turns_each_with_a_role_and_text_pass():
+    check_turns("chat.jsonl", "messages", [[USER, {"role": "assistant", "content": ""}]])
+
+
+def test_a_prompt_and_completion_must_both_be_text_or_both_turns():
+    check_prompt_completion("d.jsonl", [("a", "b"), ([USER], [USER])])
+    with pytest.raises(DataError, match=r"row 1 .* a prompt of turns and a completion of a value"):
+        check_prompt_completion("d.jsonl", [([USER], "b")])
+    with pytest.raises(DataError, match=r"row 2 .* a completion of null"):
+        check_prompt_completion("d.jsonl", [("a", "b"), ("a", None)])
+    with pytest.raises(DataError, match=r"row 1 .* of the completion column holds no turns"):
+        check_prompt_completion("d.jsonl", [([USER], [])])
