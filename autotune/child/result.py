@@ -56,6 +56,8 @@ class Measured:
     step_times_ms: list[float]
     trained_model: str
     trained_seq_len: int | None
+    trained_config: dict[str, Any] | None = None
+    trained_task: str | None = None
 
     def fields(self) -> dict[str, Any]:
         """As `TrialResult` keyword arguments."""

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 import transformers
 
-from autotune.child import data, measure, rank_training, ranks
+from autotune.child import data, measure, rank_training, ranks, rows
 from autotune.child import factory as factories
 from autotune.child.models import build_model
 from autotune.common import knobs
-from autotune.common.models import ModelSpec
+from autotune.common.models import ModelSpec, task_of_class
 from autotune.common.trial import TrialSpec
 from autotune.common.user_data import read_ready
 
@@ -76,7 +77,12 @@ def _data(
 
         dataset = datasets.load_from_disk(spec.data_dir)
         if spec.params.get("packing"):  # a batch's samples in one row, none padded
-            collator = transformers.DataCollatorWithFlattening()
+            prompted = rows.COMPLETION_MASK in dataset.column_names
+            collator = (
+                data.CompletionFlattening()
+                if prompted
+                else transformers.DataCollatorWithFlattening()
+            )
         else:
             collator = data.PaddingCollator(
                 task=spec.task,
@@ -187,10 +193,32 @@ def adapter_of(model: Any) -> dict[str, Any] | None:
     config = next(iter(configs.values())).to_dict()
     kwargs = {k: config.get(k) for k in ADAPTER_FIELDS if config.get(k) is not None}
     if isinstance(kwargs.get("target_modules"), list | set | tuple):
-        kwargs["target_modules"] = sorted(kwargs["target_modules"])
+        kwargs["target_modules"] = _target_names(model, set(kwargs["target_modules"]))
     if "task_type" in kwargs:
         kwargs["task_type"] = str(getattr(kwargs["task_type"], "value", kwargs["task_type"]))
     return kwargs
+
+
+def _target_names(model: Any, targets: set[str]) -> list[str]:
+    """`target_modules` as short as they target the same modules: peft writes `all-linear`
+    out as every module's path (`model.layers.0.mlp.up_proj`, ...), which the module names
+    alone (`up_proj`) target too, where no other module has those names."""
+    leaves = {t.rsplit(".", 1)[-1] for t in targets}
+    named = {n for n, _ in model.get_base_model().named_modules() if n.rsplit(".", 1)[-1] in leaves}
+    return sorted(leaves if named == targets else targets)
+
+
+def factory_model(model: Any) -> dict[str, Any]:
+    """What a factory's model is, for the estimate of later trials: its config (the base's,
+    under an adapter) as JSON gives it, and its task."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = json.loads(base.config.to_json_string(use_diff=False))
+    # The weights' own dtype, not the config's: a factory may build or cast them otherwise
+    # (the first floating one: a quantized weight packs ints).
+    dtype = next((p.dtype for p in base.parameters() if p.is_floating_point()), None)
+    if dtype is not None:
+        config["dtype"] = str(dtype).removeprefix("torch.")
+    return {"trained_config": config, "trained_task": task_of_class(type(base).__name__)}
 
 
 def compiled_modules(trainer: transformers.Trainer) -> int:

@@ -148,6 +148,7 @@ def _measured(
         # What a user's factory really trains, which `model=` and `seq_len=` only name.
         trained_model=getattr(model.config, "name_or_path", "") or model.config.model_type,
         trained_seq_len=timer.counter.longest or None,
+        **(trainers.factory_model(model) if spec.trainer is not None else {}),
     )
 
 

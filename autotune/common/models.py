@@ -30,6 +30,20 @@ TASK_CLASSES = {
     "masked-lm": ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
     "seq2seq": ("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
 }
+CLASS_TASKS = (
+    (("ForCausalLM", "LMHeadModel"), "causal-lm"),
+    (("ForSequenceClassification",), "sequence-classification"),
+    (("ForMaskedLM",), "masked-lm"),
+    (("ForSeq2SeqLM", "ForConditionalGeneration"), "seq2seq"),
+)
+"""A model class's name ending -> the task it trains (`task_of_class`)."""
+
+
+def task_of_class(class_name: str) -> str | None:
+    """The task a model class trains (`LlamaForCausalLM`: causal-lm); None for another head."""
+    return next((task for ends, task in CLASS_TASKS if class_name.endswith(ends)), None)
+
+
 # Models whose learned position table starts after the padding index (position ids run from
 # pad_token_id + 1), so seq_len can reach max_position_embeddings - pad_token_id - 1 only.
 _PADDING_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "longformer"}

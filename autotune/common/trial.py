@@ -178,6 +178,12 @@ class TrialResult:
     trained_seq_len: int | None = None
     """The longest batch row the Trainer trained on (padding included): on data of many
     lengths the first step's, of the longest samples, so the peak covers the run's longest."""
+    trained_config: dict[str, Any] | None = None
+    """A `trainer=` factory's model's config (the base's, under an adapter), as
+    `config.to_dict()` gives it: what the estimate of the study's later trials is made of
+    (`autotune.plan.factory_model`); None for the model autotune builds."""
+    trained_task: str | None = None
+    """The task of a factory's model, told by its class (`common.models.task_of_class`)."""
     training_args: dict[str, Any] = field(default_factory=dict)
     """The tuned `TrainingArguments` kwargs the worker trained with (no run-only fields)."""
     rank_peak_memory_gib: list[float] | None = None

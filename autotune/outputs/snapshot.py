@@ -208,10 +208,14 @@ def trained_note(info: RunInfo, records: list[TrialRecord]) -> str | None:
     named_model = model in (info.model, info.model_config.get("model_type"))
     if named_model and seq_len == info.seq_len:
         return None
+    estimated = (
+        f"trials after trial {first.number} are estimated as that model"
+        if first.result.trained_config and first.result.trained_task
+        else "no memory estimate is made for a factory's model"
+    )
     return (
         f"the factory trains {model} on batches of up to {seq_len} tokens, not model="
-        f"{info.model} at seq_len={info.seq_len}: those name the study only, and no memory "
-        "estimate is made for a factory's model"
+        f"{info.model} at seq_len={info.seq_len}: those name the study only, and {estimated}"
     )
 
 

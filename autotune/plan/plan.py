@@ -19,6 +19,7 @@ from autotune.common.knobs import value_of
 from autotune.common.layout import DATA_CACHE, study_db_url
 from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolve_model
 from autotune.common.output_files import check_owner
+from autotune.common.trial import TrialResult
 from autotune.common.trial_settings import baseline_params, effective_batch
 from autotune.common.units import GIB, format_bytes
 from autotune.common.user_data import DataSpec
@@ -26,6 +27,7 @@ from autotune.plan import conditions
 from autotune.plan.capabilities import ADAPTER_KNOBS, trial_cores
 from autotune.plan.config import RunConfig
 from autotune.plan.estimate import CUDA_CONTEXT_BYTES, Estimate, UnknownShape, estimate
+from autotune.plan.factory_model import EstimatedModel, factory_model
 from autotune.plan.inputs import data_spec, input_problems, trainer_info
 from autotune.plan.run_info import RunInfo
 from autotune.plan.run_space import fitted_space, sampling_rules
@@ -70,16 +72,27 @@ class SearchPlan:
     """On CPU, the most a trial can grow before the machine itself runs out (the default
     budget: `common.device.cpu_budget_bytes`); None on CUDA."""
 
-    def estimate_gib(self, params: dict[str, Any]) -> float | None:
+    def estimate_gib(
+        self, params: dict[str, Any], factory: TrialResult | None = None
+    ) -> float | None:
         """The peak `autotune.plan.estimate` gives these settings before they run, as a trial
         measures it and the memory budget caps it (`Estimate.budgeted`: on CUDA the allocator's
         figure, without the CUDA context); None for a config whose dimensions it cannot read
-        (no skip by estimate then)."""
-        if self.info.trainer is not None:
-            # The user's factory decides the model and the data: an estimate of `model=` at
-            # `seq_len=` could be of something else, so none is made (the watchdog still acts).
+        (no skip by estimate then). With `trainer=`, of the model the factory trains, as a
+        trial of it reported it (`factory`: that trial's result); None before one has."""
+        if self.info.trainer is None:
+            found = self._estimate(params)
+        elif (
+            factory is not None
+            and factory.trained_config
+            and factory.trained_task
+            and factory.trained_seq_len
+        ):
+            # The user's factory decides the model and the data: `model=` and `seq_len=` only
+            # name the study. What it trains is known once a trial of it has run.
+            found = self._estimate(*factory_model(params, factory))
+        else:
             return None
-        found = self._estimate(params)
         return None if found is None else found.budgeted / GIB
 
     def compute_tflops(self, precision: str) -> float | None:
@@ -159,18 +172,24 @@ class SearchPlan:
                 return Reference(params=params, recipe=", ".join(recipe))
         return None
 
-    def _estimate(self, params: dict[str, Any]) -> Estimate | None:
-        parameters = catalogue_parameter_counts().get(self.model.name)
+    def _estimate(
+        self, params: dict[str, Any], model: EstimatedModel | None = None
+    ) -> Estimate | None:
+        if model is None:
+            parameters = catalogue_parameter_counts().get(self.model.name)
+            model = EstimatedModel(
+                self.model.config, self.info.task, self.info.seq_len, self.info.adapter, parameters
+            )
         try:
             return estimate(
-                self.model.config,
-                task=self.info.task,
-                seq_len=self.info.seq_len,
+                model.config,
+                task=model.task,
+                seq_len=model.seq_len,
                 params=params,
                 device=self.device,
-                parameters=parameters,
+                parameters=model.parameters,
                 devices=self.config.devices_per_trial,
-                adapter=self.info.adapter,
+                adapter=model.adapter,
             )
         except (UnknownShape, TypeError):  # a config of unexpected types: no estimate
             return None

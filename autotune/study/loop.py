@@ -294,7 +294,9 @@ class _Loop:
             return self.not_run(trial, refused)
         records = [record_of(t) for t in trials if is_recorded(t)]
         self.warn_sharing(trials, trial.number)
-        estimate_gib = self.plan.estimate_gib(params)  # once: the check and the record
+        # Once: the check and the record. A factory's model is known from a trial of it.
+        factory = next((r.result for r in records if r.result.trained_config), None)
+        estimate_gib = self.plan.estimate_gib(params, factory)
         # A second look runs a stopped trial's settings again, to its end, whatever the checks
         # say: they trained (an out-of-memory trial since, on a machine grown busy, says
         # nothing against them), and that trial is no repeat of it.

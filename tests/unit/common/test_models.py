@@ -3,7 +3,12 @@ import json
 import pytest
 
 from autotune.common.errors import ModelNotFoundError
-from autotune.common.models import catalogue_names, catalogue_parameter_counts, resolve_model
+from autotune.common.models import (
+    catalogue_names,
+    catalogue_parameter_counts,
+    resolve_model,
+    task_of_class,
+)
 
 REQUIRED = [
     "bert-base-uncased",
@@ -87,3 +92,18 @@ def test_a_local_config_with_nan_is_refused_before_any_trial(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "bert", "layer_norm_eps": NaN}')
     with pytest.raises(ModelNotFoundError, match="NaN is not a JSON number"):
         resolve_model(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("name", "task"),
+    [
+        ("LlamaForCausalLM", "causal-lm"),
+        ("GPT2LMHeadModel", "causal-lm"),
+        ("BertForSequenceClassification", "sequence-classification"),
+        ("RobertaForMaskedLM", "masked-lm"),
+        ("T5ForConditionalGeneration", "seq2seq"),
+        ("LlamaModel", None),
+    ],
+)
+def test_a_factorys_model_class_tells_its_task(name, task):
+    assert task_of_class(name) == task
