@@ -121,7 +121,9 @@ class RunConfig(_ModelSettings):
     )
     data_split: str = Field("train", description="data=: the split to train on")
     text_column: str = Field(
-        "text", description="data=: the column of text to tokenize (unused with input_ids)"
+        "text",
+        description="data=: the column of text (or of chat turns) to tokenize; without it, "
+        "a messages column or prompt and completion columns (unused with input_ids)",
     )
     tokenizer: str | None = Field(
         None,
