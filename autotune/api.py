@@ -35,6 +35,7 @@ from autotune.common.trial import Status
 from autotune.common.urls import safe_url
 from autotune.common.user_data import read_ready
 from autotune.execute.base import TrialExecutor
+from autotune.execute.local import LocalExecutor
 from autotune.outputs import confirm, verify
 from autotune.outputs.snapshot import StudySnapshot, read_snapshot
 from autotune.outputs.study_folder import write_study_folder
@@ -63,13 +64,13 @@ from autotune.store.records import (
 )
 from autotune.store.storage import load_study_dir, write_back
 from autotune.store.storage_file import StudyFileLost
-from autotune.study import model as effects_model
 from autotune.study import second_look
 from autotune.study.interrupts import SearchInterrupted, stop_signals
 from autotune.study.loop import run_search
 from autotune.study.observer import SearchObserver
 from autotune.study.opening import join_config, locked_study, open_study
-from autotune.study.sampler import quiet_optuna
+from autotune.study.sampling import model as effects_model
+from autotune.study.sampling.sampler import quiet_optuna
 
 
 def search(
@@ -126,7 +127,7 @@ def run(
     line, or the API call); None: this call. `executor` runs the trials (default: worker
     processes of this host) on the device `device_info` describes (default: probed), which
     together may simulate another machine (`autotune.execute.simulated`)."""
-    observer = observer or SearchObserver()
+    observer, executor = observer or SearchObserver(), _executor(executor)
     if device_info is None:
         with observer.busy("probing the device"):
             device_info = software_cache.probe_device()
@@ -210,21 +211,25 @@ def _store_end(
     return end
 
 
+def _executor(given: TrialExecutor | None) -> TrialExecutor:
+    """What runs the trials: the one given, else (the one place it is made) this host's worker
+    processes, each forked from a fork server of its placement."""
+    return given if given is not None else LocalExecutor()
+
+
 def _confirm(
     plan: SearchPlan,
     study: optuna.Study,
     rounds: int,
     observer: SearchObserver,
-    executor: TrialExecutor | None,
+    executor: TrialExecutor,
 ) -> None:
     """The picks measured again (`autotune.outputs.confirm`), on the cores the trials had; not under
     other versions than the study's (`_start_run` said so)."""
     if rounds < 1 or conditions.other_versions(plan.versions, plan.info.versions):
         return
-    with plan.slots[0].applied():
-        confirm.confirm(
-            plan, study, read_snapshot(study), rounds, observer=observer, executor=executor
-        )
+    # On the cores (or devices) the trials had: each run's submission carries the slot.
+    confirm.confirm(plan, study, read_snapshot(study), rounds, observer=observer, executor=executor)
 
 
 def _plan_of_stored(
@@ -276,7 +281,7 @@ def confirm_study(
 ) -> SearchResult:
     """Measure a study's picks again (`autotune confirm`), under the settings it was searched
     with and its lock, and write its outputs anew."""
-    observer = observer or SearchObserver()
+    observer, executor = observer or SearchObserver(), _executor(executor)
     _, plan = _plan_of_stored(Path(study_dir), storage, study, observer, device_info)
     with locked_study(plan, "confirm") as (optuna_study, plan), stop_signals() as signals:
         this_run = _start_run(optuna_study, plan, "confirm", command, observer)
@@ -304,16 +309,16 @@ def verify_study(
     """Train the recommended trial's settings (or trial `trial`'s) for `steps` optimizer steps
     in a trial process (`autotune verify`), under the settings the study was searched with
     and its lock; store the comparison and write the outputs anew."""
-    observer = observer or SearchObserver()
+    observer, executor = observer or SearchObserver(), _executor(executor)
     stored, plan = _plan_of_stored(Path(study_dir), storage, study, observer, device_info)
     record = _record_to_verify(read_snapshot(stored), trial)
     with locked_study(plan, "verify") as (optuna_study, plan), stop_signals() as signals:
         this_run = _start_run(optuna_study, plan, "verify", command, observer)
         try:
-            with plan.slots[0].applied():  # the cores (or device) the trials had
-                verified = verify.verify(
-                    plan, optuna_study, record, steps, observer=observer, executor=executor
-                )
+            # On the cores (or devices) the trials had: its submission carries the slot.
+            verified = verify.verify(
+                plan, optuna_study, record, steps, observer=observer, executor=executor
+            )
         except KeyboardInterrupt as exc:
             raise signals.interrupted(exc) from None
         with signals.deferred():
@@ -364,7 +369,7 @@ def join(
     run its loop here (with `workers=` processes) until it has its trials, on the device
     `device_info` describes (default: probed). Returns the plan and why it stopped; the
     outputs are the search's (or `autotune report`'s) to write."""
-    observer = observer or SearchObserver()
+    observer, executor = observer or SearchObserver(), _executor(executor)
     config = join_config(worker)
     if device_info is None:
         with observer.busy("probing the device"):
@@ -467,15 +472,14 @@ def _minutes(seconds: float) -> str:
 
 
 def _run_workers(
-    plan: SearchPlan, study: optuna.Study, observer: SearchObserver, executor: TrialExecutor | None
+    plan: SearchPlan, study: optuna.Study, observer: SearchObserver, executor: TrialExecutor
 ) -> Stop:
     """The study's loop here, on the one worker's device or cores, or in worker processes."""
     with observer.watching():
-        if len(plan.slots) == 1:
-            with plan.slots[0].applied():
-                stopped = run_search(
-                    plan, study, observer=observer, executor=executor, show_others=True
-                )
+        if len(plan.slots) == 1:  # each trial's submission carries the slot
+            stopped = run_search(
+                plan, study, observer=observer, executor=executor, show_others=True
+            )
         else:
             stopped = workers.run_workers(plan, study, observer, executor)
     observer.ended(stopped.reason)

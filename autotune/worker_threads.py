@@ -37,11 +37,10 @@ def run_threads(
     one search. An exception in one stops the others before their next trial (so does
     Ctrl-C), and goes on from here once they have stopped.
 
-    Nothing of a slot is applied (`Slot.applied` sets this process's CUDA_VISIBLE_DEVICES and
-    affinity, which threads share): a slot reaches a trial only through the environment of
-    the process that trains it (its spec names no device), and these trials have none. Each
-    thread's plan holds its slot alone, as a worker process's does, and its name says which
-    (`worker 3: cuda device 3`, what the simulated executor's `clocks_s` are keyed by)."""
+    A slot reaches a trial through its submission (`Submission.placement`): the executor
+    places the trial's process there, and these trials have none. Each thread's plan holds its
+    slot alone, as a worker process's does, and its name says which (`worker 3: cuda device
+    3`, what the simulated executor's `clocks_s` are keyed by)."""
     view, stop = _OneView(observer), threading.Event()
     plans = [worker_plan(plan, k) for k in range(len(plan.slots))]
     handles = [_handle(p, study.sampler) for p in plans]  # opened before any runs

@@ -1,8 +1,9 @@
 """Several workers on one study: `workers=N` on `autotune search`, and `autotune worker`.
 
-A worker is a search process of its own: the search loop (`study.loop.run_search`) with its
-own fork server, on its own CUDA device (`CUDA_VISIBLE_DEVICES`, so its trials see only
-that one) or its own share of the CPU cores (affinity, and as many torch threads). Workers
+A worker is a search process of its own: the search loop (`study.loop.run_search`) whose
+trials run on its own CUDA device (their processes' `CUDA_VISIBLE_DEVICES`, so they see only
+that one) or its own share of the CPU cores (affinity, and as many torch threads), each from
+a fork server started there (`execute.fork_servers`). Workers
 know nothing of each other: they share the study's storage, which every loop reads afresh
 before each trial, and Optuna's own mechanisms (queued trials handed out once, constant-liar
 TPE, heartbeats) keep them from measuring the same settings twice.
@@ -60,7 +61,7 @@ from autotune.study.interrupts import SearchInterrupted, stop_signals
 from autotune.study.loop import run_search
 from autotune.study.observer import SearchObserver
 from autotune.study.opening import open_study
-from autotune.study.sampler import quiet_optuna
+from autotune.study.sampling.sampler import quiet_optuna
 from autotune.worker_threads import run_threads, worker_plan
 
 WATCH_S = 0.5
@@ -305,13 +306,13 @@ def _worker_main(folder: Path, index: int) -> int:
     slot = plan.slots[0]
     print(f"worker {index} (pid {os.getpid()}): {slot.describe()}", flush=True)
     command = handoff.trial_command
-    with slot.applied():  # before the fork server starts: it and every trial inherit it
-        executor = LocalExecutor(CommandLauncher(tuple(command)) if command else None)
-        study, plan = open_study(plan, joining=True)
-        view = TerminalView(quiet=False, log_name=None)
-        view.planned(plan, done_before=0)
-        stopped = run_search(plan, study, observer=view, executor=executor)
-        view.ended(stopped.reason)
+    # Its trials run on its slot: each submission carries it, and the executor places them.
+    executor = LocalExecutor(CommandLauncher(tuple(command)) if command else None)
+    study, plan = open_study(plan, joining=True)
+    view = TerminalView(quiet=False, log_name=None)
+    view.planned(plan, done_before=0)
+    stopped = run_search(plan, study, observer=view, executor=executor)
+    view.ended(stopped.reason)
     write_json_atomic(
         _stopped_path(folder, index), {"stopped": stopped.reason, "ending": stopped.ending}
     )

@@ -18,7 +18,8 @@ import os
 import sys
 from pathlib import Path
 
-from autotune.execute.launchers import PRELOAD, ForkserverLauncher
+from autotune.execute.fork_servers import SERVER_ENVIRONMENT
+from autotune.execute.launchers import PRELOAD
 
 
 def forked_child_uses_cuda() -> bool:
@@ -39,7 +40,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    ForkserverLauncher()  # sets the environment the server starts with
+    os.environ.update(SERVER_ENVIRONMENT)  # the environment a fork server starts with
     rows = []
     for name in PRELOAD:
         importlib.import_module(name)

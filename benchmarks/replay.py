@@ -77,8 +77,8 @@ from autotune.common.trial import OUT_OF_MEMORY, Status  # noqa: E402
 from autotune.plan.config import RunConfig  # noqa: E402
 from autotune.plan.estimate import Measured, calibrated_gib  # noqa: E402
 from autotune.replay import Landscape, Trial, on_clock, picked, plan_for, replay  # noqa: E402
-from autotune.study.model import confidence  # noqa: E402
-from autotune.study.sampler import quiet_optuna  # noqa: E402
+from autotune.study.sampling.model import confidence  # noqa: E402
+from autotune.study.sampling.sampler import quiet_optuna  # noqa: E402
 
 SOURCES: dict[str, Callable[[], Landscape]] = {
     **{p.stem: functools.partial(Landscape.load, p)

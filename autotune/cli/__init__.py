@@ -34,7 +34,7 @@ from autotune.plan.config import (
 from autotune.store.storage_file import STUDY_FILE_LOST_EXIT_CODE, StudyFileLost
 from autotune.store.storage_outage import OUTAGE_EXIT_CODE, StorageUnavailable
 from autotune.study.interrupts import SearchInterrupted
-from autotune.study.sampler import quiet_optuna
+from autotune.study.sampling.sampler import quiet_optuna
 
 _SETTINGS = {
     "search": RunConfig,

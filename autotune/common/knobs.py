@@ -78,9 +78,9 @@ class Knob:
     knob's values (`torch_compile` off, Liger off); None: `baseline`, or none."""
     prior: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     """Device kind (`cuda`, `cpu`) -> the values the tuning guides advise for it, most advised
-    first: the expert's guess (`study/guess.py`) takes the first one the space holds; a knob
-    without one keeps its baseline there. `batch_size` has none: the guess takes the largest
-    batch that fits."""
+    first: the expert's guess (`study/sampling/guess.py`) takes the first one the space holds;
+    a knob without one keeps its baseline there. `batch_size` has none: the guess takes the
+    largest batch that fits."""
     prior_source: str = ""
     """Where `prior` comes from."""
     math: Callable[[Any, Any], str | None] = lambda baseline, value: None

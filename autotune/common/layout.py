@@ -70,3 +70,11 @@ def trial_dir(study_dir: Path, number: int) -> Path:
 def study_db_url(study_dir: Path) -> str:
     """The default storage: the study folder's SQLite file."""
     return f"sqlite:///{study_dir / STUDY_DB}"
+
+
+def set_aside_result(trial_dir: Path) -> None:
+    """A result the search never recorded (it was interrupted) must not pass for a measurement:
+    the study, not this file, says what a trial measured."""
+    result = trial_dir / RESULT_FILE
+    if result.exists():
+        result.replace(trial_dir / INTERRUPTED_RESULT)

@@ -12,10 +12,12 @@ with local and cluster implementations, tracked actors in place of pids.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from autotune.common.placement import Placement
 from autotune.common.trial import Progress, TrialResult, TrialSpec
 
 
@@ -36,6 +38,10 @@ class Submission:
     memory_limit_bytes: int | None = None
     """A host-memory budget the executor enforces itself (CPU trials; on a GPU the worker caps
     its allocator at `spec.memory_budget_bytes`): past it the trial is `oom`."""
+    placement: Placement = dataclasses.field(default_factory=Placement)
+    """Where the trial runs on its host: its devices or cores (the submitting worker's slot).
+    The executor starts the trial's process there; the submitter's own environment is left
+    as it is."""
 
 
 class TrialHandle(Protocol):

@@ -12,13 +12,16 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from autotune.child.forked import forked_main
 from autotune.common.output_files import open_log
+from autotune.common.placement import Placement
 from autotune.common.processes import die_with_parent
+from autotune.execute.fork_servers import server_for
 
 WORKER_COMMAND = (sys.executable, "-m", "autotune.child")
 PRELOAD = (
@@ -44,10 +47,13 @@ class Worker(Protocol):
 
 
 class Launcher(Protocol):
-    def ready(self) -> None:
-        """Get ready to start workers at once (called before a trial's clock starts)."""
+    def ready(self, placement: Placement) -> None:
+        """Get ready to start workers there at once (called before a trial's clock starts)."""
 
-    def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker: ...
+    def start(
+        self, spec_path: Path, result_path: Path, log_path: Path, placement: Placement
+    ) -> Worker:
+        """A trial's worker process, on `placement`'s devices and cores."""
 
 
 class _Popen:
@@ -66,19 +72,26 @@ class _Popen:
 class CommandLauncher:
     command: tuple[str, ...] = WORKER_COMMAND
 
-    def ready(self) -> None:
+    def ready(self, placement: Placement) -> None:
         pass  # every worker is a fresh process: nothing to prepare
 
-    def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker:
+    def start(
+        self, spec_path: Path, result_path: Path, log_path: Path, placement: Placement
+    ) -> Worker:
+        def in_child() -> None:
+            die_with_parent()
+            placement.pin()
+
         with open(open_log(log_path), "wb") as log:
             proc = subprocess.Popen(
                 [*self.command, str(spec_path), str(result_path)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env=placement.environment(),
                 # Its own session: a timeout kills its whole process group by id.
                 start_new_session=True,
-                preexec_fn=die_with_parent,
+                preexec_fn=in_child,
             )
         return _Popen(proc)
 
@@ -96,33 +109,43 @@ class _Forked:
 
 
 class ForkserverLauncher:
-    def __init__(self) -> None:
-        # Imports may ask torch.cuda.is_available(); answered through NVML it leaves CUDA
-        # uninitialised in the server, so forked trials can still create their own context.
-        # The server inherits this process's environment when it starts.
-        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-        self.context = multiprocessing.get_context("forkserver")
-        self.context.set_forkserver_preload(list(PRELOAD))
-        self._ready = False
+    """Forks each trial from the fork server of its placement (`fork_servers.server_for`)."""
 
-    def ready(self) -> None:
-        """Start the server and wait until it has imported PRELOAD (~7 s on 2 CPU cores).
+    def __init__(self) -> None:
+        self._ready: set[Placement] = set()
+
+    def ready(self, placement: Placement) -> None:
+        """Start the placement's server and wait until it has imported PRELOAD (~7 s on 2 CPU
+        cores).
 
         The first fork waits for those imports; done here, they are not charged to the first
         trial's `trial_timeout`."""
-        if not self._ready:
-            process = _TrialProcess(target=_nothing)
-            process.start()
-            process.join()
-            self._ready = True
+        if placement not in self._ready:
+            _fork(placement, target=_nothing).join()
+            self._ready.add(placement)
 
-    def start(self, spec_path: Path, result_path: Path, log_path: Path) -> Worker:
-        # Not a daemon: daemonic processes may not have children, and DataLoader workers are.
-        process = _TrialProcess(
-            target=forked_main, args=(str(spec_path), str(result_path), str(log_path))
-        )
-        process.start()
-        return _Forked(process)
+    def start(
+        self, spec_path: Path, result_path: Path, log_path: Path, placement: Placement
+    ) -> Worker:
+        args = (str(spec_path), str(result_path), str(log_path))
+        return _Forked(_fork(placement, target=forked_main, args=args))
+
+
+_launching = threading.local()
+"""The fork server a `_TrialProcess` being started asks (`_fork`): a process object is pickled
+whole to its server, which a server (its lock) cannot be."""
+
+
+def _fork(placement: Placement, **process: Any) -> _TrialProcess:
+    """A started `_TrialProcess`, forked from the placement's server."""
+    # Not a daemon: daemonic processes may not have children, and DataLoader workers are.
+    started = _TrialProcess(**process)
+    _launching.server = server_for(placement, list(PRELOAD))
+    try:
+        started.start()
+    finally:
+        _launching.server = None
+    return started
 
 
 _MAIN_MODULE_KEYS = ("init_main_from_path", "init_main_from_name")
@@ -156,7 +179,7 @@ class _TrialPopen(popen_forkserver.Popen):
             reduction.dump(process_obj, buf)
         finally:
             context.set_spawning_popen(None)
-        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+        self.sentinel, w = _launching.server.connect_to_new_process(self._fds)
         # The parent keeps a copy of the data pipe's write end, as CPython's does.
         parent_w = os.dup(w)
         self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))

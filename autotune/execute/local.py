@@ -23,13 +23,13 @@ from pathlib import Path
 import psutil
 
 from autotune.common.layout import (
-    INTERRUPTED_RESULT,
     LOG_PIPE,
     PROGRESS_FILE,
     RESULT_FILE,
     SPEC_FILE,
     TRIAL_TEMP_PREFIX,
     WORKER_LOG,
+    set_aside_result,
     socket_folder_prefix,
 )
 from autotune.common.output_files import make_folder
@@ -72,7 +72,9 @@ class LocalExecutor:
         self.oom_witness = oom_witness
 
     def ready(self) -> None:
-        self.launcher.ready()  # outside the clock: a fork server's start is not a trial's time
+        """Nothing to do before a submission: each trial gets its placement's fork server
+        ready before its clock starts (`LocalTrial`), the first of each placement started
+        then."""
 
     def submit(self, submission: Submission) -> LocalTrial:
         return LocalTrial(submission, self.launcher, self.oom_witness)
@@ -109,13 +111,16 @@ class LocalTrial:
         # back a few seconds later otherwise, and on a small CPU box that stalls the timed
         # steps (CV 11-21% in one trial of six on 2 cores, 2-3% with this).
         os.sync()
-        launcher.ready()  # outside the clock: a fork server's start is not the trial's time
+        # Outside the clock: a fork server's start is not the trial's time.
+        launcher.ready(submission.placement)
         # The worker writes its output into a pipe, copied into worker.log up to a cap.
         self.log = CappedLog(log_path, folder / LOG_PIPE)
         self.started = time.perf_counter()
         self.started_epoch_s = time.time()  # for file times (`build_locks`)
         try:
-            self.worker = launcher.start(spec_path, self.result_path, self.log.pipe_path)
+            self.worker = launcher.start(
+                spec_path, self.result_path, self.log.pipe_path, submission.placement
+            )
         except BaseException:
             self.log.close()
             raise
@@ -196,14 +201,6 @@ def _remove_temporary_files(trial_dir: Path, worker_pid: int) -> None:
     ]
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def set_aside_result(trial_dir: Path) -> None:
-    """A result the search never recorded (it was interrupted) must not pass for a measurement:
-    the study, not this file, says what a trial measured."""
-    result = trial_dir / RESULT_FILE
-    if result.exists():
-        result.replace(trial_dir / INTERRUPTED_RESULT)
 
 
 def launch_trial(

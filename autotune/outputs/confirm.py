@@ -21,7 +21,6 @@ import optuna
 from autotune.common.layout import CONFIRM
 from autotune.common.trial import Status, TrialResult
 from autotune.execute.base import TrialExecutor
-from autotune.execute.local import LocalExecutor
 from autotune.outputs.pareto import Confirmed, pick
 from autotune.outputs.snapshot import StudySnapshot, changes_training_of
 from autotune.plan.plan import SearchPlan
@@ -88,8 +87,8 @@ def confirm(
     snapshot: StudySnapshot,
     rounds: int,
     *,
+    executor: TrialExecutor,
     observer: SearchObserver | None = None,
-    executor: TrialExecutor | None = None,
 ) -> Confirmed | None:
     """Run the picks `rounds` times, interleaved, store the figures with the study and return
     them; None when there is nothing to confirm. Run under the slot the trials had (its cores:
@@ -98,7 +97,6 @@ def confirm(
     if rounds < 1 or not picks:
         return None
     observer = observer or SearchObserver()
-    executor = executor or LocalExecutor()
     expected_s = rounds * sum(r.result.wall_s or 0.0 for r in picks)
     observer.confirming(len(picks), rounds, expected_s)
     started = time.perf_counter()

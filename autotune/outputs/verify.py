@@ -20,7 +20,6 @@ import optuna
 from autotune.common.layout import VERIFY
 from autotune.common.trial import Status, TrialResult
 from autotune.execute.base import TrialExecutor
-from autotune.execute.local import LocalExecutor
 from autotune.outputs.pareto import Confirmed
 from autotune.outputs.snapshot import read_snapshot
 from autotune.plan.plan import SearchPlan
@@ -36,13 +35,12 @@ def verify(
     record: TrialRecord,
     steps: int,
     *,
+    executor: TrialExecutor,
     observer: SearchObserver | None = None,
-    executor: TrialExecutor | None = None,
 ) -> Verification:
     """Train `record`'s settings for `steps` optimizer steps (the study's warm-up, then the
     rest timed), store the comparison with the study and return it."""
     observer = observer or SearchObserver()
-    executor = executor or LocalExecutor()
     config = plan.config
     warmup = min(config.warmup_steps, steps - 1)
     measure = steps - warmup

@@ -25,7 +25,7 @@ from autotune.common.knob_values import (
     precision_parts,
 )
 from autotune.common.knobs import KNOBS
-from autotune.plan.slots import Slot
+from autotune.common.placement import Placement
 from autotune.plan.space import SearchSpace, SpaceKnob
 
 DeviceLimit = Callable[[Any, str, DeviceInfo], str | None]
@@ -362,7 +362,7 @@ def _fit_to_adapter(space: SearchSpace, adapter: bool) -> tuple[SearchSpace, lis
     return replace(space, knobs=knobs), notes
 
 
-def trial_cores(slots: Sequence[Slot]) -> int | None:
+def trial_cores(slots: Sequence[Placement]) -> int | None:
     """The CPU cores each trial has: its worker's own set, or where workers are not pinned to
     cores (one per GPU, or one worker) an even share of this process's. None: no slots."""
     if not slots:

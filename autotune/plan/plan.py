@@ -19,6 +19,7 @@ from autotune.common.knobs import value_of
 from autotune.common.layout import DATA_CACHE, study_db_url
 from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolve_model
 from autotune.common.output_files import check_owner
+from autotune.common.placement import Placement
 from autotune.common.trial import TrialResult
 from autotune.common.trial_settings import baseline_params, effective_batch
 from autotune.common.units import GIB, format_bytes
@@ -32,7 +33,7 @@ from autotune.plan.inputs import data_spec, input_problems, trainer_info
 from autotune.plan.run_info import RunInfo
 from autotune.plan.run_space import fitted_space, sampling_rules
 from autotune.plan.setting_types import STUDY_NAME_MAX_CHARS
-from autotune.plan.slots import Slot, assign
+from autotune.plan.slots import assign
 from autotune.plan.space import SamplingRules, SearchSpace
 from autotune.plan.space_file import SoftwareFacts
 
@@ -61,7 +62,7 @@ class SearchPlan:
     study_dir: Path
     storage_url: str
     device_info: DeviceInfo
-    slots: list[Slot]
+    slots: list[Placement]
     """One per worker: the device or the cores it owns (`workers=`, `devices=`)."""
     data: DataSpec | None = None
     """The user's data (`data=`); None: synthetic tokens or the user's Trainer."""
@@ -323,7 +324,7 @@ def _model_and_task(config: RunConfig, problems: list[str]) -> tuple[ModelSpec |
 
 def _slots(
     config: RunConfig, device: str, device_info: DeviceInfo, problems: list[str]
-) -> tuple[RunConfig, list[Slot]]:
+) -> tuple[RunConfig, list[Placement]]:
     """What each worker owns (`assign`), problems added, and the config with its
     `devices_per_trial` resolved by them."""
     slots, slot_problems = assign(
@@ -333,7 +334,7 @@ def _slots(
     return config.model_copy(update={"devices_per_trial": _ranks(config, slots)}), slots
 
 
-def _ranks(config: RunConfig, slots: list[Slot]) -> int:
+def _ranks(config: RunConfig, slots: list[Placement]) -> int:
     """`devices_per_trial` resolved: a worker's GPUs on cuda; auto is 1 on cpu."""
     if slots and slots[0].cuda_indices:
         return len(slots[0].cuda_indices)
@@ -382,7 +383,11 @@ def _data(
 
 
 def _memory(
-    config: RunConfig, device: str, device_info: DeviceInfo, slots: list[Slot], problems: list[str]
+    config: RunConfig,
+    device: str,
+    device_info: DeviceInfo,
+    slots: list[Placement],
+    problems: list[str],
 ) -> tuple[str, int]:
     """The device's name and the memory each worker's trials can have; with nothing left and no
     `memory_budget=`, the problem added."""
@@ -412,7 +417,7 @@ def _run_info(
     task: str,
     space: SearchSpace,
     device_info: DeviceInfo,
-    slots: list[Slot],
+    slots: list[Placement],
     *,
     study: str,
     device: str,

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import AutotuneError, ConfigError
+from autotune.common.placement import Placement
 from autotune.plan.batch_rule import apply_sampling_rules
 from autotune.plan.capabilities import fit_space, trial_cores
 from autotune.plan.config import RunConfig
-from autotune.plan.slots import Slot
 from autotune.plan.space import SamplingRules, SearchSpace
 from autotune.plan.space_file import SoftwareFacts, load_space
 
@@ -37,7 +37,7 @@ def fitted_space(
     facts: SoftwareFacts,
     rules: SamplingRules,
     source: str,
-    slots: list[Slot],
+    slots: list[Placement],
     problems: list[str],
     model_type_and_task: tuple[str, str] | None = None,
 ) -> SearchSpace | None:

@@ -1,57 +1,12 @@
-"""What each worker of a search owns: CUDA devices or a set of CPU cores (`Slot`), assigned once
-by the plan (`assign`) from `workers=`, `devices=` and `devices_per_trial=`."""
+"""What each worker of a search owns, CUDA devices or a set of CPU cores (a `Placement`), as
+assigned once by the plan (`assign`) from `workers=`, `devices=` and `devices_per_trial=`."""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
-from collections.abc import Iterator
 
 from autotune.common.device import DeviceInfo
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Slot:
-    """What one worker owns: CUDA devices (one per rank of its trials), or a set of CPU cores
-    (None: no restriction)."""
-
-    cuda_devices: tuple[str, ...] = ()
-    """Its `CUDA_VISIBLE_DEVICES`: entries of this process's (indices or UUIDs)."""
-    cuda_indices: tuple[int, ...] = ()
-    """Its devices' indices among the devices this process sees."""
-    cpus: tuple[int, ...] | None = None
-
-    def describe(self) -> str:
-        if self.cuda_devices:
-            many = "s" * (len(self.cuda_devices) > 1)
-            return f"cuda device{many} {','.join(self.cuda_devices)}"
-        if self.cpus is not None:
-            return f"cores {_ranges(self.cpus)}"
-        return "every core"
-
-    @contextlib.contextmanager
-    def applied(self) -> Iterator[None]:
-        """This process (and every trial it starts from here on) uses only the slot's device
-        or cores; restored afterwards (a notebook goes on)."""
-        old_env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")}
-        old_cpus = os.sched_getaffinity(0) if self.cpus is not None else None
-        try:
-            if self.cuda_devices:
-                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(self.cuda_devices)
-            if self.cpus is not None:
-                os.sched_setaffinity(0, self.cpus)
-                # torch sizes its thread pool from this when the fork server imports it.
-                os.environ["OMP_NUM_THREADS"] = str(len(self.cpus))
-            yield
-        finally:
-            if old_cpus is not None:
-                os.sched_setaffinity(0, old_cpus)
-            for key, value in old_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+from autotune.common.placement import Placement
 
 
 def devices_each(workers: int | str, per_trial: int | str, devices: int) -> int:
@@ -70,7 +25,7 @@ def assign(
     device: str,
     device_info: DeviceInfo,
     per_trial: int | str = 1,
-) -> tuple[list[Slot], list[str]]:
+) -> tuple[list[Placement], list[str]]:
     """What each worker owns, and the problems with `workers=`, `devices=` and
     `devices_per_trial=` (all of them).
 
@@ -84,13 +39,13 @@ def assign(
     return _cuda_slots(workers, devices, device_info, per_trial, problems), problems
 
 
-def _cpu_slots(workers: int | str, devices: str, problems: list[str]) -> list[Slot]:
+def _cpu_slots(workers: int | str, devices: str, problems: list[str]) -> list[Placement]:
     """One worker on every core, or N workers on disjoint sets of this process's cores;
     problems added."""
     if devices != "auto":
         problems.append(f"devices={devices}: names CUDA devices; this search runs on cpu")
     if workers in ("auto", 1):
-        return [Slot()]
+        return [Placement()]
     cores = sorted(os.sched_getaffinity(0))
     if workers > len(cores):
         problems.append(
@@ -98,7 +53,7 @@ def _cpu_slots(workers: int | str, devices: str, problems: list[str]) -> list[Sl
             f"may use {len(cores)}"
         )
         return []
-    return [Slot(cpus=tuple(part)) for part in _split(cores, workers)]
+    return [Placement(cpus=tuple(part)) for part in _split(cores, workers)]
 
 
 def _cuda_slots(
@@ -107,7 +62,7 @@ def _cuda_slots(
     device_info: DeviceInfo,
     per_trial: int | str,
     problems: list[str],
-) -> list[Slot]:
+) -> list[Placement]:
     """Each worker's `devices_each` GPUs of those `devices=` names, in order; problems added."""
     names = device_info.cuda_device_names or (device_info.name,)
     indices = _named_indices(devices, len(names), problems)
@@ -133,7 +88,7 @@ def _cuda_slots(
     entries = [e.strip() for e in visible.split(",")] if visible else None
     groups = [indices[k * each : (k + 1) * each] for k in range(count)]
     return [
-        Slot(
+        Placement(
             cuda_devices=tuple(entries[i] if entries else str(i) for i in group),
             cuda_indices=tuple(group),
         )
@@ -166,14 +121,3 @@ def _split(items: list[int], parts: int) -> list[list[int]]:
         runs.append(items[start:end])
         start = end
     return runs
-
-
-def _ranges(cpus: tuple[int, ...]) -> str:
-    """(0, 1, 2, 5) -> `0-2,5`."""
-    runs: list[list[int]] = []
-    for cpu in cpus:
-        if runs and cpu == runs[-1][-1] + 1:
-            runs[-1].append(cpu)
-        else:
-            runs.append([cpu])
-    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)

@@ -80,5 +80,6 @@ def launch(
         timeout_s=time_limit_s(config, params),
         # On CUDA the worker caps its allocator at the budget; on CPU the parent watches RSS.
         memory_limit_bytes=plan.info.memory_budget_bytes if plan.device == "cpu" else None,
+        placement=plan.slots[0],  # the plan of one worker: its own slot
     )
     return run_trial(executor, submission, on_progress)

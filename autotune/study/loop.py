@@ -20,10 +20,9 @@ import optuna
 import psutil
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.common.layout import trial_dir
+from autotune.common.layout import set_aside_result, trial_dir
 from autotune.common.trial import MEMORY_STATUSES, Progress, Status, TrialResult
 from autotune.execute.base import TrialExecutor
-from autotune.execute.local import LocalExecutor, set_aside_result
 from autotune.plan.plan import Reference, SearchPlan
 from autotune.store import storage_file
 from autotune.store.outcomes import Ending, Stop
@@ -54,7 +53,7 @@ from autotune.study.recovery import (
     shares_with,
     this_process,
 )
-from autotune.study.sampler import AskTellGridSampler, says_enough, suggest
+from autotune.study.sampling.sampler import AskTellGridSampler, says_enough, suggest
 
 MAX_REPEATS = 50
 RUNNING_BACKOFF_S = 0.5
@@ -68,8 +67,8 @@ def run_search(
     plan: SearchPlan,
     study: optuna.Study,
     *,
+    executor: TrialExecutor,
     observer: SearchObserver | None = None,
-    executor: TrialExecutor | None = None,
     show_others: bool = False,
 ) -> Stop:
     """Run trials until the study has `n_trials` run (skipped ones run nothing and do not
@@ -94,7 +93,6 @@ def run_search(
     told to the observer as they are found, as this loop's own are (a search of one worker;
     with several, the process that started them watches the study itself).
     """
-    executor = executor or LocalExecutor()
     loop = _Loop.start(plan, study, observer or SearchObserver(), executor)
     loop.told = (
         None
@@ -127,7 +125,7 @@ def run_queued(
     wanted: Callable[[FrozenTrial], bool],
     *,
     observer: SearchObserver,
-    executor: TrialExecutor | None = None,
+    executor: TrialExecutor,
 ) -> None:
     """Run the study's queued trials, oldest first, while one that `wanted` accepts waits:
     a second look after the search's loops ended (`study.second_look`), whatever `n_trials`,
@@ -136,7 +134,7 @@ def run_queued(
     this waits for it to end, or for its process to be found dead (it is then queued again);
     a proposal asked for here when another process took the last wanted one between the
     refresh and the ask is handed back, not run."""
-    loop = _Loop.start(plan, study, observer, executor or LocalExecutor())
+    loop = _Loop.start(plan, study, observer, executor)
     while True:
         trials = loop.refresh()  # an interrupted one is queued again here
         if not any(t.state is TrialState.WAITING and wanted(t) for t in trials):
@@ -255,7 +253,7 @@ class _Loop:
     def propose(self, trial: optuna.Trial) -> dict[str, Any]:
         """The trial's settings, published with its owner: the queued baseline's (by
         `enqueue_baseline` or a retry), or the sampler's."""
-        trial.set_user_attr(OWNER_ATTR, this_process())
+        trial.set_user_attr(OWNER_ATTR, this_process(self.plan.slots[0]))
         trial.set_user_attr(VERSIONS_ATTR, self.plan.versions)  # measured under (conditions)
         if trial.user_attrs.get(BASELINE_ATTR):
             for name, (distribution, _) in self.baseline.items():
@@ -323,7 +321,7 @@ class _Loop:
         each may take the whole memory budget (`workers=` splits a host among its workers)."""
         if self.warned_sharing:
             return
-        me = this_process()
+        me = this_process(self.plan.slots[0])
         for other in trials:
             owner = other.user_attrs.get(OWNER_ATTR)
             if (

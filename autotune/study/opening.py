@@ -39,7 +39,7 @@ from autotune.store.records import (
 )
 from autotune.store.storage import load_named, open_storage, write_back
 from autotune.store.study_lock import StudyLock
-from autotune.study.sampler import make_sampler
+from autotune.study.sampling.sampler import make_sampler
 
 
 @contextlib.contextmanager

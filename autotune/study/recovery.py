@@ -19,8 +19,8 @@ import psutil
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.common.layout import trial_dir
-from autotune.execute.local import set_aside_result
+from autotune.common.layout import set_aside_result, trial_dir
+from autotune.common.placement import Placement
 from autotune.store.records import (
     BASELINE_ATTR,
     INTERRUPTED_BY_ATTR,
@@ -76,16 +76,20 @@ def note_interruption(trial: optuna.Trial, exc: BaseException) -> None:
             trial.set_user_attr(INTERRUPTED_BY_ATTR, name)
 
 
-def this_process() -> dict[str, Any]:
+def this_process(placement: Placement | None = None) -> dict[str, Any]:
     """Who runs a trial (`OWNER_ATTR`): host, pid and its start, and what it trains on (the
-    cores it may use, the GPUs it sees), for another process of the study to compare with."""
+    cores and GPUs of its `placement`, within this process's), for another process of the
+    study to compare with."""
     me = psutil.Process()
+    placement = placement or Placement()
+    cpus = placement.cpus if placement.cpus is not None else os.sched_getaffinity(0)
+    cuda = ",".join(placement.cuda_devices) or os.environ.get("CUDA_VISIBLE_DEVICES")
     return {
         "host": socket.gethostname(),
         "pid": me.pid,
         "pid_started": me.create_time(),
-        "cpus": sorted(os.sched_getaffinity(0)),
-        "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cpus": sorted(cpus),
+        "cuda": cuda,
     }
 
 

@@ -72,7 +72,7 @@ def run(
         attrs = {SECOND_LOOK_ATTR: of, RETRY_OF_ATTR: last.number}
         study.enqueue_trial(trials[of].params, user_attrs=attrs)
     room = plan.config.model_copy(update={"n_trials": len(study.get_trials()) + 1})
-    with observer.watching(), plan.slots[0].applied():
+    with observer.watching():
         run_queued(
             dataclasses.replace(plan, config=room),
             study,

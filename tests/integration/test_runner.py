@@ -160,14 +160,14 @@ def test_the_launcher_is_made_ready_before_the_trial_clock_starts(tmp_path):
             super().__init__(command)
             self.warm = False
 
-        def ready(self) -> None:
+        def ready(self, placement) -> None:
             if not self.warm:
                 time.sleep(2)
                 self.warm = True
 
-        def start(self, *paths):
-            self.ready()
-            return super().start(*paths)
+        def start(self, *paths_and_placement):
+            self.ready(paths_and_placement[-1])
+            return super().start(*paths_and_placement)
 
     result = launch_trial(
         spec(), tmp_path, timeout_s=1, launcher=SlowToStart((sys.executable, FAKE, "sleep"))

@@ -271,13 +271,13 @@ SERVER_MODULES = """
 import sys
 from pathlib import Path
 from autotune.execute.local import launch_trial
-from autotune.execute.launchers import ForkserverLauncher, _TrialProcess
+from autotune.common.placement import Placement
+from autotune.execute.launchers import ForkserverLauncher, _fork
 from tests.integration.test_sandbox_cpu import tiny_spec, write_modules
 
 launcher = ForkserverLauncher()
-launcher.ready()
-probe = _TrialProcess(target=write_modules, args=(sys.argv[1] + "/modules",))
-probe.start()
+launcher.ready(Placement())
+probe = _fork(Placement(), target=write_modules, args=(sys.argv[1] + "/modules",))
 probe.join()
 result = launch_trial(tiny_spec(0), Path(sys.argv[1]) / "trial", timeout_s=120, launcher=launcher)
 print(result.status.value, result.reason)

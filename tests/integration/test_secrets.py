@@ -30,9 +30,11 @@ def test_two_workers_write_no_storage_password_into_the_study_folder(
     tmp_path, postgres_server_url, monkeypatch
 ):
     # Two workers without cores of their own (fake trials use none; the machine may have 2).
-    from autotune.plan.slots import Slot
+    from autotune.common.placement import Placement
 
-    monkeypatch.setattr("autotune.plan.plan.assign", lambda workers, *_: ([Slot()] * workers, []))
+    monkeypatch.setattr(
+        "autotune.plan.plan.assign", lambda workers, *_: ([Placement()] * workers, [])
+    )
     with postgres_database(postgres_server_url) as url:
         settings = [
             f"model={TINY_MODEL}",

@@ -49,10 +49,10 @@ class InstantLauncher:
         ended.wait()
         self.pid = ended.pid
 
-    def ready(self) -> None:
+    def ready(self, placement) -> None:
         pass
 
-    def start(self, spec_path: Path, result_path: Path, log_path: Path) -> _Exited:
+    def start(self, spec_path: Path, result_path: Path, log_path: Path, placement) -> _Exited:
         batch = json.loads(spec_path.read_text())["params"]["batch_size"]
         result_path.write_text(
             json.dumps(

@@ -25,12 +25,12 @@ import pytest
 import sqlalchemy
 
 from autotune import api, cli
+from autotune.common.placement import Placement
 from autotune.common.trial import Status, TrialResult
 from autotune.outputs.view import TerminalView
 from autotune.plan import hardware
 from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
-from autotune.plan.slots import Slot
 from autotune.store.records import (
     BASELINE_ATTR,
     NOT_RUN_ATTR,
@@ -74,7 +74,9 @@ def any_cores(monkeypatch):
     """N workers without core sets of their own. On CPU each worker owns some cores, and the
     2-core CI machine has fewer than 3; a fake trial uses none. (The CPU command
     of docs/scaling-out.md, run by test_readme_examples.py, runs real trials on one core each.)"""
-    monkeypatch.setattr("autotune.plan.plan.assign", lambda workers, *_: ([Slot()] * workers, []))
+    monkeypatch.setattr(
+        "autotune.plan.plan.assign", lambda workers, *_: ([Placement()] * workers, [])
+    )
 
 
 class Watch(SearchObserver):

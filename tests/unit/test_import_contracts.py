@@ -17,6 +17,7 @@ CHILD = "A child process imports only what both sides share, and never optuna"
 NO_CHILD_CODE = "The search process never imports child code: it starts it by module name"
 NO_TORCH = "The search process never imports torch, transformers, datasets or accelerate"
 EXECUTOR = "The trial executors' protocol imports only what both sides share"
+SEAM = "The search and its outputs run trials through the executors' protocol alone"
 
 
 def broken_contracts(added: tuple[str, str] | None = None) -> set[str]:
@@ -46,7 +47,7 @@ def broken_contracts(added: tuple[str, str] | None = None) -> set[str]:
     finally:
         settings.configure(GRAPH_BUILDER=builder)
     names = {contract.name for contract, _ in report.get_contracts_and_checks()}
-    assert names == {CIRCLES, LAYERS, COMMON, CHILD, NO_CHILD_CODE, NO_TORCH, EXECUTOR}
+    assert names == {CIRCLES, LAYERS, COMMON, CHILD, NO_CHILD_CODE, NO_TORCH, EXECUTOR, SEAM}
     return {
         contract.name for contract, check in report.get_contracts_and_checks() if not check.kept
     }
@@ -81,6 +82,10 @@ def test_the_package_keeps_every_import_contract():
         ("autotune.execute.local", "autotune.study.loop", {CIRCLES, LAYERS}),
         # The protocol an executor elsewhere implements knows nothing of the search's stages.
         ("autotune.execute.base", "autotune.plan.plan", {EXECUTOR}),
+        # The loop or the confirmation building this host's executor (or reading its files)
+        # instead of submitting to the one it is given.
+        ("autotune.study.loop", "autotune.execute.local", {SEAM}),
+        ("autotune.outputs.confirm", "autotune.execute.launchers", {SEAM}),
     ],
 )
 def test_one_import_against_the_house_breaks_its_contract(importer, imported, broken):

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from autotune.common.device import DeviceInfo
 from autotune.common.errors import SpaceError
 from autotune.common.knobs import training_args
+from autotune.common.placement import Placement
 from autotune.plan.batch_rule import apply_sampling_rules
 from autotune.plan.capabilities import fit_space, trial_cores
-from autotune.plan.slots import Slot
 from autotune.plan.space import SMALL_BATCHES, SamplingRules, multiple_for
 from autotune.plan.space_file import load_space, shipped_names
 from tests.unit import installed
@@ -170,9 +170,9 @@ def test_a_space_whose_every_loader_worker_count_exceeds_the_cores_is_refused(tm
 
 def test_a_trial_has_its_workers_cores_or_a_share_of_the_hosts():
     host = len(os.sched_getaffinity(0))
-    assert trial_cores([Slot(cpus=(0, 1, 2)), Slot(cpus=(3, 4))]) == 2  # the smaller set
-    assert trial_cores([Slot()]) == host  # one worker: every core
-    gpus = [Slot(cuda_devices=(str(i),), cuda_indices=(i,)) for i in range(host + 1)]
+    assert trial_cores([Placement(cpus=(0, 1, 2)), Placement(cpus=(3, 4))]) == 2  # the smaller set
+    assert trial_cores([Placement()]) == host  # one worker: every core
+    gpus = [Placement(cuda_devices=(str(i),), cuda_indices=(i,)) for i in range(host + 1)]
     assert trial_cores(gpus) == 1  # GPU workers share the host's cores, one at least
     assert trial_cores([]) is None
 

@@ -162,7 +162,7 @@ def test_the_two_rank_baseline_is_a_point_of_the_space_with_ddps_own_settings_as
     import numpy as np
 
     from autotune.common.knobs import value_of
-    from autotune.study.points import Points
+    from autotune.study.sampling.points import Points
 
     plan = plan_for(tmp_path, "devices_per_trial=2", "workers=1", "space=quick")
     points = Points.of(plan, np.random.default_rng(0))

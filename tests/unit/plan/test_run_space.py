@@ -3,9 +3,9 @@ effective batch between a trial's ranks; each problem joins the plan's."""
 
 from __future__ import annotations
 
+from autotune.common.placement import Placement
 from autotune.plan.overrides import load_config
 from autotune.plan.run_space import fitted_space, sampling_rules
-from autotune.plan.slots import Slot
 from autotune.plan.space import SamplingRules
 from tests.unit import installed
 from tests.unit.stand_ins import GPUS
@@ -16,7 +16,7 @@ def test_a_space_for_another_device_is_a_problem_named_with_the_others():
     problems = ["an earlier problem"]
     facts = installed.software_facts()
     rules = SamplingRules()
-    space = fitted_space(config, "cuda", GPUS, facts, rules, "synthetic", [Slot()], problems)
+    space = fitted_space(config, "cuda", GPUS, facts, rules, "synthetic", [Placement()], problems)
     assert space is None
     assert problems == [
         "an earlier problem",

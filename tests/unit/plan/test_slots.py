@@ -1,7 +1,7 @@
 import dataclasses
-import os
 
-from autotune.plan.slots import Slot, _ranges, _split, assign
+from autotune.common.placement import Placement, _ranges
+from autotune.plan.slots import _split, assign
 from tests.unit.stand_ins import CPU, GPUS
 
 
@@ -17,7 +17,7 @@ def test_cpu_workers_each_own_a_share_of_this_process_cores(monkeypatch):
     assert problems == []
     assert [s.cpus for s in slots] == [(0, 1, 2), (3, 8, 9)]
     assert [s.describe() for s in slots] == ["cores 0-2", "cores 3,8-9"]
-    assert assign("auto", "auto", "cpu", CPU) == ([Slot()], [])  # one worker, every core
+    assert assign("auto", "auto", "cpu", CPU) == ([Placement()], [])  # one worker, every core
     _, problems = assign(7, "0,1", "cpu", CPU)
     assert problems == [
         "devices=0,1: names CUDA devices; this search runs on cpu",
@@ -67,8 +67,8 @@ def test_cuda_workers_own_the_devices_of_their_trials_ranks(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aa,GPU-bb,GPU-cc,GPU-dd")
     slots, _ = assign("auto", "auto", "cuda", GPUS, 4)
     assert [s.cuda_devices for s in slots] == [("GPU-aa", "GPU-bb", "GPU-cc", "GPU-dd")]
-    with slots[0].applied():  # the worker and its ranks see the worker's devices, in order
-        assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-aa,GPU-bb,GPU-cc,GPU-dd"
+    # The worker's trials and their ranks see the worker's devices, in order.
+    assert slots[0].environment({})["CUDA_VISIBLE_DEVICES"] == "GPU-aa,GPU-bb,GPU-cc,GPU-dd"
     assert [
         problems
         for _, problems in (

@@ -14,10 +14,10 @@ from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from autotune.store.outcomes import SearchConfidence
 from autotune.store.records import PARAMS_ATTR, TrialRecord, tell_result
-from autotune.study import model as effects
-from autotune.study.effects import EffectsSampler
-from autotune.study.model import confidence, predict
-from autotune.study.points import Points
+from autotune.study.sampling import model as effects
+from autotune.study.sampling.effects import EffectsSampler
+from autotune.study.sampling.model import confidence, predict
+from autotune.study.sampling.points import Points
 from tests.conftest import TINY_MODEL
 
 CPU = DeviceInfo(

@@ -12,10 +12,10 @@ from autotune.common.trial import Status, TrialResult
 from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from autotune.store.records import BASELINE_ATTR, PARAMS_ATTR, TrialRecord, tell_result
-from autotune.study.effects import EffectsSampler
-from autotune.study.guess import GUESS_COST, expert_guess
-from autotune.study.neighbourhood import Neighbourhood
-from autotune.study.points import Points
+from autotune.study.sampling.effects import EffectsSampler
+from autotune.study.sampling.guess import GUESS_COST, expert_guess
+from autotune.study.sampling.neighbourhood import Neighbourhood
+from autotune.study.sampling.points import Points
 from tests.conftest import TINY_MODEL
 from tests.unit.study.test_effects import CPU
 from tests.unit.study.test_skip_on_h100 import H100

@@ -5,8 +5,8 @@ from autotune.common.device import DeviceInfo
 from autotune.common.errors import ConfigError
 from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
-from autotune.study.effects import EffectsSampler
-from autotune.study.sampler import make_sampler
+from autotune.study.sampling.effects import EffectsSampler
+from autotune.study.sampling.sampler import make_sampler
 from tests.conftest import TINY_MODEL
 
 CPU = DeviceInfo(

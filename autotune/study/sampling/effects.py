@@ -44,11 +44,11 @@ from autotune.plan.plan import SearchPlan
 from autotune.store.records import PARAMS_ATTR, TrialRecord, is_recorded, record_of
 from autotune.study import checks
 from autotune.study.cost import TrialCost
-from autotune.study.guess import expert_guess, ladder_step, prior_rank
 from autotune.study.launch import time_limit_s
-from autotune.study.model import expected_gain, normal_cdf, predict
-from autotune.study.neighbourhood import Neighbourhood
-from autotune.study.points import Points
+from autotune.study.sampling.guess import expert_guess, ladder_step, prior_rank
+from autotune.study.sampling.model import expected_gain, normal_cdf, predict
+from autotune.study.sampling.neighbourhood import Neighbourhood
+from autotune.study.sampling.points import Points
 
 UCB_BETA = 2.0
 """How optimistic a pace the time limit is checked at: the model's mean plus this many

@@ -45,7 +45,7 @@ def make_sampler(plan: SearchPlan, *, seed: int) -> optuna.samplers.BaseSampler:
     if name in ("auto", "effects"):
         # The `auto` pick, after benchmarks/replay.py: on landscapes where no memory edge
         # narrows the space, TPE misses the fastest settings that this model finds.
-        from autotune.study.effects import EffectsSampler
+        from autotune.study.sampling.effects import EffectsSampler
 
         return EffectsSampler(plan, seed=seed)
     if name == "nsga2":

@@ -36,7 +36,7 @@ from autotune.study.cost import TrialCost, pace_at
 
 if TYPE_CHECKING:
     from autotune.plan.plan import SearchPlan
-    from autotune.study.points import Points
+    from autotune.study.sampling.points import Points
 
 GUESS_FILL = 0.85
 """The share of the memory budget the guess's batch may fill by estimate: room for the

@@ -24,7 +24,7 @@ from autotune.plan.plan import SearchPlan
 from autotune.store.outcomes import SearchConfidence
 from autotune.store.records import TrialRecord
 from autotune.study import checks
-from autotune.study.points import POINTS_LIMIT, Points
+from autotune.study.sampling.points import POINTS_LIMIT, Points
 
 OUTLIER_Z = 2.25
 """A measurement this many standard deviations from what the other trials predict for it

@@ -13,7 +13,7 @@ from autotune.common.knobs import is_compiled, value_of
 from autotune.common.trial import Status
 from autotune.plan.plan import SearchPlan
 from autotune.store.records import TrialRecord
-from autotune.study.points import Points
+from autotune.study.sampling.points import Points
 
 WIDEN_AFTER = 3
 """Trials without a faster one after which the model looks one knob further from the fastest
