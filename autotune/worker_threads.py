@@ -1,6 +1,6 @@
-"""`workers=N` with an executor that starts no process (the simulated one): N threads of this
-process, each the search loop on its slot, shown as one search. `workers` runs worker
-processes otherwise."""
+"""`workers=N` with an executor that runs trials elsewhere (the simulated one, a cluster's): N
+threads of this process, each the search loop on its slot, shown as one search, N trials in
+flight. With this host's executor, `workers` runs worker processes instead."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def worker_plan(plan: SearchPlan, index: int) -> SearchPlan:
 def run_threads(
     plan: SearchPlan, study: optuna.Study, observer: SearchObserver, executor: TrialExecutor
 ) -> Stop:
-    """`workers=N` with an executor that starts no process: N threads of this process, each
+    """`workers=N` with an executor that runs trials elsewhere: N threads of this process, each
     the loop on its slot with a study handle of its own, as a worker process runs it, shown as
     one search. An exception in one stops the others before their next trial (so does
     Ctrl-C), and goes on from here once they have stopped.

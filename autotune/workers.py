@@ -45,7 +45,6 @@ from autotune.common.trial import Progress, read_progress, write_json_atomic
 from autotune.execute.base import TrialExecutor
 from autotune.execute.launchers import CommandLauncher, ForkserverLauncher
 from autotune.execute.local import LocalExecutor
-from autotune.execute.simulated import SimulatedExecutor
 from autotune.outputs.view import TerminalView
 from autotune.plan.plan import SearchPlan
 from autotune.store.outcomes import Ending, Stop
@@ -75,14 +74,16 @@ def run_workers(
     plan: SearchPlan,
     study: optuna.Study,
     observer: SearchObserver,
-    executor: TrialExecutor | None,
+    executor: TrialExecutor,
 ) -> Stop:
     """Start one worker per slot of `plan`, show them as one search through `observer`, and
     return why they stopped when every one has ended.
 
     Each worker joins the study with the finished plan (`plan.settle`d when the study was
     opened): none plans again, so `data=` is read and the hub asked once per search."""
-    if isinstance(executor, SimulatedExecutor):  # it starts no process: threads will do
+    if not isinstance(executor, LocalExecutor):
+        # An executor that runs trials elsewhere (simulated, or on a cluster): N threads of this
+        # process, each the loop on its slot, keep N trials in flight through it.
         return run_threads(plan, study, observer, executor)
     trial_command = _trial_command(plan, executor)
     folder = plan.study_dir / WORKERS / f"{socket.gethostname()}-{os.getpid()}"
@@ -115,18 +116,18 @@ def run_workers(
     return _stopped(folder, workers)
 
 
-def _trial_command(plan: SearchPlan, executor: TrialExecutor | None) -> list[str] | None:
-    """How each worker process starts its trials: a command, or None for a fork server of
-    its own; a ConfigError for an executor that cannot be handed to a process."""
-    launcher = executor.launcher if isinstance(executor, LocalExecutor) else None
+def _trial_command(plan: SearchPlan, executor: LocalExecutor) -> list[str] | None:
+    """How each worker process starts its trials: a command, or None for the fork servers
+    of its slot; a ConfigError for a launcher that cannot be handed to a process."""
+    launcher = executor.launcher
     if isinstance(launcher, CommandLauncher):
         return list(launcher.command)
-    if executor is None or isinstance(launcher, ForkserverLauncher):
-        return None  # each worker starts a fork server of its own
+    if isinstance(launcher, ForkserverLauncher):
+        return None  # each worker forks its trials from a fork server of its slot
     # Each worker process runs trials of its own: what it is told is how to start them.
-    shown = type(launcher or executor).__name__
     raise ConfigError(
-        f"workers={len(plan.slots)}: a {shown} cannot be handed to worker processes; use workers=1"
+        f"workers={len(plan.slots)}: a {type(launcher).__name__} cannot be handed to worker "
+        "processes; use workers=1"
     )
 
 

@@ -173,3 +173,34 @@ def test_an_error_in_one_worker_thread_stops_the_others_and_goes_on(tmp_path):
     study = api.load(tmp_path / "h100x8")  # what finished is written
     assert len(study.snapshot.records) < 24
     assert (tmp_path / "h100x8" / "trials.csv").is_file()
+
+
+class Elsewhere:
+    """An executor of another kind than this host's or the simulated one (a cluster's, say):
+    it answers through a simulated executor it holds, and keeps where each trial was placed."""
+
+    def __init__(self, answer) -> None:
+        self.inner = SimulatedExecutor(answer)
+        self.placed: dict[str, set[str]] = {}
+
+    def ready(self) -> None:
+        self.inner.ready()
+
+    def submit(self, submission):
+        name = threading.current_thread().name
+        self.placed.setdefault(name, set()).add(submission.placement.describe())
+        return self.inner.submit(submission)
+
+
+def test_workers_run_their_trials_in_flight_over_an_executor_of_any_kind(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    executor = Elsewhere(SideBySide(2))  # each worker's first trial waits for the other's
+    result = search(tmp_path, executor, 2, n_trials=8, study="elsewhere", devices_per_trial=1)
+    assert len([r for r in result.snapshot.records if r.status is Status.OK]) >= 2
+    # Each worker's trials carried its own slot; the confirmation ran on the first worker's.
+    workers = {name: placed for name, placed in executor.placed.items() if "worker" in name}
+    assert workers == {
+        "worker 0: cuda device 0": {"cuda device 0"},
+        "worker 1: cuda device 1": {"cuda device 1"},
+    }
+    assert executor.placed["MainThread"] == {"cuda device 0"}
