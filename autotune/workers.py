@@ -308,6 +308,10 @@ def _worker_main(folder: Path, index: int) -> int:
     print(f"worker {index} (pid {os.getpid()}): {slot.describe()}", flush=True)
     command = handoff.trial_command
     # Its trials run on its slot: each submission carries it, and the executor places them.
+    # The worker itself keeps to its slot's cores too (a process of its own: nothing to put
+    # back), so that its loop and the sampler's numpy never run on another worker's cores
+    # while that one times its steps.
+    slot.pin()
     executor = LocalExecutor(CommandLauncher(tuple(command)) if command else None)
     study, plan = open_study(plan, joining=True)
     view = TerminalView(quiet=False, log_name=None)

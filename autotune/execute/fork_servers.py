@@ -36,9 +36,8 @@ class PlacedForkServer(forkserver.ForkServer):
     def ensure_running(self) -> None:
         with self._lock:
             resource_tracker.ensure_running()
-            if self._forkserver_pid is not None:
-                pid, _ = os.waitpid(self._forkserver_pid, os.WNOHANG)
-                if not pid:
+            if self._process is not None:
+                if self._process.poll() is None:  # Popen reaps it: no waitpid of ours
                     return  # still alive
                 os.close(self._forkserver_alive_fd)  # dead: started again below
                 self._forkserver_address = self._forkserver_alive_fd = None
@@ -60,12 +59,14 @@ class PlacedForkServer(forkserver.ForkServer):
                     cmd %= (listener.fileno(), alive_r, self._preload_modules, data)
                     exe = spawn.get_executable()
                     args = [exe, *util._args_from_interpreter_flags(), "-c", cmd]
+                    env = self.placement.environment()
+                    for name, value in SERVER_ENVIRONMENT.items():
+                        env.setdefault(name, value)  # a user's own setting stands
+                    # Pinned before it imports torch. preexec_fn forks without posix_spawn,
+                    # and is used only where there are cores to pin.
+                    pin = self.placement.pin if self.placement.cpus is not None else None
                     self._process = subprocess.Popen(
-                        args,
-                        executable=exe,
-                        pass_fds=fds,
-                        env=self.placement.environment() | SERVER_ENVIRONMENT,
-                        preexec_fn=self.placement.pin,  # before it imports torch
+                        args, executable=exe, pass_fds=fds, env=env, preexec_fn=pin
                     )
                 except BaseException:
                     os.close(alive_w)
