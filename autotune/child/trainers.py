@@ -204,14 +204,20 @@ def _target_names(model: Any, targets: set[str]) -> list[str]:
     out as every module's path (`model.layers.0.mlp.up_proj`, ...), which the module names
     alone (`up_proj`) target too, where no other module has those names."""
     leaves = {t.rsplit(".", 1)[-1] for t in targets}
-    named = {n for n, _ in model.get_base_model().named_modules() if n.rsplit(".", 1)[-1] in leaves}
+    named = {n for n, _ in _base(model).named_modules() if n.rsplit(".", 1)[-1] in leaves}
     return sorted(leaves if named == targets else targets)
+
+
+def _base(model: Any) -> Any:
+    """The model under a `PeftModel`; a model that carries adapters itself (transformers'
+    `add_adapter`, which gives it a `peft_config` too) is its own base."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def factory_model(model: Any) -> dict[str, Any]:
     """What a factory's model is, for the estimate of later trials: its config (the base's,
     under an adapter) as JSON gives it, and its task."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = _base(model)
     config = json.loads(base.config.to_json_string(use_diff=False))
     # The weights' own dtype, not the config's: a factory may build or cast them otherwise
     # (the first floating one: a quantized weight packs ints).
