@@ -36,6 +36,7 @@ from autotune.common.urls import safe_url
 from autotune.common.user_data import read_ready
 from autotune.execute.base import TrialExecutor
 from autotune.execute.local import LocalExecutor
+from autotune.execute.ray_executor import RayExecutor
 from autotune.outputs import confirm, verify
 from autotune.outputs.snapshot import StudySnapshot, read_snapshot
 from autotune.outputs.study_folder import write_study_folder
@@ -127,11 +128,18 @@ def run(
     line, or the API call); None: this call. `executor` runs the trials (default: worker
     processes of this host) on the device `device_info` describes (default: probed), which
     together may simulate another machine (`autotune.execute.simulated`)."""
-    observer, executor = observer or SearchObserver(), _executor(executor)
+    observer, executor = observer or SearchObserver(), _executor(executor, config)
+    cluster = None
+    if isinstance(executor, RayExecutor):  # the plan is the cluster's: its nodes, their device
+        with observer.busy(f"reaching the Ray cluster (ray_address={config.ray_address})"):
+            cluster = executor.cluster()
+            if device_info is None:
+                gpus = config.device != "cpu" and any(n.gpus for n in cluster.nodes)
+                device_info = executor.probe("cuda" if gpus else "cpu")
     if device_info is None:
         with observer.busy("probing the device"):
             device_info = software_cache.probe_device()
-    plan = make_plan(config, device_info)
+    plan = make_plan(config, device_info, cluster)
     _refuse_certain_timeouts(plan)
     prepare_inputs(plan, observer)
     with locked_study(plan) as (study, plan), stop_signals() as signals:
@@ -211,10 +219,15 @@ def _store_end(
     return end
 
 
-def _executor(given: TrialExecutor | None) -> TrialExecutor:
-    """What runs the trials: the one given, else (the one place it is made) this host's worker
-    processes, each forked from a fork server of its placement."""
-    return given if given is not None else LocalExecutor()
+def _executor(given: TrialExecutor | None, config: RunConfig | None = None) -> TrialExecutor:
+    """What runs the trials: the one given, else (the one place it is made) the one `executor=`
+    names: this host's worker processes, each forked from a fork server of its placement, or
+    a Ray cluster's nodes."""
+    if given is not None:
+        return given
+    if config is not None and config.executor == "ray":
+        return RayExecutor(config.ray_address)
+    return LocalExecutor()
 
 
 def _confirm(
@@ -228,6 +241,9 @@ def _confirm(
     other versions than the study's (`_start_run` said so)."""
     if rounds < 1 or conditions.other_versions(plan.versions, plan.info.versions):
         return
+    if isinstance(executor, RayExecutor) and plan.slots[0].nodes == 1:
+        # On one node of the cluster: the baseline and the picks measured on the same one.
+        plan = dataclasses.replace(plan, slots=[executor.one_node(plan.slots[0])])
     # On the cores (or devices) the trials had: each run's submission carries the slot.
     confirm.confirm(plan, study, read_snapshot(study), rounds, observer=observer, executor=executor)
 

@@ -3,8 +3,11 @@ process group that lives and dies together, with one result. What a rank then do
 strategy is `rank_training`'s.
 
 A rank learns who it is from a `Rank`: here the worker makes one for each rank it forks; under
-torchrun (ranks across nodes) each would read it from the environment torchrun sets
-(`Rank.from_torchrun`), and the same training code runs either way.
+torchrun each would read it from the environment torchrun sets (`Rank.from_torchrun`), and the
+same training code runs either way. A trial across nodes (`executor=ray`) runs a worker on each
+node with torchrun's environment for the node (`placement.NodePart`): each forks the node's
+ranks; the first node's holds the rendezvous on `MASTER_ADDR:MASTER_PORT`, and its rank 0
+writes the trial's result, the other nodes' workers an `ok` of their part.
 
 The worker holds a TCP store on a port the kernel picked (so concurrent trials never race for
 one), forks `spec.devices` ranks and waits; it never initialises CUDA (nor does the fork server
@@ -44,6 +47,7 @@ import torch.distributed as dist
 from autotune.child import cuda_free
 from autotune.common.knob_values import FSDP, ZERO_STAGES
 from autotune.common.knobs import value_of
+from autotune.common.placement import NodePart
 from autotune.common.processes import die_with_parent
 from autotune.common.trial import (
     STDERR_TAIL_CHARS,
@@ -71,6 +75,19 @@ class Rank:
     on_cuda: bool = False
     bucket_view: bool = False
     """DDP's gradients as views into its buckets (the `gradient_as_bucket_view` knob)."""
+    local_rank: int | None = None
+    """Its place among its node's ranks (None: its `rank`, every rank on one node)."""
+    local_world_size: int | None = None
+    """Its node's ranks (None: `world_size`)."""
+
+    @property
+    def on_node(self) -> int:
+        """The rank's index among its node's ranks (its GPU, its share of the cores)."""
+        return self.rank if self.local_rank is None else self.local_rank
+
+    @property
+    def node_ranks(self) -> int:
+        return self.world_size if self.local_world_size is None else self.local_world_size
 
     @classmethod
     def from_torchrun(
@@ -135,61 +152,81 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
     the others' scaling efficiency."""
     strategy = value_of(spec.params, "strategy", devices=spec.devices)
     world_size = 1 if strategy == "single" else spec.devices
+    part = NodePart.from_environment(os.environ)
+    if part is not None and world_size == 1:  # `single`: one rank, on the first node
+        if part.node_rank != 0:
+            return TrialResult(status=Status.OK, reason="no rank of a single-rank trial here")
+        part = None
+    here = world_size if part is None else part.local_world_size
+    first = 0 if part is None else part.first_rank
     cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < spec.devices:
+    if len(cores) < here:
         return TrialResult(
             status=Status.INVALID_CONFIG,
-            reason=f"{spec.devices} ranks need a core each; the trial has {len(cores)}",
+            reason=f"{here} ranks need a core each; the trial has {len(cores)} here",
         )
     for rank in range(spec.devices):  # an earlier attempt's, in a reused folder
         rank_file(folder, rank).unlink(missing_ok=True)
     try:
-        cuda_free.refuse_fork(f"the trial's {world_size} forked rank(s)")
+        cuda_free.refuse_fork(f"the trial's {here} forked rank(s)")
     except cuda_free.CudaInitialised as exc:
         return TrialResult(status=Status.ERROR, reason=str(exc)[:300], stderr_tail=str(exc))
-    listener = loopback_listener()
-    store = dist.TCPStore(
-        HOST,
-        listener.getsockname()[1],
-        world_size,
-        is_master=True,
-        wait_for_workers=False,
-        master_listen_fd=listener.fileno(),
-    )
+    host = HOST if part is None else part.master_addr
+    store = None
+    if part is None or part.node_rank == 0:  # the rendezvous, held while the ranks run
+        listener = listener_on(host, 0 if part is None else part.master_port)
+        store = dist.TCPStore(
+            host,
+            listener.getsockname()[1],
+            world_size,
+            is_master=True,
+            wait_for_workers=False,
+            master_listen_fd=listener.fileno(),
+        )
+    port = store.port if store is not None else part.master_port  # type: ignore[union-attr]
     worker = os.getpid()
     pids = {}
-    for rank in range(world_size):
+    for local in range(here):
         pid = os.fork()
         if pid == 0:
             _rank_main(
                 Rank(
-                    rank,
+                    first + local,
                     world_size,
                     strategy,
                     on_cuda=spec.device == "cuda",
                     bucket_view=bool(spec.params.get("gradient_as_bucket_view")),
+                    local_rank=local,
+                    local_world_size=here,
                 ),
-                store.port,
-                cores[rank :: spec.devices],
+                host,
+                port,
+                cores[local::here],
                 folder,
                 attempt,
                 worker,
             )
-        pids[pid] = rank
-    return _wait(pids, folder)
+        pids[pid] = first + local
+    return _wait(pids, folder, first)
 
 
-def loopback_listener() -> socket.socket:
-    """A socket listening on HOST at a free port, for the rendezvous store to serve on:
-    `TCPStore` given a port alone listens on every interface."""
+def listener_on(host: str, port: int) -> socket.socket:
+    """A socket listening on `host` (HOST: loopback), at `port` (0: a free one), for the
+    rendezvous store to serve on: `TCPStore` given a port alone listens on every interface."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind((HOST, 0))
+    listener.bind((host, port))
     listener.listen(128)
     return listener
 
 
 def _rank_main(
-    rank: Rank, port: int, cores: list[int], folder: Path, attempt: Attempt, worker: int
+    rank: Rank,
+    host: str,
+    port: int,
+    cores: list[int],
+    folder: Path,
+    attempt: Attempt,
+    worker: int,
 ) -> None:
     """A rank's whole life: it never returns into the worker's code it was forked from."""
     failed = True
@@ -198,7 +235,7 @@ def _rank_main(
         die_with_parent(signal.SIGKILL)
         if os.getppid() != worker:  # the worker died before the death signal was asked for
             return
-        result, failed = _join_and_train(rank, port, cores, attempt)
+        result, failed = _join_and_train(rank, host, port, cores, attempt)
         if result is not None:
             write_json_atomic(rank_file(folder, rank.rank), result.to_dict())
     finally:
@@ -208,7 +245,7 @@ def _rank_main(
 
 
 def _join_and_train(
-    rank: Rank, port: int, cores: list[int], attempt: Attempt
+    rank: Rank, host: str, port: int, cores: list[int], attempt: Attempt
 ) -> tuple[TrialResult | None, bool]:
     try:
         os.sched_setaffinity(0, cores)
@@ -216,18 +253,19 @@ def _join_and_train(
         if rank.trainer_distributed:  # what torchrun sets: accelerate reads it
             os.environ.update(
                 RANK=str(rank.rank),
-                LOCAL_RANK=str(rank.rank),
+                LOCAL_RANK=str(rank.on_node),
                 WORLD_SIZE=str(rank.world_size),
-                LOCAL_WORLD_SIZE=str(rank.world_size),
-                MASTER_ADDR=HOST,
+                LOCAL_WORLD_SIZE=str(rank.node_ranks),
+                MASTER_ADDR=host,
                 MASTER_PORT=str(port),
                 OMP_NUM_THREADS=str(len(cores)),  # else accelerate sets threads of its own
             )
-        for name, value in LOOPBACK.items():
-            os.environ.setdefault(name, value)
-        store = dist.TCPStore(HOST, port, rank.world_size, is_master=False, timeout=GROUP_TIMEOUT)
+        if host.startswith("127."):  # across nodes, the user's settings (or gloo's pick)
+            for name, value in LOOPBACK.items():
+                os.environ.setdefault(name, value)
+        store = dist.TCPStore(host, port, rank.world_size, is_master=False, timeout=GROUP_TIMEOUT)
         if rank.on_cuda:  # the rank's own GPU, of those its worker was given
-            torch.cuda.set_device(own_device_first(rank) if rank.fsdp else rank.rank)
+            torch.cuda.set_device(own_device_first(rank) if rank.fsdp else rank.on_node)
         dist.init_process_group(
             rank.backend,
             store=store,
@@ -257,14 +295,15 @@ def own_device_first(rank: Rank) -> int:
     the rank (the worker never starts it: its ranks are forked)."""
     # The worker's slot sets it; unset, the worker saw every GPU, its ranks the first ones.
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible = listed.split(",") if listed else [str(i) for i in range(rank.world_size)]
-    own = visible[rank.rank]
+    visible = listed.split(",") if listed else [str(i) for i in range(rank.node_ranks)]
+    own = visible[rank.on_node]
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join([own, *(v for v in visible if v != own)])
     return 0
 
 
-def _wait(pids: dict[int, int], folder: Path) -> TrialResult:
-    """Reap the ranks; the first to end badly ends the rest and names the trial."""
+def _wait(pids: dict[int, int], folder: Path, first: int = 0) -> TrialResult:
+    """Reap the ranks; the first to end badly ends the rest and names the trial. On a node
+    of a trial across nodes without rank 0 (`first`), an `ok` of its part."""
     running = dict(pids)
     while running:
         pid, status = os.wait()
@@ -278,6 +317,8 @@ def _wait(pids: dict[int, int], folder: Path) -> TrialResult:
             for other in list(running):
                 os.waitpid(other, 0)
             return _rank_failure(rank, code, folder)
+    if first != 0:
+        return TrialResult(status=Status.OK, reason=f"ranks {first}-{max(pids.values())} ended")
     path = rank_file(folder, 0)
     if not path.exists():
         return TrialResult(status=Status.CRASHED, reason="rank 0 ended without a result")

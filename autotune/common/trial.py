@@ -170,6 +170,12 @@ class TrialResult:
     n_params: int | None = None
     worker_pid: int | None = None
     """The process that ran the trial: each trial has one of its own."""
+    node: str | None = None
+    """The cluster node(s) the trial ran on, comma-separated in rank order (set by a cluster
+    executor); None: the search's own host."""
+    rerun: bool = False
+    """It ended for a reason outside its settings (its node left the cluster): they are run
+    again (`study.loop`)."""
     device_name: str = ""
     cpu_threads: int | None = None
     """CPU: the threads torch trained with (the cores the trial's worker was given)."""

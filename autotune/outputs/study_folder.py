@@ -116,6 +116,8 @@ def table(
     out of the front). trials.csv, pareto.csv and `SearchResult.to_dataframe()` hold these."""
     knobs = [k for k in KNOBS if any(k in r.params for r in records)]
     ranks = [c for c in RANK_COLUMNS if any(getattr(r.result, c) for r in records)]
+    # On a cluster: the node(s) each trial ran on (a column only where one did).
+    nodes = ["node"] if any(r.result.node for r in records) else []
     columns = [
         "number",
         "baseline",
@@ -123,6 +125,7 @@ def table(
         "status",
         *METRIC_COLUMNS,
         *ranks,
+        *nodes,
         "noisy",
         "changes_training",
         "reason",
@@ -136,6 +139,7 @@ def table(
             "status": r.status.value,
             **{m: getattr(r.result, m) for m in METRIC_COLUMNS},
             **{c: _per_rank(getattr(r.result, c)) for c in ranks},
+            **{c: r.result.node for c in nodes},
             "noisy": None if r.result.step_time_cv is None else snapshot.is_noisy(r),
             "changes_training": ";".join(c.setting for c in snapshot.math_changes(r)),
             "reason": r.result.reason,
@@ -166,6 +170,8 @@ def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
         "seq_len": info.seq_len,
         "device": info.device,
         "device_name": fastest.result.device_name,
+        # On a cluster: the node(s) it ran on.
+        **({"node": fastest.result.node} if fastest.result.node else {}),
         "devices_per_trial": info.devices_per_trial or 1,
         # How recommended.py runs as the trial did: one process per device.
         "launch": launch_command(info, fastest.params),

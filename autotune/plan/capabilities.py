@@ -367,6 +367,8 @@ def trial_cores(slots: Sequence[Placement]) -> int | None:
     cores (one per GPU, or one worker) an even share of this process's. None: no slots."""
     if not slots:
         return None
+    if slots[0].node_cpus is not None:  # on a cluster: what the trial takes of each node
+        return slots[0].node_cpus * slots[0].nodes
     unpinned = sum(s.cpus is None for s in slots)
     shared = len(os.sched_getaffinity(0)) // max(unpinned, 1) or 1
     return min(shared if s.cpus is None else len(s.cpus) for s in slots)

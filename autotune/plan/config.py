@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from autotune.common.adapter import ALL_LINEAR, lora_config, parse_targets
 from autotune.plan.setting_types import (
+    Cpus,
     Device,
     Devices,
     DevicesPerTrial,
@@ -275,6 +276,30 @@ class RunConfig(_ModelSettings):
         "(1 with workers=auto), 1 on cpu",
         json_schema_extra={"metavar": "N|auto"},
     )
+    executor: Literal["local", "ray"] = Field(
+        "local",
+        description="what runs the trials: local = worker processes of this host; ray = tasks "
+        "on a Ray cluster's nodes (pip install 'autotune[ray]'), the study on this host",
+    )
+    ray_address: str = Field(
+        "auto",
+        description="executor=ray: the cluster, as ray.init reads it: auto (RAY_ADDRESS, else "
+        "the cluster this host runs), or HOST:PORT of its head",
+        json_schema_extra={"metavar": "auto|HOST:PORT"},
+    )
+    nodes_per_trial: int = Field(
+        1,
+        ge=1,
+        description="executor=ray: the nodes one trial's ranks are spread over, "
+        "devices_per_trial/nodes_per_trial on each (a trial across nodes: torchrun's "
+        "environment, gloo on cpu, NCCL on cuda)",
+    )
+    cpus_per_trial: Cpus = Field(
+        "auto",
+        description="executor=ray: the CPUs a trial takes on each of its nodes; auto = on cuda "
+        "the node's share for its GPUs, on cpu every CPU of the smallest node",
+        json_schema_extra={"metavar": "N|auto"},
+    )
     stale_after: Duration = Field(
         60.0,
         description="a running trial whose search sent no heartbeat for this long (it died, "
@@ -308,6 +333,28 @@ class RunConfig(_ModelSettings):
             raise ValueError(
                 f"peft={self.peft} with trainer=: the factory builds its own model; apply the "
                 "adapter there (get_peft_model), and autotune reads it from the Trainer's model"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _cluster_settings_need_a_cluster(self) -> RunConfig:
+        if self.executor == "ray":
+            if self.trainer:
+                raise ValueError(
+                    "trainer= with executor=ray: a factory's file lies on this host, and the "
+                    "cluster's nodes share no folder with it; run the factory with "
+                    "executor=local, or with autotune worker on each host"
+                )
+            return self
+        given = [
+            f"{name}={getattr(self, name)}"
+            for name, default in (("nodes_per_trial", 1), ("cpus_per_trial", "auto"))
+            if getattr(self, name) != default
+        ]
+        if given:
+            raise ValueError(
+                f"{' and '.join(given)}: for executor=ray, which places a trial on a "
+                "cluster's nodes; executor=local runs it on this host"
             )
         return self
 
@@ -380,7 +427,11 @@ class WorkerConfig(_Settings):
     quiet: bool = Field(False, description="print only errors")
 
 
-PER_PROCESS_SETTINGS = frozenset(WorkerConfig.model_fields) - {"study", "trainer"} | {"storage"}
+PER_PROCESS_SETTINGS = frozenset(WorkerConfig.model_fields) - {"study", "trainer"} | {
+    "storage",
+    "executor",
+    "ray_address",
+}
 """Settings each process sets for itself; the others are the study's (stored with it). A
 worker's own `trainer=` stands in for the study's, which is stored."""
 

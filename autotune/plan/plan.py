@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.common.cluster import Cluster
 from autotune.common.device import DeviceInfo, cpu_reserve_bytes
 from autotune.common.errors import AutotuneError, ConfigError
 from autotune.common.knobs import value_of
@@ -33,7 +34,7 @@ from autotune.plan.inputs import data_spec, input_problems, trainer_info
 from autotune.plan.run_info import RunInfo
 from autotune.plan.run_space import fitted_space, sampling_rules
 from autotune.plan.setting_types import STUDY_NAME_MAX_CHARS
-from autotune.plan.slots import assign
+from autotune.plan.slots import assign, cluster_slots, trials_per_node
 from autotune.plan.space import SamplingRules, SearchSpace
 from autotune.plan.space_file import SoftwareFacts
 
@@ -254,15 +255,18 @@ class SearchPlan:
         return self.info.device
 
 
-def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
-    """The plan for `config` on this device, every problem with it named at once (a
-    ConfigError); `settle` finishes it for its study."""
+def make_plan(
+    config: RunConfig, device_info: DeviceInfo, cluster: Cluster | None = None
+) -> SearchPlan:
+    """The plan for `config` on this device (with `executor=ray`, a node of `cluster`'s),
+    every problem with it named at once (a ConfigError); `settle` finishes it for its
+    study."""
     problems: list[str] = []
     device = device_info.resolve(config.device)
     model, task = _model_and_task(config, problems)
     facts = SoftwareFacts.from_probe(dataclasses.asdict(device_info))
     source = "trainer" if config.trainer else "data" if config.data else "synthetic"
-    config, slots = _slots(config, device, device_info, problems)
+    config, slots = _slots(config, device, device_info, cluster, problems)
     rules = sampling_rules(config, device, device_info, source, problems)
     problems += _devices_problems(config, device, trial_cores(slots))
     fitted_for = (model.config.get("model_type", ""), task) if model and task else None
@@ -276,7 +280,7 @@ def make_plan(config: RunConfig, device_info: DeviceInfo) -> SearchPlan:
         data, data_info = _data(config, model, problems)
     search_dir = Path.cwd()
     trainer = trainer_info(config.trainer, search_dir) if config.trainer else None
-    device_name, available_bytes = _memory(config, device, device_info, slots, problems)
+    device_name, available_bytes = _memory(config, device, device_info, slots, cluster, problems)
     if problems:
         raise ConfigError("\n".join(problems))
     assert model is not None and task and space is not None and study_name and study_dir
@@ -323,19 +327,36 @@ def _model_and_task(config: RunConfig, problems: list[str]) -> tuple[ModelSpec |
 
 
 def _slots(
-    config: RunConfig, device: str, device_info: DeviceInfo, problems: list[str]
+    config: RunConfig,
+    device: str,
+    device_info: DeviceInfo,
+    cluster: Cluster | None,
+    problems: list[str],
 ) -> tuple[RunConfig, list[Placement]]:
-    """What each worker owns (`assign`), problems added, and the config with its
-    `devices_per_trial` resolved by them."""
-    slots, slot_problems = assign(
-        config.workers, config.devices, device, device_info, config.devices_per_trial
-    )
+    """What each worker owns (`assign`; on a cluster `cluster_slots`), problems added, and the
+    config with its `devices_per_trial` resolved by them."""
+    if config.executor == "ray":
+        assert cluster is not None, "executor=ray plans on the cluster's facts"
+        slots, slot_problems = cluster_slots(
+            cluster,
+            device,
+            config.workers,
+            config.devices_per_trial,
+            config.nodes_per_trial,
+            config.cpus_per_trial,
+        )
+    else:
+        slots, slot_problems = assign(
+            config.workers, config.devices, device, device_info, config.devices_per_trial
+        )
     problems += slot_problems
     return config.model_copy(update={"devices_per_trial": _ranks(config, slots)}), slots
 
 
 def _ranks(config: RunConfig, slots: list[Placement]) -> int:
     """`devices_per_trial` resolved: a worker's GPUs on cuda; auto is 1 on cpu."""
+    if slots and slots[0].node_gpus:
+        return slots[0].node_gpus * slots[0].nodes
     if slots and slots[0].cuda_indices:
         return len(slots[0].cuda_indices)
     return 1 if config.devices_per_trial == "auto" else int(config.devices_per_trial)
@@ -387,12 +408,18 @@ def _memory(
     device: str,
     device_info: DeviceInfo,
     slots: list[Placement],
+    cluster: Cluster | None,
     problems: list[str],
 ) -> tuple[str, int]:
-    """The device's name and the memory each worker's trials can have; with nothing left and no
-    `memory_budget=`, the problem added."""
+    """The device's name and the memory each worker's trials can have (on a cluster, those
+    that run at once on a node share its memory); with nothing left and no `memory_budget=`,
+    the problem added."""
     cuda_indices = [i for s in slots for i in s.cuda_indices]
-    device_name, available_bytes = device_info.memory_for(device, cuda_indices, len(slots))
+    sharing = len(slots)
+    if cluster is not None and slots:
+        sharing = min(sharing, trials_per_node(cluster, slots[0]))
+        cuda_indices = list(range(slots[0].node_gpus))
+    device_name, available_bytes = device_info.memory_for(device, cuda_indices, sharing)
     if not config.memory_budget and available_bytes <= 0:
         problems.append(_no_memory_left(device, device_info, len(slots)))
     return device_name, available_bytes

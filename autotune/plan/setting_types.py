@@ -41,6 +41,16 @@ def check_workers(value: Any) -> Any:
 Workers = Annotated[int | Literal["auto"], BeforeValidator(check_workers)]
 
 
+def check_cpus(value: Any) -> Any:
+    """`auto` or a whole number of CPUs, 1 or more."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError("expected auto or a number of CPUs, 1 or more")
+
+
+Cpus = Annotated[int | Literal["auto"], BeforeValidator(check_cpus)]
+
+
 def check_devices_per_trial(value: Any) -> Any:
     """`auto` or a whole number of ranks, 1 or more."""
     if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from autotune.common.cluster import Cluster
 from autotune.common.device import DeviceInfo
 from autotune.common.placement import Placement
 
@@ -121,3 +122,85 @@ def _split(items: list[int], parts: int) -> list[list[int]]:
         runs.append(items[start:end])
         start = end
     return runs
+
+
+def cluster_slots(
+    cluster: Cluster,
+    device: str,
+    workers: int | str,
+    per_trial: int | str,
+    nodes_per_trial: int,
+    cpus_per_trial: int | str,
+) -> tuple[list[Placement], list[str]]:
+    """A cluster's trials in flight (`workers=auto`: as many as its nodes have room for), each
+    what it takes of each of its nodes, and the problems with the settings (all of them).
+
+    A trial has `devices_per_trial` ranks (auto: 1), spread evenly over `nodes_per_trial`
+    nodes; on cuda one GPU a rank, and more ranks than the largest node has GPUs spread over
+    as many nodes as they need. Its CPUs on each node: `cpus_per_trial`, or on cuda the node's
+    share for its GPUs, on cpu every CPU of the smallest node."""
+    problems: list[str] = []
+    ranks = 1 if per_trial == "auto" else int(per_trial)
+    nodes = nodes_per_trial
+    most_gpus = max((n.gpus for n in cluster.nodes), default=0)
+    if device == "cuda" and nodes == 1 and most_gpus and ranks > most_gpus:
+        nodes = -(-ranks // most_gpus)  # the fewest nodes that hold them
+    if ranks % nodes:
+        problems.append(
+            f"devices_per_trial={per_trial} over nodes_per_trial={nodes}: each node takes an "
+            "equal share of a trial's ranks; make it a multiple"
+        )
+        return [], problems
+    gpus = ranks // nodes if device == "cuda" else 0
+    usable = [n for n in cluster.nodes if n.gpus >= gpus and (gpus or device == "cpu")]
+    if device == "cuda":
+        kinds = sorted({n.gpu_kind for n in usable if n.gpu_kind})
+        if len(kinds) > 1:
+            problems.append(
+                f"the cluster's GPU nodes differ ({', '.join(kinds)}); one study measures one "
+                "kind of GPU: run it on a cluster of one kind"
+            )
+    if not usable:
+        what = f"{gpus} GPU(s)" if device == "cuda" else "CPUs"
+        problems.append(f"no node of the cluster ({cluster.describe()}) has {what} for a trial")
+        return [], problems
+    if cpus_per_trial != "auto":
+        cpus = int(cpus_per_trial)
+    elif gpus:
+        cpus = max(1, min(n.cpus * gpus // n.gpus for n in usable))
+    else:
+        cpus = min(n.cpus for n in usable)
+    if device == "cpu" and cpus < ranks // nodes:
+        problems.append(
+            f"devices_per_trial={ranks} over {nodes} node(s) with cpus_per_trial={cpus}: each "
+            "rank needs a CPU of its own; raise cpus_per_trial"
+        )
+    parts = sum(min(n.cpus // cpus, n.gpus // gpus if gpus else n.cpus) for n in usable)
+    room = parts // nodes if len(usable) >= nodes else 0
+    count = room if workers == "auto" else int(workers)
+    if room == 0:
+        problems.append(
+            f"the cluster ({cluster.describe()}) has no room for a trial of {cpus} CPU(s)"
+            + (f" and {gpus} GPU(s)" if gpus else "")
+            + f" on each of {nodes} node(s)"
+        )
+    elif count > room:
+        problems.append(
+            f"workers={workers}: the cluster ({cluster.describe()}) has room for {room} "
+            "trial(s) at once; use workers=auto or fewer"
+        )
+    if problems:
+        return [], problems
+    slot = Placement(node_cpus=cpus, node_gpus=gpus, nodes=nodes)
+    return [slot] * count, problems
+
+
+def trials_per_node(cluster: Cluster, slot: Placement) -> int:
+    """The most of a cluster's trials (of `slot`) that run at once on one of its nodes: they
+    share its memory."""
+    assert slot.node_cpus is not None
+    fits = [
+        min(n.cpus // slot.node_cpus, n.gpus // slot.node_gpus if slot.node_gpus else n.cpus)
+        for n in cluster.nodes
+    ]
+    return max(1, max(fits, default=1))

@@ -116,11 +116,13 @@ def is_recorded(trial: FrozenTrial) -> bool:
 
 def counts_toward_n_trials(trial: FrozenTrial) -> bool:
     """Recorded and run: a skip (not run, nothing spent) does not use up `n_trials`, nor does
-    a second look (`study.second_look`), which runs one trial over it."""
+    a second look (`study.second_look`), which runs one trial over it, nor a trial whose node
+    left the cluster under it (`TrialResult.rerun`: its settings run again)."""
     return (
         is_recorded(trial)
         and trial.user_attrs[RESULT_ATTR]["status"] != Status.SKIPPED.value
         and SECOND_LOOK_ATTR not in trial.user_attrs
+        and not trial.user_attrs[RESULT_ATTR].get("rerun")  # its settings run again
     )
 
 

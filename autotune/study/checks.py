@@ -45,7 +45,10 @@ def already_measured(
     params: dict[str, Any], records: list[TrialRecord], estimate_gib: float | None = None
 ) -> Skip | None:
     key = settings_key(params)
-    earlier = next((r for r in records if settings_key(r.params) == key), None)
+    # A trial whose node left under it measured nothing of its settings: they run again.
+    earlier = next(
+        (r for r in records if settings_key(r.params) == key and not r.result.rerun), None
+    )
     if earlier is None:
         return None
     return Skip(reason=f"the same settings as trial {earlier.number}", repeat_of=earlier)

@@ -32,6 +32,7 @@ from autotune.store.records import (
     OWNER_ATTR,
     PARAMS_ATTR,
     REFERENCE_ATTR,
+    RETRY_OF_ATTR,
     SECOND_LOOK_ATTR,
     VERSIONS_ATTR,
     TrialRecord,
@@ -49,6 +50,7 @@ from autotune.study.opening import enqueue_reference, reference_params
 from autotune.study.recovery import (
     heartbeat,
     note_interruption,
+    queue_again,
     recover,
     shares_with,
     this_process,
@@ -406,6 +408,13 @@ class _Loop:
             raise
 
     def tell(self, trial: optuna.Trial, params: dict[str, Any], result: TrialResult) -> None:
+        if result.rerun:  # it ended for no fault of its settings (its node left): once more
+            if RETRY_OF_ATTR in trial.user_attrs:
+                result = dataclasses.replace(
+                    result, rerun=False, reason=f"{result.reason}; a rerun already: not again"
+                )
+            else:
+                queue_again(self.study, trial, self.baseline)
         baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
         in_space = self.baseline_in_space or not baseline
         if trial.user_attrs.get(REFERENCE_ATTR):

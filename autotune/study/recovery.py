@@ -160,16 +160,25 @@ def recover(
         first_run = trial.number not in retried and RETRY_OF_ATTR not in trial.user_attrs
         if is_interrupted(trial) and first_run:
             set_aside_result(trial_dir(study_dir, trial.number))
-            params, attrs = trial.params, {RETRY_OF_ATTR: trial.number}
-            if trial.user_attrs.get(BASELINE_ATTR):
-                params = {name: value for name, (_, value) in baseline.items()}
-                attrs[BASELINE_ATTR] = True
-            if trial.user_attrs.get(REFERENCE_ATTR):  # its settings are the plan's
-                attrs[REFERENCE_ATTR] = True
-            if SECOND_LOOK_ATTR in trial.user_attrs:  # runs to its end again
-                attrs[SECOND_LOOK_ATTR] = trial.user_attrs[SECOND_LOOK_ATTR]
-            study.enqueue_trial(params, user_attrs=attrs)
+            queue_again(study, trial, baseline)
             queued.append(trial.number)
     if queued:
         trials = study.get_trials(deepcopy=False)
     return trials, queued
+
+
+def queue_again(
+    study: optuna.Study,
+    trial: FrozenTrial | optuna.Trial,
+    baseline: dict[str, tuple[Any, Any]],
+) -> None:
+    """Queue `trial`'s settings to run again, as what it was queued for (`RETRY_OF_ATTR`)."""
+    params, attrs = trial.params, {RETRY_OF_ATTR: trial.number}
+    if trial.user_attrs.get(BASELINE_ATTR):
+        params = {name: value for name, (_, value) in baseline.items()}
+        attrs[BASELINE_ATTR] = True
+    if trial.user_attrs.get(REFERENCE_ATTR):  # its settings are the plan's
+        attrs[REFERENCE_ATTR] = True
+    if SECOND_LOOK_ATTR in trial.user_attrs:  # runs to its end again
+        attrs[SECOND_LOOK_ATTR] = trial.user_attrs[SECOND_LOOK_ATTR]
+    study.enqueue_trial(params, user_attrs=attrs)

@@ -303,12 +303,15 @@ def _hover(record: TrialRecord, snapshot: StudySnapshot) -> str:
     if r.mfu is not None:
         of = f" of {r.mfu_peak_tflops:g} TFLOP/s" if r.mfu_peak_tflops else ""
         lines.append(f"MFU {r.mfu:.1%}{of}")
+    if r.node:  # a node's name is the cluster's, anyone's to set: escaped below
+        lines.append(f"ran on node {r.node}")
     if snapshot.is_noisy(record):
         lines.append(
             f"noisy: step CV {r.step_time_cv:.0%} "
             f"(above noise_cv {snapshot.info.noise_cv * 100:g}%)"
         )
     # Escaped: plotly reads tags in hover text, and a reason may quote `<class ...>`.
+    lines = [html.escape(line, quote=False) for line in lines]
     lines += [html.escape(line, quote=False) for line in _wrapped(r.reason)]
     lines += [f"{k} = {v}" for k, v in record.params.items()]
     for change in snapshot.math_changes(record):
