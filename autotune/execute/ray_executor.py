@@ -226,6 +226,8 @@ class RayTrial:
         return self.last
 
     def result(self, on_progress: Callable[[Progress], None] | None = None) -> TrialResult:
+        if self.cancelled:
+            return TrialResult(status=Status.CRASHED, reason="cancelled")
         try:
             result = self._placed() or self._run(on_progress)
         finally:
@@ -263,22 +265,26 @@ class RayTrial:
             elif unplaceable_since is None:
                 unplaceable_since = time.perf_counter()
             elif time.perf_counter() - unplaceable_since > PLACE_TIMEOUT_S:
-                return TrialResult(
-                    status=Status.ERROR,
-                    reason=f"no node of the cluster can take this trial ({self._asked()}) "
-                    f"after {PLACE_TIMEOUT_S:.0f} s: "
-                    + (
-                        f"its node {self.executor.node_name(self.node_id)} left the cluster"
-                        if self.node_id
-                        else "no live node has that much"
-                    ),
-                )
+                return self._unplaceable(f" after {PLACE_TIMEOUT_S:.0f} s")
         for part, ask in zip(self.parts, asks, strict=True):
             try:
                 part.where = ray.get(ask)
+            except ray.exceptions.ActorUnschedulableError:  # pinned to a node that is gone
+                return self._unplaceable("")
             except ray.exceptions.RayActorError as exc:
                 return self._lost(part, exc)
         return None
+
+    def _unplaceable(self, waited: str) -> TrialResult:
+        return TrialResult(
+            status=Status.ERROR,
+            reason=f"no node of the cluster can take this trial ({self._asked()}){waited}: "
+            + (
+                f"its node {self.executor.node_name(self.node_id)} left the cluster"
+                if self.node_id
+                else "no live node has that much"
+            ),
+        )
 
     def _asked(self) -> str:
         gpus = f" and {self.gpus} GPU(s)" if self.gpus else ""
