@@ -357,6 +357,8 @@ def _ranks(config: RunConfig, slots: list[Placement]) -> int:
     """`devices_per_trial` resolved: a worker's GPUs on cuda; auto is 1 on cpu."""
     if slots and slots[0].node_gpus:
         return slots[0].node_gpus * slots[0].nodes
+    if slots and slots[0].on_cluster and config.devices_per_trial == "auto":
+        return slots[0].nodes  # a rank on each of its nodes
     if slots and slots[0].cuda_indices:
         return len(slots[0].cuda_indices)
     return 1 if config.devices_per_trial == "auto" else int(config.devices_per_trial)

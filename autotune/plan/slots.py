@@ -135,14 +135,20 @@ def cluster_slots(
     """A cluster's trials in flight (`workers=auto`: as many as its nodes have room for), each
     what it takes of each of its nodes, and the problems with the settings (all of them).
 
-    A trial has `devices_per_trial` ranks (auto: 1), spread evenly over `nodes_per_trial`
-    nodes; on cuda one GPU a rank, and more ranks than the largest node has GPUs spread over
-    as many nodes as they need. Its CPUs on each node: `cpus_per_trial`, or on cuda the node's
-    share for its GPUs, on cpu every CPU of the smallest node."""
+    A trial has `devices_per_trial` ranks (auto: one a node; on cuda across nodes, every GPU
+    of each), spread evenly over `nodes_per_trial` nodes; on cuda one GPU a rank, and more
+    ranks than the largest node has GPUs spread over as many nodes as they need. Its CPUs on
+    each node: `cpus_per_trial`, or on cuda the node's share for its GPUs, on cpu every CPU of
+    the smallest node."""
     problems: list[str] = []
-    ranks = 1 if per_trial == "auto" else int(per_trial)
     nodes = nodes_per_trial
     most_gpus = max((n.gpus for n in cluster.nodes), default=0)
+    if per_trial != "auto":
+        ranks = int(per_trial)
+    elif nodes > 1 and device == "cuda":  # every GPU of each of its nodes
+        ranks = nodes * min((n.gpus for n in cluster.nodes if n.gpus), default=1)
+    else:
+        ranks = nodes
     if device == "cuda" and nodes == 1 and most_gpus and ranks > most_gpus:
         nodes = -(-ranks // most_gpus)  # the fewest nodes that hold them
     if ranks % nodes:

@@ -86,6 +86,8 @@ def test_the_package_keeps_every_import_contract():
         # instead of submitting to the one it is given.
         ("autotune.study.loop", "autotune.execute.local", {SEAM}),
         ("autotune.outputs.confirm", "autotune.execute.launchers", {SEAM}),
+        ("autotune.study.launch", "autotune.execute.ray_executor", {SEAM}),
+        ("autotune.outputs.confirm", "ray", {SEAM}),
     ],
 )
 def test_one_import_against_the_house_breaks_its_contract(importer, imported, broken):

@@ -7,3 +7,21 @@ from autotune.plan.overrides import load_config
 
 def test_numbers_given_for_string_keys_stay_strings():
     assert load_config(["model=gpt2", "study=2024"]).study == "2024"
+
+
+def test_cluster_settings_are_for_executor_ray_and_a_factory_is_not_for_a_cluster():
+    import pytest
+
+    from autotune.common.errors import ConfigError
+
+    config = load_config(["model=gpt2", "executor=ray", "nodes_per_trial=2", "cpus_per_trial=4"])
+    assert (config.executor, config.ray_address, config.nodes_per_trial) == ("ray", "auto", 2)
+    with pytest.raises(ConfigError) as refused:
+        load_config(["model=gpt2", "nodes_per_trial=2", "cpus_per_trial=4"])
+    assert "nodes_per_trial=2 and cpus_per_trial=4: for executor=ray" in str(refused.value)
+    with pytest.raises(ConfigError) as refused:
+        load_config(["model=gpt2", "executor=ray", "trainer=train.py:make"])
+    assert "trainer= with executor=ray: a factory's file lies on this host" in str(refused.value)
+    with pytest.raises(ConfigError) as refused:
+        load_config(["model=gpt2", "executor=slurm", "cpus_per_trial=0"])
+    assert "executor" in str(refused.value) and "cpus_per_trial" in str(refused.value)
