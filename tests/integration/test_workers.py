@@ -343,13 +343,16 @@ def test_a_trial_from_a_lost_host_is_failed_after_stale_after_and_a_live_one_nev
     assert study.trials[live.number].state is optuna.trial.TrialState.COMPLETE
 
 
-def scaling_out_commands() -> list[list[str]]:
-    """The commands of docs/scaling-out.md, split as a shell would."""
+def scaling_out_commands(ray: bool = False) -> list[list[str]]:
+    """The commands of docs/scaling-out.md, split as a shell would: the workers' (ray=False),
+    or the Ray cluster's, which test_ray.py runs on a real one."""
     blocks = re.findall(r"```bash\n(.*?)```", page("scaling-out.md"), flags=re.S)
-    return [shlex.split(line) for block in blocks for line in block.splitlines() if line]
+    commands = [shlex.split(line) for block in blocks for line in block.splitlines() if line]
+    return [c for c in commands if ("executor=ray" in c) == ray]
 
 
 def test_the_docs_show_the_commands_these_tests_run():
+    assert [" ".join(c[:2]) for c in scaling_out_commands(ray=True)] == ["autotune search"] * 2
     commands = [" ".join(c[:2]) for c in scaling_out_commands()]
     dashboard = "optuna-dashboard postgresql+psycopg://autotune@db-host/autotune"
     assert commands == ["autotune search"] * 4 + ["autotune worker", dashboard]
