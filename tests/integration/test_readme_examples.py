@@ -143,11 +143,11 @@ NOT_VERBATIM = {
         reason="a GPU host's LoRA search of an 8B model; the tiny Llama's search above it on "
         "the same page runs verbatim (test_lora.py runs Llama and Qwen2 ones)",
     ),
-    "peft=lora seq_len=4096 executor=ray ray_address=auto": NotVerbatim(
+    "executor=ray ray_address=auto model=": NotVerbatim(
         reason="a GPU cluster's search of an 8B model; test_ray.py runs `executor=ray` searches "
         "on a real two-node Ray cluster (loopback, CPU) with the tiny model",
     ),
-    "seq_len=4096 executor=ray devices_per_trial=16": NotVerbatim(
+    "executor=ray model=meta-llama/Llama-3.1-8B seq_len=4096 devices_per_trial=16": NotVerbatim(
         reason="needs two 8-GPU nodes; test_ray.py trains a trial across two nodes of a real "
         "Ray cluster (one CPU rank on each, gloo)",
     ),
