@@ -72,27 +72,28 @@ class RayCluster:
         return self
 
     def _node(self, name: str, *how: str) -> None:
-        log = open(self.folder / f"{name}.log", "wb")
-        self.nodes[name] = subprocess.Popen(
-            [
-                *self.inside(),
-                RAY,
-                "start",
-                "--block",
-                *how,
-                "--node-ip-address=127.0.0.1",
-                f"--node-name={name}",
-                "--num-cpus=1",
-                "--num-gpus=0",
-                f"--resources={json.dumps({name: 1})}",
-                f"--temp-dir={self.temp_dir}",
-                "--disable-usage-stats",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=self.environment(),
-        )
+        command = [
+            *self.inside(),
+            RAY,
+            "start",
+            "--block",
+            *how,
+            "--node-ip-address=127.0.0.1",
+            f"--node-name={name}",
+            "--num-cpus=1",
+            "--num-gpus=0",
+            f"--resources={json.dumps({name: 1})}",
+            f"--temp-dir={self.temp_dir}",
+            "--disable-usage-stats",
+        ]
+        with open(self.folder / f"{name}.log", "wb") as log:  # the node keeps its own copy
+            self.nodes[name] = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=self.environment(),
+            )
 
     def stop(self) -> None:
         """Kill every process of the namespace (the cluster's, and anything it started), by

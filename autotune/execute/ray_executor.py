@@ -47,6 +47,8 @@ PLACE_TIMEOUT_S = 60.0
 """How long a trial waits when no node alive in the cluster could ever take it (one that
 left, or a request larger than any node): then it fails, `error`, instead of waiting for
 ever. A trial that waits for room on a busy cluster waits as long as it must."""
+LOOK_S = 2.0
+"""Between two looks at the cluster's nodes while a trial waits to be placed."""
 START_TIMEOUT_S = 300.0
 """Placed, the time a part may take to start its worker (the actor's fork server imports
 torch) before the trial's own `timeout_s` counts."""
@@ -256,10 +258,14 @@ class RayTrial:
         ray = _ray()
         asks = [part.actor.where.remote() for part in self.parts]
         unplaceable_since: float | None = None
+        looked = -float("inf")
         while True:
             done, _ = ray.wait(asks, num_returns=len(asks), timeout=POLL_S)
             if len(done) == len(asks):
                 break
+            if time.perf_counter() - looked < LOOK_S:
+                continue
+            looked = time.perf_counter()  # the cluster's nodes, asked of its GCS
             if self._could_place():
                 unplaceable_since = None
             elif unplaceable_since is None:
