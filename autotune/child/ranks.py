@@ -153,6 +153,7 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
     strategy = value_of(spec.params, "strategy", devices=spec.devices)
     world_size = 1 if strategy == "single" else spec.devices
     part = NodePart.from_environment(os.environ)
+    devices_here = spec.devices if part is None else part.local_world_size  # a core share each
     if part is not None and world_size == 1:  # `single`: one rank, on the first node
         if part.node_rank != 0:
             return TrialResult(status=Status.OK, reason="no rank of a single-rank trial here")
@@ -160,10 +161,10 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
     here = world_size if part is None else part.local_world_size
     first = 0 if part is None else part.first_rank
     cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < here:
+    if len(cores) < devices_here:
         return TrialResult(
             status=Status.INVALID_CONFIG,
-            reason=f"{here} ranks need a core each; the trial has {len(cores)} here",
+            reason=f"{devices_here} devices need a core each; the trial has {len(cores)} here",
         )
     for rank in range(spec.devices):  # an earlier attempt's, in a reused folder
         rank_file(folder, rank).unlink(missing_ok=True)
@@ -201,7 +202,7 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
                 ),
                 host,
                 port,
-                cores[local::here],
+                cores[local::devices_here],
                 folder,
                 attempt,
                 worker,

@@ -35,7 +35,8 @@ def test_each_fault_is_named_and_the_search_continues(launcher, tmp_path, capsys
             f"model={TINY_MODEL}",
             f"n_trials={len(EXPECTED)}",
             "seq_len=32",
-            "trial_timeout=3s",
+            # Long enough for any fake's start on a loaded machine (`sleep` sleeps 60 s).
+            "trial_timeout=15s",
             "memory_budget=256MiB",
             f"out={out}",
             "study=faults",
