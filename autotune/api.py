@@ -458,7 +458,7 @@ def prepare_inputs(plan: SearchPlan, observer: SearchObserver) -> None:
                 "model's own tokenizer"
             )
     if plan.info.trainer is not None:
-        with observer.busy(f"checking trainer={plan.config.trainer}"):
+        with observer.busy(f"checking trainer={plan.info.trainer_factory}"):
             factories.check_in_subprocess(
                 plan.info.trainer["factory"], Path(plan.info.trainer["search_dir"])
             )
@@ -472,7 +472,7 @@ def _refuse_certain_timeouts(plan: SearchPlan) -> None:
     if least is None or least[0] <= config.trial_timeout or config.force:
         return
     seconds, rate = least
-    steps = config.warmup_steps + config.measure_steps
+    steps = plan.trial_steps
     raise ConfigError(
         f"every trial would time out: the least work a trial of this space does ({steps} steps "
         f"at its smallest batch) needs at least {_minutes(seconds)} of compute at "

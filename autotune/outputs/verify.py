@@ -41,24 +41,23 @@ def verify(
     """Train `record`'s settings for `steps` optimizer steps (the study's warm-up, then the
     rest timed), store the comparison with the study and return it."""
     observer = observer or SearchObserver()
-    config = plan.config
-    warmup = min(config.warmup_steps, steps - 1)
-    measure = steps - warmup
+    assert plan.info.warmup_steps is not None
+    warmup = min(plan.info.warmup_steps, steps - 1)
     # The trial's time allowance grows with its steps.
-    scale = steps / (config.warmup_steps + config.measure_steps)
-    long_run = config.model_copy(
-        update={
-            "warmup_steps": warmup,
-            "measure_steps": measure,
-            "trial_timeout": config.trial_timeout * max(1.0, scale),
-        }
+    scale = steps / plan.trial_steps
+    long_run = dataclasses.replace(
+        plan,
+        info=dataclasses.replace(plan.info, warmup_steps=warmup, measure_steps=steps - warmup),
+        config=plan.config.model_copy(
+            update={"trial_timeout": plan.config.trial_timeout * max(1.0, scale)}
+        ),
     )
     folder = plan.study_dir / VERIFY / f"t{record.number:04d}"
     on_progress = functools.partial(observer.progress, record.number)
     observer.trial_started(record.number, record.params)
     with observer.watching():  # its steps and ETA shown, as a search's trials
         result = launch(
-            dataclasses.replace(plan, config=long_run),
+            long_run,
             record.number,
             record.params,
             executor,

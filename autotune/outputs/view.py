@@ -85,7 +85,7 @@ class TerminalView(SearchObserver):
             self.report.open_log(plan.study_dir / self.log_name)
         self.report.line(
             f"study [bold]{escape(plan.study_name)}[/]: {escape(plan.model.name)} "
-            f"({plan.info.task}), seq_len {plan.config.seq_len}, {plan.device} "
+            f"({plan.info.task}), seq_len {plan.info.seq_len}, {plan.device} "
             f"({escape(plan.info.device_name)}), space {escape(plan.space.name)}, budget "
             f"{format_bytes(plan.info.memory_budget_bytes)}, {plan.config.n_trials} trials "
             f"-> {escape(shown_path(plan.study_dir))}"
@@ -108,7 +108,7 @@ class TerminalView(SearchObserver):
         self.confirm_rounds = plan.config.confirm_rounds
         self.trainer_info = plan.info if plan.info.trainer is not None else None
         self.total = plan.config.n_trials
-        self.steps = plan.config.warmup_steps + plan.config.measure_steps
+        self.steps = plan.trial_steps
         self.space_batch = space_batch(plan)
         self.floor = plan.compute_floor_s(plan.baseline)
         self.task = self.bar.add_task(
@@ -265,7 +265,7 @@ def expectations(plan: SearchPlan) -> list[str]:
         if config.peak_tflops or plan.device == "cuda":
             source = "peak_tflops=" if config.peak_tflops else "the GPU's datasheet peak"
         lines.append(
-            f"time: the baseline's {config.warmup_steps + config.measure_steps} steps need at "
+            f"time: the baseline's {plan.trial_steps} steps need at "
             f"least {_duration(seconds)} of compute at {rate:.3g} TFLOP/s ({source}; training "
             f"reaches a fraction of it); {config.n_trials} trials, at least "
             f"{_duration(seconds * config.n_trials)}; the baseline's own time will tell"

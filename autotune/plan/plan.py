@@ -110,8 +110,7 @@ class SearchPlan:
         rate = self.config.peak_tflops or self.compute_tflops(str(value_of(params, "precision")))
         if found is None or not rate:
             return None
-        steps = self.config.warmup_steps + self.config.measure_steps
-        samples = steps * effective_batch(params)
+        samples = self.trial_steps * effective_batch(params)
         return samples * found.flops_per_sample / (rate * 1e12), rate
 
     def least_trial_s(self) -> tuple[float, float] | None:
@@ -190,7 +189,7 @@ class SearchPlan:
                 params=params,
                 device=self.device,
                 parameters=model.parameters,
-                devices=self.config.devices_per_trial,
+                devices=self.devices_per_trial,
                 adapter=model.adapter,
             )
         except (UnknownShape, TypeError):  # a config of unexpected types: no estimate
@@ -254,6 +253,21 @@ class SearchPlan:
         """`cuda` or `cpu`."""
         return self.info.device
 
+    # The study's settings are `info`'s (what it is stored with); `config` holds what this run
+    # does with it (n_trials, timeouts, workers, the sampler). The two below are never None in
+    # a plan: only a study stored before they were lacks them.
+    @property
+    def devices_per_trial(self) -> int:
+        """The ranks each trial trains on, resolved (`devices_per_trial=auto` is not)."""
+        assert self.info.devices_per_trial is not None
+        return self.info.devices_per_trial
+
+    @property
+    def trial_steps(self) -> int:
+        """A trial's optimizer steps: its warm-up and its timed ones."""
+        assert self.info.warmup_steps is not None and self.info.measure_steps is not None
+        return self.info.warmup_steps + self.info.measure_steps
+
 
 def make_plan(
     config: RunConfig, device_info: DeviceInfo, cluster: Cluster | None = None
@@ -266,12 +280,13 @@ def make_plan(
     model, task = _model_and_task(config, problems)
     facts = SoftwareFacts.from_probe(dataclasses.asdict(device_info))
     source = "trainer" if config.trainer else "data" if config.data else "synthetic"
-    config, slots = _slots(config, device, device_info, cluster, problems)
-    rules = sampling_rules(config, device, device_info, source, problems)
-    problems += _devices_problems(config, device, trial_cores(slots))
+    slots = _slots(config, device, device_info, cluster, problems)
+    ranks = _ranks(config, slots)
+    rules = sampling_rules(config, ranks, device, device_info, source, problems)
+    problems += _devices_problems(config, ranks, device, trial_cores(slots))
     fitted_for = (model.config.get("model_type", ""), task) if model and task else None
     space = fitted_space(
-        config, device, device_info, facts, rules, source, slots, problems, fitted_for
+        config, ranks, device, device_info, facts, rules, source, slots, problems, fitted_for
     )
     study_name = study_dir = data = data_info = None
     if model is not None:
@@ -291,6 +306,7 @@ def make_plan(
         space,
         device_info,
         slots,
+        ranks=ranks,
         study=study_name,
         device=device,
         device_name=device_name,
@@ -304,7 +320,7 @@ def make_plan(
         info=info,
         space=space,
         rules=rules,
-        baseline=_baseline(config, device_info, rules, source),
+        baseline=_baseline(ranks, device_info, rules, source),
         study_dir=study_dir,
         storage_url=config.storage or study_db_url(study_dir),
         device_info=device_info,
@@ -332,9 +348,8 @@ def _slots(
     device_info: DeviceInfo,
     cluster: Cluster | None,
     problems: list[str],
-) -> tuple[RunConfig, list[Placement]]:
-    """What each worker owns (`assign`; on a cluster `cluster_slots`), problems added, and the
-    config with its `devices_per_trial` resolved by them."""
+) -> list[Placement]:
+    """What each worker owns (`assign`; on a cluster `cluster_slots`), problems added."""
     if config.executor == "ray":
         assert cluster is not None, "executor=ray plans on the cluster's facts"
         slots, slot_problems = cluster_slots(
@@ -350,7 +365,7 @@ def _slots(
             config.workers, config.devices, device, device_info, config.devices_per_trial
         )
     problems += slot_problems
-    return config.model_copy(update={"devices_per_trial": _ranks(config, slots)}), slots
+    return slots
 
 
 def _ranks(config: RunConfig, slots: list[Placement]) -> int:
@@ -364,8 +379,7 @@ def _ranks(config: RunConfig, slots: list[Placement]) -> int:
     return 1 if config.devices_per_trial == "auto" else int(config.devices_per_trial)
 
 
-def _devices_problems(config: RunConfig, device: str, cores: int | None) -> list[str]:
-    ranks = config.devices_per_trial
+def _devices_problems(config: RunConfig, ranks: int, device: str, cores: int | None) -> list[str]:
     if ranks == 1 or device == "cuda":  # GPUs: one a rank, counted by `assign`
         return []
     if cores is not None and cores < ranks:
@@ -448,6 +462,7 @@ def _run_info(
     device_info: DeviceInfo,
     slots: list[Placement],
     *,
+    ranks: int,
     study: str,
     device: str,
     device_name: str,
@@ -478,13 +493,13 @@ def _run_info(
         measure_steps=config.measure_steps,
         warmup_steps=config.warmup_steps,
         cores_per_trial=trial_cores(slots),
-        devices_per_trial=config.devices_per_trial,
+        devices_per_trial=ranks,
         versions=conditions.installed_versions(device_info),
     )
 
 
 def _baseline(
-    config: RunConfig, device_info: DeviceInfo, rules: SamplingRules, source: str
+    ranks: int, device_info: DeviceInfo, rules: SamplingRules, source: str
 ) -> dict[str, object]:
     """The first trial: the HF default TrainingArguments as knobs, at a rank's effective batch."""
     return baseline_params(
@@ -492,7 +507,7 @@ def _baseline(
         rules.effective_batch_size,
         own_data=source != "synthetic",
         own_collator=source != "trainer",
-        devices=config.devices_per_trial,
+        devices=ranks,
     )
 
 

@@ -15,7 +15,11 @@ from autotune.common.version import __version__
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunInfo:
-    """What a study was run for, stored with it so outputs can be rebuilt from storage alone."""
+    """What a study was run for, stored with it so outputs can be rebuilt from storage alone.
+
+    The one record of the study's settings: `make_plan` resolves them here from the
+    `RunConfig` (which it leaves as given: `devices_per_trial=auto` stays), and every stage past
+    the plan reads them here (`plan.info`), the config only for what the run itself does."""
 
     study: str
     model: str

@@ -17,12 +17,17 @@ from autotune.plan.space_file import SoftwareFacts, load_space
 
 
 def sampling_rules(
-    config: RunConfig, device: str, device_info: DeviceInfo, source: str, problems: list[str]
+    config: RunConfig,
+    ranks: int,
+    device: str,
+    device_info: DeviceInfo,
+    source: str,
+    problems: list[str],
 ) -> SamplingRules:
-    """The rules the run adds to the space: a rank's effective batch, the tensor cores' tiling
-    and, with random tokens, the sample length."""
+    """The rules the run adds to the space: a rank's effective batch (`ranks` to a trial), the
+    tensor cores' tiling and, with random tokens, the sample length."""
     return SamplingRules(
-        effective_batch_size=_per_device_batch(config, problems),
+        effective_batch_size=_per_device_batch(config.effective_batch_size, ranks, problems),
         tensor_core_64=device == "cuda" and device_info.tensor_core_64,
         # Random tokens are all seq_len long; the user's data is padded per batch, and a
         # Trainer's collator is its own.
@@ -32,6 +37,7 @@ def sampling_rules(
 
 def fitted_space(
     config: RunConfig,
+    ranks: int,
     device: str,
     device_info: DeviceInfo,
     facts: SoftwareFacts,
@@ -43,7 +49,7 @@ def fitted_space(
 ) -> SearchSpace | None:
     """The space `space=` names (auto: `default` on cuda, `lora` there with an adapter, `cpu`
     on cpu), fitted to the device, the model, the data source and the cores each trial has;
-    None, with the problem added to `problems`, when it cannot be."""
+    None, with the problem added to `problems`, when it cannot be. `ranks`: a trial's."""
     # On a GPU an adapter's job has a space of its own (micro batches from 1, the base's knobs).
     auto_space = ("lora" if config.peft != "none" else "default") if device == "cuda" else "cpu"
     space_name = auto_space if config.space == "auto" else config.space
@@ -60,7 +66,7 @@ def fitted_space(
             device_info,
             source,
             cores,
-            config.devices_per_trial,
+            ranks,
             model_type_and_task,
             adapter=config.peft != "none",
         )
@@ -70,9 +76,8 @@ def fitted_space(
         return None
 
 
-def _per_device_batch(config: RunConfig, problems: list[str]) -> int | None:
+def _per_device_batch(total: int | None, ranks: int, problems: list[str]) -> int | None:
     """The effective batch a rank trains at: `effective_batch_size` over the trial's ranks."""
-    total, ranks = config.effective_batch_size, config.devices_per_trial
     if total is None:
         return None
     if total % ranks:

@@ -155,7 +155,7 @@ def for_plan(plan: SearchPlan) -> tuple[Check, ...]:
     config = plan.config
     by_time = over_time_by_pace(
         lambda params: time_limit_s(config, params),
-        config.warmup_steps + config.measure_steps,
+        plan.trial_steps,
         plan.compute_tflops,
     )
     if plan.estimate_limit_gib is None:

@@ -30,8 +30,7 @@ def stop_threshold(plan: SearchPlan, records: list[TrialRecord]) -> float | None
     """The pace under which a trial stops early (`early_stop=`): STOP_SHARE of the fastest
     feasible trial so far; None when it is off, before such a trial, or on several devices a
     trial."""
-    devices = plan.config.devices_per_trial
-    if not plan.config.early_stop or (isinstance(devices, int) and devices > 1):
+    if not plan.config.early_stop or plan.devices_per_trial > 1:
         return None
     budget = plan.info.memory_budget_gib
     fastest = [r.result.samples_per_s for r in records if r.result.feasible(budget)]
@@ -56,11 +55,11 @@ def launch(
         model_name=plan.model.name,
         model_config=plan.model.config,
         task=plan.info.task,
-        seq_len=config.seq_len,
+        seq_len=plan.info.seq_len,
         device=plan.device,
         params=params,
-        warmup_steps=config.warmup_steps,
-        measure_steps=config.measure_steps,
+        warmup_steps=plan.info.warmup_steps,
+        measure_steps=plan.info.measure_steps,
         seed=config.seed,
         memory_budget_bytes=plan.info.memory_budget_bytes,
         compile_cache_dir=str(plan.study_dir / COMPILE_CACHE),
@@ -68,7 +67,7 @@ def launch(
         data_dir=str(plan.data_dir) if plan.data_dir else None,
         trainer=plan.info.trainer_factory,
         trainer_dir=str(plan.search_dir),
-        devices=config.devices_per_trial,
+        devices=plan.devices_per_trial,
         stop_below_samples_per_s=stop_below,
         adapter=plan.info.adapter,
     )

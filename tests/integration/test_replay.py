@@ -162,7 +162,7 @@ def test_a_replay_runs_the_loop_on_the_recorded_answers_and_skips_use_up_no_tria
         assert record.result.wall_s == point["wall_s"]  # the trial's recorded cost, replayed
     assert Status.STOPPED in {r.status for r in ran}, "TPE's losers stop early"
     # The trials run the steps the landscape was recorded with: its wall times hold.
-    assert (replayed.plan.config.warmup_steps, replayed.plan.config.measure_steps) == (2, 5)
+    assert (replayed.plan.info.warmup_steps, replayed.plan.info.measure_steps) == (2, 5)
     assert replayed.clock_s == pytest.approx(sum(r.result.wall_s for r in ran))
     again = replay(land, n_trials=15, seed=1, sampler="tpe")
     assert again.answered == replayed.answered, "seeded: repeatable"

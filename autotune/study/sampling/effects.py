@@ -198,7 +198,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
 
     @property
     def _steps(self) -> int:
-        return self.plan.config.warmup_steps + self.plan.config.measure_steps
+        return self.plan.trial_steps
 
     def _observed(
         self, records: list[TrialRecord], cost: TrialCost

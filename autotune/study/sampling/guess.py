@@ -146,7 +146,7 @@ def _affordable(plan: SearchPlan, records: list[TrialRecord]) -> Callable[[dict]
     if not baseline:
         return lambda params: True
     record = baseline[0]
-    cost = TrialCost.fit(baseline, plan.config.warmup_steps + plan.config.measure_steps)
+    cost = TrialCost.fit(baseline, plan.trial_steps)
 
     def affordable(params: dict[str, Any]) -> bool:
         pace = pace_at(params, record, plan.compute_tflops)

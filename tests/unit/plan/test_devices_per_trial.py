@@ -119,7 +119,7 @@ def test_several_gpus_a_trial(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     config = load_config([f"model={TINY_MODEL}", f"out={tmp_path}", "workers=2"])
     plan = make_plan(config, GPUS)  # devices_per_trial=auto: a worker's share of the 4 GPUs
-    assert plan.info.devices_per_trial == plan.config.devices_per_trial == 2
+    assert plan.info.devices_per_trial == plan.devices_per_trial == 2
     assert [s.cuda_indices for s in plan.slots] == [(0, 1), (2, 3)]
     assert plan.baseline["strategy"] == "ddp"
     # Offload stays on GPUs; the least free memory of the devices in use is the budget.

@@ -16,7 +16,9 @@ def test_a_space_for_another_device_is_a_problem_named_with_the_others():
     problems = ["an earlier problem"]
     facts = installed.software_facts()
     rules = SamplingRules()
-    space = fitted_space(config, "cuda", GPUS, facts, rules, "synthetic", [Placement()], problems)
+    space = fitted_space(
+        config, 1, "cuda", GPUS, facts, rules, "synthetic", [Placement()], problems
+    )
     assert space is None
     assert problems == [
         "an earlier problem",
@@ -26,11 +28,11 @@ def test_a_space_for_another_device_is_a_problem_named_with_the_others():
 
 def test_the_effective_batch_is_split_between_a_trials_ranks():
     problems: list[str] = []
-    even = load_config(["model=gpt2", "effective_batch_size=64", "devices_per_trial=2"])
-    rules = sampling_rules(even, "cuda", GPUS, "synthetic", problems)
+    even = load_config(["model=gpt2", "effective_batch_size=64"])  # a trial of 2 ranks
+    rules = sampling_rules(even, 2, "cuda", GPUS, "synthetic", problems)
     assert (rules.effective_batch_size, rules.tokens_per_sample, problems) == (32, 512, [])
-    odd = load_config(["model=gpt2", "effective_batch_size=7", "devices_per_trial=2"])
-    assert sampling_rules(odd, "cuda", GPUS, "data", problems).effective_batch_size is None
+    odd = load_config(["model=gpt2", "effective_batch_size=7"])
+    assert sampling_rules(odd, 2, "cuda", GPUS, "data", problems).effective_batch_size is None
     assert problems == [
         "effective_batch_size=7 does not split evenly between devices_per_trial=2 ranks"
     ]
