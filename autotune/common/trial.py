@@ -229,6 +229,9 @@ class TrialResult:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["status"] = self.status.value
+        for name in CLUSTER_FIELDS:  # a trial of one machine is stored as before they were
+            if data[name] == _DEFAULTS[name]:
+                del data[name]
         return data
 
     @classmethod
@@ -240,6 +243,12 @@ class TrialResult:
         if unknown:
             raise ValueError(f"unknown result fields: {sorted(unknown)}")
         return cls(**{**data, "status": Status(data["status"])})
+
+
+CLUSTER_FIELDS = ("node", "rerun")
+"""A result's fields a cluster executor sets, stored only when set: a study searched on one
+machine reads as before they were, by an earlier autotune too (sharing its storage)."""
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrialResult)}
 
 
 PROGRESS_SCHEMA_VERSION = 2
