@@ -6,6 +6,7 @@ place that initialises CUDA outside a trial; `autotune.plan.hardware.probe` runs
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -13,6 +14,7 @@ import time
 from typing import Any
 
 from autotune.common.device import DEVICE_ONLY, cpu_name
+from autotune.common.links import read_links
 from autotune.common.models import TASK_CLASSES
 
 
@@ -108,6 +110,8 @@ def _probe_here(device_only: bool = False) -> dict:
             "bf16_supported": major >= 8,
             "tf32_supported": major >= 8,
         }
+        if count > 1:
+            facts |= _gpu_links(count)
     else:
         facts |= {
             "name": facts["cpu_name"],
@@ -121,6 +125,25 @@ def _probe_here(device_only: bool = False) -> dict:
             "matmul_tflops": _cpu_matmul_tflops(),
         }
     return facts
+
+
+def _gpu_links(count: int) -> dict[str, Any]:
+    """How the visible GPUs reach each other (`common.links`), through NVML: `gpu_links`, or
+    `gpu_links_error` saying why NVML could not tell."""
+    import torch
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            indices = [torch.cuda._get_nvml_device_index(i) for i in range(count)]
+            links = read_links(pynvml, indices)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:  # noqa: BLE001 - no NVML (a container without it): links unknown
+        return {"gpu_links_error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]}
+    return {"gpu_links": [dataclasses.asdict(link) for link in links]}
 
 
 def _cpu_has_bf16() -> bool:

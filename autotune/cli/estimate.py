@@ -70,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
         free |= {"torch_dtype": BASE_DTYPES}
     at = _estimator(config, model, task, device, parameters)
     console.print(_heading(config, model, task, device, device_name, budget))
+    if device == "cuda" and devices > 1 and not config.gpu:
+        link = hardware.link_without_torch(devices)
+        known = "not known (NVML could not tell)" if link is None else link.describe()
+        console.print(f"between its GPUs: {escape(known)}")
     shown = {k: v for k, v in fixed.items() if k != "batch_size"}
     console.print(f"settings: {escape(describe_params(shown))}")
     if (lora := config.adapter(task)) is not None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from autotune.common.errors import DeviceError
 from autotune.common.knob_values import TRANSFORMERS_DEFAULT_OPTIM, precision_parts, sixteen_bit
+from autotune.common.links import GpuLink, slowest
 
 MIB = 2**20
 
@@ -81,6 +82,16 @@ class DeviceInfo:
     matmul_tflops: float | None = None
     """On CPU, the fp32 matmul rate the probe measured (TFLOP/s); None on CUDA, whose peak is
     in PEAK_TFLOPS."""
+    gpu_links: tuple[GpuLink, ...] = ()
+    """How each pair of visible GPUs reach each other (NVLink or PCIe), as NVML told the probe;
+    empty with one GPU, or where NVML could not say (`gpu_links_error`)."""
+    gpu_links_error: str | None = None
+    """Why the probe could not read the links (NVML missing or failing); None otherwise."""
+
+    def link_between(self, devices: Sequence[int]) -> GpuLink | None:
+        """The slowest link among these GPUs (a ring all-reduce goes at its pace); None for
+        one GPU, or links not probed."""
+        return slowest(self.gpu_links, devices)
 
     def compute_tflops(self, device: str, precision: str) -> float | None:
         """The fastest a training step can compute here (TFLOP/s): the GPU's datasheet peak
@@ -137,6 +148,7 @@ class DeviceInfo:
         """From the probe's JSON (lists become tuples)."""
         facts = dict(facts)
         facts["task_model_types"] = {k: tuple(v) for k, v in facts["task_model_types"].items()}
+        facts["gpu_links"] = [GpuLink.from_facts(link) for link in facts.get("gpu_links", [])]
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in facts.items()})
 
 

@@ -101,6 +101,13 @@ class TerminalView(SearchObserver):
         if len(plan.slots) > 1:
             owned = ", ".join(slot.describe() for slot in plan.slots)
             self.report.line(f"{len(plan.slots)} workers on this study: {owned}")
+        if plan.info.gpu_link is not None:
+            self.report.line(f"between a trial's GPUs: {escape(plan.info.gpu_link)}")
+        elif plan.devices_per_trial > 1 and plan.device_info.gpu_links_error:
+            self.report.line(
+                "between a trial's GPUs: not known (NVML: "
+                f"{escape(plan.device_info.gpu_links_error)})"
+            )
         if done_before:
             self.report.line(f"resuming: {done_before} finished trial(s) kept")
         for line in expectations(plan):

@@ -53,8 +53,11 @@ class Changed:
 
 def compared_keys(device: str) -> tuple[str, ...]:
     """The conditions compared for a study on `device`: on CPU the cores a trial has, on CUDA
-    the GPU model (a trial owns one GPU; its host cores only feed it)."""
-    return (*MEASURED_STEPS, "cores_per_trial" if device == "cpu" else "device_name")
+    the GPU model (a trial owns its GPUs; its host cores only feed them) and the link between
+    a trial's GPUs."""
+    if device == "cpu":
+        return (*MEASURED_STEPS, "cores_per_trial")
+    return (*MEASURED_STEPS, "device_name", "gpu_link")
 
 
 def changed_conditions(stored: RunInfo, new: RunInfo) -> list[Changed]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from autotune.common.device import DEVICE_ONLY, DeviceInfo, cpu_budget_bytes, cpu_name
 from autotune.common.errors import DeviceError
+from autotune.common.links import GpuLink, read_links, slowest
 
 PROBE_TIMEOUT_S = 120.0
 
@@ -63,3 +64,27 @@ def memory_without_torch(device: str) -> tuple[str, str, int]:
                 ) from exc
     host = psutil.virtual_memory()
     return "cpu", cpu_name(), cpu_budget_bytes(host.available, host.total)
+
+
+def link_without_torch(devices: int) -> GpuLink | None:
+    """The slowest link between the first `devices` GPUs CUDA would number (as
+    CUDA_VISIBLE_DEVICES names them, when by index), from NVML in milliseconds; None for one
+    GPU, or where NVML cannot tell."""
+    if devices < 2:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            indices = list(range(count))
+            if visible is not None:  # UUIDs or MIG names: CUDA's numbering is not NVML's
+                indices = [int(v) for v in visible.split(",") if v.strip()]
+            links = read_links(pynvml, indices[:devices])
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no driver, no NVML, names not indices: not known
+        return None
+    return slowest(links, range(min(devices, len(indices))))

@@ -495,7 +495,16 @@ def _run_info(
         cores_per_trial=trial_cores(slots),
         devices_per_trial=ranks,
         versions=conditions.installed_versions(device_info),
+        gpu_link=_gpu_link(device, device_info, slots),
     )
+
+
+def _gpu_link(device: str, device_info: DeviceInfo, slots: list[Placement]) -> str | None:
+    """The slowest link between a trial's GPUs, in words (a worker's GPUs are its trials')."""
+    if device != "cuda" or not slots:
+        return None
+    link = device_info.link_between(slots[0].cuda_indices)
+    return None if link is None else link.describe()
 
 
 def _baseline(

@@ -5,7 +5,7 @@ back)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from autotune.common.errors import StudyError
@@ -60,6 +60,18 @@ class RunInfo:
     versions: dict[str, str] | None = None
     """torch, transformers and autotune as the study was made with; trials measured under
     others are kept out of its front (`conditions.other_versions`)."""
+    gpu_link: str | None = None
+    """The slowest link between a trial's GPUs, in words (`common.links.GpuLink.describe`);
+    None on one GPU, on CPU, or where NVML could not tell."""
+
+    def stored(self) -> dict[str, Any]:
+        """As the study stores it: a field of `STORED_WHEN_SET` only when set, so that a study
+        without it reads in an earlier autotune too."""
+        stored = asdict(self)
+        for name in STORED_WHEN_SET:
+            if stored[name] is None:
+                del stored[name]
+        return stored
 
     @property
     def data_fingerprint(self) -> str | None:
@@ -100,6 +112,9 @@ class RunInfo:
                 "the autotune that made it (or a later one), or start another study"
             )
         return cls(**stored)
+
+
+STORED_WHEN_SET = ("gpu_link",)
 
 
 def batch_mode(effective_batch_size: int | None) -> str:

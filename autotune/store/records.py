@@ -9,7 +9,7 @@ a study once through `autotune.outputs.snapshot`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -88,7 +88,7 @@ def run_info(study: optuna.Study) -> RunInfo:
 
 
 def store_run_info(study: optuna.Study, info: RunInfo) -> None:
-    study.set_user_attr(RUN_ATTR, asdict(info))
+    study.set_user_attr(RUN_ATTR, info.stored())
 
 
 def start_run(study: optuna.Study, run: dict[str, Any]) -> str:

@@ -187,7 +187,8 @@ def _summary(snapshot: StudySnapshot) -> dict[str, str]:
         "task": info.task,
         "seq_len": str(info.seq_len)
         + ("" if (note := snapshot.trained_note()) is None else f" (named; {note})"),
-        "device": f"{info.device} ({info.device_name})",
+        "device": f"{info.device} ({info.device_name})"
+        + ("" if info.gpu_link is None else f"; between a trial's GPUs: {info.gpu_link}"),
         "memory budget": (
             f"{format_gib(info.memory_budget_gib)} "
             f"(recommend below {format_gib(info.memory_limit_gib)})"

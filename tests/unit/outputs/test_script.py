@@ -59,6 +59,7 @@ def run_info(text: str) -> RunInfo:
         "cores_per_trial": 2,
         "devices_per_trial": 1,
         "versions": {"torch": text, "transformers": text, "autotune": text},
+        "gpu_link": text,
     }
     return RunInfo(**{f.name: values[f.name] for f in dataclasses.fields(RunInfo)})
 

@@ -135,6 +135,15 @@ def test_budget_line_and_summary(data):
     assert data.notes == ["removed precision=fp16: because"]
 
 
+def test_the_device_row_names_the_link_between_a_trials_gpus_where_it_is_known(data):
+    assert data.summary["device"] == "cuda (NVIDIA H100 80GB HBM3)"
+    link = "NVLink 4 x18 through an NVSwitch, 450 GB/s a direction"
+    two_gpus = dataclasses.replace(INFO, devices_per_trial=2, gpu_link=link)
+    first = [({"batch_size": 8, "precision": "fp32", "optim": "adamw_torch"}, (100.0, 4.0))]
+    summary = build(first, info=two_gpus).summary
+    assert summary["device"] == f"cuda (NVIDIA H100 80GB HBM3); between a trial's GPUs: {link}"
+
+
 def test_noisy_trials_are_flagged_in_table_hover_front_and_summary(data):
     assert [r.number for r in data.rows if r.noisy] == [2]
     assert [p.number for p in data.points if p.noisy] == [2]
