@@ -9,6 +9,7 @@ figures, and a setting measured again (confirmation) gets figures of its own.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 import statistics
@@ -153,7 +154,8 @@ def stopped_early(spec: TrialSpec, steps_ms: list[float], samples: int) -> str |
 
 def device_info(gpu: model.Gpu | str, software: DeviceInfo, count: int = 1) -> DeviceInfo:
     """`count` of `gpu` on one host, with the software facts (torch, transformers, the
-    optimizers and kernels installed) of `software`: what the probe would find there."""
+    optimizers and kernels installed) of `software`: what the probe would find there, each
+    pair of GPUs joined by the GPU's link."""
     g = model.gpu(gpu) if isinstance(gpu, str) else gpu
     free = g.memory_bytes - CUDA_CONTEXT_BYTES
     major = int(g.compute_capability.split(".")[0])
@@ -169,4 +171,8 @@ def device_info(gpu: model.Gpu | str, software: DeviceInfo, count: int = 1) -> D
         cuda_device_names=(g.name,) * count,
         cuda_free_memory_bytes=(free,) * count,
         matmul_tflops=None,
+        gpu_links=tuple(
+            dataclasses.replace(g.link, a=a, b=b)
+            for a, b in itertools.combinations(range(count), 2)
+        ),
     )

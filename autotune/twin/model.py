@@ -37,6 +37,7 @@ from typing import Any
 from autotune.common.device import gpu_memory_bytes, peak_tflops
 from autotune.common.knob_values import optimizer_family, precision_parts, sixteen_bit
 from autotune.common.knobs import is_compiled, value_of
+from autotune.common.links import GpuLink
 from autotune.common.trial import Status
 from autotune.common.units import GIB
 from autotune.plan.estimate import CUDA_CONTEXT_BYTES, Shape, estimate, flops_per_sample, shape_of
@@ -65,13 +66,19 @@ class Gpu:
     """The name NVML reports: the peak table (`common.device.PEAK_TFLOPS`) is read by it."""
     memory_bytes: int
     bandwidth_gb_s: float
-    link_gb_s: float
-    """Between two GPUs of the host, one direction (NVLink, else PCIe): DDP's all-reduce."""
+    link: GpuLink
+    """Between two GPUs of the host (NVLink, else PCIe), as the probe would find it there."""
     compute_capability: str
     host: Host
     calibrated: bool = False
     """Whether this project's own measurements on this GPU fitted the constants; otherwise its
     datasheet with the constants fitted on others (H100, H200)."""
+
+    @property
+    def link_gb_s(self) -> float:
+        """One direction of `link`: what DDP's all-reduce moves the gradients over."""
+        assert self.link.gb_s is not None, f"the {self.key}'s link has no rate"
+        return self.link.gb_s
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -138,7 +145,7 @@ def gpu(key: str) -> Gpu:
         name=entry["name"],
         memory_bytes=memory,
         bandwidth_gb_s=entry["bandwidth_gb_s"],
-        link_gb_s=entry["link_gb_s"],
+        link=GpuLink(a=0, b=1, **entry["link"]),
         compute_capability=entry["compute_capability"],
         host=Host(**host),
         calibrated=entry["calibrated"],

@@ -214,3 +214,28 @@ def test_a_gpu_lease_s_landscape_becomes_calibration_points(tmp_path):
     path.write_text(json.dumps(landscape))
     with pytest.raises(SystemExit, match="not on a GPU"):
         calibration.landscape_points(path, None)
+
+
+def test_a_twin_host_is_joined_by_its_gpus_link_as_the_probe_would_find_it():
+    from autotune.common.device import DeviceInfo
+    from autotune.twin.answer import device_info
+
+    hgx = device_info("H100", DeviceInfo(cuda_available=False, name="", total_memory_bytes=0,
+                                         free_memory_bytes=0), count=8)  # fmt: skip
+    assert len(hgx.gpu_links) == 28  # every pair of 8
+    assert hgx.link_between(range(8)).describe() == (
+        "NVLink 4 x18 through an NVSwitch, 450 GB/s a direction"
+    )
+    assert model.gpu("H100").link_gb_s == 450 and model.gpu("A100-80GB").link_gb_s == 300
+    l4 = model.gpu("L4")
+    assert not l4.link.nvlink and l4.link_gb_s == pytest.approx(31.5, abs=0.1)  # PCIe 4.0 x16
+    # DDP's all-reduce goes at the link's pace: the same step on PCIe waits longer.
+    on_pcie = dataclasses.replace(model.gpu("H100"), link=l4.link)
+
+    def step_s(g, devices):
+        params = {"precision": "bf16", "batch_size": 32, "optim": "adamw_torch_fused"}
+        shape = model.shape_of(BERT, None, None)
+        return model.step(g, shape, task=TASK, seq_len=512, params=params, devices=devices)
+
+    assert step_s(on_pcie, 2).seconds > step_s(model.gpu("H100"), 2).seconds
+    assert step_s(on_pcie, 1) == step_s(model.gpu("H100"), 1)  # one GPU: no link crossed
