@@ -220,8 +220,8 @@ def test_a_twin_host_is_joined_by_its_gpus_link_as_the_probe_would_find_it():
     from autotune.common.device import DeviceInfo
     from autotune.twin.answer import device_info
 
-    hgx = device_info("H100", DeviceInfo(cuda_available=False, name="", total_memory_bytes=0,
-                                         free_memory_bytes=0), count=8)  # fmt: skip
+    software = DeviceInfo(cuda_available=False, name="", total_memory_bytes=0, free_memory_bytes=0)
+    hgx = device_info("H100", software, count=8)
     assert len(hgx.gpu_links) == 28  # every pair of 8
     assert hgx.link_between(range(8)).describe() == (
         "NVLink 4 x18 through an NVSwitch, 450 GB/s a direction"
