@@ -30,6 +30,19 @@ class StrategyNotApplied(Exception):
     """The framework trained with another strategy than the trial's (a silent fallback)."""
 
 
+def check_data_parallel(trainer: Any, devices: int) -> None:
+    """A `dp` trial trained through `torch.nn.DataParallel` over its `devices` GPUs, as the
+    Trainer wraps the model where one process sees several (`args.n_gpu`); anything else is a
+    silent fallback to fewer GPUs (StrategyNotApplied)."""
+    wrapped, n_gpu = trainer.model_wrapped, trainer.args.n_gpu
+    if isinstance(wrapped, torch.nn.DataParallel) and n_gpu == devices:
+        return
+    raise StrategyNotApplied(
+        f"dp asked, but the Trainer trained {type(wrapped).__name__} on n_gpu={n_gpu} of the "
+        f"trial's {devices} GPUs"
+    )
+
+
 class ShardedArguments(TrainingArguments):
     """The TrainingArguments of a rank whose model FSDP2 shards, with the Trainer left
     undistributed: the model stays where it was built (the host) until `fully_shard` moves

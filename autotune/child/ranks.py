@@ -138,8 +138,11 @@ with an exception)."""
 
 def needed(spec: TrialSpec) -> bool:
     """Whether the trial runs on ranks: on several devices, or offloading on one (DeepSpeed
-    runs in a process group, of one rank there)."""
-    return spec.devices > 1 or value_of(spec.params, "strategy", devices=spec.devices) != "single"
+    runs in a process group, of one rank there); not `dp`, whose one process drives them."""
+    strategy = value_of(spec.params, "strategy", devices=spec.devices)
+    if strategy == "dp":
+        return False
+    return spec.devices > 1 or strategy != "single"
 
 
 def rank_file(folder: Path, rank: int) -> Path:

@@ -77,6 +77,8 @@ def train_trial(
         started = time.perf_counter()
         output = built.trainer.train()
         train_s = time.perf_counter() - started
+        if rank is None and spec.devices > 1:  # dp: the Trainer's DataParallel, checked
+            rank_training.check_data_parallel(built.trainer, spec.devices)
 
         memory = (
             result.cuda_memory() if spec.device == "cuda" else result.cpu_memory(baseline_rss, rank)
@@ -235,7 +237,14 @@ def _sync(spec: TrialSpec, rank: ranks.Rank | None) -> Any:
     on_cuda = spec.device == "cuda"
     if rank is not None:
         return rank_training.barrier_sync(on_cuda)
+    if on_cuda and spec.devices > 1:  # dp: one process, its work queued on every GPU
+        return _sync_every_gpu
     return torch.cuda.synchronize if on_cuda else _no_sync
+
+
+def _sync_every_gpu() -> None:
+    for device in range(torch.cuda.device_count()):
+        torch.cuda.synchronize(device)
 
 
 def _prepare(spec: TrialSpec, clock: measure.StageClock, rank: ranks.Rank | None = None) -> int:
@@ -273,9 +282,10 @@ def _cap_cuda_memory(budget_bytes: int | None) -> None:
     Must run before the model reaches the GPU; past the cap, allocations raise
     torch.OutOfMemoryError as a smaller card would.
     """
-    total = torch.cuda.get_device_properties(0).total_memory
-    if budget_bytes is not None and budget_bytes < total:
-        torch.cuda.set_per_process_memory_fraction(budget_bytes / total)
+    for device in range(torch.cuda.device_count()):  # every GPU of a dp trial
+        total = torch.cuda.get_device_properties(device).total_memory
+        if budget_bytes is not None and budget_bytes < total:
+            torch.cuda.set_per_process_memory_fraction(budget_bytes / total, device)
 
 
 def _no_sync() -> None:

@@ -244,8 +244,8 @@ def _twin_times(
 
     def times(params: dict[str, Any]) -> tuple[str, str, str]:
         strategy = value_of(params, "strategy", devices=devices)
-        if strategy not in ("single", "ddp"):
-            return ("-", "-", "-")  # the twin models one GPU a trial, or DDP
+        if strategy not in ("single", "ddp", "dp"):
+            return ("-", "-", "-")  # the twin models one GPU a trial, DDP or DataParallel
         p = twin.predict(
             g,
             model.config,

@@ -21,11 +21,15 @@ FLASH_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3"})
 
 
 STRATEGIES = (
-    "single", "ddp", "fsdp", "fsdp_grad_op", "fsdp_offload", "zero1", "zero2", "zero3",
+    "single", "ddp", "dp", "fsdp", "fsdp_grad_op", "fsdp_offload", "zero1", "zero2", "zero3",
     "zero2_offload", "zero3_offload",
 )  # fmt: skip
 """How a trial's ranks share the training (`devices_per_trial`): `single` is one device;
 `ddp` replicates the model and averages gradients (what torchrun + the HF defaults do);
+`dp` is one process driving every GPU of the trial through `torch.nn.DataParallel` (the
+Trainer's own, when one process sees several GPUs): each step it scatters the batch from GPU
+0, copies the model to the others, gathers their outputs back and sums their gradients onto
+GPU 0, where the optimizer steps; CUDA only, and its GPU 0 holds the most;
 `fsdp` shards parameters, gradients and optimizer states across the ranks (FSDP2
 `fully_shard`), gathering each block's parameters for its forward and backward;
 `fsdp_grad_op` keeps the gathered parameters from the forward to the backward (one gather

@@ -26,7 +26,7 @@ from autotune.common.layout import (
 )
 from autotune.common.output_files import write_atomic
 from autotune.common.trial import write_json_atomic
-from autotune.outputs.launch import accelerate_config
+from autotune.outputs.launch import ONE_PROCESS, accelerate_config
 from autotune.outputs.script import render_script
 
 if TYPE_CHECKING:  # types only: rendering an export reads no storage (records imports optuna)
@@ -50,7 +50,7 @@ def write_recommendation(
     written = [json_path, py_path]
     deepspeed = recommendation["training_args"].get("deepspeed")
     devices = recommendation["devices_per_trial"] or 1
-    on_ranks = value_of(recommendation["params"], "strategy", devices=devices) != "single"
+    on_ranks = value_of(recommendation["params"], "strategy", devices=devices) not in ONE_PROCESS
     processes = recommendation["devices_per_trial"] if on_ranks else None
     accelerate = accelerate_config(
         recommendation["training_args"], processes, recommendation["environment"]

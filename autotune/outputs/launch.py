@@ -17,9 +17,14 @@ if TYPE_CHECKING:  # types only
     from autotune.plan.run_info import RunInfo
 
 
+ONE_PROCESS = ("single", "dp")
+"""Strategies a trial trains in one process: one device, or DataParallel over every GPU it
+sees."""
+
+
 def ranks(info: RunInfo, params: dict[str, Any]) -> int:
-    """The processes a trial trained with: one per device, one under `single`."""
-    return 1 if strategy(info, params) == "single" else info.devices_per_trial or 1
+    """The processes a trial trained with: one per device, one under `single` and `dp`."""
+    return 1 if strategy(info, params) in ONE_PROCESS else info.devices_per_trial or 1
 
 
 def strategy(info: RunInfo, params: dict[str, Any]) -> str:
@@ -29,8 +34,11 @@ def strategy(info: RunInfo, params: dict[str, Any]) -> str:
 
 def launch_command(info: RunInfo, params: dict[str, Any]) -> str:
     """How the exported script runs as the trial did: one process per device it used, under
-    torchrun for any strategy but `single` (ZeRO-Offload on one GPU too: DeepSpeed needs the
-    launcher's environment)."""
+    torchrun for any strategy but `single` and `dp` (ZeRO-Offload on one GPU too: DeepSpeed
+    needs the launcher's environment); `dp` as one process that sees the trial's GPUs."""
+    if strategy(info, params) == "dp":
+        visible = ",".join(str(i) for i in range(info.devices_per_trial or 1))
+        return f"CUDA_VISIBLE_DEVICES={visible} python {RECOMMENDED_PY}"
     if strategy(info, params) == "single":
         return f"python {RECOMMENDED_PY}"
     return f"torchrun --standalone --nproc_per_node={ranks(info, params)} {RECOMMENDED_PY}"
@@ -39,7 +47,7 @@ def launch_command(info: RunInfo, params: dict[str, Any]) -> str:
 def accelerate_command(info: RunInfo, params: dict[str, Any]) -> str | None:
     """`launch_command` through `accelerate launch` and accelerate_config.yaml; None where
     the trial ran as one process."""
-    if strategy(info, params) == "single":
+    if strategy(info, params) in ONE_PROCESS:
         return None
     return f"accelerate launch --config_file {ACCELERATE_YAML} {RECOMMENDED_PY}"
 

@@ -341,8 +341,13 @@ def main():
     cli = parser.parse_args()
     # torch.compile's modes as the trial set them (accelerate reads them from the environment).
     os.environ.update(ENVIRONMENT)
-    if STRATEGY != "single" and "RANK" not in os.environ:
+    if STRATEGY not in ("single", "dp") and "RANK" not in os.environ:
         sys.exit(f"trial {TRIAL} trained on {DEVICES} devices under {STRATEGY}: run {LAUNCH}")
+    if STRATEGY == "dp" and torch.cuda.device_count() != DEVICES:  # the Trainer takes them all
+        sys.exit(
+            f"trial {TRIAL} trained on {DEVICES} GPUs under DataParallel, and this process "
+            f"sees {torch.cuda.device_count()}: run {LAUNCH}"
+        )
     sharded = STRATEGY in ("fsdp", "fsdp_grad_op", "fsdp_offload")
     rank, world = join_the_ranks() if sharded else (0, 1)
     # autotune's collator reads the columns it needs; the others (length) stay for the sampler.

@@ -81,6 +81,8 @@ def _compile_mode(value: str, device: str, info: DeviceInfo) -> str | None:
 
 
 def _strategy(value: str, device: str, info: DeviceInfo) -> str | None:
+    if value == "dp" and device == "cpu":
+        return "DataParallel drives the CUDA devices one process sees: on CPU there are none"
     if value in ZERO_STAGES and info.deepspeed_error:
         return f"DeepSpeed does not import here ({info.deepspeed_error})"
     if value in OFFLOADED and device == "cpu":

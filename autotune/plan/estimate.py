@@ -265,9 +265,10 @@ def estimate(
     `gradients_kept` is for training loops that zero gradients in place instead of freeing them
     (`zero_grad(set_to_none=False)`, PyTorch's default before 2.0): they then live through
     every forward, as with gradient accumulation. On several `devices` a trial, the figures are
-    one rank's, under `params["strategy"]`. With `adapter` (peft's LoraConfig kwargs) the base
-    is frozen: no gradients or optimizer states but the adapter's (`model_states.adapter_states`,
-    the base in `torch_dtype`'s bytes or quantized)."""
+    one rank's, under `params["strategy"]` (under `dp`, GPU 0's: it holds every GPU's
+    outputs). With `adapter` (peft's LoraConfig kwargs) the base is frozen: no gradients or
+    optimizer states but the adapter's (`model_states.adapter_states`, the base in
+    `torch_dtype`'s bytes or quantized)."""
     shape = shape_of(config, parameters, adapter)
     optimizer = _optimizer_states(shape, value_of(params, "optim"))
     if shape.adapter_parameters is None:
@@ -276,6 +277,8 @@ def estimate(
         quantized = shape.layers * shape.block_linear
         states = adapter_states(shape.parameters, shape.trained, quantized, optimizer, params)
     activations, logits, temporary = _activations(shape, task, seq_len, params, device)
+    if devices > 1 and value_of(params, "strategy", devices=devices) == "dp":
+        logits *= devices  # DataParallel gathers every GPU's outputs onto GPU 0, the peak's
     # The peak: in the last backward, gradients fill in as activations are freed (one step:
     # the larger of the two); accumulating steps run every later forward with the gradients
     # of the earlier ones held.

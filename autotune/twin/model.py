@@ -198,16 +198,36 @@ def step(
         host_ms *= v["loop_host"]
     optimizer_device_s, optimizer_host_s = _optimizer_s(g, shape, v, params)
     all_reduce_s = 0.0
-    if devices > 1:
+    accumulation = value_of(params, "grad_accum")
+    if devices > 1 and value_of(params, "strategy", devices=devices) == "dp":
+        micro_device_s += _data_parallel_s(g, shape, task, seq_len, params, devices)
+        host_ms *= devices  # one process launches every replica's kernels, under one GIL
+    elif devices > 1:
         link = g.link_gb_s * 1e9
         all_reduce_s = 2 * (devices - 1) / devices * 4 * shape.trained / link
         all_reduce_s *= 1 - v["all_reduce_hidden"]
-    accumulation = value_of(params, "grad_accum")
     return Step(
         device_s=accumulation * micro_device_s + optimizer_device_s + all_reduce_s,
         host_s=accumulation * host_ms / 1e3 + optimizer_host_s,
         serial_s=v["trainer_step_ms"] / 1e3 if trainer else 0.0,
     )
+
+
+def _data_parallel_s(
+    g: Gpu, shape: Shape, task: str, seq_len: int, params: dict[str, Any], devices: int
+) -> float:
+    """What DataParallel adds to each micro-batch on GPU 0's side of the link, none of it
+    hidden (the next step cannot start before it): copying the model's fp32 weights to the
+    other GPUs (`replicate`, every forward), gathering their outputs (a language model's
+    logits, fp32) and summing their gradients onto GPU 0 (`reduce_add`), each of the others'
+    share crossing GPU 0's link. Not calibrated: no DataParallel trial has been measured."""
+    others = devices - 1
+    weights = 4 * shape.parameters
+    gradients = 4 * shape.trained * others
+    logits = 0
+    if task == "causal-lm":
+        logits = 4 * value_of(params, "batch_size") * seq_len * shape.vocab * others
+    return (weights + gradients + logits) / (g.link_gb_s * 1e9)
 
 
 def _micro_device_s(

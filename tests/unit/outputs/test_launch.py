@@ -15,6 +15,7 @@ from tests.unit.outputs.test_scaling import TWO_DEVICES
         ("ddp", "torchrun --standalone --nproc_per_node=2 recommended.py"),
         ("fsdp", "torchrun --standalone --nproc_per_node=2 recommended.py"),
         ("single", "python recommended.py"),
+        ("dp", "CUDA_VISIBLE_DEVICES=0,1 python recommended.py"),  # one process sees both
     ],
 )
 def test_the_launch_command_starts_one_process_per_device_the_trial_used(strategy, command):
@@ -39,3 +40,4 @@ def test_the_accelerate_config_launches_as_many_processes_in_the_trials_precisio
     command = "accelerate launch --config_file accelerate_config.yaml recommended.py"
     assert accelerate_command(INFO, {"strategy": "fsdp_offload"}) == command
     assert accelerate_command(TWO_DEVICES, {"strategy": "single"}) is None
+    assert accelerate_command(TWO_DEVICES, {"strategy": "dp"}) is None

@@ -35,6 +35,7 @@ def test_several_devices_search_every_multi_device_strategy_unless_the_space_nam
     space, notes = fit_to_devices(space_with(), 2)
     every = (
         "ddp",
+        "dp",
         "fsdp",
         "fsdp_grad_op",
         "fsdp_offload",
