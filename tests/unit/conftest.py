@@ -20,6 +20,7 @@ TORCH_TESTS = (
     "outputs/test_export.py",
     "plan/test_batch_rule.py",
     "plan/test_capabilities.py",
+    "plan/test_data_parallel.py",
     "plan/test_run_space.py",
     "study/test_sampler.py",
     "test_replay.py",

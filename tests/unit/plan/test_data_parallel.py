@@ -8,7 +8,6 @@ import dataclasses
 
 import pytest
 
-from autotune.child import ranks
 from autotune.common.models import resolve_model
 from autotune.common.trial import TrialSpec
 from autotune.plan.estimate import estimate
@@ -16,7 +15,10 @@ from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from autotune.twin import model as twin
 from tests.conftest import TINY_MODEL
+from tests.unit.installed import Lazy
 from tests.unit.stand_ins import GPUS, plan_for
+
+ranks = Lazy("autotune.child.ranks")
 
 GPT2 = resolve_model("gpt2").config
 
