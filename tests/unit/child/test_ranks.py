@@ -130,3 +130,20 @@ def test_a_rank_torchrun_started_learns_who_it_is_from_its_environment():
     )
     assert rank == ranks.Rank(3, 8, "fsdp", on_cuda=True)
     assert rank.fsdp and rank.backend == "nccl" and not rank.trainer_distributed
+
+
+def test_a_dp_trial_is_the_trainers_data_parallel_over_every_gpu_it_asked():
+    import types
+
+    import torch
+
+    def trainer(wrapped, n_gpu):
+        return types.SimpleNamespace(model_wrapped=wrapped, args=types.SimpleNamespace(n_gpu=n_gpu))
+
+    layer = torch.nn.Linear(2, 2)
+    rank_training.check_data_parallel(trainer(torch.nn.DataParallel(layer), 2), 2)
+    # One GPU seen (the Trainer does not wrap), or fewer than asked: a silent fallback.
+    with refused(r"dp asked, but the Trainer trained Linear on n_gpu=1 of the trial's 2 GPUs"):
+        rank_training.check_data_parallel(trainer(layer, 1), 2)
+    with refused("n_gpu=2 of the trial's 4 GPUs"):
+        rank_training.check_data_parallel(trainer(torch.nn.DataParallel(layer), 2), 4)
