@@ -344,6 +344,22 @@ def _fit_strategy(space: SearchSpace, devices: int, device: str) -> tuple[Search
     ]
 
 
+def fit_to_nodes(space: SearchSpace, nodes: int) -> SearchSpace:
+    """A trial across `nodes` nodes (`executor=ray`) runs its ranks as processes on each:
+    DataParallel, one process, cannot span them, and leaves the space with the reason."""
+    knob = space.knobs.get("strategy")
+    if nodes == 1 or knob is None or "dp" not in knob.choices:
+        return space
+    kept = tuple(v for v in knob.choices if v != "dp")
+    if not kept:
+        raise SpaceError(
+            f"space {space.name} cannot run here:\n  - strategy: dp is one process, and a "
+            f"trial here spans {nodes} nodes"
+        )
+    note = f"removed strategy=dp: DataParallel is one process, and a trial here spans {nodes} nodes"
+    return replace(space.with_choices("strategy", kept), notes=(*space.notes, note))
+
+
 ADAPTER_KNOBS = {"torch_dtype": BASE_DTYPES, "quantization": QUANTIZATIONS}
 """The frozen base's settings: searched with an adapter (every value) unless the space names
 them; they cannot apply to a full fine-tune, which trains every weight."""

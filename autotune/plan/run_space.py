@@ -10,7 +10,7 @@ from autotune.common.device import DeviceInfo
 from autotune.common.errors import AutotuneError, ConfigError
 from autotune.common.placement import Placement
 from autotune.plan.batch_rule import apply_sampling_rules
-from autotune.plan.capabilities import fit_space, trial_cores
+from autotune.plan.capabilities import fit_space, fit_to_nodes, trial_cores
 from autotune.plan.config import RunConfig
 from autotune.plan.space import SamplingRules, SearchSpace
 from autotune.plan.space_file import SoftwareFacts, load_space
@@ -70,6 +70,7 @@ def fitted_space(
             model_type_and_task,
             adapter=config.peft != "none",
         )
+        fitted = fit_to_nodes(fitted, slots[0].nodes if slots else 1)
         return apply_sampling_rules(fitted, rules)
     except AutotuneError as exc:
         problems.append(str(exc))

@@ -8,11 +8,14 @@ import dataclasses
 
 import pytest
 
+from autotune.common.errors import SpaceError
 from autotune.common.models import resolve_model
 from autotune.common.trial import TrialSpec
+from autotune.plan.capabilities import fit_to_nodes
 from autotune.plan.estimate import estimate
 from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
+from autotune.plan.space import SearchSpace, SpaceKnob
 from autotune.twin import model as twin
 from tests.conftest import TINY_MODEL
 from tests.unit.installed import Lazy
@@ -86,3 +89,16 @@ def test_the_twin_prices_dps_copies_on_the_link_and_its_one_process():
     assert step_s("dp", over_pcie).device_s > step_s("dp", h100).device_s
     # One process launches both replicas' kernels (the optimizer's, on GPU 0, once).
     assert step_s("dp", h100).host_s == pytest.approx(2 * step_s("single", h100).host_s, rel=0.01)
+
+
+def test_a_trial_across_nodes_cannot_be_dp():
+    knobs = {"strategy": SpaceKnob(name="strategy", choices=("ddp", "dp"))}
+    space = SearchSpace(name="s", description="", device="any", knobs=knobs)
+    assert fit_to_nodes(space, 1) is space
+    across = fit_to_nodes(space, 2)
+    assert across.knobs["strategy"].choices == ("ddp",)
+    assert across.notes == (
+        "removed strategy=dp: DataParallel is one process, and a trial here spans 2 nodes",
+    )
+    with pytest.raises(SpaceError, match="dp is one process, and a trial here spans 2 nodes"):
+        fit_to_nodes(space.with_choices("strategy", ("dp",)), 2)
