@@ -21,16 +21,21 @@ PLACED = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
 
 
 class Watch(SearchObserver):
-    """At each progress record of a trial: this process's placement and its descendants'."""
+    """At each progress record of a trial: this process's placement and that of the
+    descendants the search started (not those of earlier tests in this test process: their
+    fork servers may live on)."""
 
     def __init__(self) -> None:
         self.search = []
         self.descendants = []
+        self.earlier = {p.pid for p in psutil.Process().children(recursive=True)}
 
     def progress(self, number, progress):
         me = psutil.Process()
         self.search.append(({k: os.environ.get(k) for k in PLACED}, me.cpu_affinity()))
         for child in me.children(recursive=True):
+            if child.pid in self.earlier:
+                continue
             if "resource_tracker" not in " ".join(child.cmdline()):  # multiprocessing's own
                 self.descendants.append(tuple(child.cpu_affinity()))
 
