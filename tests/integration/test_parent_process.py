@@ -2,7 +2,6 @@ import json
 import pkgutil
 import subprocess
 import sys
-from pathlib import Path
 
 import autotune
 
@@ -40,24 +39,6 @@ def test_no_module_of_the_child_folder_imports_optuna():
     assert "autotune.child.worker" in modules
     loaded = _imported_after(modules)
     assert "torch" in loaded and "optuna" not in loaded
-
-
-def test_collecting_the_unit_tests_imports_neither_torch_nor_transformers():
-    """Those that use them import them as they run, in one test process (`TORCH_TESTS` in
-    tests/unit/conftest.py): the other must not pay for them at collection."""
-    code = (
-        "import sys, pytest\n"
-        "code = pytest.main(['--collect-only', '-q', '-n', '0', '-p', 'no:cacheprovider', "
-        "'tests/unit'])\n"
-        "print('LOADED', code, ' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
-    )
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
-    )
-    loaded = out.stdout.split("LOADED ")[-1].split()
-    assert loaded[0] == "0" and "autotune" in loaded  # collected
-    assert not set(loaded) & {"torch", "transformers", "peft", "datasets"}
 
 
 FAKE_H100 = """

@@ -1,11 +1,9 @@
 import pytest
+import torch
 
+from autotune.child import measure
+from autotune.child.data import PaddingCollator
 from autotune.common.device import peak_tflops
-from tests.unit.installed import Lazy
-
-torch = Lazy("torch")
-measure = Lazy("autotune.child.measure")
-child_data = Lazy("autotune.child.data")
 
 
 def test_warmup_steps_are_outside_the_timed_window(monkeypatch):
@@ -39,7 +37,7 @@ def test_variation_is_reported_as_a_coefficient_of_variation():
 
 def test_batches_count_real_tokens_as_a_hand_count_does():
     """Three samples of 5, 2 and 9 tokens, padded to 16: 16 real tokens of 48 positions."""
-    collator = child_data.PaddingCollator(task="masked-lm", pad_token_id=0, pad_to_multiple_of=8)
+    collator = PaddingCollator(task="masked-lm", pad_token_id=0, pad_to_multiple_of=8)
     batch = collator([{"input_ids": list(range(1, n + 1))} for n in (5, 2, 9)])
     counter = measure.BatchCounter()
     counter.count(batch)

@@ -4,12 +4,10 @@ import json
 
 import pytest
 
+from autotune.child import measure, progress
+from autotune.child.progress import ProgressReporter
 from autotune.common.layout import PROGRESS_FILE
 from autotune.common.trial import Progress, Stage, TrialSpec, read_progress, write_progress
-from tests.unit.installed import Lazy
-
-measure = Lazy("autotune.child.measure")
-progress = Lazy("autotune.child.progress")
 
 
 def record(**fields) -> Progress:
@@ -65,14 +63,11 @@ def drive(tmp_path, monkeypatch, clock_s, warmup_steps, measure_steps):
     )
     timer = measure.StepTimer(warmup_steps)
     path = tmp_path / PROGRESS_FILE
-    reporter = progress.ProgressReporter(
-        path, timer, spec=spec, baseline_rss_bytes=100, started_s=-2.0
-    )
+    reporter = ProgressReporter(path, timer, spec=spec, baseline_rss_bytes=100, started_s=-2.0)
     written = []
     real_write = progress.write_progress
     monkeypatch.setattr(
-        "autotune.child.progress.write_progress",
-        lambda p, rec: (written.append(rec), real_write(p, rec)),
+        progress, "write_progress", lambda p, rec: (written.append(rec), real_write(p, rec))
     )
     for callback in (timer, reporter):
         callback.on_train_begin(None, None, None)

@@ -1,10 +1,8 @@
 """The Trainer a trial times: its arguments as the installed transformers takes them."""
 
+from autotune.child import trainers
 from autotune.common import knobs
 from autotune.common.trial import TrialSpec
-from tests.unit.installed import Lazy
-
-trainers = Lazy("autotune.child.trainers")
 
 
 def cuda_spec(**params) -> TrialSpec:

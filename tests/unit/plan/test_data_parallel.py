@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from autotune.child import ranks
 from autotune.common.errors import SpaceError
 from autotune.common.models import resolve_model
 from autotune.common.trial import TrialSpec
@@ -18,10 +19,7 @@ from autotune.plan.plan import make_plan
 from autotune.plan.space import SearchSpace, SpaceKnob
 from autotune.twin import model as twin
 from tests.conftest import TINY_MODEL
-from tests.unit.installed import Lazy
 from tests.unit.stand_ins import GPUS, plan_for
-
-ranks = Lazy("autotune.child.ranks")
 
 GPT2 = resolve_model("gpt2").config
 
