@@ -19,6 +19,7 @@ from autotune.plan.plan import make_plan
 from autotune.plan.space import SearchSpace, SpaceKnob
 from autotune.twin import model as twin
 from tests.conftest import TINY_MODEL
+from tests.unit.child.test_trainers import cuda_spec
 from tests.unit.stand_ins import GPUS, plan_for
 
 GPT2 = resolve_model("gpt2").config
@@ -41,19 +42,7 @@ def test_dp_leaves_a_cpu_search_with_its_reason(tmp_path):
 
 
 def spec(strategy: str, devices: int = 2) -> TrialSpec:
-    return TrialSpec(
-        trial_number=0,
-        model_name="m",
-        model_config={},
-        task="causal-lm",
-        seq_len=8,
-        device="cuda",
-        params={"strategy": strategy},
-        warmup_steps=1,
-        measure_steps=2,
-        seed=0,
-        devices=devices,
-    )
+    return dataclasses.replace(cuda_spec(strategy=strategy), devices=devices)
 
 
 def test_a_dp_trial_is_one_process_and_every_other_strategy_ranks():
