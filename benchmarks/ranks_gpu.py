@@ -7,7 +7,8 @@ worker and ranks, checked as applied by each rank, with every rank's peak and he
 Needs `--devices` GPUs (a one-GPU machine exits saying so). Expected: every strategy `ok`;
 `ddp`, `zero1`, `zero2` hold every parameter on each rank, the sharded ones about 1/N each;
 the per-rank peaks ordered roughly as `knobs.MEMORY_ORDER` says (the offloaded ones least);
-samples/s of `ddp` near N times `single`'s (its scaling efficiency). A strategy whose NCCL
+samples/s of `ddp` near N times `single`'s (its scaling efficiency); `dp` (one process, the
+Trainer's DataParallel) below `ddp`, its peak GPU 0's. A strategy whose NCCL
 group cannot form, or whose ranks share one GPU, shows here as `error` or as every rank's
 peak on one device.
 """
@@ -26,7 +27,7 @@ from autotune.execute.launchers import ForkserverLauncher
 from autotune.execute.local import launch_trial
 from autotune.plan.hardware import probe
 
-STRATEGIES = ("single", "ddp", "fsdp", "fsdp_offload", "zero1", "zero2", "zero3")
+STRATEGIES = ("single", "ddp", "dp", "fsdp", "fsdp_offload", "zero1", "zero2", "zero3")
 
 
 def main() -> None:
@@ -77,6 +78,7 @@ def main() -> None:
                     "status": result.status.value,
                     "reason": result.reason,
                     "samples_per_s": result.samples_per_s,
+                    "peak_memory_gib": result.peak_memory_gib,
                     "rank_peak_memory_gib": result.rank_peak_memory_gib,
                     "rank_params": result.rank_params,
                     "n_params": result.n_params,
@@ -93,6 +95,8 @@ def main() -> None:
     summary = {
         "devices": args.devices,
         "device": info.name,
+        "gpu_link": (link := info.link_between(range(args.devices))) and link.describe(),
+        "gpu_links_error": info.gpu_links_error,
         "model": args.model,
         "seq_len": args.seq_len,
         "trials": rows,
