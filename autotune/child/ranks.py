@@ -145,6 +145,11 @@ def needed(spec: TrialSpec) -> bool:
     return spec.devices > 1 or strategy != "single"
 
 
+def data_parallel(spec: TrialSpec) -> bool:
+    """Whether the trial's one process drives several GPUs through DataParallel (`dp`)."""
+    return spec.devices > 1 and value_of(spec.params, "strategy", devices=spec.devices) == "dp"
+
+
 def rank_file(folder: Path, rank: int) -> Path:
     return folder / f"rank{rank}.json"
 

@@ -77,7 +77,7 @@ def train_trial(
         started = time.perf_counter()
         output = built.trainer.train()
         train_s = time.perf_counter() - started
-        if rank is None and spec.devices > 1:  # dp: the Trainer's DataParallel, checked
+        if ranks.data_parallel(spec):  # the Trainer's DataParallel, checked
             rank_training.check_data_parallel(built.trainer, spec.devices)
 
         memory = (
@@ -237,7 +237,7 @@ def _sync(spec: TrialSpec, rank: ranks.Rank | None) -> Any:
     on_cuda = spec.device == "cuda"
     if rank is not None:
         return rank_training.barrier_sync(on_cuda)
-    if on_cuda and spec.devices > 1:  # dp: one process, its work queued on every GPU
+    if on_cuda and ranks.data_parallel(spec):  # one process, its work queued on every GPU
         return _sync_every_gpu
     return torch.cuda.synchronize if on_cuda else _no_sync
 

@@ -218,12 +218,13 @@ def _data_parallel_s(
 ) -> float:
     """What DataParallel adds to each micro-batch on GPU 0's side of the link, none of it
     hidden (the next step cannot start before it): copying the model's fp32 weights to the
-    other GPUs (`replicate`, every forward), gathering their outputs (a language model's
-    logits, fp32) and summing their gradients onto GPU 0 (`reduce_add`), each of the others'
-    share crossing GPU 0's link. Not calibrated: no DataParallel trial has been measured."""
+    other GPUs (`replicate`, every forward) and summing their gradients onto GPU 0
+    (`reduce_add`), each once over the link (NCCL's broadcast and reduce pipeline the others),
+    and gathering their outputs (a language model's logits, fp32): each other GPU's crosses
+    it. Not calibrated: no DataParallel trial has been measured."""
     others = devices - 1
     weights = 4 * shape.parameters
-    gradients = 4 * shape.trained * others
+    gradients = 4 * shape.trained
     logits = 0
     if task == "causal-lm":
         logits = 4 * value_of(params, "batch_size") * seq_len * shape.vocab * others

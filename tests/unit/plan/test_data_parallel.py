@@ -47,6 +47,7 @@ def spec(strategy: str, devices: int = 2) -> TrialSpec:
 
 def test_a_dp_trial_is_one_process_and_every_other_strategy_ranks():
     assert not ranks.needed(spec("dp"))
+    assert ranks.data_parallel(spec("dp")) and not ranks.data_parallel(spec("ddp"))
     assert ranks.needed(spec("ddp")) and ranks.needed(spec("single"))  # single: one rank of 2
 
 
