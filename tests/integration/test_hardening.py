@@ -20,6 +20,7 @@ from autotune.execute.oom_killer import OomWitness
 from autotune.store.study_lock import StudyLock
 from tests.conftest import FAKE_WORKER as FAKE
 from tests.conftest import TINY_MODEL
+from tests.processes import alive, command_of, tree
 
 pytestmark = pytest.mark.slow
 LOADER_SPACE = """
@@ -75,25 +76,6 @@ def start():
         proc.communicate()
 
 
-def tree(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def alive(pids: set[int]) -> set[int]:
-    """Those still running (a zombie has ended: it only waits for its parent to reap it)."""
-    running = set()
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                running.add(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return running
-
-
 def wait_for(condition, proc: subprocess.Popen, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while not _holds(condition):
@@ -135,7 +117,7 @@ def test_kill_9_of_the_search_ends_every_process_it_started_within_two_seconds(t
     killed_at = time.monotonic()
     while alive(processes) and time.monotonic() < killed_at + 2:
         time.sleep(0.05)
-    survivors = [psutil.Process(p).cmdline() for p in alive(processes)]
+    survivors = [command_of(p) for p in alive(processes)]
     assert not survivors, f"still running 2 s after the search died: {survivors}"
     with StudyLock.acquire(tmp_path / "s", "s"):  # and the study's lock went with it
         pass

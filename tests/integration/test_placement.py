@@ -2,6 +2,7 @@
 starts the trial's process there, from a fork server of that placement, and never sets the
 search process's own environment or affinity for a trial. Real trials on one core."""
 
+import contextlib
 import os
 
 import psutil
@@ -14,6 +15,7 @@ from autotune.plan.overrides import load_config
 from autotune.store.records import load_records
 from autotune.study.observer import SearchObserver
 from tests.integration.test_own_data import study_of
+from tests.processes import command_of
 
 pytestmark = pytest.mark.slow
 
@@ -22,8 +24,8 @@ PLACED = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
 
 class Watch(SearchObserver):
     """At each progress record of a trial: this process's placement and that of the
-    descendants the search started (not those of earlier tests in this test process: their
-    fork servers may live on)."""
+    descendants the search started and still alive (not those of earlier tests in this test
+    process: their fork servers may live on)."""
 
     def __init__(self) -> None:
         self.search = []
@@ -36,7 +38,10 @@ class Watch(SearchObserver):
         for child in me.children(recursive=True):
             if child.pid in self.earlier:
                 continue
-            if "resource_tracker" not in " ".join(child.cmdline()):  # multiprocessing's own
+            command = command_of(child)  # empty once it has ended
+            if not command or "resource_tracker" in command:  # multiprocessing's own
+                continue
+            with contextlib.suppress(psutil.NoSuchProcess):  # it may end here too
                 self.descendants.append(tuple(child.cpu_affinity()))
 
 

@@ -22,7 +22,8 @@ from autotune.execute.local import launch_trial
 from autotune.plan.estimate import estimate
 from tests.conftest import TINY_MODEL
 from tests.integration import test_hardening
-from tests.integration.test_hardening import LONG, alive, search_command, tree, wait_for
+from tests.integration.test_hardening import LONG, search_command, wait_for
+from tests.processes import alive, command_of, tree
 
 pytestmark = pytest.mark.slow
 start = test_hardening.start  # the fixture: searches in sessions of their own, cleaned up
@@ -133,7 +134,7 @@ def test_each_strategy_trains_on_two_ranks_as_asked(tmp_path, launcher, strategy
 
 
 def ranks_of(worker_cmd: str) -> list[psutil.Process]:
-    workers = [p for p in psutil.Process().children() if worker_cmd in " ".join(p.cmdline())]
+    workers = [p for p in psutil.Process().children() if worker_cmd in command_of(p)]
     return [c for w in workers for c in w.children()]
 
 
@@ -234,7 +235,7 @@ def test_kill_9_of_the_search_during_a_two_rank_trial_leaves_nothing_running(tmp
     search.kill()
     search.wait(timeout=60)
     psutil.wait_procs([psutil.Process(p) for p in alive(processes)], timeout=60)
-    survivors = [psutil.Process(p).cmdline() for p in alive(processes)]
+    survivors = [command_of(p) for p in alive(processes)]
     assert not survivors, f"still running after the search died: {survivors}"
 
 
@@ -365,7 +366,7 @@ def test_nothing_a_two_rank_trial_listens_on_is_reachable_from_another_host(tmp_
             workers = [
                 p
                 for p in psutil.Process().children()
-                if "-m autotune.child " in " ".join(p.cmdline())
+                if "-m autotune.child " in command_of(p)
             ]
             for process in workers + [c for w in workers for c in w.children()]:
                 listening.extend(

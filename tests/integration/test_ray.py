@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TINY_MODEL
+from tests.processes import command_of
 from tests.ray_cluster import ADDRESS, RayCluster, can_make_namespaces
 
 pytestmark = pytest.mark.slow
@@ -198,7 +199,7 @@ def _wait_for_a_trial(
     while time.monotonic() < deadline:
         assert search.poll() is None, log.read_text()[-3000:]
         under = cluster.node_processes(node) if node else cluster.trial_processes()
-        actors = [p for p in under if "TrialNode" in " ".join(p.cmdline())]
+        actors = [p for p in under if "TrialNode" in command_of(p)]
         if any(len(a.children(recursive=True)) >= 2 for a in actors):  # fork server, trial
             return
         time.sleep(0.2)
