@@ -22,12 +22,14 @@ speed is predicted by constants fitted on the other points.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
+from autotune.common.links import GpuLink
 from autotune.common.models import resolve_model
 from autotune.twin import model
 
@@ -38,9 +40,11 @@ SPEED_LIMIT = 0.10
 """The twin's goal on measured speeds: within 10% of each."""
 
 FITTED: list[tuple[str, ...]] = [
-    ("model", "efficiency", "fp32"), ("model", "efficiency", "tf32"),
-    ("model", "efficiency", "16bit"), ("model", "tokens_half", "fp32"),
-    ("model", "tokens_half", "tf32"), ("model", "tokens_half", "16bit"), ("model", "traffic_bytes"),
+    ("model", "efficiency", "hopper", "fp32"), ("model", "efficiency", "hopper", "tf32"),
+    ("model", "efficiency", "hopper", "16bit"), ("model", "tokens_half", "hopper", "fp32"),
+    ("model", "tokens_half", "hopper", "tf32"), ("model", "tokens_half", "hopper", "16bit"),
+    ("model", "efficiency", "turing", "fp32"), ("model", "staged_link_share"),
+    ("model", "traffic_bytes"),
     ("model", "checkpointing_host"), ("model", "autocast_host"), ("model", "loop_host"),
     ("model", "trainer_step_ms"), ("model", "trainer_micro_ms"),
     ("model", "optimizers", "foreach", "bytes"),
@@ -105,8 +109,11 @@ def add_points(path: Path, gpu: str | None) -> int:
 def predict(point: dict[str, Any]) -> model.Prediction:
     spec = resolve_model(point["model"])
     budget = point.get("memory_budget_gib")
+    g = model.gpu(point["gpu"])
+    if "link" in point:  # the point's GPUs reached each other otherwise than the GPU's own
+        g = dataclasses.replace(g, link=GpuLink(a=0, b=1, **point["link"]))
     return model.predict(
-        model.gpu(point["gpu"]),
+        g,
         spec.config,
         task=point["task"],
         seq_len=point["seq_len"],
@@ -115,6 +122,7 @@ def predict(point: dict[str, Any]) -> model.Prediction:
         measure_steps=point["measure_steps"],
         trainer=point["runner"] == "trial",
         memory_budget_bytes=None if budget is None else int(budget * 2**30),
+        devices=point.get("devices", 1),
     )
 
 
@@ -142,9 +150,10 @@ def rows(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if m["status"] == "ok":
             row("samples/s", m["samples_per_s"], p.samples_per_s or 0.0, "speed")
             peak = p.peak_gib
-            if m["peak_kind"] == "allocated":  # the loop's max_memory_allocated: no cache
+            if m.get("peak_kind") == "allocated":  # the loop's max_memory_allocated: no cache
                 peak /= model.model_constant("reserved_over_estimate")
-            row(f"peak GiB ({m['peak_kind']})", m["peak_gib"], peak, "memory")
+            if "peak_gib" in m:
+                row(f"peak GiB ({m['peak_kind']})", m["peak_gib"], peak, "memory")
             if "wall_s" in m:
                 row("wall s", m["wall_s"], p.wall_s, "wall")
             if "compile_and_steps_s" in m:
@@ -251,21 +260,27 @@ def _set(tree: dict[str, Any], path: tuple[str, ...], new: float) -> None:
         parent[path[-1]] = new
 
 
-def fit(points: list[dict[str, Any]], rounds: int = 12) -> float:
+def fit(points: list[dict[str, Any]], rounds: int = 12, sweeps: int = 8) -> float:
     """Coordinate descent on the log of each FITTED constant: try x / f and x * f, keep the
-    better, halve f's exponent each round. Works on the loaded constants in place."""
+    better, halve f's exponent each round; a sweep of `rounds` again from the result while the
+    last one gained (coupled constants move a step at a time). Works on the loaded constants in
+    place."""
     tree = model.constants()
     best = loss(points)
-    for round_ in range(rounds):
-        step = 2 ** (0.5 / 2**round_)
-        for path in FITTED:
-            current = _get(tree, path)
-            for candidate in (current / step, current * step):
-                _set(tree, path, candidate)
-                trial = loss(points)
-                if trial < best:
-                    best, current = trial, candidate
-            _set(tree, path, current)
+    for _ in range(sweeps):
+        start = best
+        for round_ in range(rounds):
+            step = 2 ** (0.5 / 2**round_)
+            for path in FITTED:
+                current = _get(tree, path)
+                for candidate in (current / step, current * step):
+                    _set(tree, path, candidate)
+                    trial = loss(points)
+                    if trial < best:
+                        best, current = trial, candidate
+                _set(tree, path, current)
+        if start - best < 1e-4:
+            break
     for path in FITTED:
         _set(tree, path, float(f"{_get(tree, path):.4g}"))
     return loss(points)
@@ -297,10 +312,17 @@ def leave_one_out(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _kind(point: dict[str, Any]) -> tuple[str, bool]:
-    """What a point's own constants are: its precision's class, compiled or not."""
+def _kind(point: dict[str, Any]) -> tuple[str, str, bool, bool]:
+    """What a point's own constants are: its GPU's architecture, its precision's class,
+    compiled or not, and whether its GPUs' copies crossed host memory (no P2P)."""
     params = point["params"]
-    return model._precision_class(params.get("precision", "fp32")), model.is_compiled(params)
+    staged = point.get("devices", 1) > 1 and not point.get("link", {}).get("p2p", True)
+    return (
+        model.gpu(point["gpu"]).architecture,
+        model._precision_class(params.get("precision", "fp32")),
+        model.is_compiled(params),
+        staged,
+    )
 
 
 def markdown(table: list[dict[str, Any]], s: dict[str, Any]) -> str:
@@ -378,9 +400,9 @@ def main() -> None:
             f"\nOf the {len(errors)} points not alone: within 10%, "
             f"{sum(e <= SPEED_LIMIT for e in errors)}; median error "
             f"{statistics.median(errors):.1%}, largest {errors[-1]:.1%}. (alone): the only "
-            "measured point of its precision (fp32, tf32, 16-bit) compiled or not: held "
-            "out, nothing else fits its constants, so its figure tests nothing; the next "
-            "GPU run's landscape adds such points.\n"
+            "measured point of its kind (GPU architecture, precision class, compiled or not, "
+            "copies through host memory or not): held out, nothing else fits its constants, "
+            "so its figure tests nothing; the next GPU run's landscape adds such points.\n"
         )
     args.out.write_text(text)
     print(text)

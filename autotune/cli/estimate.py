@@ -275,7 +275,8 @@ def _twin_note(config: EstimateConfig) -> str:
     )
     return (
         f"times: the GPU twin of the {escape(g.name)} (a performance model calibrated on "
-        "this project's H100 and H200 measurements, within 10% of each; "
+        "this project's H100 and H200 measurements and the HF guides' published figures, "
+        "within 10% of each; "
         f"benchmarks/results/twin-calibration.md{uncalibrated}); a trial: start, build, "
         "compile and warm-up, and the timed steps"
     )

@@ -167,6 +167,7 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("V100-PCIE", {"fp32": 14.0, "tf32": 14.0, "16bit": 112.0}),
     ("V100", {"fp32": 15.7, "tf32": 15.7, "16bit": 125.0}),
     ("T4", {"fp32": 8.1, "tf32": 8.1, "16bit": 65.0}),
+    ("TITAN RTX", {"fp32": 16.3, "tf32": 16.3, "16bit": 130.5}),
     ("RTX 3090", {"fp32": 35.6, "tf32": 35.6, "16bit": 71.0}),
     ("RTX 4090", {"fp32": 82.6, "tf32": 82.6, "16bit": 165.2}),
 )
@@ -176,7 +177,8 @@ GPU_MEMORY_MIB: tuple[tuple[str, int], ...] = (
     ("H200", 143_771), ("H100", 81_559), ("A100-80GB", 81_920), ("A100-SXM4-80GB", 81_920),
     ("A100 80GB", 81_920), ("A100", 40_960),
     ("L40S", 46_068), ("L4", 23_034), ("A10G", 23_028), ("V100-32GB", 32_510),
-    ("V100", 16_160), ("T4", 15_360), ("RTX 3090", 24_576), ("RTX 4090", 24_564),
+    ("V100", 16_160), ("T4", 15_360), ("TITAN RTX", 24_576), ("RTX 3090", 24_576),
+    ("RTX 4090", 24_564),
 )  # fmt: skip
 """Total memory (nvidia-smi's MiB) of the GPUs `autotune estimate gpu=NAME` (and the GPU twin)
 plans for without one in hand, keyed by a piece of the name (as users write it, and as NVML
@@ -194,10 +196,11 @@ def gpu_memory_bytes(name: str) -> int | None:
 def _names(piece: str, name: str) -> bool:
     """Whether `name` holds `piece`, whatever the case, spaces and hyphens (`RTX4090`, `RTX
     4090`, `NVIDIA GeForce RTX 4090`)."""
-    return _bare(piece) in _bare(name)
+    return bare_name(piece) in bare_name(name)
 
 
-def _bare(name: str) -> str:
+def bare_name(name: str) -> str:
+    """A GPU's name without case, spaces or hyphens: `RTX 4090` and `rtx-4090` are one."""
     return re.sub(r"[\s-]", "", name).lower()
 
 

@@ -7,7 +7,8 @@ Parent side and pure, like the memory estimate it builds on: no torch, no GPU. A
 
 - on the device, per micro-batch: the model's FLOPs (`estimate.flops_per_sample`, times the
   forward recomputed under checkpointing) at the precision's datasheet peak times an efficiency
-  that grows with the tokens of the micro-batch and saturates (E x T / (T + tokens_half)), plus
+  that grows with the tokens of the micro-batch and saturates (E x T / (T + tokens_half), both
+  the GPU architecture's own where measurements fitted them: `per_architecture`), plus
   the memory-bound parts at the card's bandwidth: the elementwise traffic of each layer (2 bytes
   an element in 16-bit, 4 in fp32/tf32) and, with eager attention, the scores it writes and reads;
   then the optimizer step, memory-bound, at its bytes per parameter;
@@ -34,7 +35,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from autotune.common.device import gpu_memory_bytes, peak_tflops
+from autotune.common.device import bare_name, gpu_memory_bytes, peak_tflops
 from autotune.common.knob_values import optimizer_family, precision_parts, sixteen_bit
 from autotune.common.knobs import is_compiled, value_of
 from autotune.common.links import GpuLink
@@ -43,6 +44,13 @@ from autotune.common.units import GIB
 from autotune.plan.estimate import CUDA_CONTEXT_BYTES, Shape, estimate, flops_per_sample, shape_of
 
 CONSTANTS_FILE = "constants.json"
+
+ARCHITECTURES = {7: "volta", 8: "ampere", 9: "hopper", 10: "blackwell"}
+"""A compute capability's major version -> its architecture (7.5 is Turing, 8.9 Ada: `Gpu`)."""
+
+BORROWED_FROM = "hopper"
+"""The architecture whose shares another borrows where it has none of its own: the only one
+measured at every precision (this project's H100 and H200 runs)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,8 +79,18 @@ class Gpu:
     compute_capability: str
     host: Host
     calibrated: bool = False
-    """Whether this project's own measurements on this GPU fitted the constants; otherwise its
-    datasheet with the constants fitted on others (H100, H200)."""
+    """Whether measurements on this GPU (this project's, or published ones its points name)
+    fitted its constants; otherwise its datasheet with the constants fitted on others."""
+
+    @property
+    def architecture(self) -> str:
+        """hopper, ada, ampere, turing, volta: its matmul constants' key (`per_architecture`)."""
+        major, minor = (int(part) for part in self.compute_capability.split("."))
+        if (major, minor) == (7, 5):
+            return "turing"
+        if (major, minor) == (8, 9):
+            return "ada"
+        return ARCHITECTURES.get(major, BORROWED_FROM)
 
     @property
     def link_gb_s(self) -> float:
@@ -128,11 +146,12 @@ def gpu_names() -> list[str]:
 
 
 def gpu(key: str) -> Gpu:
-    """A GPU the twin models, by its short name or its NVML name (`H100`, `NVIDIA H100 80GB
-    HBM3`); KeyError for one it does not model."""
+    """A GPU the twin models, by its short name or its NVML name, whatever the case, spaces and
+    hyphens (`H100`, `NVIDIA H100 80GB HBM3`, `titan rtx`); KeyError for one it does not model."""
     table = constants()["gpus"]
+    wanted = bare_name(key)
     found = next(
-        (k for k, g in table.items() if key.lower() in (k.lower(), g["name"].lower())), None
+        (k for k, g in table.items() if wanted in (bare_name(k), bare_name(g["name"]))), None
     )
     if found is None:
         raise KeyError(f"no GPU {key!r} in the twin (it models: {', '.join(table)})")
@@ -150,6 +169,21 @@ def gpu(key: str) -> Gpu:
         host=Host(**host),
         calibrated=entry["calibrated"],
     )
+
+
+def per_architecture(v: dict[str, Any], name: str, g: Gpu, cls: str) -> float:
+    """A matmul constant (`efficiency`, `tokens_half`) of `g`'s architecture at a precision
+    class: its own where measurements fitted one, else `BORROWED_FROM`'s."""
+    own = v[name].get(g.architecture, {})
+    return own[cls] if cls in own else v[name][BORROWED_FROM][cls]
+
+
+def link_bytes_per_s(g: Gpu, v: dict[str, Any]) -> float:
+    """What NCCL moves between two of `g`'s GPUs each second, one direction: the link's rate,
+    a share of it where the copies cross host memory (no P2P: NCCL_P2P_DISABLE=1, or a board
+    that does not allow it)."""
+    rate = g.link_gb_s * 1e9
+    return rate if g.link.p2p else rate * v["staged_link_share"]
 
 
 def _precision_class(precision: str) -> str:
@@ -200,11 +234,10 @@ def step(
     all_reduce_s = 0.0
     accumulation = value_of(params, "grad_accum")
     if devices > 1 and value_of(params, "strategy", devices=devices) == "dp":
-        micro_device_s += _data_parallel_s(g, shape, task, seq_len, params, devices)
+        micro_device_s += _data_parallel_s(g, shape, v, task, seq_len, params, devices)
         host_ms *= devices  # one process launches every replica's kernels, under one GIL
     elif devices > 1:
-        link = g.link_gb_s * 1e9
-        all_reduce_s = 2 * (devices - 1) / devices * 4 * shape.trained / link
+        all_reduce_s = 2 * (devices - 1) / devices * 4 * shape.trained / link_bytes_per_s(g, v)
         all_reduce_s *= 1 - v["all_reduce_hidden"]
     return Step(
         device_s=accumulation * micro_device_s + optimizer_device_s + all_reduce_s,
@@ -214,21 +247,28 @@ def step(
 
 
 def _data_parallel_s(
-    g: Gpu, shape: Shape, task: str, seq_len: int, params: dict[str, Any], devices: int
+    g: Gpu,
+    shape: Shape,
+    v: dict[str, Any],
+    task: str,
+    seq_len: int,
+    params: dict[str, Any],
+    devices: int,
 ) -> float:
     """What DataParallel adds to each micro-batch on GPU 0's side of the link, none of it
     hidden (the next step cannot start before it): copying the model's fp32 weights to the
     other GPUs (`replicate`, every forward) and summing their gradients onto GPU 0
     (`reduce_add`), each once over the link (NCCL's broadcast and reduce pipeline the others),
     and gathering their outputs (a language model's logits, fp32): each other GPU's crosses
-    it. Not calibrated: no DataParallel trial has been measured."""
+    it. Nothing of it is fitted: the guide's DataParallel row is predicted from the constants
+    its DDP rows fitted (benchmarks/results/twin-calibration.md)."""
     others = devices - 1
     weights = 4 * shape.parameters
     gradients = 4 * shape.trained
     logits = 0
     if task == "causal-lm":
         logits = 4 * value_of(params, "batch_size") * seq_len * shape.vocab * others
-    return (weights + gradients + logits) / (g.link_gb_s * 1e9)
+    return (weights + gradients + logits) / link_bytes_per_s(g, v)
 
 
 def _micro_device_s(
@@ -244,7 +284,8 @@ def _micro_device_s(
     recompute = 1 + share / (3 if shape.adapter_parameters is None else 2)
     tokens = batch * seq_len
     peak = (peak_tflops(g.name, precision) or 0.0) * 1e12
-    efficiency = v["efficiency"][cls] * tokens / (tokens + v["tokens_half"][cls])
+    efficiency = per_architecture(v, "efficiency", g, cls)
+    efficiency *= tokens / (tokens + per_architecture(v, "tokens_half", g, cls))
     matmul_s = batch * flops_per_sample(shape, seq_len, task) * recompute / (peak * efficiency)
     element = 2 if cls == "16bit" else 4
     traffic = v["traffic_bytes"] * shape.layers * shape.hidden * tokens * element

@@ -364,9 +364,7 @@ def test_nothing_a_two_rank_trial_listens_on_is_reachable_from_another_host(tmp_
     def on_progress(progress):
         if progress.stage is Stage.MEASURING and not listening:
             workers = [
-                p
-                for p in psutil.Process().children()
-                if "-m autotune.child " in command_of(p)
+                p for p in psutil.Process().children() if "-m autotune.child " in command_of(p)
             ]
             for process in workers + [c for w in workers for c in w.children()]:
                 listening.extend(

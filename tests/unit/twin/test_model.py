@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from autotune.common.links import GpuLink
 from autotune.common.models import resolve_model
 from autotune.common.trial import Status, TrialSpec
 from autotune.twin import model
@@ -239,3 +240,75 @@ def test_a_twin_host_is_joined_by_its_gpus_link_as_the_probe_would_find_it():
 
     assert step_s(on_pcie, 2).seconds > step_s(model.gpu("H100"), 2).seconds
     assert step_s(on_pcie, 1) == step_s(model.gpu("H100"), 1)  # one GPU: no link crossed
+
+
+GUIDE_S = {"ddp nvlink": 101.9003, "dp nvlink": 110.5948, "ddp no p2p": 131.4367}
+"""The HF multi-GPU guide's DataParallel vs DistributedDataParallel table (2x TITAN RTX with
+two NVLinks; NCCL_P2P_DISABLE=1 for the row without): run_clm.py's train_runtime of 200
+steps of gpt2, batch 4 a GPU, blocks of 1,024 tokens, fp32."""
+
+
+def test_the_twin_reproduces_the_guide_s_dp_and_ddp_table_on_its_links():
+    titan = model.gpu("TITAN RTX")
+    assert titan.architecture == "turing" and titan.link.describe() == (
+        "NVLink 2 x2, 50 GB/s a direction"
+    )
+    through_host = dataclasses.replace(  # what NCCL_P2P_DISABLE=1 leaves it: PCIe 3.0 x16
+        titan,
+        link=GpuLink(a=0, b=1, pcie_level=30, p2p=False, pcie_generation=3, pcie_width=16),
+    )
+    gpt2 = resolve_model("gpt2").config
+
+    def train_runtime_s(g, strategy):
+        p = model.predict(
+            g,
+            gpt2,
+            task="causal-lm",
+            seq_len=1024,
+            devices=2,
+            warmup_steps=0,
+            measure_steps=200,
+            params={
+                "precision": "fp32",
+                "batch_size": 4,
+                "optim": "adamw_torch",
+                "attn_implementation": "eager",
+                "strategy": strategy,
+            },
+        )
+        assert p.status is Status.OK
+        return p.timed_s
+
+    twin = {
+        "ddp nvlink": train_runtime_s(titan, "ddp"),
+        "dp nvlink": train_runtime_s(titan, "dp"),
+        "ddp no p2p": train_runtime_s(through_host, "ddp"),
+    }
+    for row, seconds in GUIDE_S.items():
+        assert abs(twin[row] / seconds - 1) <= 0.10, (row, twin[row], seconds)
+    # Its ordering: DDP over NVLink, then DataParallel, then DDP through host memory.
+    assert sorted(twin, key=twin.get) == sorted(GUIDE_S, key=GUIDE_S.get)
+    # DataParallel's cost is on the link too: over PCIe without P2P it loses more.
+    assert train_runtime_s(through_host, "dp") > twin["dp nvlink"]
+
+
+def test_matmul_constants_are_each_architecture_s_own_or_hopper_s_named_as_borrowed():
+    v = {k: e["value"] for k, e in model.constants()["model"].items()}
+    titan, a100, h100 = model.gpu("TITAN-RTX"), model.gpu("A100-80GB"), model.gpu("H100")
+    assert (titan.architecture, a100.architecture, h100.architecture) == (
+        "turing",
+        "ampere",
+        "hopper",
+    )
+    assert model.gpu("L4").architecture == "ada" and model.gpu("A10G").architecture == "ampere"
+    # The guide's rows fitted Turing's fp32 share; its 16-bit one is Hopper's.
+    turing_fp32 = model.per_architecture(v, "efficiency", titan, "fp32")
+    assert turing_fp32 == v["efficiency"]["turing"]["fp32"] != v["efficiency"]["hopper"]["fp32"]
+    assert (
+        model.per_architecture(v, "efficiency", titan, "16bit")
+        == (v["efficiency"]["hopper"]["16bit"])
+    )
+    assert (
+        model.per_architecture(v, "tokens_half", a100, "tf32")
+        == (v["tokens_half"]["hopper"]["tf32"])
+    )
