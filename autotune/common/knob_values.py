@@ -22,7 +22,7 @@ FLASH_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3"})
 
 STRATEGIES = (
     "single", "ddp", "dp", "fsdp", "fsdp_grad_op", "fsdp_offload", "zero1", "zero2", "zero3",
-    "zero2_offload", "zero3_offload",
+    "zero2_offload", "zero3_offload", "pp",
 )  # fmt: skip
 """How a trial's ranks share the training (`devices_per_trial`): `single` is one device;
 `ddp` replicates the model and averages gradients (what torchrun + the HF defaults do);
@@ -38,7 +38,20 @@ gradients, optimizer states) in host memory and the optimizer stepping there (FS
 `CPUOffloadPolicy`): the device holds only the blocks that compute. `zero1`/`zero2`/`zero3`
 are DeepSpeed's ZeRO stages (optimizer states; and gradients; and parameters sharded),
 `zero2_offload`/`zero3_offload` the same with the optimizer (and ZeRO-3's parameters) kept in
-host memory."""
+host memory. `pp` (pipeline parallelism: consecutive layers on consecutive ranks) is named
+so that a space asking for it is told why it cannot run (`PIPELINE_REFUSAL`); it is never
+searched unnamed."""
+
+
+PIPELINE_REFUSAL = (
+    "no Trainer path trains a pipeline in the versions autotune supports: TrainingArguments "
+    "has no pipeline setting, accelerate's ParallelismConfig splits data, tensors, context and "
+    "sequences but not layers, and transformers' DistributedConfig(pp_size=) splits the model "
+    "but its forward returns no loss to train on (docs/devices.md#pipeline-parallelism); "
+    "fsdp, zero3 and their offloads shard a model too big for one GPU instead"
+)
+"""Why `strategy=pp` leaves a space; `tests/unit/plan/test_pipeline.py` holds each clause
+against the installed packages and fails the day one stops being true."""
 
 
 FSDP = frozenset({"fsdp", "fsdp_grad_op", "fsdp_offload"})

@@ -19,6 +19,7 @@ from autotune.common.knob_values import (
     FLASH_ATTENTION,
     FSDP,
     OFFLOADED,
+    PIPELINE_REFUSAL,
     STRATEGIES,
     TORCHAO_OPTIMIZERS,
     ZERO_STAGES,
@@ -81,6 +82,8 @@ def _compile_mode(value: str, device: str, info: DeviceInfo) -> str | None:
 
 
 def _strategy(value: str, device: str, info: DeviceInfo) -> str | None:
+    if value == "pp":
+        return PIPELINE_REFUSAL
     if value == "dp" and device == "cpu":
         return "DataParallel drives the CUDA devices one process sees: on CPU there are none"
     if value in ZERO_STAGES and info.deepspeed_error:
@@ -264,7 +267,9 @@ def fit_space(
     return replace(space, notes=space.notes + tuple(notes))
 
 
-SEVERAL_DEVICES = tuple(s for s in STRATEGIES if s != "single")
+SEVERAL_DEVICES = tuple(s for s in STRATEGIES if s not in ("single", "pp"))
+"""What a trial on several devices searches where the space names no strategy (`pp` cannot
+run: `PIPELINE_REFUSAL`)."""
 DDP_KNOBS = {
     "ddp_find_unused_parameters": (False, True),
     "ddp_bucket_cap_mb": (10, 25, 100),
