@@ -90,3 +90,33 @@ def test_a_trial_across_nodes_cannot_be_dp():
     )
     with pytest.raises(SpaceError, match="dp is one process, and a trial here spans 2 nodes"):
         fit_to_nodes(space.with_choices("strategy", ("dp",)), 2)
+
+
+def test_a_dp_trial_s_process_is_one_the_trainer_runs_dataparallel_in(tmp_path, monkeypatch):
+    """Planned on faked CUDA facts (4 GPUs, 2 a trial) and its arguments made as the trial
+    makes them, in the environment its placement gives it: the Trainer's `n_gpu` is the
+    trial's 2 GPUs in one process, which is when it wraps the model in DataParallel."""
+    import torch
+    import transformers
+
+    from autotune.child import trainers
+    from autotune.common import knobs
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    config = load_config(
+        [f"model={TINY_MODEL}", f"out={tmp_path}", "devices_per_trial=2", "workers=2"]
+    )
+    plan = make_plan(config, GPUS)
+    assert "dp" in plan.space.knobs["strategy"].choices
+    env = plan.slots[1].environment({})
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"  # the second worker's GPUs
+    visible = env["CUDA_VISIBLE_DEVICES"].split(",")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(visible))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    trial = spec("dp")
+    tuned = knobs.training_args(trial.params, device="cuda", fields=trainers.ARG_FIELDS)
+    args = trainers.training_arguments(trial, tuned, str(tmp_path))
+    assert args.n_gpu == 2 and args.device == torch.device("cuda:0")
+    # NOT_DISTRIBUTED: several GPUs in one process (NOT_PARALLEL is one device).
+    assert args.parallel_mode is transformers.training_args.ParallelMode.NOT_DISTRIBUTED
