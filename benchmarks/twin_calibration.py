@@ -43,6 +43,8 @@ FITTED: list[tuple[str, ...]] = [
     ("model", "efficiency", "hopper", "fp32"), ("model", "efficiency", "hopper", "tf32"),
     ("model", "efficiency", "hopper", "16bit"), ("model", "tokens_half", "hopper", "fp32"),
     ("model", "tokens_half", "hopper", "tf32"), ("model", "tokens_half", "hopper", "16bit"),
+    ("model", "efficiency", "ampere", "tf32"), ("model", "efficiency", "ampere", "16bit"),
+    ("model", "efficiency", "volta", "fp32"), ("model", "efficiency", "volta", "16bit"),
     ("model", "efficiency", "turing", "fp32"), ("model", "staged_link_share"),
     ("model", "traffic_bytes"),
     ("model", "checkpointing_host"), ("model", "autocast_host"), ("model", "loop_host"),

@@ -177,8 +177,8 @@ GPU_MEMORY_MIB: tuple[tuple[str, int], ...] = (
     ("H200", 143_771), ("H100", 81_559), ("A100-80GB", 81_920), ("A100-SXM4-80GB", 81_920),
     ("A100 80GB", 81_920), ("A100", 40_960),
     ("L40S", 46_068), ("L4", 23_034), ("A10G", 23_028), ("V100-32GB", 32_510),
-    ("V100", 16_160), ("T4", 15_360), ("TITAN RTX", 24_576), ("RTX 3090", 24_576),
-    ("RTX 4090", 24_564),
+    ("V100-SXM2-32GB", 32_510), ("V100", 16_160), ("T4", 15_360), ("TITAN RTX", 24_576),
+    ("RTX 3090", 24_576), ("RTX 4090", 24_564),
 )  # fmt: skip
 """Total memory (nvidia-smi's MiB) of the GPUs `autotune estimate gpu=NAME` (and the GPU twin)
 plans for without one in hand, keyed by a piece of the name (as users write it, and as NVML

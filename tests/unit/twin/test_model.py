@@ -312,3 +312,34 @@ def test_matmul_constants_are_each_architecture_s_own_or_hopper_s_named_as_borro
         model.per_architecture(v, "tokens_half", a100, "tf32")
         == (v["tokens_half"]["hopper"]["tf32"])
     )
+
+
+def test_ratios_across_precisions_and_gpus_hold_nvidia_s_published_bert_large_rows():
+    """NVIDIA DeepLearningExamples' BERT-large SQuAD fine-tuning (seq 384; its README's DGX
+    A100 and DGX-1 tables): 16-bit over TF32 on one A100 at batch 32 (110.5 against 61.5
+    sequences/s), fp16 over fp32 on a V100 (52 at batch 16 against 12 at batch 8), and 8 A100s
+    over one under DDP (469.8 against 61.5 in TF32). Before each architecture had shares of
+    its own, the A100's ratio came out 2.34x, borrowing Hopper's."""
+
+    def loop(gpu, precision, batch, devices=1):
+        return model.predict(
+            model.gpu(gpu),
+            BERT,
+            task=TASK,
+            seq_len=384,
+            params={"precision": precision, "batch_size": batch, "optim": "adamw_torch_fused"},
+            warmup_steps=0,
+            measure_steps=10,
+            trainer=False,
+            devices=devices,
+        ).samples_per_s
+
+    assert loop("A100-80GB", "fp16", 32) / loop("A100-80GB", "tf32", 32) == pytest.approx(
+        110.5 / 61.5, rel=0.10
+    )
+    assert loop("V100-32GB", "fp16", 16) / loop("V100-32GB", "fp32", 8) == pytest.approx(
+        52 / 12, rel=0.10
+    )
+    assert loop("A100-80GB", "tf32", 32, devices=8) / loop("A100-80GB", "tf32", 32) == (
+        pytest.approx(469.8 / 61.5, rel=0.05)
+    )
