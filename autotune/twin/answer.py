@@ -16,7 +16,6 @@ import statistics
 from typing import Any
 
 from autotune.common.device import DeviceInfo, tensor_peak_tflops
-from autotune.common.knob_values import FSDP, ZERO_STAGES
 from autotune.common.knobs import quantization_config, value_of
 from autotune.common.trial import Status, TrialResult, TrialSpec, stopped_reason
 from autotune.common.units import GIB
@@ -36,13 +35,6 @@ class TwinAnswer:
 
     def __call__(self, spec: TrialSpec) -> TrialResult:
         self.asked += 1
-        strategy = value_of(spec.params, "strategy", devices=spec.devices)
-        if strategy in FSDP or strategy in ZERO_STAGES:
-            return TrialResult(
-                status=Status.ERROR,
-                wall_s=self.gpu.host.start_s,
-                reason=f"the GPU twin models single-GPU and DDP trials, not strategy={strategy}",
-            )
         p = model.predict(
             self.gpu,
             spec.model_config,

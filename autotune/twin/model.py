@@ -36,7 +36,14 @@ from importlib import resources
 from typing import Any
 
 from autotune.common.device import bare_name, gpu_memory_bytes, peak_tflops
-from autotune.common.knob_values import optimizer_family, precision_parts, sixteen_bit
+from autotune.common.knob_values import (
+    FSDP,
+    OFFLOADED,
+    ZERO_STAGES,
+    optimizer_family,
+    precision_parts,
+    sixteen_bit,
+)
 from autotune.common.knobs import is_compiled, value_of
 from autotune.common.links import GpuLink
 from autotune.common.trial import Status
@@ -211,8 +218,9 @@ def step(
 ) -> Step:
     """One optimizer step of `params` on `g` (`trainer`: through the HF Trainer, as a trial
     runs; False: a plain PyTorch loop, as the calibration's headroom points ran), on each of
-    `devices` GPUs under DDP: the gradients' ring all-reduce, 2 (N - 1) / N of their bytes over
-    the link, partly hidden behind the backward."""
+    `devices` GPUs under its strategy: DataParallel's copies (`_data_parallel_s`), or the
+    collectives of DDP, FSDP and ZeRO over the link and the host traffic of the offloading
+    ones (`_sharding_s`)."""
     v = {k: e["value"] for k, e in constants()["model"].items()}
     precision = value_of(params, "precision")
     cls = _precision_class(precision)
@@ -231,18 +239,75 @@ def step(
     else:
         host_ms *= v["loop_host"]
     optimizer_device_s, optimizer_host_s = _optimizer_s(g, shape, v, params)
-    all_reduce_s = 0.0
     accumulation = value_of(params, "grad_accum")
-    if devices > 1 and value_of(params, "strategy", devices=devices) == "dp":
+    strategy = value_of(params, "strategy", devices=devices)
+    sharded = Sharding()
+    if devices > 1 and strategy == "dp":
         micro_device_s += _data_parallel_s(g, shape, v, task, seq_len, params, devices)
         host_ms *= devices  # one process launches every replica's kernels, under one GIL
-    elif devices > 1:
-        all_reduce_s = 2 * (devices - 1) / devices * 4 * shape.trained / link_bytes_per_s(g, v)
-        all_reduce_s *= 1 - v["all_reduce_hidden"]
+    else:
+        sharded = _sharding_s(g, shape, v, strategy, devices, accumulation)
+    if sharded.host_optimizer_s:  # the optimizer steps on the host, not on the GPU
+        optimizer_device_s = optimizer_host_s = 0.0
     return Step(
-        device_s=accumulation * micro_device_s + optimizer_device_s + all_reduce_s,
+        device_s=accumulation * micro_device_s
+        + optimizer_device_s * sharded.optimizer_share
+        + sharded.collectives_s,
         host_s=accumulation * host_ms / 1e3 + optimizer_host_s,
-        serial_s=v["trainer_step_ms"] / 1e3 if trainer else 0.0,
+        serial_s=(v["trainer_step_ms"] / 1e3 if trainer else 0.0)
+        + sharded.host_traffic_s
+        + sharded.host_optimizer_s,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sharding:
+    """What a strategy adds to a step on each GPU, and what of the optimizer's it keeps."""
+
+    collectives_s: float = 0.0
+    """The collectives over the link the backward and forward do not hide."""
+    optimizer_share: float = 1.0
+    """The share of the optimizer's step each GPU makes (1/N where its states are sharded)."""
+    host_traffic_s: float = 0.0
+    """Offloaded: weights to the GPU and gradients back to the host, over its PCIe link."""
+    host_optimizer_s: float = 0.0
+    """Offloaded: the optimizer's step on the host's CPU, which the GPU waits for."""
+
+
+def _sharding_s(
+    g: Gpu, shape: Shape, v: dict[str, Any], strategy: str, devices: int, accumulation: int
+) -> Sharding:
+    """Ring collectives move (N - 1) / N of a tensor's bytes per GPU for a reduce-scatter or an
+    all-gather, twice that for an all-reduce. DDP all-reduces the fp32 gradients once a step;
+    ZeRO-1 and -2 reduce-scatter them and all-gather the updated weights (the same bytes);
+    FSDP and ZeRO-3 all-gather each block's fp32 weights in the forward and again in the
+    backward of every micro-batch (`fsdp_grad_op` keeps the forward's), and reduce-scatter the
+    gradients. A share of it (`all_reduce_hidden`) overlaps the compute. Each GPU steps the
+    optimizer on its 1/N of the states where they are sharded. The offloading strategies move
+    the weights to the GPU and the gradients back over PCIe each step and run the optimizer on
+    the host (`host_adam_s_per_gparam`)."""
+    n = devices
+    link = link_bytes_per_s(g, v) if n > 1 else 1.0
+    weights, gradients = 4 * shape.parameters, 4 * shape.trained
+    ring = (n - 1) / n
+    if n == 1:
+        moved = 0.0
+    elif strategy in FSDP or strategy in ("zero3", "zero3_offload"):
+        gathers = 1 if strategy == "fsdp_grad_op" else 2
+        moved = ring * (gathers * accumulation * weights + gradients)
+    else:  # ddp, single's reference, zero1, zero2, zero2_offload
+        moved = 2 * ring * gradients
+    sharded = strategy in FSDP or strategy in ZERO_STAGES
+    offloaded = strategy in OFFLOADED
+    host_traffic_s = (weights + gradients) / (v["host_link_gb_s"] * 1e9) if offloaded else 0.0
+    host_optimizer_s = 0.0
+    if offloaded:
+        host_optimizer_s = v["host_adam_s_per_gparam"] * shape.trained / 1e9 / n
+    return Sharding(
+        collectives_s=moved / link * (1 - v["all_reduce_hidden"]),
+        optimizer_share=1 / n if sharded else 1.0,
+        host_traffic_s=host_traffic_s,
+        host_optimizer_s=host_optimizer_s,
     )
 
 
