@@ -239,11 +239,12 @@ def step(
     else:
         host_ms *= v["loop_host"]
     optimizer_device_s, optimizer_host_s = _optimizer_s(g, shape, v, params)
-    accumulation = value_of(params, "grad_accum")
+    accumulation, batch = value_of(params, "grad_accum"), value_of(params, "batch_size")
     strategy = value_of(params, "strategy", devices=devices)
     sharded = Sharding()
     if devices > 1 and strategy == "dp":
-        micro_device_s += _data_parallel_s(g, shape, v, task, seq_len, params, devices)
+        logits = batch * seq_len * shape.vocab if task == "causal-lm" else 0
+        micro_device_s += _data_parallel_s(g, shape, v, logits, devices)
         host_ms *= devices  # one process launches every replica's kernels, under one GIL
     else:
         sharded = _sharding_s(g, shape, v, strategy, devices, accumulation)
@@ -311,29 +312,16 @@ def _sharding_s(
     )
 
 
-def _data_parallel_s(
-    g: Gpu,
-    shape: Shape,
-    v: dict[str, Any],
-    task: str,
-    seq_len: int,
-    params: dict[str, Any],
-    devices: int,
-) -> float:
+def _data_parallel_s(g: Gpu, shape: Shape, v: dict[str, Any], logits: int, devices: int) -> float:
     """What DataParallel adds to each micro-batch on GPU 0's side of the link, none of it
     hidden (the next step cannot start before it): copying the model's fp32 weights to the
     other GPUs (`replicate`, every forward) and summing their gradients onto GPU 0
     (`reduce_add`), each once over the link (NCCL's broadcast and reduce pipeline the others),
-    and gathering their outputs (a language model's logits, fp32): each other GPU's crosses
-    it. Nothing of it is fitted: the guide's DataParallel row is predicted from the constants
-    its DDP rows fitted (benchmarks/results/twin-calibration.md)."""
-    others = devices - 1
-    weights = 4 * shape.parameters
-    gradients = 4 * shape.trained
-    logits = 0
-    if task == "causal-lm":
-        logits = 4 * value_of(params, "batch_size") * seq_len * shape.vocab * others
-    return (weights + gradients + logits) / link_bytes_per_s(g, v)
+    and gathering their outputs (`logits`: a language model's, elements per replica, fp32):
+    each other GPU's crosses it. Nothing of it is fitted: the guide's DataParallel row is
+    predicted from the constants its DDP rows fitted (benchmarks/results/twin-calibration.md)."""
+    gathered = 4 * logits * (devices - 1)
+    return (4 * shape.parameters + 4 * shape.trained + gathered) / link_bytes_per_s(g, v)
 
 
 def _micro_device_s(
