@@ -33,6 +33,9 @@ SEARCH = [
     "warmup_steps=1",
     "executor=ray",
     f"ray_address={ADDRESS}",
+    # Every trial runs to its end: on a loaded machine the early stop may stop a slow one
+    # ("stopped"), and these tests count the trials that ended ok on each node.
+    "early_stop=false",
 ]
 WAIT_S = 300.0
 """The most a test waits for a process of the cluster to appear or end (a loaded machine)."""
