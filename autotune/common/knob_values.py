@@ -50,7 +50,7 @@ PIPELINE_REFUSAL = (
     "but its forward returns no loss to train on (docs/devices.md#pipeline-parallelism); "
     "fsdp, zero3 and their offloads shard a model too big for one GPU instead"
 )
-"""Why `strategy=pp` leaves a space; `tests/unit/plan/test_pipeline.py` holds each clause
+"""Why `strategy=pp` leaves a space; `tests/integration/test_pipeline.py` holds its clauses
 against the installed packages and fails the day one stops being true."""
 
 
