@@ -49,7 +49,6 @@ FITTED: list[tuple[str, ...]] = [
     ("model", "traffic_bytes"),
     ("model", "checkpointing_host"), ("model", "autocast_host"), ("model", "loop_host"),
     ("model", "trainer_step_ms"), ("model", "trainer_micro_ms"),
-    ("model", "optimizers", "foreach", "bytes"),
     ("model", "compiled_speed"), ("model", "compile_s_per_layer"),
     ("model", "compile_before_oom"), ("model", "reserved_over_estimate"),
     ("hosts", "h100-host", "layer_host_ms"), ("hosts", "h200-host", "layer_host_ms"),
