@@ -272,7 +272,7 @@ def test_a_default_length_search_on_a_simulated_h100_compiles_its_fastest_settin
     tmp_path,
 ):
     """The headline search's 20 trials on the H100 twin: compiling waits for the last trials,
-    and comes as a refinement of the fastest eager settings at a batch its estimate fits
+    and comes as a refinement of the fastest eager settings so far at a batch its estimate fits
     (compiled activations take about twice the memory, and the fastest eager batch filled
     70 of the card's 79 GiB). Its compile time is told against the fastest eager trial."""
     device = DeviceInfo.from_facts(json.loads(H100.read_text()))
@@ -288,8 +288,13 @@ def test_a_default_length_search_on_a_simulated_h100_compiles_its_fastest_settin
     assert trial.status is Status.OK and trial.result.compile_s > 0
     eager = [r for r in ran if r.status is Status.OK and r not in compiled]
     fastest = max(eager, key=lambda r: r.result.samples_per_s)
-    assert trial.params["batch_size"] < fastest.params["batch_size"]
-    differs = {k for k in trial.params if trial.params[k] != fastest.params.get(k)}
+    # It refines the fastest eager trial measured before it was asked (a later eager trial
+    # may still edge past that one within the twin's noise).
+    refined = max(
+        (r for r in eager if r.number < trial.number), key=lambda r: r.result.samples_per_s
+    )
+    assert trial.params["batch_size"] < refined.params["batch_size"]
+    differs = {k for k in trial.params if trial.params[k] != refined.params.get(k)}
     assert differs - {"batch_size", "grad_accum", "compile_mode", "compile_regional"} == {
         "torch_compile"
     }
