@@ -47,12 +47,15 @@ def build_model(
     device: str | None = None,
     quantization_config: dict[str, Any] | None = None,
     adapter: dict[str, Any] | None = None,
+    tensor_parallel: tuple[int, int] | None = None,
 ) -> Any:
     """A randomly initialised model for `task`, built on `device` (None: torch's default, or
     the surrounding `torch.device` context) in `dtype` (a torch dtype's name; None: fp32);
     weights do not change speed or memory. With `quantization_config` (`BitsAndBytesConfig`
     kwargs) its linear layers are quantized by bitsandbytes as from_pretrained quantizes a
-    checkpoint; with `adapter` (`LoraConfig` kwargs) peft wraps it, the base frozen."""
+    checkpoint; with `adapter` (`LoraConfig` kwargs) peft wraps it, the base frozen; with
+    `tensor_parallel` (ranks a group, groups) each rank of the process group holds its share
+    of the weights the model's tensor-parallel plan splits (`_tensor_parallel`)."""
     import torch
     import transformers
 
@@ -69,7 +72,9 @@ def build_model(
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     placed = torch.device(device) if device else contextlib.nullcontext()
-    if quantization_config:
+    if tensor_parallel:
+        model = _tensor_parallel(auto_class, config, kwargs, *tensor_parallel)
+    elif quantization_config:
         model = _quantized(auto_class, config, kwargs, quantization_config, device or "cpu")
     elif is_deepspeed_zero3_enabled():
         # Built inside DeepSpeed's `zero.Init`, each rank holds a partition of every weight,
@@ -105,6 +110,26 @@ def _quantized(
         state_dict=state_dict,
         quantization_config=transformers.BitsAndBytesConfig(**quantization),
         device_map={"": device},
+        **kwargs,
+    )
+
+
+def _tensor_parallel(
+    auto_class: Any, config: Any, kwargs: dict[str, Any], tp: int, groups: int
+) -> Any:
+    """The model split by its tensor-parallel plan over groups of `tp` ranks (`groups` of them
+    shard the rest by FSDP2, transformers' `fsdp_size`): from_pretrained's own distributed
+    path with no checkpoint (`state_dict={}`), which builds the model on the meta device,
+    shards it, and initialises each rank's share of every weight where the mesh lives (the
+    rank's GPU; the host on CPU). No rank ever holds the whole model."""
+    from transformers.distributed import DistributedConfig
+
+    model_class = auto_class._model_mapping[type(config)]
+    return model_class.from_pretrained(
+        None,
+        config=config,
+        state_dict={},
+        distributed_config=DistributedConfig(tp_size=tp, fsdp_size=groups),
         **kwargs,
     )
 

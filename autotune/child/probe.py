@@ -51,6 +51,24 @@ def _liger_model_types() -> list[str]:
     return sorted(MODEL_TYPE_TO_APPLY_LIGER_FN)
 
 
+def _tp_model_types() -> list[str]:
+    """The causal-LM and classification model types whose config has a tensor-parallel plan
+    (importing each config's module: about 2 s, cached with the other software facts)."""
+    from transformers.models.auto import configuration_auto, modeling_auto
+
+    names = set(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    names |= set(modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
+    planned = []
+    for name in sorted(names):
+        try:
+            config_class = configuration_auto.CONFIG_MAPPING[name]
+        except Exception:  # noqa: BLE001 - a model type whose module does not import here
+            continue
+        if getattr(config_class, "base_model_tp_plan", None):
+            planned.append(name)
+    return planned
+
+
 def _software_facts() -> dict[str, Any]:
     import torch
     import torch._dynamo
@@ -71,6 +89,7 @@ def _software_facts() -> dict[str, Any]:
         ),
         "liger_error": _package_error("liger_kernel", "pip install liger-kernel"),
         "liger_model_types": _liger_model_types(),
+        "tp_model_types": _tp_model_types(),
         # exclude_tags=() also lists the debugging backends (eager, aot_eager) users may name.
         "compile_backends": sorted(torch._dynamo.list_backends(exclude_tags=())),
         "optimizer_names": [o.value for o in OptimizerNames],

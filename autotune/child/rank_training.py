@@ -219,8 +219,11 @@ def gather(
     params = [theirs[2] for theirs in everyone]
     full = everyone[0][3]
     _check_applied(rank, params, full, [theirs[4] for theirs in everyone])
+    # A tensor-parallel group's ranks train on the same samples (accelerate hands rank r the
+    # batch of r // tp_size): one rank a group counts them.
+    counted = everyone[:: rank.tensor_parallel[0]] if rank.tensor_parallel else everyone
     return Gathered(
-        counts=Counts(*(sum(c) for c in zip(*(theirs[0] for theirs in everyone), strict=True))),
+        counts=Counts(*(sum(c) for c in zip(*(theirs[0] for theirs in counted), strict=True))),
         peak_memory_gib=[theirs[1] for theirs in everyone],
         params=params,
         model_state_bytes=[theirs[5] for theirs in everyone],
@@ -293,7 +296,7 @@ def _check_applied(rank: Rank, params: list[int], full: int, applied: list[str])
         )
     else:
         wrapped = any(a != expected for a in applied)
-    if rank.strategy in SHARDED:  # of one rank (offloading on one GPU): every parameter
+    if rank.strategy in SHARDED or rank.strategy == "tp":  # of one rank: every parameter
         held = sum(params) >= full and (len(params) == 1 or max(params) < full)
     else:
         held = all(p == full for p in params)

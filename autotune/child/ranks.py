@@ -16,16 +16,17 @@ would inherit one is refused with the import to blame. Each rank starts a sessio
 dies with the worker (parent-death signal), takes its share of the worker's cores, joins the
 process group (gloo; NCCL on GPUs) with a bounded timeout and trains the trial with the
 strategy its settings name: `ddp` through the Trainer's own DistributedDataParallel (the
-environment torchrun would set), DeepSpeed's `zero*` through the Trainer's `deepspeed=` config
-in that same environment, the `fsdp*` strategies by FSDP2's `fully_shard` on each transformer
-block and the model, with the Trainer left undistributed (on CPU the Trainer's FSDP path
-silently trains DDP). On GPUs every rank sees all of its worker's devices, as under torchrun
-(NCCL's copies between GPUs need their peers visible): a rank under FSDP lists its own first,
-since the undistributed Trainer trains on `cuda:0`. Offloading on one GPU is a group of one
-rank. The figures of all ranks are gathered on rank 0, which writes the trial's result. A rank
-that fails writes its own and exits 1; the first rank to end badly ends the others at once and
-names the trial. Ranks end with `os._exit`: a normal return after `destroy_process_group` can
-hang.
+environment torchrun would set), `tp` through the Trainer's tensor parallelism in that same
+environment (the model built split by transformers' DistributedConfig), DeepSpeed's `zero*`
+through the Trainer's `deepspeed=` config in that same environment, the `fsdp*` strategies by
+FSDP2's `fully_shard` on each transformer block and the model, with the Trainer left
+undistributed (on CPU the Trainer's FSDP path silently trains DDP). On GPUs every rank sees all
+of its worker's devices, as under torchrun (NCCL's copies between GPUs need their peers
+visible): a rank under FSDP lists its own first, since the undistributed Trainer trains on
+`cuda:0`. Offloading on one GPU is a group of one rank. The figures of all ranks are gathered
+on rank 0, which writes the trial's result. A rank that fails writes its own and exits 1; the
+first rank to end badly ends the others at once and names the trial. Ranks end with `os._exit`:
+a normal return after `destroy_process_group` can hang.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ class Rank:
     """Its place among its node's ranks (None: its `rank`, every rank on one node)."""
     local_world_size: int | None = None
     """Its node's ranks (None: `world_size`)."""
+    tp_size: int = 1
+    """Ranks a tensor-parallel group (`tp`): the model is built split across them."""
 
     @property
     def on_node(self) -> int:
@@ -127,8 +130,16 @@ class Rank:
     @property
     def trainer_distributed(self) -> bool:
         """Whether the Trainer itself runs distributed (wraps the model in DDP or DeepSpeed's
-        engine, splits the data): under FSDP2 the shards sync the gradients, not the Trainer."""
-        return self.strategy == "ddp" or self.deepspeed
+        engine, splits the data; a tensor-parallel model through accelerate's
+        ParallelismConfig): under FSDP2 the shards sync the gradients, not the Trainer."""
+        return self.strategy in ("ddp", "tp") or self.deepspeed
+
+    @property
+    def tensor_parallel(self) -> tuple[int, int] | None:
+        """(tensor-parallel ranks a group, groups) under `tp`; None under any other."""
+        if self.strategy != "tp":
+            return None
+        return self.tp_size, self.world_size // self.tp_size
 
 
 Attempt = Callable[[Rank], tuple[TrialResult | None, bool]]
@@ -207,6 +218,7 @@ def run(spec: TrialSpec, folder: Path, attempt: Attempt) -> TrialResult:
                     bucket_view=bool(spec.params.get("gradient_as_bucket_view")),
                     local_rank=local,
                     local_world_size=here,
+                    tp_size=value_of(spec.params, "tp_size", devices=spec.devices),
                 ),
                 host,
                 port,

@@ -46,7 +46,8 @@ def our_trainer(
     args = training_arguments(spec, tuned_args | run_only, workdir, rank)
     # One device on a GPU: built there, its random init run by the GPU, and nothing copied
     # (bert-large built in 6.6 s on two host cores here, then copied). On ranks the
-    # strategy places the model (FSDP2 shards it from the host, DeepSpeed's engine moves it).
+    # strategy places the model (FSDP2 shards it from the host, DeepSpeed's engine moves it;
+    # tensor parallelism builds each rank's share on its device).
     where = "cuda" if spec.device == "cuda" and rank is None else "cpu"
     with clock.stage("model_build_s"):
         model = build_model(
@@ -55,6 +56,7 @@ def our_trainer(
             device=where,
             quantization_config=knobs.quantization_config(spec.params),
             adapter=spec.adapter,
+            tensor_parallel=rank.tensor_parallel if rank is not None else None,
             **model_kwargs,
         )
     with clock.stage("data_s"):

@@ -65,7 +65,10 @@ def run(args: argparse.Namespace) -> int:
     device, device_name, budget = _device_and_budget(config)
     parameters = catalogue_parameter_counts().get(model.name)
     devices = config.devices_per_trial
-    fixed, free = _fixed_and_free(knobs, facts, devices)
+    # tp only where transformers has a tensor-parallel plan for the model (Llama, Qwen2, ...).
+    planned = facts.tp_model_types is None or model.config.get("model_type") in facts.tp_model_types
+    strategies = tuple(s for s in MEMORY_ORDER if s != "tp" or planned)
+    fixed, free = _fixed_and_free(knobs, facts, devices, strategies)
     if config.peft != "none" and "torch_dtype" not in knobs:  # an adapter's first memory lever
         free |= {"torch_dtype": BASE_DTYPES}
     at = _estimator(config, model, task, device, parameters)
@@ -94,7 +97,11 @@ def run(args: argparse.Namespace) -> int:
     if devices > 1:
         console.print(
             f"model states (weights, gradients, optimizer) per rank of {devices}, "
-            f"most to least: {_states(at, fixed)}"
+            f"most to least: {_states(at, fixed, strategies)}"
+        )
+        console.print(
+            "pp: what a pipeline's last stage (its blocks and the LM head) would hold, estimated "
+            "only: no Trainer path trains a pipeline here (docs/devices.md#pipeline-parallelism)"
         )
     if free:
         console.print(_grid(free, at, fixed, batches, budget, timed))
@@ -119,16 +126,16 @@ def _device_and_budget(config: EstimateConfig) -> tuple[str, str, int]:
 
 
 def _fixed_and_free(
-    knobs: dict[str, Any], facts: SoftwareFacts, devices: int
+    knobs: dict[str, Any], facts: SoftwareFacts, devices: int, strategies: tuple[str, ...]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The settings every figure is at (the baseline's, with the knobs given) and the knobs the
-    grid varies: those of FREE_KNOBS not given, and on several ranks the strategy."""
+    grid varies: those of FREE_KNOBS not given, and on several ranks the `strategies`."""
     default_optim = facts.default_optim or TRANSFORMERS_DEFAULT_OPTIM
     fixed = baseline_params(default_optim, None, devices=devices)
     fixed |= {"attn_implementation": "sdpa"} | knobs
     free = {k: v for k, v in FREE_KNOBS.items() if k not in knobs}
     if devices > 1 and "strategy" not in knobs:  # how the ranks share it moves memory most
-        free = {"strategy": MEMORY_ORDER} | free
+        free = {"strategy": strategies} | free
     return fixed, free
 
 
@@ -244,8 +251,8 @@ def _twin_times(
 
     def times(params: dict[str, Any]) -> tuple[str, str, str]:
         strategy = value_of(params, "strategy", devices=devices)
-        if strategy not in ("single", "ddp", "dp"):
-            return ("-", "-", "-")  # the twin models one GPU a trial, DDP or DataParallel
+        if strategy == "pp":
+            return ("-", "-", "-")  # no Trainer path trains a pipeline (PIPELINE_REFUSAL)
         p = twin.predict(
             g,
             model.config,
@@ -346,11 +353,13 @@ def check(
     return model, task
 
 
-def _states(at: Callable[[dict[str, Any]], Estimate], fixed: dict[str, Any]) -> str:
+def _states(
+    at: Callable[[dict[str, Any]], Estimate], fixed: dict[str, Any], strategies: tuple[str, ...]
+) -> str:
     """Each strategy's model states on a rank, most held on the device first (ties in the
     catalogue's order), with what offload keeps in host memory."""
     parts = []
-    for strategy in MEMORY_ORDER:
+    for strategy in strategies:
         figures = at(fixed | {"strategy": strategy})
         held = figures.model_states - figures.offloaded
         host = f" (+{format_bytes(figures.offloaded)} on the host)" * bool(figures.offloaded)

@@ -64,6 +64,9 @@ class DeviceInfo:
     """Why `import liger_kernel` failed; None when it imports."""
     liger_model_types: tuple[str, ...] = ()
     """The model types Liger's kernels patch."""
+    tp_model_types: tuple[str, ...] = ()
+    """The model types whose config carries a tensor-parallel plan (`base_model_tp_plan`) in
+    the installed transformers: those `strategy=tp` can split."""
     compile_backends: tuple[str, ...] = ()
     """`torch.compile` backends this torch offers (`torch._dynamo.list_backends`)."""
     optimizer_names: tuple[str, ...] = ()
@@ -261,7 +264,7 @@ DEVICE_ONLY = "--device-only"
 SOFTWARE_FACTS = (
     "torch_version", "transformers_version", "bitsandbytes_error", "deepspeed_error",
     "torchao_error", "flash_attn_error", "flash_attn_3_error", "liger_error", "liger_model_types",
-    "compile_backends",
+    "tp_model_types", "compile_backends",
     "optimizer_names", "default_optim", "model_types", "task_model_types",
 )  # fmt: skip
 """What the probe reads from the installed packages rather than the device: the same until

@@ -22,7 +22,7 @@ FLASH_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3"})
 
 STRATEGIES = (
     "single", "ddp", "dp", "fsdp", "fsdp_grad_op", "fsdp_offload", "zero1", "zero2", "zero3",
-    "zero2_offload", "zero3_offload", "pp",
+    "zero2_offload", "zero3_offload", "tp", "pp",
 )  # fmt: skip
 """How a trial's ranks share the training (`devices_per_trial`): `single` is one device;
 `ddp` replicates the model and averages gradients (what torchrun + the HF defaults do);
@@ -38,9 +38,14 @@ gradients, optimizer states) in host memory and the optimizer stepping there (FS
 `CPUOffloadPolicy`): the device holds only the blocks that compute. `zero1`/`zero2`/`zero3`
 are DeepSpeed's ZeRO stages (optimizer states; and gradients; and parameters sharded),
 `zero2_offload`/`zero3_offload` the same with the optimizer (and ZeRO-3's parameters) kept in
-host memory. `pp` (pipeline parallelism: consecutive layers on consecutive ranks) is named
-so that a space asking for it is told why it cannot run (`PIPELINE_REFUSAL`); it is never
-searched unnamed."""
+host memory. `tp` (tensor parallelism) splits each block's linear layers across the ranks
+by the model's tensor-parallel plan (`tp_size` ranks a group, all of the trial's unless set;
+the groups, if several, shard the rest as FSDP2 does): each rank holds its share of every
+weight, gradient and optimizer state, and the ranks all-reduce each block's activations twice
+in its forward and twice in its backward; the Trainer trains it through accelerate's
+`ParallelismConfig`, on CUDA only (`TENSOR_PARALLEL_ON_CPU`). `pp` (pipeline parallelism:
+consecutive layers on consecutive ranks) is named so that a space asking for it is told why it
+cannot run (`PIPELINE_REFUSAL`); it is never searched unnamed."""
 
 
 PIPELINE_REFUSAL = (
@@ -52,6 +57,15 @@ PIPELINE_REFUSAL = (
 )
 """Why `strategy=pp` leaves a space; `tests/integration/test_pipeline.py` holds its clauses
 against the installed packages and fails the day one stops being true."""
+
+
+TENSOR_PARALLEL_ON_CPU = (
+    "the Trainer trains a tensor-parallel model through accelerate's ParallelismConfig, which "
+    "refuses DistributedType.MULTI_CPU (it takes FSDP2, multi-GPU and DeepSpeed runs); "
+    "on CPU the sharded load and its losses are tested by tests/integration/test_tensor_parallel.py"
+)
+"""Why `strategy=tp` leaves a space on CPU; the test named holds the refusal against the
+installed accelerate."""
 
 
 FSDP = frozenset({"fsdp", "fsdp_grad_op", "fsdp_offload"})
@@ -71,14 +85,17 @@ SHARDED = FSDP | {"zero3", "zero3_offload"}
 
 
 MEMORY_ORDER = (
-    "ddp", "zero1", "zero2", "fsdp_grad_op", "fsdp", "zero3", "zero2_offload", "fsdp_offload",
-    "zero3_offload",
+    "ddp", "zero1", "zero2", "tp", "pp", "fsdp_grad_op", "fsdp", "zero3", "zero2_offload",
+    "fsdp_offload", "zero3_offload",
 )  # fmt: skip
 """The strategies on several devices from the most model states a rank holds in device memory
-to the least: DDP all of them; ZeRO-1 the optimizer's share; ZeRO-2 the gradients' too; full
-sharding (FSDP's two modes, ZeRO-3) the weights' too; offload moves them to the host. At the
-peak FSDP's grad-op mode also holds every block's gathered weights, from forward to backward;
-FSDP's offload gathers its blocks in fp32, ZeRO-3's in the training precision."""
+to the least: DDP all of them; ZeRO-1 the optimizer's share; ZeRO-2 the gradients' too; tensor
+parallelism over every device 1/N of the split layers' states and all of the rest (the norms,
+an untied input embedding); a pipeline's last stage its 1/N of the blocks and the LM head
+(estimated only: `PIPELINE_REFUSAL`); full sharding (FSDP's two modes, ZeRO-3) 1/N of all of them;
+offload moves them to the host. At the peak FSDP's grad-op mode also holds every block's
+gathered weights, from forward to backward; FSDP's offload gathers its blocks in fp32, ZeRO-3's
+in the training precision."""
 
 
 BNB_OPTIMIZERS = frozenset({

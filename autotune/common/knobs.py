@@ -421,6 +421,11 @@ KNOBS: dict[str, Knob] = {
             short="overlap", requires={"strategy": one_of(ZERO_STAGES)},
         ),  # in the DeepSpeed config the strategy's entry writes (`deepspeed_config`)
         Knob(
+            name="tp_size", kind=int, check=lambda v: v >= 2,
+            expected="an integer >= 2 (ranks a tensor-parallel group, dividing the devices)",
+            short="tp", requires={"strategy": "tp"},
+        ),  # applied where the ranks build the model (child/models.py): left out, every device
+        Knob(
             name="packing", kind=bool, check=lambda v: True, expected="true or false",
             short="packing", memory="off is hungrier", data_only=True, collator=True,
             requires={"attn_implementation": one_of(FLASH_ATTENTION)},
@@ -439,7 +444,7 @@ KNOBS: dict[str, Knob] = {
 # grad_accum, and each knob after those it requires.
 SAMPLE_ORDER = (
     "strategy", "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_static_graph",
-    "gradient_as_bucket_view", "fsdp_prefetch", "zero_overlap_comm",
+    "gradient_as_bucket_view", "fsdp_prefetch", "zero_overlap_comm", "tp_size",
     "precision", "optim", "gradient_checkpointing", "checkpointing_reentrant",
     "checkpointing_every_n_layers", "activation_offload", "use_liger_kernel",
     "attn_implementation", "torch_dtype", "quantization", "packing", "torch_compile",
@@ -535,7 +540,8 @@ def value_of(
     knob it leaves out (`left_out`): for `optim` the installed transformers' default
     (`default_optim`), for `strategy` DDP on several `devices` (as torchrun runs them), one
     device alone on one, for `ddp_find_unused_parameters` the Trainer's choice (on unless
-    checkpointing). None where leaving it out is no value of the knob."""
+    checkpointing), for `tp_size` every one of the `devices` under `tp` (1 under any other).
+    None where leaving it out is no value of the knob."""
     if name in params:
         return params[name]
     if name == "optim":
@@ -544,4 +550,6 @@ def value_of(
         return "single" if devices == 1 else "ddp"
     if name == "ddp_find_unused_parameters":
         return not value_of(params, "gradient_checkpointing")
+    if name == "tp_size":  # not in params: under tp, one group of every device
+        return devices if params.get("strategy") == "tp" else 1
     return left_out(name)

@@ -26,7 +26,7 @@ def conflict(params: dict[str, Any]) -> str | None:
     """Why these settings cannot train together (an optimizer that cannot update sharded
     parameters), or None: asked before a trial runs, and by the worker itself."""
     strategy, optim = params.get("strategy"), params.get("optim")
-    if strategy in FSDP and optim in UNSHARDABLE_OPTIMIZERS:
+    if (strategy in FSDP or strategy == "tp") and optim in UNSHARDABLE_OPTIMIZERS:
         return f"{optim} cannot update {strategy}'s sharded parameters (DTensors)"
     if (
         strategy in OFFLOADED
@@ -36,7 +36,7 @@ def conflict(params: dict[str, Any]) -> str | None:
     ):
         return f"{strategy} updates the weights with DeepSpeed's host AdamW, not {optim}"
     quantization = value_of(params, "quantization")
-    if quantization != "none" and (strategy in FSDP or strategy in ZERO_STAGES):
+    if quantization != "none" and (strategy in FSDP or strategy in ZERO_STAGES or strategy == "tp"):
         return (
             f"a {quantization} base holds bitsandbytes' packed weights, which {strategy} does not "
             "shard here: quantize a base on one device"
@@ -104,15 +104,22 @@ def effective_batch(params: dict[str, Any]) -> int:
     return value_of(params, "batch_size") * value_of(params, "grad_accum")
 
 
+def replicas(params: dict[str, Any], devices: int) -> int:
+    """The data-parallel copies a trial of `devices` trains, each on samples of its own: every
+    device, but under `tp` one a tensor-parallel group (its ranks share each batch)."""
+    return devices // value_of(params, "tp_size", devices=devices)
+
+
 def math_changes(
     params: dict[str, Any], baseline: dict[str, Any], devices: int = 1
 ) -> list[MathChange]:
     """Every difference from the baseline's settings that changes what training computes:
-    another effective batch (over every one of a trial's `devices`), precision or optimizer.
+    another effective batch (over a trial's `devices`' replicas), precision or optimizer.
     Kernels, checkpointing, compiling, loader settings and the strategy that shares the
     training between devices change speed and memory only, and are not listed."""
     changes = []
-    before, after = effective_batch(baseline) * devices, effective_batch(params) * devices
+    before = effective_batch(baseline) * replicas(baseline, devices)
+    after = effective_batch(params) * replicas(params, devices)
     if before != after:
         why = "another number of samples per optimizer update: retune the learning rate, "
         why += f"or keep it with effective_batch_size={before}"

@@ -65,6 +65,7 @@ def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None =
         "TRAINER": info.trainer,
         "DEVICES": info.devices_per_trial or 1,
         "STRATEGY": strategy(info, record.params),
+        "TP_SIZE": value_of(record.params, "tp_size", devices=info.devices_per_trial or 1),
         "FSDP_PREFETCH": bool(value_of(record.params, "fsdp_prefetch")),
         "DDP_GRADIENT_AS_BUCKET_VIEW": bool(value_of(record.params, "gradient_as_bucket_view")),
         "LAUNCH": launch_command(info, record.params),
@@ -311,6 +312,18 @@ def build_model(config):
     # As the trial built it: random weights in MODEL_KWARGS's dtype; a quantized base made on
     # the host and quantized by from_pretrained as it places each weight, as a checkpoint
     # would be; the adapter by peft, the base frozen.
+    if STRATEGY == "tp":
+        # Split by the model's tensor-parallel plan over groups of TP_SIZE ranks (the groups
+        # shard the rest), each rank building its share: from_pretrained with no checkpoint.
+        # The Trainer then trains it through accelerate's ParallelismConfig.
+        from transformers.distributed import DistributedConfig
+
+        groups = int(os.environ["WORLD_SIZE"]) // TP_SIZE
+        return AUTO_CLASS._model_mapping[type(config)].from_pretrained(
+            None, config=config, state_dict={},
+            distributed_config=DistributedConfig(tp_size=TP_SIZE, fsdp_size=groups),
+            **MODEL_KWARGS,
+        )
     if QUANTIZATION_CONFIG:
         made = AUTO_CLASS.from_config(config, **MODEL_KWARGS)
         model = AUTO_CLASS._model_mapping[type(config)].from_pretrained(

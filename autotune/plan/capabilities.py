@@ -21,6 +21,7 @@ from autotune.common.knob_values import (
     OFFLOADED,
     PIPELINE_REFUSAL,
     STRATEGIES,
+    TENSOR_PARALLEL_ON_CPU,
     TORCHAO_OPTIMIZERS,
     ZERO_STAGES,
     precision_parts,
@@ -84,6 +85,8 @@ def _compile_mode(value: str, device: str, info: DeviceInfo) -> str | None:
 def _strategy(value: str, device: str, info: DeviceInfo) -> str | None:
     if value == "pp":
         return PIPELINE_REFUSAL
+    if value == "tp" and device == "cpu":
+        return TENSOR_PARALLEL_ON_CPU
     if value == "dp" and device == "cpu":
         return "DataParallel drives the CUDA devices one process sees: on CPU there are none"
     if value in ZERO_STAGES and info.deepspeed_error:
@@ -156,6 +159,13 @@ def _model_limits(
         patched = ", ".join(info.liger_model_types) or "none here"
         why = f"Liger has no kernels for {model_type} models (it patches: {patched})"
         limits.append(("use_liger_kernel", True, why))
+    strategy = space.knobs.get("strategy")
+    if strategy and "tp" in strategy.choices and model_type not in info.tp_model_types:
+        why = (
+            f"the installed transformers has no tensor-parallel plan for {model_type} models "
+            f"(it has one for {len(info.tp_model_types)} model types: llama, qwen2, mistral, ...)"
+        )
+        limits.append(("strategy", "tp", why))
     packing = space.knobs.get("packing")
     if packing and True in packing.choices and task != "causal-lm":
         why = (
@@ -257,6 +267,8 @@ def fit_space(
         raise SpaceError(
             f"space {space.name} cannot run here:\n" + "\n".join(f"  - {e}" for e in emptied)
         )
+    space, tp_notes = _fit_tp_size(space, devices)
+    notes += tp_notes
     space, data_notes = _fit_to_data(space, source)
     # After the data: synthetic data fixes the loader at 0 workers, which needs no note here.
     space, core_notes = _fit_to_cores(space, cores)
@@ -288,6 +300,60 @@ STRATEGY_KNOBS = (
 )
 
 
+def fit_tp_to_run(space: SearchSpace, *, trainer: bool, fixed_batch: bool) -> SearchSpace:
+    """Without `strategy=tp` where the run cannot hold it: the user's Trainer factory builds
+    its model whole (autotune builds a tp trial's split), and `effective_batch_size` is split
+    over every rank, where a tensor-parallel group's ranks train on one batch."""
+    knob = space.knobs.get("strategy")
+    if knob is None or "tp" not in knob.choices:
+        return space
+    if trainer:
+        why = "trainer= builds the model whole; a tp trial's model is built split by autotune"
+    elif fixed_batch:
+        why = (
+            "effective_batch_size= is split over every rank, and a tensor-parallel group's "
+            "ranks train on one batch"
+        )
+    else:
+        return space
+    if knob.choices == ("tp",):
+        raise SpaceError(f"space {space.name} cannot run here:\n  - strategy=tp: {why}")
+    fitted = with_strategy_knobs(
+        space.with_choices("strategy", tuple(v for v in knob.choices if v != "tp"))
+    )
+    return replace(fitted, notes=(*fitted.notes, f"removed strategy=tp: {why}"))
+
+
+def tp_sizes(devices: int) -> tuple[int, ...]:
+    """The tensor-parallel group sizes that split `devices` ranks into equal groups."""
+    return tuple(n for n in range(2, devices + 1) if devices % n == 0)
+
+
+def _fit_tp_size(space: SearchSpace, devices: int) -> tuple[SearchSpace, list[str]]:
+    """`tp_size` values that split the trial's `devices` into equal tensor-parallel groups
+    (the groups, if several, shard the rest between them); searched among all of those with
+    `strategy=tp` unless the space names some."""
+    knob = space.knobs.get("tp_size")
+    strategy = space.knobs.get("strategy")
+    if knob is None:
+        sizes = tp_sizes(devices)
+        if strategy is None or "tp" not in strategy.choices or len(sizes) < 2:
+            return space, []  # left out: one group of every device
+        knobs = {**space.knobs, "tp_size": SpaceKnob(name="tp_size", choices=sizes)}
+        note = f"tp_size searched among {', '.join(map(str, sizes))}: {devices} devices per trial"
+        return replace(space, knobs=knobs), [note]
+    kept = tuple(v for v in knob.choices if devices % v == 0)
+    if not kept:
+        values = ", ".join(map(str, knob.choices))
+        raise SpaceError(
+            f"space {space.name} cannot run here:\n  - tp_size: none of its values ({values}) "
+            f"divides devices_per_trial={devices}"
+        )
+    removed = [v for v in knob.choices if v not in kept]
+    notes = [f"removed tp_size={v}: does not divide devices_per_trial={devices}" for v in removed]
+    return (space.with_choices("tp_size", kept) if removed else space), notes
+
+
 def fit_to_devices(
     space: SearchSpace, devices: int, device: str = "cpu"
 ) -> tuple[SearchSpace, list[str]]:
@@ -316,6 +382,8 @@ def with_strategy_knobs(space: SearchSpace) -> SearchSpace:
                 knobs.pop(name, None)
             elif name not in knobs:
                 knobs[name] = SpaceKnob(name=name, choices=values)
+    if "tp" not in strategies:  # its sizes depend on the devices: added by `_fit_tp_size`
+        knobs.pop("tp_size", None)
     return replace(space, knobs=knobs)
 
 
@@ -382,6 +450,17 @@ def _fit_to_adapter(space: SearchSpace, adapter: bool) -> tuple[SearchSpace, lis
                 f"removed {name}: it sets the frozen base an adapter trains on (peft=lora); a "
                 "full fine-tune trains every weight"
             )
+    strategy = knobs.get("strategy")
+    if adapter and strategy is not None and "tp" in strategy.choices:
+        why = (
+            "an adapter trains on a base replicated on each rank here: peft's layers are not "
+            "applied to tensor-parallel (DTensor) weights"
+        )
+        if strategy.choices == ("tp",):
+            raise SpaceError(f"space {space.name} cannot run here:\n  - strategy=tp: {why}")
+        kept = tuple(v for v in strategy.choices if v != "tp")
+        knobs["strategy"] = replace(strategy, choices=kept)
+        notes.append(f"removed strategy=tp: {why}")
     return replace(space, knobs=knobs), notes
 
 

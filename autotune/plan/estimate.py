@@ -272,13 +272,28 @@ def estimate(
     shape = shape_of(config, parameters, adapter)
     optimizer = _optimizer_states(shape, value_of(params, "optim"))
     if shape.adapter_parameters is None:
-        states = rank_states(shape.parameters, shape.layers, optimizer, params, devices)
+        split = min(
+            shape.layers * shape.block_linear + shape.vocab * shape.hidden, shape.parameters
+        )
+        head = shape.vocab * shape.hidden if task == "causal-lm" else 0
+        states = rank_states(
+            shape.parameters, shape.layers, optimizer, params, devices, split, head
+        )
     else:  # an adapter's job: replicated on each rank, whatever the strategy
         quantized = shape.layers * shape.block_linear
         states = adapter_states(shape.parameters, shape.trained, quantized, optimizer, params)
-    activations, logits, temporary = _activations(shape, task, seq_len, params, device)
-    if devices > 1 and value_of(params, "strategy", devices=devices) == "dp":
+    tp = value_of(params, "tp_size", devices=devices) if devices > 1 else 1
+    activations, logits, temporary = _activations(shape, task, seq_len, params, device, tp)
+    strategy = value_of(params, "strategy", devices=devices)
+    if devices > 1 and strategy == "dp":
         logits *= devices  # DataParallel gathers every GPU's outputs onto GPU 0, the peak's
+    if devices > 1 and strategy == "pp":
+        # GPipe: the last stage runs every micro-batch's forward before the first backward,
+        # keeping its blocks' activations and its logits for each (`grad_accum` of them).
+        in_flight = value_of(params, "grad_accum")
+        stage = -(-shape.layers // devices)
+        activations = activations * stage // max(shape.layers, 1) * in_flight
+        logits *= in_flight
     # The peak: in the last backward, gradients fill in as activations are freed (one step:
     # the larger of the two); accumulating steps run every later forward with the gradients
     # of the earlier ones held.
@@ -320,11 +335,12 @@ def _optimizer_states(shape: Shape, optim: str) -> int:
 
 
 def _activations(
-    shape: Shape, task: str, seq_len: int, params: dict[str, Any], device: str
+    shape: Shape, task: str, seq_len: int, params: dict[str, Any], device: str, tp: int = 1
 ) -> tuple[int, int, int]:
     """(activations, logits, temporary): what autograd keeps for the backward in the blocks
     and at the LM head, and what the backward adds while it runs (one layer's activation
-    gradients, the LM head's logits gradient, a quantized base's dequantized weight)."""
+    gradients, the LM head's logits gradient, a quantized base's dequantized weight); with
+    the blocks split `tp` ways, a rank's share (the head's logits are gathered whole)."""
     # 16-bit activations under autocast, or from a base whose weights are bf16.
     mixed = sixteen_bit(value_of(params, "precision")) or (
         value_of(params, "torch_dtype") == "bf16" and shape.adapter_parameters is not None
@@ -335,7 +351,9 @@ def _activations(
     # keeps the scores as eager attention does; under bf16 autocast it computes in fp32.
     eager = attention == "eager" or device == "cpu"
     upcast = device == "cpu" and attention == "sdpa" and mixed
-    layer = _layer_activations(shape, batch, seq_len, mixed=mixed, eager=eager, upcast=upcast)
+    layer = _layer_activations(
+        shape, batch, seq_len, mixed=mixed, eager=eager, upcast=upcast, tp=tp
+    )
     if shape.adapter_dropout:  # LoRA's dropped-out copy of each adapted layer's input, its mask
         e = 2 if mixed else 4
         # CUDA's fused dropout keeps a bool mask; on CPU dropout is a multiply by a mask of the
@@ -372,25 +390,35 @@ def _stored_activations(
 
 
 def _layer_activations(
-    shape: Shape, b: int, s: int, *, mixed: bool, eager: bool, upcast: bool = False
+    shape: Shape,
+    b: int,
+    s: int,
+    *,
+    mixed: bool,
+    eager: bool,
+    upcast: bool = False,
+    tp: int = 1,
 ) -> int:
     """Bytes autograd keeps for one transformer block (see the module docstring); `upcast`:
-    the attention runs in fp32 on 16-bit inputs (CPU SDPA under autocast)."""
+    the attention runs in fp32 on 16-bit inputs (CPU SDPA under autocast); `tp`: the block's
+    linears split that many ways (Megatron's layout: the heads and the MLP's width)."""
     h, i, a = shape.hidden, shape.intermediate, shape.heads
     e = 2 if mixed else 4  # matmul inputs and outputs
     tokens = b * s
     # QKV input, Q, K, V, attention output (proj input), MLP input: 6 h-wide tensors; the
     # MLP's pre- and post-activation: 2 i-wide; the two LayerNorm inputs: fp32 residuals.
-    kept = tokens * (6 * h * e + 2 * i * e + 2 * h * 4)
+    # Split tp ways: Q, K, V, the attention output and the MLP's width; the inputs of the
+    # column-split layers and the residuals are whole on every rank.
+    kept = tokens * ((2 * h + 4 * h // tp) * e + 2 * (i // tp) * e + 2 * h * 4)
     if shape.dropout:
         kept += tokens * 2 * h * MASK_BYTES
     if eager:
-        scores = a * s * s * b
+        scores = (a // tp) * s * s * b
         # Softmax output (fp32 under autocast too), its dropout mask, the matmul's copy.
         kept += scores * 4 + (scores * MASK_BYTES if shape.dropout else 0)
         kept += scores * e if shape.dropout or mixed else 0
         if upcast:  # fp32 copies of Q, K and V and of the dropped-out scores
-            kept += tokens * 3 * h * 4 + scores * (4 - e)
+            kept += tokens * 3 * (h // tp) * 4 + scores * (4 - e)
     return kept
 
 

@@ -22,6 +22,14 @@ parameter: 4 fp32 weights, 4 gradients, 8 states):
   (2 b + 12) Psi / N (16 Psi / N) plus two gathered blocks and one block's gradients;
 - zero2_offload/zero3_offload: the optimizer's copy, its states and (ZeRO-2) the gradients'
   fp32 partition are in host memory (`offloaded`), ZeRO-3's weights too.
+- tp (tensor parallelism, t ranks a group): the blocks' linear layers and the LM head are
+  split t ways by the model's tensor-parallel plan (Llama's, Qwen2's: q/k/v/gate/up by
+  column, o/down by row, the head by column), the rest (the norms; an untied input
+  embedding) replicated; each rank holds 16 B of its share as one device would. With several
+  groups (accelerate's `dp_shard`), FSDP2 shards each rank's share between the groups.
+- pp (pipeline parallelism, never trained here: `knob_values.PIPELINE_REFUSAL`; estimated so
+  that `autotune estimate` can say what it would need): the last stage, the one holding the
+  LM head, holds its ceil(layers / N) blocks and the head, 16 B a parameter of them.
 """
 
 from __future__ import annotations
@@ -61,12 +69,34 @@ class RankStates:
 
 
 def rank_states(
-    parameters: int, layers: int, optimizer: int, params: dict[str, Any], devices: int
+    parameters: int,
+    layers: int,
+    optimizer: int,
+    params: dict[str, Any],
+    devices: int,
+    split: int = 0,
+    head: int = 0,
 ) -> RankStates:
     """What a rank of `devices` holds under `params["strategy"]` of a model of `parameters`
-    in `layers` blocks, whose optimizer keeps `optimizer` bytes of states for all of them."""
+    in `layers` blocks, whose optimizer keeps `optimizer` bytes of states for all of them;
+    `split`: the parameters a tensor-parallel plan splits (the blocks' linears, the head);
+    `head`: the LM head's (a pipeline's last stage holds it)."""
     strategy = value_of(params, "strategy", devices=devices)
     mixed = sixteen_bit(value_of(params, "precision"))
+    if strategy == "pp":
+        stage = min(
+            -(-layers // devices) * (parameters - head) // max(layers, 1) + head, parameters
+        )
+        optimizer = int(optimizer * stage / max(parameters, 1))
+        return _replicated(stage, optimizer, mixed=mixed, ddp_buckets=False)
+    if strategy == "tp":
+        t = value_of(params, "tp_size", devices=devices)
+        share = split // t + (parameters - split)
+        optimizer = int(optimizer * share / max(parameters, 1))
+        if devices > t:  # the groups shard each rank's share as FSDP2 does
+            block = share // max(layers, 1)
+            return _fsdp("fsdp", share, block, devices // t, optimizer, mixed=mixed)
+        return _replicated(share, optimizer, mixed=mixed, ddp_buckets=False)
     block = parameters // max(layers, 1)  # one transformer block's parameters, about
     if strategy in FSDP:
         return _fsdp(strategy, parameters, block, devices, optimizer, mixed=mixed)

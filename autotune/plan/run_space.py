@@ -10,7 +10,7 @@ from autotune.common.device import DeviceInfo
 from autotune.common.errors import AutotuneError, ConfigError
 from autotune.common.placement import Placement
 from autotune.plan.batch_rule import apply_sampling_rules
-from autotune.plan.capabilities import fit_space, fit_to_nodes, trial_cores
+from autotune.plan.capabilities import fit_space, fit_to_nodes, fit_tp_to_run, trial_cores
 from autotune.plan.config import RunConfig
 from autotune.plan.space import SamplingRules, SearchSpace
 from autotune.plan.space_file import SoftwareFacts, load_space
@@ -71,6 +71,11 @@ def fitted_space(
             adapter=config.peft != "none",
         )
         fitted = fit_to_nodes(fitted, slots[0].nodes if slots else 1)
+        fitted = fit_tp_to_run(
+            fitted,
+            trainer=config.trainer is not None,
+            fixed_batch=config.effective_batch_size is not None,
+        )
         return apply_sampling_rules(fitted, rules)
     except AutotuneError as exc:
         problems.append(str(exc))

@@ -66,6 +66,8 @@ class SoftwareFacts:
     """Named in the messages about model types."""
     default_optim: str | None = None
     """`TrainingArguments().optim` in the installed transformers: the baseline's optimizer."""
+    tp_model_types: tuple[str, ...] | None = None
+    """The model types with a tensor-parallel plan (`strategy=tp`)."""
 
     @classmethod
     def from_probe(cls, software: Mapping[str, Any]) -> SoftwareFacts:
@@ -80,6 +82,7 @@ class SoftwareFacts:
             task_model_types={task: tuple(types) for task, types in tasks.items()} or None,
             transformers_version=software.get("transformers_version") or "",
             default_optim=software.get("default_optim") or None,
+            tp_model_types=tuple(software.get("tp_model_types") or ()) or None,
         )
 
 

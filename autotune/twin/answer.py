@@ -18,6 +18,7 @@ from typing import Any
 from autotune.common.device import DeviceInfo, tensor_peak_tflops
 from autotune.common.knobs import quantization_config, value_of
 from autotune.common.trial import Status, TrialResult, TrialSpec, stopped_reason
+from autotune.common.trial_settings import replicas
 from autotune.common.units import GIB
 from autotune.plan.estimate import CUDA_CONTEXT_BYTES, flops_per_sample, shape_of
 from autotune.twin import model
@@ -83,7 +84,8 @@ class TwinAnswer:
         """A trial that trained: its steps, pace and memory, stopped early as the worker would."""
         steps_ms = self._steps_ms(spec, p)
         samples = value_of(spec.params, "batch_size") * value_of(spec.params, "grad_accum")
-        median_ms, cv, samples_per_s = _pace(steps_ms, samples * spec.devices)
+        step_samples = samples * replicas(spec.params, spec.devices)
+        median_ms, cv, samples_per_s = _pace(steps_ms, step_samples)
         shape = shape_of(spec.model_config, adapter=spec.adapter)
         flops = flops_per_sample(shape, spec.seq_len, spec.task)
         peak_tflops = tensor_peak_tflops(self.gpu.name)
@@ -96,7 +98,7 @@ class TwinAnswer:
         timed_s = p.timed_s
         if stopped is not None:  # the timed steps after the stop are not run
             steps_ms = steps_ms[: spec.stop_after_steps]
-            median_ms, cv, samples_per_s = _pace(steps_ms, samples * spec.devices)
+            median_ms, cv, samples_per_s = _pace(steps_ms, step_samples)
             timed_s = sum(steps_ms) / 1e3
             parts["wall_s"] = p.wall_s - p.timed_s + timed_s
         return TrialResult(
@@ -138,7 +140,7 @@ def stopped_early(spec: TrialSpec, steps_ms: list[float], samples: int) -> str |
     first = steps_ms[: spec.stop_after_steps]
     if spec.stop_below_samples_per_s is None or len(steps_ms) <= spec.stop_after_steps:
         return None
-    fastest = samples * spec.devices / (min(first) / 1e3)
+    fastest = samples * replicas(spec.params, spec.devices) / (min(first) / 1e3)
     if fastest >= spec.stop_below_samples_per_s:
         return None
     return stopped_reason(len(first), fastest, spec.stop_below_samples_per_s)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -47,6 +47,7 @@ from autotune.common.knob_values import (
 from autotune.common.knobs import is_compiled, value_of
 from autotune.common.links import GpuLink
 from autotune.common.trial import Status
+from autotune.common.trial_settings import effective_batch, replicas
 from autotune.common.units import GIB
 from autotune.plan.estimate import CUDA_CONTEXT_BYTES, Shape, estimate, flops_per_sample, shape_of
 
@@ -246,6 +247,19 @@ def step(
         logits = batch * seq_len * shape.vocab if task == "causal-lm" else 0
         micro_device_s += _data_parallel_s(g, shape, v, logits, devices)
         host_ms *= devices  # one process launches every replica's kernels, under one GIL
+    elif devices > 1 and strategy == "tp":
+        t = value_of(params, "tp_size", devices=devices)
+        tensor = _tensor_parallel_s(g, shape, v, task=task, seq_len=seq_len, params=params, t=t)
+        micro_device_s = (
+            _micro_device_s(g, shape, v, task=task, seq_len=seq_len, params=params, t=t)
+            / (v["compiled_speed"] if compiled else 1.0)
+            + tensor
+        )
+        host_ms *= v["tensor_parallel_host"]
+        share = split_share(shape, t)
+        optimizer_device_s *= share / shape.parameters
+        groups = devices // t  # FSDP2 over the groups (accelerate's dp_shard), on each share
+        sharded = _sharding_s(g, replace(shape, parameters=share), v, "fsdp", groups, accumulation)
     else:
         sharded = _sharding_s(g, shape, v, strategy, devices, accumulation)
     if sharded.host_optimizer_s:  # the optimizer steps on the host, not on the GPU
@@ -312,6 +326,35 @@ def _sharding_s(
     )
 
 
+def split_share(shape: Shape, t: int) -> int:
+    """A tensor-parallel rank's parameters: its 1/t of the blocks' linears and the LM head,
+    and the rest whole (`model_states.rank_states`)."""
+    split = min(shape.layers * shape.block_linear + shape.vocab * shape.hidden, shape.parameters)
+    return split // t + shape.parameters - split
+
+
+def _tensor_parallel_s(
+    g: Gpu, shape: Shape, v: dict[str, Any], *, task: str, seq_len: int, params: dict[str, Any],
+    t: int,
+) -> float:  # fmt: skip
+    """What splitting the blocks `t` ways adds to a micro-batch on each GPU, none of it hidden
+    (each block waits for it): the all-reduce of a block's b x s x h output after its attention
+    and its MLP in the forward, and of their inputs' gradients in the backward (4 a block, as
+    Megatron-LM's layout does; again in a checkpointed block's recompute), and at the LM head
+    the logits gathered whole on every rank (`colwise_gather_output`) and its input's gradient
+    all-reduced. An all-reduce moves 2 (t - 1) / t of its bytes per GPU on a ring, a gather
+    (t - 1) / t."""
+    batch = value_of(params, "batch_size")
+    element = 2 if _precision_class(value_of(params, "precision")) == "16bit" else 4
+    activation = batch * seq_len * shape.hidden * element
+    ring = (t - 1) / t
+    recomputed = _checkpointed_share(params, shape)
+    moved = 2 * ring * activation * shape.layers * (4 + 2 * recomputed)
+    if task == "causal-lm":
+        moved += ring * batch * seq_len * shape.vocab * element + 2 * ring * activation
+    return moved / link_bytes_per_s(g, v)
+
+
 def _data_parallel_s(g: Gpu, shape: Shape, v: dict[str, Any], logits: int, devices: int) -> float:
     """What DataParallel adds to each micro-batch on GPU 0's side of the link, none of it
     hidden (the next step cannot start before it): copying the model's fp32 weights to the
@@ -325,10 +368,20 @@ def _data_parallel_s(g: Gpu, shape: Shape, v: dict[str, Any], logits: int, devic
 
 
 def _micro_device_s(
-    g: Gpu, shape: Shape, v: dict[str, Any], *, task: str, seq_len: int, params: dict[str, Any]
+    g: Gpu,
+    shape: Shape,
+    v: dict[str, Any],
+    *,
+    task: str,
+    seq_len: int,
+    params: dict[str, Any],
+    t: int = 1,
 ) -> float:
     """The GPU's time for one micro-batch, eager: its matmuls at the precision's efficiency
-    for this many tokens, and its memory traffic (eager attention's scores included)."""
+    for this many tokens, and its memory traffic (eager attention's scores included); split
+    `t` ways (tensor parallelism), a rank's 1/t of the matmuls and of the heads' and the MLP's
+    elementwise traffic, the residual stream's whole (per layer 4 h-wide tensors whole, 4 h
+    and 2 i split, as `estimate._layer_activations` keeps them)."""
     precision = value_of(params, "precision")
     cls = _precision_class(precision)
     batch = value_of(params, "batch_size")
@@ -339,11 +392,13 @@ def _micro_device_s(
     peak = (peak_tflops(g.name, precision) or 0.0) * 1e12
     efficiency = per_architecture(v, "efficiency", g, cls)
     efficiency *= tokens / (tokens + per_architecture(v, "tokens_half", g, cls))
-    matmul_s = batch * flops_per_sample(shape, seq_len, task) * recompute / (peak * efficiency)
+    matmul_s = batch * flops_per_sample(shape, seq_len, task) * recompute / (peak * efficiency) / t
     element = 2 if cls == "16bit" else 4
-    traffic = v["traffic_bytes"] * shape.layers * shape.hidden * tokens * element
+    h, i = shape.hidden, shape.intermediate
+    split = (4 * h + (4 * h + 2 * i) / t) / (8 * h + 2 * i)
+    traffic = v["traffic_bytes"] * shape.layers * shape.hidden * tokens * element * split
     if value_of(params, "attn_implementation") == "eager":
-        scores = shape.layers * shape.heads * batch * seq_len**2
+        scores = shape.layers * (shape.heads // t) * batch * seq_len**2
         traffic += v["eager_score_bytes"] * scores * element
     if value_of(params, "quantization") != "none":
         # bitsandbytes dequantizes each quantized weight to 16 bits in the forward and again in
@@ -452,7 +507,7 @@ def predict(
     start_s = g.host.start_s
     build_s = g.host.build_s_per_gparam * shape.parameters / 1e9
     compiling_s = compile_s(shape, params)
-    samples = value_of(params, "batch_size") * value_of(params, "grad_accum") * devices
+    samples = effective_batch(params) * replicas(params, devices)
     if peak * GIB > budget:
         # The first step runs out of memory; compiled, when its forward graph has compiled.
         spent = compiling_s * model_constant("compile_before_oom") if compiling_s else s.seconds

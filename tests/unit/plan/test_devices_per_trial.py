@@ -44,6 +44,7 @@ def test_several_devices_search_every_multi_device_strategy_unless_the_space_nam
         "zero3",
         "zero2_offload",
         "zero3_offload",
+        "tp",
     )
     assert space.knobs["strategy"].choices == every
     assert notes == [f"strategy searched among {', '.join(every)}: 2 devices per trial"]

@@ -7,6 +7,8 @@ import pytest
 
 from autotune.common.errors import ConfigError
 from autotune.common.knob_values import PIPELINE_REFUSAL
+from autotune.common.models import resolve_model
+from autotune.plan.estimate import estimate, shape_of
 from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from tests.conftest import TINY_MODEL
@@ -41,3 +43,26 @@ def test_pp_is_not_searched_where_the_space_names_no_strategy(tmp_path, monkeypa
     plan = make_plan(config, GPUS)
     assert "pp" not in plan.space.knobs["strategy"].choices
     assert not any("strategy=pp" in note for note in plan.space.notes)
+
+
+def test_the_estimate_says_what_a_pipelines_last_stage_would_hold():
+    """Not trainable here, but `autotune estimate` answers what it would need: the last stage
+    holds its ceil(layers / N) blocks and the LM head, and under GPipe every micro-batch's
+    activations and logits (`grad_accum` of them)."""
+    qwen = resolve_model("Qwen/Qwen2.5-7B").config
+    shape = shape_of(qwen)
+
+    def at(strategy, devices, **params):
+        settings = {"strategy": strategy, "batch_size": 1, "precision": "bf16", **params}
+        return estimate(
+            qwen, task="causal-lm", seq_len=2048, params=settings, device="cuda", devices=devices
+        )
+
+    head = shape.vocab * shape.hidden
+    block = (shape.parameters - head) // shape.layers
+    pp4 = at("pp", 4)
+    assert pp4.weights == 6 * (-(-shape.layers // 4) * block + head)  # 7 of 28 blocks, the head
+    one = at("single", 1)
+    assert pp4.activations == one.activations * 7 // 28 and pp4.logits == one.logits
+    four_micro = at("pp", 4, grad_accum=4)
+    assert four_micro.activations == 4 * pp4.activations and four_micro.logits == 4 * one.logits

@@ -386,3 +386,40 @@ def test_sharded_and_offloaded_strategies_pay_their_collectives_and_host_traffic
         )
 
     assert not fits("ddp") and fits("fsdp") and fits("zero3")
+
+
+def test_tensor_parallel_splits_the_matmuls_and_pays_each_blocks_all_reduces_on_the_link():
+    """A tp rank computes 1/t of each block and waits for 4 all-reduces of its b x s x h
+    output a block (and the LM head's gather): cheap over NVLink, dear over PCIe. Its groups
+    train on one batch each: samples/s counts one rank a group."""
+    qwen = resolve_model("Qwen/Qwen2.5-7B").config
+    shape = model.shape_of(qwen, None, None)
+    base = {"precision": "bf16", "batch_size": 4, "gradient_checkpointing": True}
+    h100 = model.gpu("H100")
+    on_pcie = dataclasses.replace(h100, link=model.gpu("L4").link)
+
+    def step(gpu, devices=8, **params):
+        return model.step(
+            gpu, shape, task="causal-lm", seq_len=2048, params=base | params, devices=devices
+        )
+
+    one = step(h100, devices=1)
+    tp2 = step(h100, devices=2, strategy="tp")
+    assert one.device_s / 2 < tp2.device_s < one.device_s  # half the matmuls, plus the link's
+    assert step(on_pcie, devices=2, strategy="tp").device_s > tp2.device_s
+    # Its collectives grow with the batch; DDP's (the gradients) do not.
+    tp2_b1 = step(h100, devices=2, strategy="tp", batch_size=1)
+    one_b1 = step(h100, devices=1, batch_size=1)
+    assert tp2.device_s - one.device_s / 2 > 3 * (tp2_b1.device_s - one_b1.device_s / 2)
+
+    def speed(**params):
+        return model.predict(
+            h100, qwen, task="causal-lm", seq_len=2048, params=base | params,
+            warmup_steps=1, measure_steps=3, devices=8,
+        )  # fmt: skip
+
+    tp2_by_4 = speed(strategy="tp", tp_size=2)
+    assert tp2_by_4.status is Status.OK
+    # 4 groups, 4 samples each a step.
+    assert tp2_by_4.samples_per_s == pytest.approx(16 / tp2_by_4.step_s)
+    assert speed(strategy="tp").samples_per_s == pytest.approx(4 / speed(strategy="tp").step_s)
