@@ -77,6 +77,9 @@ class Landscape:
     steps: dict[str, int] = field(default_factory=dict)
     """The `warmup_steps` and `measure_steps` the points were recorded with, where recorded:
     a replayed trial runs (and stops within) the same steps, so its recorded `wall_s` holds."""
+    devices: int = 1
+    """The devices a trial trains on (`devices_per_trial`): a multi-GPU host's landscape
+    answers each strategy on all of them."""
     remeasure_sigma: float = 0.0
     """How much one measurement of a point varies (the standard deviation of log samples/s)
     where the points' figures are noise-free: a replay answers a point's samples/s times
@@ -237,6 +240,11 @@ def plan_for(landscape: Landscape, work_dir: Path, **settings: Any) -> SearchPla
             "memory_budget": int(landscape.memory_budget_gib * GIB),
             "out": str(work_dir / "out"),
             "quiet": True,
+            **(
+                {"devices_per_trial": landscape.devices, "workers": 1}
+                if landscape.devices > 1
+                else {}
+            ),
             **landscape.steps,
             **settings,
         }
@@ -261,6 +269,9 @@ def device_info(landscape: Landscape) -> DeviceInfo:
     # The landscape's space as it was recorded: a CPU landscape holds the bf16 points it ran,
     # which a search on such a CPU now leaves out (emulated, slow) unless told otherwise.
     recorded = {"bf16_supported": True} if landscape.device == "cpu" else {}
+    if landscape.devices > 1:  # a multi-GPU host's GPUs, all of them a trial's
+        device["cuda_device_names"] = (landscape.device_name,) * landscape.devices
+        device["cuda_free_memory_bytes"] = (memory,) * landscape.devices
     return dataclasses.replace(_here(), **device, **(recorded | landscape.device_facts))
 
 

@@ -24,8 +24,9 @@
 #       GPU knobs (benchmarks/gpu_knobs.yaml) on Qwen2.5-0.5B, its notes saying which left
 #       and why, and its pick verified over 100 steps (autotune verify).
 #   OUT=DIR DEVICES=N bash benchmarks/gpu_checks.sh ranks
-#       (N GPUs, ~5 min; not in lease, whose machines have one) ranks_gpu.json and
-#       ranks_gpu.txt: each strategy trains a trial on N GPUs, checked as applied
+#       (N GPUs, ~5 min; in lease on a machine of 2 GPUs or more, 2 minutes on 2 of them)
+#       ranks_gpu.json and ranks_gpu.txt: each strategy (DDP, DataParallel, FSDP, ZeRO, and
+#       tensor parallelism on a 2-block Llama) trains a trial on N GPUs, checked as applied
 #       (benchmarks/ranks_gpu.py).
 #   OUT=DIR bash benchmarks/gpu_checks.sh landscape
 #       (GPU, ~5 min) landscape.json and landscape.txt: settings of bert-large measured in one
@@ -37,9 +38,10 @@
 #       reporting whatever another did: the search's plan against the device's facts (plan.txt,
 #       in a second), the headline search with its defaults for 2 minutes of trials, fidelity
 #       over 60 steps, a trial's cost in parts (trial_overhead.py), the guide's table,
-#       offload, 50 s of landscape; plan.txt, probe.json, search.txt, trials.csv, fidelity.json, overhead.txt,
-#       guide_table.md, offload.json, landscape.json and rest.tgz (the others). LEASE_STAGES
-#       picks stages (plan search follow-up offload landscape).
+#       offload, 50 s of landscape, and on 2 GPUs or more the strategies on 2 of them;
+#       plan.txt, probe.json, search.txt, trials.csv, fidelity.json, overhead.txt,
+#       guide_table.md, offload.json, landscape.json, ranks_gpu.json and rest.tgz (the
+#       others). LEASE_STAGES picks stages (plan search follow-up offload landscape ranks).
 #       A dry run on a CPU with the H100's facts, as CI runs it (exit 2 on a refusal):
 #         PROBE=tests/fixtures/probe-h100-2026-11-26.json LEASE_STAGES=plan OUT=/tmp/lease \
 #           bash benchmarks/gpu_checks.sh lease
@@ -78,7 +80,7 @@ if [ "$stage" = lease ]; then
   OUT=${OUT:?set OUT to the folder for the results}
   rest=$work/lease
   rm -rf "$rest" && mkdir -p "$OUT" "$rest/search" "$rest/follow-up" "$rest/offload" "$rest/landscape"
-  stages=" ${LEASE_STAGES:-plan search follow-up offload landscape} "
+  stages=" ${LEASE_STAGES:-plan search follow-up offload landscape ranks} "
   # The headline search as users start it (`autotune search model=bert-large-uncased
   # seq_len=512`: its default space, batch rule and sampler), bounded to 2 minutes of trials
   # and without the confirmation's rounds: its trials, the time to 90% of its best, best /
@@ -118,9 +120,16 @@ if [ "$stage" = lease ]; then
         || echo "twin re-fit exited with $?"
     fi
   fi
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  if [[ $stages == *" ranks "* ]] && [ "${gpus:-0}" -ge 2 ]; then
+    # DDP against DataParallel (and tensor parallelism) on this machine's link.
+    mkdir -p "$rest/ranks"
+    OUT=$rest/ranks DEVICES=2 RANKS_WALL_S=${RANKS_WALL_S:-120} bash "$0" ranks \
+      || echo "ranks stage exited with $?"
+  fi
   for name in plan.txt search/probe.json search/search.txt search/trials.csv \
     follow-up/fidelity.json follow-up/overhead.txt follow-up/guide_table.md offload/offload.json \
-    landscape/landscape.json; do
+    landscape/landscape.json ranks/ranks_gpu.json; do
     mv "$rest/$name" "$OUT/" 2>/dev/null || true  # a stage may have written none
   done
   tar -czf "$OUT/rest.tgz" -C "$rest" .

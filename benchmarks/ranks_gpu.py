@@ -8,7 +8,9 @@ Needs `--devices` GPUs (a one-GPU machine exits saying so). Expected: every stra
 `ddp`, `zero1`, `zero2` hold every parameter on each rank, the sharded ones about 1/N each;
 the per-rank peaks ordered roughly as `knobs.MEMORY_ORDER` says (the offloaded ones least);
 samples/s of `ddp` near N times `single`'s (its scaling efficiency); `dp` (one process, the
-Trainer's DataParallel) below `ddp`, its peak GPU 0's. A strategy whose NCCL
+Trainer's DataParallel) below `ddp`, its peak GPU 0's; `tp` (tensor parallelism, on a
+2-block Llama: BERT has no tensor-parallel plan) `ok` beside `ddp` on the same model, each rank
+holding about 1/N of the split weights. A strategy whose NCCL
 group cannot form, or whose ranks share one GPU, shows here as `error` or as every rank's
 peak on one device.
 """
@@ -28,6 +30,8 @@ from autotune.execute.local import launch_trial
 from autotune.plan.hardware import probe
 
 STRATEGIES = ("single", "ddp", "dp", "fsdp", "fsdp_offload", "zero1", "zero2", "zero3")
+LLAMA = str(Path(__file__).resolve().parents[1] / "examples" / "tiny-llama")
+"""A model with a tensor-parallel plan: `tp` and `ddp` beside it, as causal LMs."""
 
 
 def main() -> None:
@@ -45,11 +49,13 @@ def main() -> None:
         raise SystemExit(f"{args.devices} ranks need {args.devices} GPUs; this machine has {gpus}")
     # What a worker owning the first N GPUs sets before its fork server starts.
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(args.devices)))
-    model = resolve_model(args.model)
     launcher = ForkserverLauncher()
     rows = []
+    runs = [(s, args.model, "sequence-classification") for s in STRATEGIES]
+    runs += [("ddp", LLAMA, "causal-lm"), ("tp", LLAMA, "causal-lm")]
     with tempfile.TemporaryDirectory(prefix="ranks-gpu-") as work:
-        for number, strategy in enumerate(STRATEGIES):
+        for number, (strategy, model_name, task) in enumerate(runs):
+            model = resolve_model(model_name)
             params = {
                 "batch_size": 16,
                 "precision": "bf16",
@@ -60,7 +66,7 @@ def main() -> None:
                 trial_number=number,
                 model_name=model.name,
                 model_config=model.config,
-                task="sequence-classification",
+                task=task,
                 seq_len=args.seq_len,
                 device="cuda",
                 params=params,
@@ -75,6 +81,7 @@ def main() -> None:
             rows.append(
                 {
                     "strategy": strategy,
+                    "model": model_name,
                     "status": result.status.value,
                     "reason": result.reason,
                     "samples_per_s": result.samples_per_s,

@@ -1,9 +1,11 @@
 """Search strategies on recorded landscapes: which finds the fastest config in the fewest trials?
 
 Each landscape (`benchmarks/landscapes/`) holds a measurement for every point of a space:
-five recorded on a CPU with `sampler=grid`, and three answered by the GPU twin
+five recorded on a CPU with `sampler=grid`, and five answered by the GPU twin
 (`landscapes/twin.py`: the default CUDA space for bert-large at seq 512 on an H100 and an A100,
-and Qwen2.5-0.5B at seq 1024 on an H100, each trial's GPU time included) (`SOURCES`).
+and Qwen2.5-0.5B at seq 1024 on an H100; and a multi-GPU space, every strategy a search on
+several GPUs chooses among, for Qwen2.5-7B at seq 2048 on an 8x H100 NVLink host and a 4x L4
+PCIe host, each trial on all of the host's GPUs; each trial's GPU time included) (`SOURCES`).
 autotune's samplers run through the real search loop (`autotune.replay`: sampler, tell rules,
 pre-trial checks and the skip by estimate as in a search), each over several seeds. The peers'
 strategies run as they work, on the same answers:

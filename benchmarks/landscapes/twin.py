@@ -25,7 +25,9 @@ import yaml
 from autotune.common.device import DeviceInfo
 from autotune.common.models import catalogue_parameter_counts, resolve_model
 from autotune.common.trial import Status
+from autotune.common.trial_settings import conflict
 from autotune.common.units import GIB
+from autotune.plan import software_cache
 from autotune.plan.config import RunConfig
 from autotune.plan.estimate import CUDA_CONTEXT_BYTES
 from autotune.replay import Landscape, plan_for
@@ -35,11 +37,17 @@ from autotune.twin import answer, model
 ROOT = Path(__file__).resolve().parents[2]
 SPACE = ROOT / "search_spaces" / "default.yaml"
 PROBE = ROOT / "benchmarks" / "results" / "2026-11-26-h100" / "probe.json"
+MULTI_GPU_SPACE = ROOT / "benchmarks" / "landscapes" / "gpu-multi.yaml"
 TWINS = {
-    "twin-h100-bert-large-s512": ("H100", "bert-large-uncased", 512),
-    "twin-a100-bert-large-s512": ("A100-80GB", "bert-large-uncased", 512),
-    "twin-h100-qwen2.5-0.5b-s1024": ("H100", "Qwen/Qwen2.5-0.5B", 1024),
+    "twin-h100-bert-large-s512": ("H100", "bert-large-uncased", 512, 1),
+    "twin-a100-bert-large-s512": ("A100-80GB", "bert-large-uncased", 512, 1),
+    "twin-h100-qwen2.5-0.5b-s1024": ("H100", "Qwen/Qwen2.5-0.5B", 1024, 1),
+    "twin-8xh100-qwen2.5-7b-s2048": ("H100", "Qwen/Qwen2.5-7B", 2048, 8),
+    "twin-4xl4-qwen2.5-7b-s2048": ("L4", "Qwen/Qwen2.5-7B", 2048, 4),
 }
+"""Name -> (GPU, model, seq_len, GPUs a trial). On several GPUs (an 8x H100 host, NVLink 4
+through NVSwitch; a 4x L4 host, PCIe 4.0) the space is `MULTI_GPU_SPACE` and every trial
+trains on all of them, by the strategy the search picks."""
 HARDWARE = ("cuda_available", "name", "total_memory_bytes", "free_memory_bytes",
             "cuda_device_names", "cuda_free_memory_bytes", "matmul_tflops",
             "host_available_memory_bytes", "host_total_memory_bytes")  # fmt: skip
@@ -48,11 +56,16 @@ HARDWARE = ("cuda_available", "name", "total_memory_bytes", "free_memory_bytes",
 
 def landscape(name: str) -> Landscape:
     """Every setting of the default space on the twin's GPU is a point."""
-    key, model_name, seq_len = TWINS[name]
+    key, model_name, seq_len, devices = TWINS[name]
     g = model.gpu(key)
     spec = resolve_model(model_name)
     software = DeviceInfo.from_facts(json.loads(PROBE.read_text()))
-    facts = dataclasses.asdict(answer.device_info(g, software))
+    # The tensor-parallel plans of the installed transformers (the H100 run's probe predates
+    # the fact): the models `strategy=tp` can split.
+    planned = software_cache.software_facts().tp_model_types or ()
+    software = dataclasses.replace(software, tp_model_types=planned)
+    info = answer.device_info(g, software, devices)
+    facts = {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}  # links as such
     steps = {k: RunConfig.model_fields[k].default for k in ("warmup_steps", "measure_steps")}
     parameters = catalogue_parameter_counts().get(model_name)
     sigma = model.model_constant("step_cv")
@@ -65,6 +78,7 @@ def landscape(name: str) -> Landscape:
             seq_len=seq_len,
             params=params,
             parameters=parameters,
+            devices=devices,
             **steps,
         )
         if p.status is Status.OOM:
@@ -93,17 +107,20 @@ def landscape(name: str) -> Landscape:
         device="cuda",
         device_name=g.name,
         memory_budget_gib=(g.memory_bytes - CUDA_CONTEXT_BYTES) / GIB,
-        knobs=yaml.safe_load(SPACE.read_text())["knobs"],
+        knobs=yaml.safe_load((SPACE if devices == 1 else MULTI_GPU_SPACE).read_text())["knobs"],
         answer=answer_point,
         remeasure_sigma=sigma,
         device_facts={k: v for k, v in facts.items() if k not in HARDWARE},
-        description=f"benchmarks/landscapes/twin.py: the GPU twin of the {g.name}",
+        description=f"benchmarks/landscapes/twin.py: the GPU twin of the {g.name}"
+        + (f", {devices} a trial" if devices > 1 else ""),
+        devices=devices,
     )
     with tempfile.TemporaryDirectory() as work:
         plan = plan_for(empty, Path(work), n_trials=1, seed=0)
     seen: dict[str, dict[str, Any]] = {}
     for params, _ in plan.space.points(plan.rules, limit=10**6, rng=None):
-        seen[settings_key(params)] = {"params": params, **answer_point(params)}
+        if conflict(params) is None:  # settings that cannot train together never run
+            seen[settings_key(params)] = {"params": params, **answer_point(params)}
     baseline = plan.baseline
     seen.setdefault(settings_key(baseline), {"params": baseline, **answer_point(baseline)})
     return dataclasses.replace(empty, points=list(seen.values()))

@@ -269,3 +269,34 @@ def test_a_landscape_recorded_twice_is_compared_with_itself_pass_by_pass():
         [sys.executable, script, str(LANDSCAPES[0])], capture_output=True, text=True
     )
     assert once.returncode == 1 and "recorded in one pass" in once.stderr
+
+
+def test_a_search_on_a_multi_gpu_hosts_twin_chooses_among_the_strategies_by_their_cost():
+    """Qwen2.5-7B at seq 2048 on the twin of an 8x H100 host (NVLink 4, NVSwitch): every trial
+    on the 8 GPUs, the strategy searched among every one the plan can run there (tp with its
+    splits 2, 4, 8; DataParallel; DDP, which cannot hold a 7B model's states, skipped by the
+    estimate), and the pick, by measured cost, one of the sharding strategies."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from landscapes import twin
+
+    land = twin.landscape("twin-8xh100-qwen2.5-7b-s2048")
+    assert land.devices == 8
+    strategies = {p["params"]["strategy"] for p in land.points}
+    assert {"ddp", "dp", "fsdp", "zero2", "zero3", "tp", "fsdp_offload"} <= strategies
+    assert {p["params"].get("tp_size") for p in land.points if p["params"]["strategy"] == "tp"} == {
+        2,
+        4,
+        8,
+    }
+    assert not any(land.feasible(p) for p in land.points if p["params"]["strategy"] == "ddp")
+    replayed = replay(land, n_trials=20, seed=0)
+    assert replayed.plan.info.devices_per_trial == 8
+    ran = [r for r in replayed.records if r.status is not Status.SKIPPED]
+    tried = {r.params["strategy"] for r in ran}
+    assert len(tried) >= 3, tried
+    measured = zip(ran, replayed.answered, strict=True)
+    record, point = max(
+        ((r, p) for r, p in measured if land.feasible(p)), key=lambda rp: rp[1]["samples_per_s"]
+    )
+    assert record.params["strategy"] in {"fsdp", "zero1", "zero2", "zero3", "tp"}
+    assert point["true_samples_per_s"] >= 0.9 * land.optimum()
