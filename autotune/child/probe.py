@@ -90,6 +90,10 @@ def _software_facts() -> dict[str, Any]:
         "liger_error": _package_error("liger_kernel", "pip install liger-kernel"),
         "liger_model_types": _liger_model_types(),
         "tp_model_types": _tp_model_types(),
+        # The names change between releases (`knobs.training_args` picks by them).
+        "training_argument_fields": sorted(
+            f.name for f in dataclasses.fields(transformers.TrainingArguments)
+        ),
         # exclude_tags=() also lists the debugging backends (eager, aot_eager) users may name.
         "compile_backends": sorted(torch._dynamo.list_backends(exclude_tags=())),
         "optimizer_names": [o.value for o in OptimizerNames],

@@ -69,6 +69,9 @@ class DeviceInfo:
     the installed transformers: those `strategy=tp` can split."""
     compile_backends: tuple[str, ...] = ()
     """`torch.compile` backends this torch offers (`torch._dynamo.list_backends`)."""
+    training_argument_fields: tuple[str, ...] = ()
+    """The installed transformers' `TrainingArguments` fields: the knobs' arguments are named
+    by them (`knobs.training_args`); empty where the probe did not read them."""
     optimizer_names: tuple[str, ...] = ()
     """Values `TrainingArguments.optim` accepts in the installed transformers."""
     default_optim: str = TRANSFORMERS_DEFAULT_OPTIM
@@ -264,7 +267,7 @@ DEVICE_ONLY = "--device-only"
 SOFTWARE_FACTS = (
     "torch_version", "transformers_version", "bitsandbytes_error", "deepspeed_error",
     "torchao_error", "flash_attn_error", "flash_attn_3_error", "liger_error", "liger_model_types",
-    "tp_model_types", "compile_backends",
+    "tp_model_types", "compile_backends", "training_argument_fields",
     "optimizer_names", "default_optim", "model_types", "task_model_types",
 )  # fmt: skip
 """What the probe reads from the installed packages rather than the device: the same until

@@ -68,6 +68,8 @@ class SoftwareFacts:
     """`TrainingArguments().optim` in the installed transformers: the baseline's optimizer."""
     tp_model_types: tuple[str, ...] | None = None
     """The model types with a tensor-parallel plan (`strategy=tp`)."""
+    training_argument_fields: tuple[str, ...] | None = None
+    """The installed `TrainingArguments` fields (`knobs.training_args` names by them)."""
 
     @classmethod
     def from_probe(cls, software: Mapping[str, Any]) -> SoftwareFacts:
@@ -83,6 +85,7 @@ class SoftwareFacts:
             transformers_version=software.get("transformers_version") or "",
             default_optim=software.get("default_optim") or None,
             tp_model_types=tuple(software.get("tp_model_types") or ()) or None,
+            training_argument_fields=tuple(software.get("training_argument_fields") or ()) or None,
         )
 
 

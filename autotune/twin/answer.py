@@ -13,26 +13,47 @@ import itertools
 import json
 import random
 import statistics
+from collections.abc import Collection
 from typing import Any
 
 from autotune.common.device import DeviceInfo, tensor_peak_tflops
-from autotune.common.knobs import quantization_config, value_of
+from autotune.common.knobs import (
+    environment,
+    model_kwargs,
+    quantization_config,
+    training_args,
+    value_of,
+)
 from autotune.common.trial import Status, TrialResult, TrialSpec, stopped_reason
 from autotune.common.trial_settings import replicas
 from autotune.common.units import GIB
+from autotune.plan import software_cache
 from autotune.plan.estimate import CUDA_CONTEXT_BYTES, flops_per_sample, shape_of
 from autotune.twin import model
 
 
 class TwinAnswer:
-    """Answers each trial as `gpu` would run it (`model.predict`), noise included."""
+    """Answers each trial as `gpu` would run it (`model.predict`), noise included, with the
+    settings a worker records (the `TrainingArguments` kwargs, the model's kwargs, the
+    environment: `knobs`' one mapping of them, named by the installed transformers' fields
+    unless `fields` are given), so that a simulated study's exports train what it measured."""
 
-    def __init__(self, gpu: model.Gpu | str, *, seed: int = 0, noise: bool = True) -> None:
+    def __init__(
+        self,
+        gpu: model.Gpu | str,
+        *,
+        seed: int = 0,
+        noise: bool = True,
+        fields: Collection[str] | None = None,
+    ) -> None:
         self.gpu = model.gpu(gpu) if isinstance(gpu, str) else gpu
         self.seed = seed
         self.noise = noise
         self.asked = 0
         """Trials answered: confirmation rounds measure a setting again, with new noise."""
+        if fields is None:  # the probe's, cached per user (no transformers in this process)
+            fields = software_cache.software_facts().training_argument_fields or ()
+        self.fields = frozenset(fields)
 
     def __call__(self, spec: TrialSpec) -> TrialResult:
         self.asked += 1
@@ -65,7 +86,13 @@ class TwinAnswer:
                 reason=f"CUDA out of memory (the GPU twin: a peak of "
                 f"{p.peak_gib:.1f} GiB past {budget:.1f} GiB)",
             )
-        return self._measured(spec, p, parts)
+        # What the worker records of a trial that trained (`child.worker`): what it ran.
+        recorded = {
+            "training_args": training_args(spec.params, device=spec.device, fields=self.fields),
+            "model_kwargs": model_kwargs(spec.params),
+            "environment": environment(spec.params),
+        }
+        return self._measured(spec, p, parts | recorded)
 
     def _steps_ms(self, spec: TrialSpec, p: model.Prediction) -> list[float]:
         """The timed steps, each the predicted step time with the twin's step noise."""

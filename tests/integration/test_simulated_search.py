@@ -4,6 +4,8 @@ through the public API. The parent's GPU paths (the CUDA space and its batch rul
 the estimate's skips, confirmation, the outputs) run as they would there, in seconds."""
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 
 from autotune import api
 from autotune.common.device import DeviceInfo
+from autotune.common.knobs import model_kwargs, training_args
 from autotune.common.trial import Status, stopped_reason
 from autotune.execute.simulated import SimulatedExecutor
 from autotune.plan.overrides import make_config
@@ -19,8 +22,19 @@ from autotune.store.outcomes import Ending
 from autotune.store.records import SECOND_LOOK_ATTR
 from autotune.study.interrupts import SearchInterrupted
 from autotune.twin.answer import TwinAnswer
+from tests.unit import installed
 
 H100 = Path(__file__).resolve().parents[1] / "fixtures" / "probe-h100-2026-11-26.json"
+ARG_FIELDS = frozenset(installed.training_arguments_fields())
+
+
+def export_cli(study_dir: Path) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", "export", str(study_dir), "format=cli"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 def test_a_search_on_a_simulated_h100_runs_every_stage_without_a_gpu_or_a_process(tmp_path):
@@ -60,6 +74,19 @@ def test_a_search_on_a_simulated_h100_runs_every_stage_without_a_gpu_or_a_proces
     for name in ("trials.csv", "pareto.csv", "recommended.json", "report.html"):
         assert (tmp_path / "h100" / name).is_file(), name
     assert not (tmp_path / "h100" / "trials").exists()  # no trial folder: no process ran
+    # The exports train what was measured: the settings the worker would have recorded, from
+    # the knobs' one mapping, named by the installed transformers' fields.
+    recommended = json.loads((tmp_path / "h100" / "recommended.json").read_text())
+    params = recommended["params"]
+    expected = training_args(params, device="cuda", fields=ARG_FIELDS)
+    assert recommended["training_args"] == expected
+    assert expected["per_device_train_batch_size"] == params["batch_size"]
+    assert recommended["model_kwargs"] == model_kwargs(params) != {}
+    script = (tmp_path / "h100" / "recommended.py").read_text()
+    assert "TRAINING_ARGS = {}" not in script
+    assert f"'per_device_train_batch_size': {params['batch_size']}," in script
+    cli = export_cli(tmp_path / "h100")
+    assert f"--per_device_train_batch_size {params['batch_size']}" in cli
 
     # The study's picks measured again and its recommendation verified over 200 steps, on the
     # same simulated GPU: the figures agree within the twin's step noise (1%).
