@@ -4,12 +4,14 @@ folder's tables, the report, the exports and the confirmation share."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 
+from autotune.common.errors import StudyError
 from autotune.common.knobs import KNOBS, is_compiled
 from autotune.common.trial import Status
 from autotune.common.trial_settings import MathChange, math_changes
@@ -26,6 +28,7 @@ from autotune.store.records import (
     record_of,
     run_info,
 )
+from autotune.store.storage import damaged
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -229,7 +232,10 @@ def changes_training_of(baseline: TrialRecord | None) -> Callable[[TrialRecord],
 def read_snapshot(study: optuna.Study) -> StudySnapshot:
     """Read the study once and decode it."""
     info = run_info(study)
-    trials = study.get_trials(deepcopy=False)
+    try:
+        trials = study.get_trials(deepcopy=False)
+    except json.JSONDecodeError as exc:  # optuna's storage decodes each attribute itself
+        raise StudyError(damaged(f"study={study.study_name}", exc)) from exc
     records = [record_of(t) for t in trials if is_recorded(t)]
     # Only trials measured under the study's versions are compared (`autotune.plan.conditions`).
     same = [r for r in records if conditions.other_versions(r.versions, info.versions) is None]

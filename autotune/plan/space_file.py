@@ -103,16 +103,56 @@ def load_space(name_or_path: str, facts: SoftwareFacts | None = None) -> SearchS
     except OSError as exc:
         raise SpaceError(f"{path}: cannot read it: {exc.strerror}") from exc
     try:
+        node = yaml.compose(text)
+        _check_size(node, path)  # before anything walks the values an alias may multiply
         data = yaml.safe_load(text)
         twice: list[str] = []
-        lines = _key_lines(yaml.compose(text), twice=twice)
+        lines = _key_lines(node, twice=twice)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise SpaceError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from exc
+    except RecursionError as exc:  # the YAML parser itself recurses per level
+        raise SpaceError(
+            f"{path}: nested too deep for the YAML parser; a space is a mapping of knobs, "
+            f"each a value or a list of them ({MAX_DEPTH} levels at most)"
+        ) from exc
     if twice:  # YAML keeps the last silently: a knob edited in one place, run from another
         raise SpaceError("\n".join(f"{path}:{where}" for where in twice))
     return parse_space(data, name=path.stem, source=str(path), lines=lines, facts=facts)
+
+
+MAX_DEPTH = 16
+"""Levels of nesting a space file may have (knobs -> knob -> choices -> value is four)."""
+MAX_NODES = 100_000
+"""Values a space file may expand to, its aliases followed (the shipped ones have a few
+hundred): a YAML alias repeated inside the lists it names multiplies them."""
+
+
+def _check_size(node: yaml.Node | None, path: Path) -> None:
+    """SpaceError where the composed document, each alias expanded, nests deeper than
+    `MAX_DEPTH` or expands to more than `MAX_NODES` values; walked without recursion and
+    stopped at the cap, so that a file made to expand to billions is refused at once."""
+    stack = [(node, 1)] if node is not None else []
+    seen = 0
+    while stack:
+        current, depth = stack.pop()
+        seen += 1
+        if seen > MAX_NODES:
+            raise SpaceError(
+                f"{path}: expands to more than {MAX_NODES:,} values (an alias repeated inside "
+                "the lists it names?); a space file holds a few hundred"
+            )
+        if depth > MAX_DEPTH:
+            line = current.start_mark.line + 1
+            raise SpaceError(
+                f"{path}:{line}: nested more than {MAX_DEPTH} levels deep; a space is a "
+                "mapping of knobs, each a value or a list of them"
+            )
+        if isinstance(current, yaml.SequenceNode):
+            stack += [(child, depth + 1) for child in current.value]
+        elif isinstance(current, yaml.MappingNode):
+            stack += [(part, depth + 1) for pair in current.value for part in pair]
 
 
 def _key_lines(node: yaml.Node | None, prefix: str = "", *, twice: list[str]) -> dict[str, int]:
@@ -203,6 +243,12 @@ def _parse_knob(name: str, spec: Any, facts: SoftwareFacts) -> SpaceKnob:
         choices = spec["choices"]
         if not isinstance(choices, list) or not choices:
             raise ValueError("choices must be a non-empty list")
+        nested = [i for i, v in enumerate(choices, 1) if isinstance(v, (list, dict))]
+        if nested:  # said without its value, which may be enormous
+            raise ValueError(
+                f"choices must be values (a number, a string, true or false): item "
+                f"{nested[0]} is a {type(choices[nested[0] - 1]).__name__}"
+            )
         is_range = False
     elif kind.ranges and {"low", "high"} <= set(spec) <= {"low", "high", "step", "log"}:
         choices = _expand_range(spec)
@@ -229,12 +275,21 @@ def _parse_knob(name: str, spec: Any, facts: SoftwareFacts) -> SpaceKnob:
     )
 
 
+MAX_RANGE = 10_000
+"""Values a `low:`/`high:` range may expand to."""
+
+
 def _expand_range(spec: dict[str, Any]) -> list[int]:
     low, high, step, log = spec["low"], spec["high"], spec.get("step", 1), spec.get("log", False)
     if not all(_positive_int(v) or v == 0 for v in (low, high)) or not _positive_int(step):
         raise ValueError("low, high and step must be integers (low, high >= 0, step >= 1)")
     if high < low:
         raise ValueError(f"high ({high}) is below low ({low})")
+    if not log and (high - low) // step + 1 > MAX_RANGE:
+        raise ValueError(
+            f"low {low} to high {high} by {step} is {(high - low) // step + 1:,} values; a "
+            f"range may have {MAX_RANGE:,} at most (log: true walks powers of two)"
+        )
     if log:  # powers of two between low and high: the usual way to walk batch sizes
         if low == 0 or step != 1:
             raise ValueError("log: true needs low >= 1 and no step")

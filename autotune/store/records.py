@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.common.errors import StudyError
-from autotune.common.trial import MEMORY_STATUSES, Status, TrialResult
+from autotune.common.trial import MEMORY_STATUSES, SCHEMA_VERSION, Status, TrialResult
 from autotune.plan import conditions
 from autotune.plan.run_info import RunInfo
 
@@ -118,12 +118,10 @@ def counts_toward_n_trials(trial: FrozenTrial) -> bool:
     """Recorded and run: a skip (not run, nothing spent) does not use up `n_trials`, nor does
     a second look (`study.second_look`), which runs one trial over it, nor a trial whose node
     left the cluster under it (`TrialResult.rerun`: its settings run again)."""
-    return (
-        is_recorded(trial)
-        and trial.user_attrs[RESULT_ATTR]["status"] != Status.SKIPPED.value
-        and SECOND_LOOK_ATTR not in trial.user_attrs
-        and not trial.user_attrs[RESULT_ATTR].get("rerun")  # its settings run again
-    )
+    if not is_recorded(trial) or SECOND_LOOK_ATTR in trial.user_attrs:
+        return False
+    result = record_of(trial).result
+    return result.status is not Status.SKIPPED and not result.rerun  # rerun: run again
 
 
 def trials_run(study: optuna.Study) -> int:
@@ -137,10 +135,30 @@ def load_records(study: optuna.Study) -> list[TrialRecord]:
 
 
 def record_of(trial: FrozenTrial) -> TrialRecord:
+    """The trial's record; a StudyError naming the trial where what is stored is no record
+    this autotune reads (a later one's, or one changed outside autotune)."""
+    stored = trial.user_attrs[RESULT_ATTR]
+    try:
+        if not isinstance(stored, dict):
+            raise ValueError(f"a {type(stored).__name__}, not a result")
+        result = TrialResult.from_dict(stored)
+        params = dict(trial.user_attrs[PARAMS_ATTR])
+    except (ValueError, TypeError, KeyError) as exc:
+        version = stored.get("schema_version") if isinstance(stored, dict) else None
+        if isinstance(version, int) and version > SCHEMA_VERSION:
+            raise StudyError(
+                f"trial {trial.number} was recorded by a later autotune (result schema "
+                f"{version}; this one reads {SCHEMA_VERSION}): open the study with that "
+                "autotune or a later one"
+            ) from exc
+        raise StudyError(
+            f"trial {trial.number}'s stored result cannot be read ({exc}): the study was "
+            "changed outside autotune; rerun the search into another out= or study="
+        ) from exc
     return TrialRecord(
         number=trial.number,
-        params=dict(trial.user_attrs[PARAMS_ATTR]),
-        result=TrialResult.from_dict(trial.user_attrs[RESULT_ATTR]),
+        params=params,
+        result=result,
         baseline=bool(trial.user_attrs.get(BASELINE_ATTR)),
         reference=bool(trial.user_attrs.get(REFERENCE_ATTR)),
         versions=trial.user_attrs.get(VERSIONS_ATTR),

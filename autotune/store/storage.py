@@ -18,6 +18,7 @@ storage a search opens is safe for that (`benchmarks/storages.py` measured the c
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import sqlite3
 import warnings
@@ -199,7 +200,18 @@ def load_study_dir(study_dir: Path, storage_url: str | None, name: str | None) -
             raise StudyError(f"{db}: no such file; give the study folder of a search, or storage=")
         storage_url = f"sqlite:///{db.resolve()}"
     shown = safe_url(storage_url)
-    return load_named(open_storage(_read_only(storage_url), shown=shown), name, shown)
+    try:
+        return load_named(open_storage(_read_only(storage_url), shown=shown), name, shown)
+    except json.JSONDecodeError as exc:  # optuna decodes each stored attribute itself
+        raise StudyError(damaged(shown, exc)) from exc
+
+
+def damaged(shown: str, exc: json.JSONDecodeError) -> str:
+    """What a study whose storage holds an attribute that is not JSON is told."""
+    return (
+        f"{shown}: a trial's stored attribute is not JSON ({exc}): the study was changed "
+        "outside autotune; rerun the search into another out= or study="
+    )
 
 
 def load_named(

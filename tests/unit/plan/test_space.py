@@ -236,3 +236,38 @@ def test_a_space_too_large_to_enumerate_draws_the_settings_it_is_given_first():
         assert len(drawn) == 3 and drawn[0][0] == wanted
         assert drawn[0][1] == {"batch_size": 8, "optim": "sgd", "gradient_checkpointing": False}
         assert all(params != elsewhere for params, _ in drawn)
+
+
+def test_a_space_nested_past_the_parser_or_the_cap_is_refused_in_one_line(tmp_path):
+    """A hostile space file ends in one SpaceError (exit 2), not a RecursionError traceback."""
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("knobs:\n  batch_size: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(SpaceError, match="nested too deep for the YAML parser"):
+        load_space(str(deep))
+    deeper = tmp_path / "deeper.yaml"
+    deeper.write_text("knobs:\n  batch_size: " + "[" * 200 + "8" + "]" * 200 + "\n")
+    with pytest.raises(SpaceError, match=r"deeper.yaml:2: nested more than 16 levels deep"):
+        load_space(str(deeper))
+
+
+def test_an_alias_bomb_is_refused_before_anything_walks_it(tmp_path):
+    """Nine aliases of ten, 10^9 leaves once followed: refused from the composed document at
+    the cap (100,000), at once, in constant memory."""
+    lines = ["a: &a [4, 4, 4, 4, 4, 4, 4, 4, 4, 4]"]
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
+        lines.append(f"{name}: &{name} [{', '.join([f'*{prev}'] * 10)}]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\nknobs:\n  batch_size:\n    choices: [*i]\n")
+    with pytest.raises(SpaceError, match="expands to more than 100,000 values"):
+        load_space(str(bomb))
+
+
+def test_a_choice_that_is_a_list_and_a_range_too_long_are_refused_by_size_not_by_value():
+    with pytest.raises(SpaceError, match=r"choices must be values .* item 2 is a list"):
+        parse_space({"knobs": {"batch_size": {"choices": [8, [16, 32]]}}}, name="t", source="t")
+    with pytest.raises(SpaceError, match=r"is 1,000,000,001 values; a range may have 10,000"):
+        parse_space(
+            {"knobs": {"batch_size": {"low": 0, "high": 10**12, "step": 1000}}},
+            name="t",
+            source="t",
+        )

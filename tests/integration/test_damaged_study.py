@@ -1,0 +1,71 @@
+"""A study changed outside autotune, or recorded by a later one: `report` and `export` end in
+one line naming the trial (exit 2), not a traceback."""
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune import api
+from autotune.common.device import DeviceInfo
+from autotune.execute.simulated import SimulatedExecutor
+from autotune.plan.overrides import make_config
+from autotune.store.records import RESULT_ATTR
+from autotune.twin.answer import TwinAnswer
+
+H100 = Path(__file__).resolve().parents[1] / "fixtures" / "probe-h100-2026-11-26.json"
+
+
+@pytest.fixture
+def study_dir(tmp_path):
+    device = DeviceInfo.from_facts(json.loads(H100.read_text()))
+    settings = {"model": "bert-large-uncased", "seq_len": 512, "n_trials": 3, "confirm_rounds": 0}
+    config = make_config({**settings, "out": str(tmp_path), "study": "s", "quiet": True})
+    api.run(config, executor=SimulatedExecutor(TwinAnswer("H100", seed=0)), device_info=device)
+    return tmp_path / "s"
+
+
+def set_result(study_dir: Path, number: int, value_json: str) -> None:
+    """Trial `number`'s stored result, written into the file as another program would."""
+    database = sqlite3.connect(study_dir / "study.db")
+    with database:
+        database.execute(
+            "UPDATE trial_user_attributes SET value_json = ? WHERE key = ? AND trial_id = "
+            "(SELECT trial_id FROM trials WHERE number = ?)",
+            (value_json, RESULT_ATTR, number),
+        )
+    database.close()
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_result_of_a_later_schema_is_named_with_its_trial(study_dir):
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}")
+    stored = {**study.trials[1].user_attrs[RESULT_ATTR], "schema_version": 2}
+    set_result(study_dir, 1, json.dumps(stored))
+    for command in (("report", str(study_dir)), ("export", str(study_dir), "format=json")):
+        proc = cli(*command)
+        assert proc.returncode == 2, proc.stderr
+        assert "trial 1 was recorded by a later autotune (result schema 2" in proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_a_result_changed_outside_autotune_is_named_with_its_trial(study_dir):
+    set_result(study_dir, 1, json.dumps({"status": "ok"}))
+    proc = cli("report", str(study_dir))
+    assert proc.returncode == 2, proc.stderr
+    assert "trial 1's stored result cannot be read" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    set_result(study_dir, 1, "{not json")
+    proc = cli("export", str(study_dir), "format=json")
+    assert proc.returncode == 2, proc.stderr
+    assert "a trial's stored attribute is not JSON" in proc.stderr
+    assert "Traceback" not in proc.stderr
