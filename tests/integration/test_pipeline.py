@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import transformers
 from accelerate.parallelism_config import ParallelismConfig
+
+from tests.gloo_ranks import two_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -56,23 +54,7 @@ def test_transformers_pipeline_split_returns_no_loss_to_train_on(tmp_path: Path)
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
     )  # fmt: skip
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
-    env |= {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK, str(tmp_path / "model"), str(tmp_path)],
-            env=env | {"RANK": str(rank), "LOCAL_RANK": str(rank)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    logs = [rank.communicate(timeout=300)[0] for rank in ranks]
-    assert all(rank.returncode == 0 for rank in ranks), logs
+    two_ranks(RANK, str(tmp_path / "model"), str(tmp_path), timeout_s=300)
     facts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     # The model is split and runs forward, but no rank has a loss; the first stage's output
     # is not even part of a graph to train.

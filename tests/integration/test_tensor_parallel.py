@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shlex
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +24,7 @@ from autotune.execute.local import launch_trial
 from autotune.outputs.launch import launch_command
 from autotune.outputs.script import render_script
 from autotune.store.records import TrialRecord
+from tests.gloo_ranks import two_ranks
 from tests.unit.outputs.test_script import run_info
 
 pytestmark = pytest.mark.slow
@@ -86,28 +84,8 @@ dist.destroy_process_group()
 """
 
 
-def _two_ranks(code: str, *args: str) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
-    env |= {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, *args],
-            env=env | {"RANK": str(rank), "LOCAL_RANK": str(rank)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    logs = [rank.communicate(timeout=600)[0] for rank in ranks]
-    assert all(rank.returncode == 0 for rank in ranks), [log[-3000:] for log in logs]
-
-
 def test_the_split_model_trains_as_one_process_does_on_the_same_weights(tmp_path: Path):
-    _two_ranks(RANK, TINY_LLAMA, str(tmp_path))
+    two_ranks(RANK, TINY_LLAMA, str(tmp_path))
     facts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for rank in facts:
         assert rank["tp_size"] == 2
