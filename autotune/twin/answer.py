@@ -51,9 +51,16 @@ class TwinAnswer:
         self.noise = noise
         self.asked = 0
         """Trials answered: confirmation rounds measure a setting again, with new noise."""
-        if fields is None:  # the probe's, cached per user (no transformers in this process)
-            fields = software_cache.software_facts().training_argument_fields or ()
-        self.fields = frozenset(fields)
+        self._fields = None if fields is None else frozenset(fields)
+
+    @property
+    def fields(self) -> frozenset[str]:
+        """The `TrainingArguments` fields the settings are named by: those given, else the
+        installed transformers' (the probe's, cached per user: no transformers here), read
+        at the first trial that trains."""
+        if self._fields is None:
+            self._fields = frozenset(software_cache.software_facts().training_argument_fields or ())
+        return self._fields
 
     def __call__(self, spec: TrialSpec) -> TrialResult:
         self.asked += 1

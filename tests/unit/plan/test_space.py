@@ -241,7 +241,7 @@ def test_a_space_too_large_to_enumerate_draws_the_settings_it_is_given_first():
 def test_a_space_nested_past_the_parser_or_the_cap_is_refused_in_one_line(tmp_path):
     """A hostile space file ends in one SpaceError (exit 2), not a RecursionError traceback."""
     deep = tmp_path / "deep.yaml"
-    deep.write_text("knobs:\n  batch_size: " + "[" * 5000 + "]" * 5000 + "\n")
+    deep.write_text("knobs:\n  batch_size: " + "[" * 1500 + "]" * 1500 + "\n")
     with pytest.raises(SpaceError, match="nested too deep for the YAML parser"):
         load_space(str(deep))
     deeper = tmp_path / "deeper.yaml"

@@ -88,6 +88,12 @@ def test_a_trial_past_the_card_s_memory_ends_oom_and_a_compile_costs_its_minute(
     assert autotuned.compile_s > 3 * compiled.compile_s
 
 
+def answer_of(seed: int) -> TwinAnswer:
+    """The H100's twin, its settings named by these fields (no probe of the installed
+    transformers: a unit test starts no process)."""
+    return TwinAnswer("H100", seed=seed, fields=("bf16", "per_device_train_batch_size"))
+
+
 def test_the_answer_is_a_gpu_trial_s_result_with_its_noise_and_the_same_on_a_rerun():
     spec = TrialSpec(
         trial_number=3,
@@ -101,9 +107,9 @@ def test_the_answer_is_a_gpu_trial_s_result_with_its_noise_and_the_same_on_a_rer
         measure_steps=10,
         seed=0,
     )
-    first, again = TwinAnswer("H100", seed=1)(spec), TwinAnswer("H100", seed=1)(spec)
+    first, again = answer_of(seed=1)(spec), answer_of(seed=1)(spec)
     assert first == again  # a replayed search replays its figures
-    other = TwinAnswer("H100", seed=2)(spec)
+    other = answer_of(seed=2)(spec)
     assert first.samples_per_s != other.samples_per_s
     assert first.samples_per_s == pytest.approx(other.samples_per_s, rel=0.05)
     assert 0.001 < first.step_time_cv < 0.03  # ~1%, as measured on the GPUs
@@ -111,6 +117,9 @@ def test_the_answer_is_a_gpu_trial_s_result_with_its_noise_and_the_same_on_a_rer
     assert first.wall_s == pytest.approx(first.overhead_s + first.build_s + first.train_s)
     assert 0.2 < first.mfu < 0.5  # of the 16-bit peak
     json.dumps(first.to_dict())  # a result the study can store
+    # What a worker records of the trial, for the exports: its TrainingArguments kwargs.
+    assert first.training_args["bf16"] is True
+    assert first.training_args["per_device_train_batch_size"] == 64
 
 
 def test_a_twin_trial_under_the_early_stop_pace_stops_and_costs_less():
@@ -126,8 +135,8 @@ def test_a_twin_trial_under_the_early_stop_pace_stops_and_costs_less():
         measure_steps=10,
         seed=0,
     )
-    full = TwinAnswer("H100", seed=1)(spec)
-    stopped = TwinAnswer("H100", seed=1)(
+    full = answer_of(seed=1)(spec)
+    stopped = answer_of(seed=1)(
         dataclasses.replace(spec, stop_below_samples_per_s=2 * full.samples_per_s)
     )
     assert full.status is Status.OK and stopped.status is Status.STOPPED
@@ -135,7 +144,7 @@ def test_a_twin_trial_under_the_early_stop_pace_stops_and_costs_less():
     assert stopped.step_times_ms == full.step_times_ms[:3]
     assert stopped.wall_s < full.wall_s - 6 * min(full.step_times_ms) / 1e3
     assert stopped.wall_s == pytest.approx(stopped.overhead_s + stopped.build_s + stopped.train_s)
-    kept = TwinAnswer("H100", seed=1)(
+    kept = answer_of(seed=1)(
         dataclasses.replace(spec, stop_below_samples_per_s=full.samples_per_s / 2)
     )
     assert kept == full
