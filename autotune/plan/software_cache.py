@@ -27,7 +27,7 @@ from autotune.plan.space_file import SoftwareFacts
 
 CACHE_DIR_ENV = "AUTOTUNE_CACHE_DIR"
 """Overrides the cache folder (tests point it at a temporary one)."""
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def file_name() -> str:
