@@ -108,6 +108,17 @@ class Shape:
         """The parameters that get gradients and optimizer states."""
         return self.parameters if self.adapter_parameters is None else self.adapter_parameters
 
+    @property
+    def tensor_parallel_split(self) -> int:
+        """The parameters a tensor-parallel plan splits: the blocks' linear layers and the LM
+        head (Llama's, Qwen2's plans); the rest (norms, an untied input embedding) whole."""
+        return min(self.layers * self.block_linear + self.vocab * self.hidden, self.parameters)
+
+    def tensor_parallel_share(self, t: int) -> int:
+        """A rank's parameters with the model split `t` ways: 1/t of the split, all the rest."""
+        split = self.tensor_parallel_split
+        return split // t + self.parameters - split
+
 
 def shape_of(
     config: dict[str, Any], parameters: int | None = None, adapter: dict[str, Any] | None = None
@@ -272,17 +283,15 @@ def estimate(
     shape = shape_of(config, parameters, adapter)
     optimizer = _optimizer_states(shape, value_of(params, "optim"))
     if shape.adapter_parameters is None:
-        split = min(
-            shape.layers * shape.block_linear + shape.vocab * shape.hidden, shape.parameters
-        )
         head = shape.vocab * shape.hidden if task == "causal-lm" else 0
+        split = shape.tensor_parallel_split
         states = rank_states(
             shape.parameters, shape.layers, optimizer, params, devices, split, head
         )
     else:  # an adapter's job: replicated on each rank, whatever the strategy
         quantized = shape.layers * shape.block_linear
         states = adapter_states(shape.parameters, shape.trained, quantized, optimizer, params)
-    tp = value_of(params, "tp_size", devices=devices) if devices > 1 else 1
+    tp = value_of(params, "tp_size", devices=devices)  # 1 under any other strategy
     activations, logits, temporary = _activations(shape, task, seq_len, params, device, tp)
     strategy = value_of(params, "strategy", devices=devices)
     if devices > 1 and strategy == "dp":

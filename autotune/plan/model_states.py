@@ -91,7 +91,7 @@ def rank_states(
         return _replicated(stage, optimizer, mixed=mixed, ddp_buckets=False)
     if strategy == "tp":
         t = value_of(params, "tp_size", devices=devices)
-        share = split // t + (parameters - split)
+        share = split // t + (parameters - split)  # as `Shape.tensor_parallel_share`
         optimizer = int(optimizer * share / max(parameters, 1))
         if devices > t:  # the groups shard each rank's share as FSDP2 does
             block = share // max(layers, 1)

@@ -227,7 +227,8 @@ def step(
     cls = _precision_class(precision)
     compiled = is_compiled(params)
     share = _checkpointed_share(params, shape)
-    micro_device_s = _micro_device_s(g, shape, v, task=task, seq_len=seq_len, params=params)
+    t = value_of(params, "tp_size", devices=devices)  # 1 but under tensor parallelism
+    micro_device_s = _micro_device_s(g, shape, v, task=task, seq_len=seq_len, params=params, t=t)
     if compiled:
         micro_device_s /= v["compiled_speed"]
     host_ms = g.host.layer_host_ms * shape.layers * (1 + v["checkpointing_host"] * share)
@@ -248,18 +249,14 @@ def step(
         micro_device_s += _data_parallel_s(g, shape, v, logits, devices)
         host_ms *= devices  # one process launches every replica's kernels, under one GIL
     elif devices > 1 and strategy == "tp":
-        t = value_of(params, "tp_size", devices=devices)
-        tensor = _tensor_parallel_s(g, shape, v, task=task, seq_len=seq_len, params=params, t=t)
-        micro_device_s = (
-            _micro_device_s(g, shape, v, task=task, seq_len=seq_len, params=params, t=t)
-            / (v["compiled_speed"] if compiled else 1.0)
-            + tensor
+        micro_device_s += _tensor_parallel_s(
+            g, shape, v, task=task, seq_len=seq_len, params=params, t=t
         )
         host_ms *= v["tensor_parallel_host"]
-        share = split_share(shape, t)
-        optimizer_device_s *= share / shape.parameters
+        mine = shape.tensor_parallel_share(t)
+        optimizer_device_s *= mine / shape.parameters
         groups = devices // t  # FSDP2 over the groups (accelerate's dp_shard), on each share
-        sharded = _sharding_s(g, replace(shape, parameters=share), v, "fsdp", groups, accumulation)
+        sharded = _sharding_s(g, replace(shape, parameters=mine), v, "fsdp", groups, accumulation)
     else:
         sharded = _sharding_s(g, shape, v, strategy, devices, accumulation)
     if sharded.host_optimizer_s:  # the optimizer steps on the host, not on the GPU
@@ -324,13 +321,6 @@ def _sharding_s(
         host_traffic_s=host_traffic_s,
         host_optimizer_s=host_optimizer_s,
     )
-
-
-def split_share(shape: Shape, t: int) -> int:
-    """A tensor-parallel rank's parameters: its 1/t of the blocks' linears and the LM head,
-    and the rest whole (`model_states.rank_states`)."""
-    split = min(shape.layers * shape.block_linear + shape.vocab * shape.hidden, shape.parameters)
-    return split // t + shape.parameters - split
 
 
 def _tensor_parallel_s(
