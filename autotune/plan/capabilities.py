@@ -161,11 +161,11 @@ def _model_limits(
         limits.append(("use_liger_kernel", True, why))
     strategy = space.knobs.get("strategy")
     if strategy and "tp" in strategy.choices and model_type not in info.tp_model_types:
-        why = (
-            f"the installed transformers has no tensor-parallel plan for {model_type} models "
-            f"(it has one for {len(info.tp_model_types)} model types: llama, qwen2, mistral, ...)"
-        )
-        limits.append(("strategy", "tp", why))
+        planned = sorted(info.tp_model_types)
+        listed = ", ".join(planned[:4]) + (", ..." if len(planned) > 4 else "")
+        known = f"it has one for {len(planned)}: {listed}" if planned else "the probe found none"
+        why = f"the installed transformers has no tensor-parallel plan for {model_type} models"
+        limits.append(("strategy", "tp", f"{why} ({known})"))
     packing = space.knobs.get("packing")
     if packing and True in packing.choices and task != "causal-lm":
         why = (
@@ -300,15 +300,23 @@ STRATEGY_KNOBS = (
 )
 
 
-def fit_tp_to_run(space: SearchSpace, *, trainer: bool, fixed_batch: bool) -> SearchSpace:
+def fit_tp_to_run(
+    space: SearchSpace, *, trainer: bool, fixed_batch: bool, adapter: bool = False
+) -> SearchSpace:
     """Without `strategy=tp` where the run cannot hold it: the user's Trainer factory builds
-    its model whole (autotune builds a tp trial's split), and `effective_batch_size` is split
-    over every rank, where a tensor-parallel group's ranks train on one batch."""
+    its model whole (autotune builds a tp trial's split), peft's layers are not applied to
+    split weights, and `effective_batch_size` is split over every rank, where a
+    tensor-parallel group's ranks train on one batch."""
     knob = space.knobs.get("strategy")
     if knob is None or "tp" not in knob.choices:
         return space
     if trainer:
         why = "trainer= builds the model whole; a tp trial's model is built split by autotune"
+    elif adapter:
+        why = (
+            "an adapter trains on a base replicated on each rank here: peft's layers are not "
+            "applied to tensor-parallel (DTensor) weights"
+        )
     elif fixed_batch:
         why = (
             "effective_batch_size= is split over every rank, and a tensor-parallel group's "
@@ -335,9 +343,11 @@ def _fit_tp_size(space: SearchSpace, devices: int) -> tuple[SearchSpace, list[st
     `strategy=tp` unless the space names some."""
     knob = space.knobs.get("tp_size")
     strategy = space.knobs.get("strategy")
+    if strategy is None or "tp" not in strategy.choices:
+        return space, []  # no tp left to split: `with_strategy_knobs` drops a named tp_size
     if knob is None:
         sizes = tp_sizes(devices)
-        if strategy is None or "tp" not in strategy.choices or len(sizes) < 2:
+        if len(sizes) < 2:
             return space, []  # left out: one group of every device
         knobs = {**space.knobs, "tp_size": SpaceKnob(name="tp_size", choices=sizes)}
         note = f"tp_size searched among {', '.join(map(str, sizes))}: {devices} devices per trial"
@@ -450,17 +460,6 @@ def _fit_to_adapter(space: SearchSpace, adapter: bool) -> tuple[SearchSpace, lis
                 f"removed {name}: it sets the frozen base an adapter trains on (peft=lora); a "
                 "full fine-tune trains every weight"
             )
-    strategy = knobs.get("strategy")
-    if adapter and strategy is not None and "tp" in strategy.choices:
-        why = (
-            "an adapter trains on a base replicated on each rank here: peft's layers are not "
-            "applied to tensor-parallel (DTensor) weights"
-        )
-        if strategy.choices == ("tp",):
-            raise SpaceError(f"space {space.name} cannot run here:\n  - strategy=tp: {why}")
-        kept = tuple(v for v in strategy.choices if v != "tp")
-        knobs["strategy"] = replace(strategy, choices=kept)
-        notes.append(f"removed strategy=tp: {why}")
     return replace(space, knobs=knobs), notes
 
 

@@ -75,6 +75,7 @@ def fitted_space(
             fitted,
             trainer=config.trainer is not None,
             fixed_batch=config.effective_batch_size is not None,
+            adapter=config.peft != "none",
         )
         return apply_sampling_rules(fitted, rules)
     except AutotuneError as exc:

@@ -49,13 +49,10 @@ def test_tp_is_searched_on_several_gpus_for_a_model_with_a_plan_with_its_group_s
 def test_tp_leaves_for_a_model_without_a_plan_and_so_does_tp_size():
     bert = fitted(8, "bert")
     assert "tp" not in bert.knobs["strategy"].choices and "tp_size" not in bert.knobs
-    assert any(
-        n.startswith(
-            "removed strategy=tp: the installed transformers has no tensor-parallel plan for "
-            "bert models"
-        )
-        for n in bert.notes
-    )
+    assert (
+        "removed strategy=tp: the installed transformers has no tensor-parallel plan for "
+        "bert models (it has one for 3: llama, mistral, qwen2)"
+    ) in bert.notes
 
 
 def test_a_named_tp_size_keeps_the_values_that_divide_the_devices():
@@ -66,6 +63,9 @@ def test_a_named_tp_size_keeps_the_values_that_divide_the_devices():
     assert "removed tp_size=3: does not divide devices_per_trial=4" in kept.notes
     with pytest.raises(SpaceError, match=r"tp_size: none of its values \(3\) divides"):
         fitted(4, "llama", strategy, SpaceKnob(name="tp_size", choices=(3,)))
+    # Where tp itself left the space (no plan for BERT), its sizes are not judged: they go too.
+    bert = fitted(4, "bert", strategy, SpaceKnob(name="tp_size", choices=(3,)))
+    assert "tp_size" not in bert.knobs and bert.knobs["strategy"].choices == ("ddp",)
 
 
 def test_tp_leaves_a_cpu_search_with_accelerates_refusal_as_its_reason(tmp_path):
@@ -150,6 +150,9 @@ def test_tp_leaves_a_run_with_a_users_trainer_or_a_fixed_effective_batch():
     assert "removed strategy=tp: trainer= builds the model whole" in mine.notes[-1]
     fixed = fit_tp_to_run(space, trainer=False, fixed_batch=True)
     assert "effective_batch_size= is split over every rank" in fixed.notes[-1]
+    lora = fit_tp_to_run(space, trainer=False, fixed_batch=False, adapter=True)
+    assert lora.knobs["strategy"].choices == ("ddp",)
+    assert "peft's layers are not applied to tensor-parallel (DTensor) weights" in lora.notes[-1]
     assert fit_tp_to_run(space, trainer=False, fixed_batch=False) is space
     with pytest.raises(SpaceError, match="strategy=tp: trainer= builds"):
         fit_tp_to_run(
