@@ -296,7 +296,7 @@ def _check_applied(rank: Rank, params: list[int], full: int, applied: list[str])
         )
     else:
         wrapped = any(a != expected for a in applied)
-    if rank.strategy in SHARDED or rank.strategy == "tp":  # of one rank: every parameter
+    if rank.strategy in SHARDED:  # of one rank (offloading on one GPU): every parameter
         held = sum(params) >= full and (len(params) == 1 or max(params) < full)
     else:
         held = all(p == full for p in params)

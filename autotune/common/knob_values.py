@@ -80,8 +80,9 @@ OFFLOADED = frozenset({"fsdp_offload", "zero2_offload", "zero3_offload"})
 """Strategies that keep model states in host memory: for a GPU that cannot hold them."""
 
 
-SHARDED = FSDP | {"zero3", "zero3_offload"}
-"""Strategies under which each rank holds 1/N of the parameters."""
+SHARDED = FSDP | {"zero3", "zero3_offload", "tp"}
+"""Strategies under which each rank holds a share of the parameters: 1/N of them under full
+sharding, its split of the layers (and the rest whole) under tensor parallelism."""
 
 
 MEMORY_ORDER = (
