@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM
 from transformers.distributed import DistributedConfig
 
 folder, out = sys.argv[1], sys.argv[2]
-dist.init_process_group("gloo")
+join()  # tests/gloo_ranks.py: the group, on loopback
 split = DistributedConfig(pp_size=2)
 model = AutoModelForCausalLM.from_pretrained(folder, distributed_config=split)
 ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
