@@ -50,7 +50,9 @@ recorded costs would have "-" there. The table under the summary gives found @5 
 
     python benchmarks/replay.py [--seeds 10] [--trials 20] [--jobs 2]
 
-Writes benchmarks/results/replay.json and benchmarks/results/replay.md (the tables).
+Writes benchmarks/results/replay.json and benchmarks/results/replay.md (the tables); a run
+that selects less (other --seeds or --trials, some --landscapes or --policies) writes them to
+benchmarks/replay-partial/ or --out instead, so the committed tables come from a full run only.
 """
 
 from __future__ import annotations
@@ -405,7 +407,18 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--landscapes", nargs="+", default=list(SOURCES))
     parser.add_argument("--policies", nargs="+", default=[*SEARCHES, *PEERS])
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where the tables go: benchmarks/results/ (the committed ones) only from a full "
+        "run with the default seeds and trials; any other run writes to a folder of its own, "
+        f"{PARTIAL_OUT.relative_to(HERE.parent)}/ unless this names one",
+    )
     args = parser.parse_args()
+    problems = argument_problems(args, parser.get_default)
+    if problems:
+        parser.exit(2, "".join(f"replay.py: {p}\n" for p in problems))
+    out = output_folder(args, parser.get_default)
     marks = [m for m in (10, 20, 30, 50) if m <= args.trials]
     tasks = []
     for name in args.landscapes:
@@ -450,7 +463,6 @@ def main() -> None:
                     summary["headline"] = headline(name, [t for _, t, _ in by_seed])
                 summary["replay_s_per_seed"] = cpu_s[name, policy] / args.seeds
                 results[name]["policies"][policy] = summary
-    out = HERE / "results"
     errors = {n: estimate_errors(n) for n in args.landscapes if landscape(n).device == "cpu"}
     wall_s = time.perf_counter() - started
     summary = {
@@ -472,6 +484,62 @@ def main() -> None:
     )
     (out / "replay.md").write_text(text)
     print(text)
+    print(f"Wrote {out / 'replay.json'} and {out / 'replay.md'}.")
+
+
+COMMITTED_OUT = HERE / "results"
+PARTIAL_OUT = HERE / "replay-partial"
+"""A run that selects less than the whole (fewer seeds, one landscape, one policy) writes here
+unless --out names a folder: the committed tables are rewritten only from a full run."""
+
+
+def argument_problems(args: argparse.Namespace, default: Callable[[str], Any]) -> list[str]:
+    """Every argument that would select nothing or nonsense, named at once (a run of no seeds
+    or no trials would otherwise write empty tables over the recorded ones)."""
+    problems = []
+    for name, least, why in (
+        ("seeds", 1, ""),
+        ("trials", 20, " (the tables give what was found by trial 10 and 20)"),
+        ("jobs", 1, ""),
+    ):
+        if getattr(args, name) < least:
+            problems.append(f"--{name} {getattr(args, name)}: must be at least {least}{why}")
+    for option, given, known in (
+        ("landscapes", args.landscapes, list(SOURCES)),
+        ("policies", args.policies, [*SEARCHES, *PEERS]),
+    ):
+        unknown = [g for g in given if g not in known]
+        if unknown:
+            problems.append(
+                f"--{option}: unknown {', '.join(map(repr, unknown))}; known: "
+                + ", ".join(map(repr, known))
+            )
+        if len(set(given)) != len(given):
+            problems.append(f"--{option}: named more than once: {', '.join(given)}")
+    if args.out and not full_run(args, default) and _same(args.out, COMMITTED_OUT):
+        problems.append(
+            f"--out {args.out}: the committed tables are written only by a full run (every "
+            "landscape and policy, the default --seeds and --trials)"
+        )
+    return problems
+
+
+def full_run(args: argparse.Namespace, default: Callable[[str], Any]) -> bool:
+    """Every landscape and policy with the default seeds and trials: the run whose tables are
+    the committed ones (--jobs changes only how long it takes)."""
+    return all(getattr(args, name) == default(name) for name in ("seeds", "trials")) and all(
+        set(getattr(args, name)) == set(default(name)) for name in ("landscapes", "policies")
+    )
+
+
+def output_folder(args: argparse.Namespace, default: Callable[[str], Any]) -> Path:
+    out = args.out or (COMMITTED_OUT if full_run(args, default) else PARTIAL_OUT)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _same(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve()
 
 
 def tables(results: dict[str, dict[str, Any]], trials: int) -> str:

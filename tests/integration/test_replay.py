@@ -300,3 +300,60 @@ def test_a_search_on_a_multi_gpu_hosts_twin_chooses_among_the_strategies_by_thei
     )
     assert record.params["strategy"] in {"fsdp", "zero1", "zero2", "zero3", "tp"}
     assert point["true_samples_per_s"] >= 0.9 * land.optimum()
+
+
+def _committed_tables():
+    return {
+        name: (ROOT / "benchmarks/results" / name).read_bytes()
+        for name in ("replay.json", "replay.md")
+    }
+
+
+@pytest.mark.parametrize(
+    "arguments, named",
+    [
+        (["--policies", "bogus"], "--policies: unknown 'bogus'"),
+        (["--seeds", "0"], "--seeds 0: must be at least 1"),
+        (["--trials", "0"], "--trials 0: must be at least 20"),
+        (["--trials", "-3"], "--trials -3: must be at least 20"),
+        (["--jobs", "0"], "--jobs 0: must be at least 1"),
+        (["--landscapes", "nope"], "--landscapes: unknown 'nope'"),
+        (["--seeds", "2", "--out", "benchmarks/results"], "written only by a full run"),
+    ],
+)
+def test_the_replay_refuses_a_run_that_selects_nothing_and_leaves_the_committed_tables(
+    arguments, named
+):
+    before = _committed_tables()
+    ran = subprocess.run(
+        [sys.executable, "benchmarks/replay.py", *arguments],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 2, ran.stderr
+    assert named in ran.stderr and "Traceback" not in ran.stderr
+    assert _committed_tables() == before
+
+
+def test_a_partial_replay_writes_its_tables_to_a_folder_of_its_own(tmp_path):
+    before = _committed_tables()
+    ran = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/replay.py",
+            *("--landscapes", "bert-tiny-s128", "--policies", "random", "--seeds", "1"),
+            *("--jobs", "1", "--out", str(tmp_path)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert ran.returncode == 0, ran.stderr
+    written = json.loads((tmp_path / "replay.json").read_text())
+    assert list(written["landscapes"]) == ["bert-tiny-s128"]
+    assert list(written["landscapes"]["bert-tiny-s128"]["policies"]) == ["random"]
+    assert "`bert-tiny-s128`" in (tmp_path / "replay.md").read_text()
+    assert _committed_tables() == before
