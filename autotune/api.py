@@ -37,6 +37,7 @@ from autotune.common.user_data import read_ready
 from autotune.execute.base import TrialExecutor
 from autotune.execute.local import LocalExecutor
 from autotune.execute.ray_executor import RayExecutor
+from autotune.execute.simulated import SimulatedExecutor
 from autotune.outputs import confirm, verify
 from autotune.outputs.snapshot import StudySnapshot, read_snapshot
 from autotune.outputs.study_folder import write_study_folder
@@ -60,6 +61,7 @@ from autotune.store.records import (
     TrialRecord,
     end_run,
     load_records,
+    run_info,
     start_run,
     trials_run,
 )
@@ -72,6 +74,8 @@ from autotune.study.observer import SearchObserver
 from autotune.study.opening import join_config, locked_study, open_study
 from autotune.study.sampling import model as effects_model
 from autotune.study.sampling.sampler import quiet_optuna
+from autotune.twin import answer as twin_answer
+from autotune.twin import model as twin_model
 
 
 def search(
@@ -130,6 +134,9 @@ def run(
     together may simulate another machine (`autotune.execute.simulated`)."""
     observer, executor = observer or SearchObserver(), _executor(executor, config)
     cluster = None
+    if config.executor == "twin" and device_info is None:
+        with observer.busy("reading the installed software's facts"):
+            device_info = _twin_device(config)
     if isinstance(executor, RayExecutor):  # the plan is the cluster's: its nodes, their device
         with observer.busy(f"reaching the Ray cluster (ray_address={config.ray_address})"):
             cluster = executor.cluster()
@@ -168,7 +175,7 @@ def run(
                 with contextlib.suppress(Exception):
                     end = _store_end(study, plan, Ending.INTERRUPTED, interrupted.signal_name)
                     interrupted.ended = end.describe()
-                _, interrupted.paths = _write_outputs(study, plan, this_run)
+                _, interrupted.paths = _write_outputs(study, plan, _clocked(this_run, executor))
             raise interrupted from None
         except StudyFileLost as exc:
             # This process still reads the deleted file (SQLite keeps it open): the outputs
@@ -178,13 +185,27 @@ def run(
             raise
         except BaseException:
             with signals.deferred():
-                _write_outputs(study, plan, this_run)
+                _write_outputs(study, plan, _clocked(this_run, executor))
             raise
         with signals.deferred():  # a signal now stops the search once the outputs are whole
             _store_end(study, plan, stopped.ending, stopped=stopped.reason, then=looked)
-            snapshot, paths = _write_outputs(study, plan, this_run)
+            snapshot, paths = _write_outputs(study, plan, _clocked(this_run, executor))
     words = f"{stopped.reason}; {looked}" if looked else stopped.reason
     return SearchResult(snapshot=snapshot, study_dir=plan.study_dir, paths=paths, stopped=words)
+
+
+def _clocked(
+    this_run: tuple[str, dict[str, Any]], executor: TrialExecutor
+) -> tuple[str, dict[str, Any]]:
+    """A simulated run's record with the time its GPU would have spent: the search's clock
+    (the workers side by side) and the device time (each trial's wall time x its GPUs)."""
+    if not isinstance(executor, SimulatedExecutor):
+        return this_run
+    key, run = this_run
+    return key, run | {
+        "simulated_clock_s": executor.clock_s,
+        "simulated_device_s": executor.device_s,
+    }
 
 
 def _nothing_to_run(plan: SearchPlan, done: int) -> str:
@@ -227,7 +248,25 @@ def _executor(given: TrialExecutor | None, config: RunConfig | None = None) -> T
         return given
     if config is not None and config.executor == "ray":
         return RayExecutor(config.ray_address)
+    if config is not None and config.executor == "twin":
+        return SimulatedExecutor(twin_answer.TwinAnswer(_twin_gpu(config), seed=config.seed))
     return LocalExecutor()
+
+
+def _twin_gpu(config: RunConfig) -> twin_model.Gpu:
+    """`gpu=` as the twin models it; a ConfigError naming the ones it models."""
+    try:
+        return twin_model.gpu(config.gpu or "")
+    except KeyError:
+        known = ", ".join(twin_model.constants()["gpus"])
+        raise ConfigError(f"gpu={config.gpu}: not a GPU the twin models ({known})") from None
+
+
+def _twin_device(config: RunConfig) -> DeviceInfo:
+    """`gpu_count` of `gpu=` on one host, with the installed software's facts (torch,
+    transformers, the optimizers and kernels this host's probe finds)."""
+    gpu = _twin_gpu(config)
+    return twin_answer.device_info(gpu, software_cache.probe_device(), config.gpu_count)
 
 
 def _confirm(
@@ -260,6 +299,13 @@ def _plan_of_stored(
     trials' settings again (`autotune confirm`, `autotune verify`), on the device
     `device_info` describes (default: probed)."""
     stored = load_study_dir(study_dir, storage, study)
+    if (simulated := run_info(stored).simulated) is not None:
+        raise StudyError(
+            f"study={stored.study_name} is simulated by {simulated}: this command "
+            "measures its picks on this host's device, beside no measured trial. Its picks "
+            "were confirmed on the twin with the search (confirm_rounds=); measure them on "
+            "the GPU with a search there"
+        )
     same = {
         k: v
         for k, v in stored.user_attrs.get(SETTINGS_ATTR, {}).items()

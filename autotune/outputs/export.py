@@ -70,7 +70,8 @@ def write_recommendation(
 
 def render(fmt: str, *, info: RunInfo, record: TrialRecord, report_to: str | None = None) -> str:
     """One trial's settings as json, yaml, a runnable script (py) or example-script flags."""
-    payload = {
+    simulated = {} if info.simulated is None else {"simulated": info.simulated_note}
+    payload = simulated | {
         "training_args": record.result.training_args,
         "model_kwargs": record.result.model_kwargs,
         "peft_config": record.result.peft_config,
@@ -83,9 +84,10 @@ def render(fmt: str, *, info: RunInfo, record: TrialRecord, report_to: str | Non
         return yaml.safe_dump(payload, sort_keys=False)
     if fmt == "cli":
         result = record.result
-        return (
-            render_cli(result.training_args, result.model_kwargs, result.environment, result) + "\n"
-        )
+        flags = render_cli(result.training_args, result.model_kwargs, result.environment, result)
+        # repr(): a newline in a name from the study is `\n`, and the comment stays one line.
+        said = "".join(f"# {repr(v)[1:-1]}\n" for v in simulated.values())
+        return said + flags + "\n"
     return render_script(info, record, report_to=report_to)
 
 
@@ -95,7 +97,7 @@ def render_cli(
     environment: dict[str, str] | None = None,
     model: TrialResult | None = None,
 ) -> str:
-    """Flags for the HF example scripts (HfArgumentParser): `--bf16`, `--optim adamw_torch`.
+    """Flags for the HF example scripts (HfArgumentParser): `--bf16 True`, `--optim adamw_torch`.
 
     Shell-quoted, so a pasted command line passes each value as one argument and runs nothing.
     The model kwargs the trial measured with (the attention kernel) are no TrainingArguments
@@ -134,10 +136,10 @@ def render_cli(
             raise StudyError(f"environment {', '.join(odd)}: not a setting autotune makes")
         assignments = " ".join(f"{k}={v}" for k, v in environment.items())
         comment += f"# run the script with these set in its environment: {assignments}\n"
-    flags = []
-    for key, value in training_args.items():
-        if value is True:
-            flags.append(shlex.quote(f"--{key}"))
-        else:  # False is spelled out: it is not every field's default
-            flags.append(f"{shlex.quote(f'--{key}')} {shlex.quote(str(value))}")
+    # Every value spelled out, True too: HfArgumentParser reads a bare `--bf16` for a `bool`
+    # field, but an optional one (`tf32: bool | None`) needs its value.
+    flags = [
+        f"{shlex.quote(f'--{key}')} {shlex.quote(str(value))}"
+        for key, value in training_args.items()
+    ]
     return comment + " ".join(flags)

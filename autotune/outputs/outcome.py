@@ -29,6 +29,8 @@ from autotune.store.records import TrialRecord
 def print_outcome(report: Reporter, snapshot: StudySnapshot) -> None:
     """The front table, the baseline, the picks with their caveats and what in them changes
     the training (after a search, and for `autotune report`)."""
+    if snapshot.simulated_time is not None:
+        report.line(f"[yellow]{escape(snapshot.simulated_time)}[/]", always=True)
     _print_front(report, snapshot)
     _print_confirmation(report, snapshot)
     _print_search(report, snapshot)
@@ -158,6 +160,11 @@ def _print_search(report: Reporter, snapshot: StudySnapshot) -> None:
     if (found := snapshot.anytime()) is not None:
         yardstick = picks.yardstick.result.samples_per_s if picks.yardstick is not None else None
         report.line(f"found: {escape(found.describe(yardstick, picks.yardstick_name))}")
+    if snapshot.info.simulated is not None and picks.recommended is not None:
+        report.line(
+            f"[yellow]simulated[/]: the pick is trial {picks.recommended.number} on "
+            f"{escape(snapshot.info.simulated)}; measure it on the GPU before training with it"
+        )
     if picks.baseline is not None and picks.baseline.result.samples_per_s is None:
         if picks.yardstick is not None:
             report.line(

@@ -46,6 +46,7 @@ def render_script(info: RunInfo, record: TrialRecord, *, report_to: str | None =
         "STUDY": info.study,
         "TRIAL": record.number,
         "DEVICE_NAME": info.device_name,
+        "SIMULATED": info.simulated,
         "SAMPLES_PER_S": metrics.samples_per_s,
         "PEAK_MEMORY_GIB": metrics.peak_memory_gib,
         "TASK": info.task,
@@ -120,8 +121,9 @@ _SCRIPT_HEAD = '''"""Train a model with the TrainingArguments autotune measured 
     python recommended.py [--max-steps N] [--output-dir DIR] [--report-to NAME ...]
 
 or, where the trial trained on several devices (DEVICES), under the command in LAUNCH. The
-constants below say which model, trial and device; --help says it in words. As the search
-did, the script builds the model from its config with random weights and trains on random
+constants below say which model, trial and device (SIMULATED, where set, the GPU twin that
+answered the study's trials: then no figure here was measured); --help says it in words. As
+the search did, the script builds the model from its config with random weights and trains on random
 tokens, or on your data (DATA: tokenized, truncated at SEQ_LEN and padded per batch by the
 collator the trials used), or calls your Trainer factory (TRAINER) with the arguments. For your
 own run with autotune's Trainer, load pretrained weights with AUTO_CLASS.from_pretrained(MODEL,
@@ -168,10 +170,14 @@ def description():
     # argparse %-formats the description, so a % in a name is doubled. The lines are ours
     # (raw formatter): wrapping would break a model path at its hyphens.
     model, study, device, task = (s.replace("%", "%%") for s in (MODEL, STUDY, DEVICE_NAME, TASK))
+    measured = "measured"
+    if SIMULATED:  # no figure of the study was measured: the twin answered its trials
+        measured = "simulated by " + SIMULATED.replace("%", "%%") + ", not measured:"
     return (
         f"%(prog)s trains {model}\\n"
         f"({task}, seq_len {SEQ_LEN}) with the TrainingArguments of trial {TRIAL} of study "
-        f"{study}\\non {device}: {SAMPLES_PER_S:.2f} samples/s, {PEAK_MEMORY_GIB:.2f} GiB peak."
+        f"{study}\\non {device}, {measured} {SAMPLES_PER_S:.2f} samples/s, "
+        f"{PEAK_MEMORY_GIB:.2f} GiB peak."
     )
 
 

@@ -52,6 +52,20 @@ class StudySnapshot:
     """What the last search's model thinks is left to find; None when trials were recorded
     since (or none was worked out)."""
 
+    @property
+    def simulated_time(self) -> str | None:
+        """For a simulated study (`executor=twin`): what it is, and the time its GPU would
+        have spent, in words; None for a measured one."""
+        if self.info.simulated is None:
+            return None
+        clock_s = sum(run.get("simulated_clock_s", 0.0) for run in self.runs)
+        device_s = sum(run.get("simulated_device_s", 0.0) for run in self.runs)
+        return (
+            f"{self.info.simulated_note}; on the GPU the searching would take "
+            f"{clock_s / 60:.1f} min ({device_s / 60:.1f} GPU-minutes), the confirmation "
+            "included"
+        )
+
     def other_versions(self, record: TrialRecord) -> str | None:
         """How the versions it was measured under differ from the study's; None: they do not.
         Such a trial is kept out of the front and the picks."""

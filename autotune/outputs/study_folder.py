@@ -164,6 +164,8 @@ def recommendation(snapshot: StudySnapshot) -> dict[str, Any]:
     verified = snapshot.verifications.get(fastest.number)
     return {
         "study": info.study,
+        # Where no figure was measured (executor=twin): what answered the trials.
+        "simulated": snapshot.simulated_time,
         "trial": fastest.number,
         "model": info.model,
         "task": info.task,

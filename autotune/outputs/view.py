@@ -90,6 +90,12 @@ class TerminalView(SearchObserver):
             f"{format_bytes(plan.info.memory_budget_bytes)}, {plan.config.n_trials} trials "
             f"-> {escape(shown_path(plan.study_dir))}"
         )
+        if plan.info.simulated is not None:
+            self.report.line(
+                f"[yellow]simulated:[/] {escape(plan.info.simulated)} answers every trial (a "
+                "performance model: docs/twin.md); no figure of this study is measured",
+                always=True,
+            )
         self.report.line(f"batch: {plan.info.batch_mode}")
         if plan.info.adapter is not None:
             self.report.line(

@@ -276,10 +276,21 @@ class RunConfig(_ModelSettings):
         "(1 with workers=auto), 1 on cpu",
         json_schema_extra={"metavar": "N|auto"},
     )
-    executor: Literal["local", "ray"] = Field(
+    executor: Literal["local", "ray", "twin"] = Field(
         "local",
         description="what runs the trials: local = worker processes of this host; ray = tasks "
-        "on a Ray cluster's nodes (pip install 'autotune[ray]'), the study on this host",
+        "on a Ray cluster's nodes (pip install 'autotune[ray]'), the study on this host; twin "
+        "= the GPU twin answers each trial as gpu= would run it (a performance model, no GPU "
+        "needed; the study is marked simulated)",
+    )
+    gpu: str | None = Field(
+        None,
+        description="executor=twin: the GPU the twin plays (H100, H200, A100-80GB, V100-32GB, "
+        "L4, L40S, A10G, RTX 4090, TITAN RTX)",
+        json_schema_extra={"metavar": "NAME"},
+    )
+    gpu_count: int = Field(
+        1, ge=1, description="executor=twin: the GPUs of gpu= on the simulated host"
     )
     ray_address: str = Field(
         "auto",
@@ -333,6 +344,31 @@ class RunConfig(_ModelSettings):
             raise ValueError(
                 f"peft={self.peft} with trainer=: the factory builds its own model; apply the "
                 "adapter there (get_peft_model), and autotune reads it from the Trainer's model"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _twin_settings_need_the_twin(self) -> RunConfig:
+        if self.executor != "twin":
+            given = [
+                f"{name}={getattr(self, name)}"
+                for name, default in (("gpu", None), ("gpu_count", 1))
+                if getattr(self, name) != default
+            ]
+            if given:
+                raise ValueError(
+                    f"{' and '.join(given)}: for executor=twin, which simulates that GPU; "
+                    f"executor={self.executor} measures the device at hand"
+                )
+            return self
+        if self.gpu is None:
+            raise ValueError("executor=twin needs gpu=NAME: the GPU the twin plays (e.g. H100)")
+        if self.device == "cpu":
+            raise ValueError("executor=twin with device=cpu: the twin simulates a GPU")
+        if self.trainer:
+            raise ValueError(
+                "trainer= with executor=twin: the twin models the model= config autotune "
+                "builds, not a factory's Trainer"
             )
         return self
 
@@ -431,6 +467,8 @@ PER_PROCESS_SETTINGS = frozenset(WorkerConfig.model_fields) - {"study", "trainer
     "storage",
     "executor",
     "ray_address",
+    "gpu",
+    "gpu_count",
 }
 """Settings each process sets for itself; the others are the study's (stored with it). A
 worker's own `trainer=` stands in for the study's, which is stored."""

@@ -496,7 +496,15 @@ def _run_info(
         devices_per_trial=ranks,
         versions=conditions.installed_versions(device_info),
         gpu_link=_gpu_link(device, device_info, slots),
+        simulated=_simulated(config, device_info),
     )
+
+
+def _simulated(config: RunConfig, device_info: DeviceInfo) -> str | None:
+    """What answers the trials of `executor=twin`, in words; None where they are measured."""
+    if config.executor != "twin":
+        return None
+    return f"the GPU twin of {len(device_info.cuda_device_names)}x {device_info.name}"
 
 
 def _gpu_link(device: str, device_info: DeviceInfo, slots: list[Placement]) -> str | None:

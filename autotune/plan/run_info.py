@@ -63,6 +63,9 @@ class RunInfo:
     gpu_link: str | None = None
     """The slowest link between a trial's GPUs, in words (`common.links.GpuLink.describe`);
     None on one GPU, on CPU, or where NVML could not tell."""
+    simulated: str | None = None
+    """What answered the trials where none was measured (`executor=twin`): `the GPU twin of
+    1x NVIDIA H100 80GB HBM3`; None: every figure was measured."""
 
     def stored(self) -> dict[str, Any]:
         """As the study stores it: a field of `STORED_WHEN_SET` only when set, so that a study
@@ -72,6 +75,13 @@ class RunInfo:
             if stored[name] is None:
                 del stored[name]
         return stored
+
+    @property
+    def simulated_note(self) -> str | None:
+        """What every figure of a simulated study is, in words; None for a measured one."""
+        if self.simulated is None:
+            return None
+        return f"simulated by {self.simulated}: every figure is its answer, not a measurement"
 
     @property
     def data_fingerprint(self) -> str | None:
@@ -114,7 +124,7 @@ class RunInfo:
         return cls(**stored)
 
 
-STORED_WHEN_SET = ("gpu_link",)
+STORED_WHEN_SET = ("gpu_link", "simulated")
 
 
 def batch_mode(effective_batch_size: int | None) -> str:

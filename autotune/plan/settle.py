@@ -33,6 +33,8 @@ def settle(plan: SearchPlan, stored: RunInfo | None, *, joining: bool = False) -
     figure; a resumed study keeps its stored budget, and an explicit `memory_budget=` that
     differs is refused. With the budget settled, the batch sizes that cannot fit it go."""
     if stored is not None:  # an existing study: it must have been made for this run
+        if stored.simulated != plan.info.simulated:  # measured and simulated never mix
+            raise StudyError(_simulated_refusal(plan.study_name, stored, plan.info))
         # What the trials are measured under: a worker joining with other cores or another
         # GPU model is refused as a resume is.
         if changed := conditions.changed_conditions(stored, plan.info):
@@ -69,6 +71,24 @@ def settle(plan: SearchPlan, stored: RunInfo | None, *, joining: bool = False) -
     return fit_batches_to_budget(plan)  # the budget is settled: drop what cannot fit
 
 
+def _simulated_refusal(study: str, stored: RunInfo, now: RunInfo) -> str:
+    if stored.simulated is None:
+        return (
+            f"study={study} holds measured trials, and this run is simulated by {now.simulated}: a "
+            "simulated trial would stand among them as a measurement. Give the simulated "
+            "search another study= name or out= folder"
+        )
+    if now.simulated is None:
+        this, again = "measures trials", "executor=twin and its gpu="
+    else:
+        this, again = f"is simulated by {now.simulated}", "the same gpu= and gpu_count="
+    return (
+        f"study={study} is simulated by {stored.simulated}, and this run {this}: "
+        f"the two never mix in one study. Resume it with {again}, or give this run another "
+        "study= name or out= folder"
+    )
+
+
 def _shown(key: str, value: object) -> str:
     """An identity's value in a refusal: the adapter in words (`LoRA r=16 ...`)."""
     if key == "adapter":
@@ -90,12 +110,22 @@ def fit_batches_to_budget(plan: SearchPlan) -> SearchPlan:
         if name != "batch_size" and name in plan.space.knobs
     }
     combos = [dict(zip(others, v, strict=True)) for v in itertools.product(*others.values())]
-    kept = list(knob.choices)
-    while len(kept) > 1:
-        estimates = [plan.estimate_gib({**combo, "batch_size": kept[-1]}) for combo in combos]
-        if None in estimates or min(estimates) <= limit:
-            break
-        kept.pop()
+
+    def may_fit(batch_size: int) -> bool:
+        estimates = [plan.estimate_gib({**combo, "batch_size": batch_size}) for combo in combos]
+        return None in estimates or min(estimates) <= limit
+
+    # A batch's estimate grows with it: the largest that may fit, by bisection (a space of
+    # 250 batch sizes and 864 combinations of the other knobs is 8 rounds, not 250).
+    choices = sorted(knob.choices)
+    low, high = 0, len(choices) - 1  # choices[low] stays (the smallest always does)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if may_fit(choices[middle]):
+            low = middle
+        else:
+            high = middle - 1
+    kept = [c for c in knob.choices if c <= choices[low]]
     if len(kept) == len(knob.choices):
         return plan
     note = (

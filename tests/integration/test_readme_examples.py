@@ -62,7 +62,7 @@ PAGES = [
 # The pages of docs/ not read for examples: their code is the package's, for its developers.
 DESIGN_NOTES = {
     "architecture.md": "its indented block is the package's folder tree",
-    "twin.md": "its Python block drives the GPU twin through the package's internals",
+    "twin.md": "the twin's model and calibration; its search from the CLI is estimate.md's",
 }
 QUICK_START_STUDY = "google--bert_uncased_L-2_H-128_A-2-cpu-s64"
 DASHBOARD_URL = "http://127.0.0.1:8080"  # optuna-dashboard's default host and port

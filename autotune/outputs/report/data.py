@@ -123,7 +123,8 @@ def build_report_data(
     best_so_far, hypervolume = histories(records, budget_gib)
     ranked = importances(within)
     return ReportData(
-        title=f"autotune: {info.model} on {info.device_name}",
+        title=f"autotune: {info.model} on {info.device_name}"
+        + (" (simulated by the GPU twin)" if info.simulated else ""),
         summary=_summary(snapshot) | _provenance(snapshot),
         notes=list(info.space_notes),
         points=_points(snapshot),
@@ -182,7 +183,8 @@ def _summary(snapshot: StudySnapshot) -> dict[str, str]:
     n_params = next((r.result.n_params for r in records if r.result.n_params), None)
     counts = Counter(r.status.value for r in records)
     search_s = snapshot.search_s
-    summary = {
+    summary = {} if snapshot.simulated_time is None else {"simulated": snapshot.simulated_time}
+    summary |= {
         "model": info.model + (f" ({n_params / 1e6:,.1f}M parameters)" if n_params else ""),
         "task": info.task,
         "seq_len": str(info.seq_len)

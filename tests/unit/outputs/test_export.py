@@ -86,14 +86,20 @@ def test_cli_flags_follow_hf_argument_parser_conventions():
             "per_device_train_batch_size": 32,
             "bf16": True,
             "fp16": False,
+            "tf32": True,
             "optim": "adamw_torch_fused",
         }
     )
-    assert flags == "--per_device_train_batch_size 32 --bf16 --fp16 False --optim adamw_torch_fused"
+    assert flags == (
+        "--per_device_train_batch_size 32 --bf16 True --fp16 False --tf32 True "
+        "--optim adamw_torch_fused"
+    )
     parser = installed.transformers().HfArgumentParser(installed.transformers().TrainingArguments)
-    (args,) = parser.parse_args_into_dataclasses(["--output_dir", "x", "--use_cpu", *flags.split()])
-    assert args.per_device_train_batch_size == 32 and args.bf16 and not args.fp16
-    assert args.optim == "adamw_torch_fused"
+    # As the example scripts' parser reads them (tf32 is `bool | None`: a bare flag is refused
+    # there); the arguments' own checks want a GPU for bf16 and tf32.
+    args = parser.parse_args(["--output_dir", "x", *flags.split()])
+    assert args.per_device_train_batch_size == 32 and args.bf16 is True and args.fp16 is False
+    assert args.tf32 is True and args.optim == "adamw_torch_fused"
 
 
 def test_cli_flags_are_shell_quoted():
@@ -106,6 +112,7 @@ def test_cli_flags_are_shell_quoted():
     flags = render_cli(training_args)
     assert shlex.split(flags) == [
         "--bf16",
+        "True",
         "--run_name",
         "a b; touch PWNED",
         "--optim",
@@ -117,7 +124,8 @@ def test_cli_flags_are_shell_quoted():
 
 def test_cli_export_says_which_model_kwargs_the_example_scripts_cannot_set():
     record = trial_record("x")
-    text = render("cli", info=run_info("x"), record=record)  # what `autotune export` prints
+    measured = dataclasses.replace(run_info("x"), simulated=None)
+    text = render("cli", info=measured, record=record)  # what `autotune export` prints
     comment, flags = text.splitlines()
     # The attention kernel is no TrainingArguments field: said above the flags, not dropped.
     assert comment.startswith("# not a flag of the HF example scripts")
@@ -125,8 +133,19 @@ def test_cli_export_says_which_model_kwargs_the_example_scripts_cannot_set():
     assert flags == render_cli(record.result.training_args)
     # Pasted into a shell, the comment line runs nothing, even with a newline in a value.
     hostile = render_cli({"bf16": True}, {"attn_implementation": "eager\ntouch PWNED"})
-    assert shlex.split(hostile, comments=True) == ["--bf16"]
-    assert render_cli({"bf16": True}, {}) == "--bf16"  # nothing set on the model: no comment
+    assert shlex.split(hostile, comments=True) == ["--bf16", "True"]
+    assert render_cli({"bf16": True}, {}) == "--bf16 True"  # nothing set on the model: no comment
+
+
+def test_a_simulated_study_s_exports_say_so_in_a_line_that_runs_nothing():
+    record = trial_record("x")
+    hostile = dataclasses.replace(run_info("x"), simulated="a\ntouch PWNED")
+    said, *_ = render("cli", info=hostile, record=record).splitlines()
+    assert said == "# simulated by a\\ntouch PWNED: every figure is its answer, not a measurement"
+    for fmt in ("json", "yaml"):
+        assert "simulated by a" in render(fmt, info=hostile, record=record)
+    measured = dataclasses.replace(hostile, simulated=None)
+    assert "simulated" not in render("json", info=measured, record=record)
 
 
 def test_compile_modes_set_in_the_environment_are_exported_as_they_ran():
@@ -143,7 +162,7 @@ def test_compile_modes_set_in_the_environment_are_exported_as_they_ran():
         "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=true "
         "ACCELERATE_DYNAMO_USE_DYNAMIC=false"
     )
-    assert flags == "--torch_compile"
+    assert flags == "--torch_compile True"
     record = trial_record("x")
     record = dataclasses.replace(
         record, result=dataclasses.replace(record.result, environment=environment)

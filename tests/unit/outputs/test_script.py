@@ -60,6 +60,7 @@ def run_info(text: str) -> RunInfo:
         "devices_per_trial": 1,
         "versions": {"torch": text, "transformers": text, "autotune": text},
         "gpu_link": text,
+        "simulated": text,
     }
     return RunInfo(**{f.name: values[f.name] for f in dataclasses.fields(RunInfo)})
 

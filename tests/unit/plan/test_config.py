@@ -25,3 +25,21 @@ def test_cluster_settings_are_for_executor_ray_and_a_factory_is_not_for_a_cluste
     with pytest.raises(ConfigError) as refused:
         load_config(["model=gpt2", "executor=slurm", "cpus_per_trial=0"])
     assert "executor" in str(refused.value) and "cpus_per_trial" in str(refused.value)
+
+
+def test_twin_settings_are_for_executor_twin_and_name_a_gpu():
+    import pytest
+
+    from autotune.common.errors import ConfigError
+
+    config = load_config(["model=gpt2", "executor=twin", "gpu=H100", "gpu_count=8"])
+    assert (config.executor, config.gpu, config.gpu_count) == ("twin", "H100", 8)
+    for settings, problem in (
+        (["gpu=H100", "gpu_count=2"], "gpu=H100 and gpu_count=2: for executor=twin"),
+        (["executor=twin"], "executor=twin needs gpu=NAME"),
+        (["executor=twin", "gpu=H100", "device=cpu"], "executor=twin with device=cpu"),
+        (["executor=twin", "gpu=H100", "trainer=t.py:make"], "trainer= with executor=twin"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            load_config(["model=gpt2", *settings])
+        assert problem in str(refused.value)

@@ -38,3 +38,28 @@ def test_batch_sizes_that_cannot_fit_leave_the_space_and_the_smallest_stays(tmp_
     )
     off = plan_for(tmp_path, *settings, "memory_budget=3GiB", "estimate_margin=null")
     assert fit_batches_to_budget(off) == off
+
+
+def test_a_simulated_study_and_a_measured_one_never_mix(tmp_path):
+    import dataclasses
+
+    import pytest
+
+    from autotune.common.errors import StudyError
+    from autotune.plan.settle import settle
+    from tests.unit.stand_ins import GPUS
+
+    one = dataclasses.replace(GPUS, cuda_device_names=GPUS.cuda_device_names[:1], gpu_links=())
+    settings = [f"out={tmp_path}", "model=gpt2", "study=s"]
+    measured = make_plan(load_config(settings), one)
+    twin = make_plan(load_config([*settings, "executor=twin", "gpu=H100"]), one)
+    assert measured.info.simulated is None
+    assert twin.info.simulated == f"the GPU twin of 1x {one.name}"
+    assert settle(twin, twin.info).info.simulated == twin.info.simulated  # a resume
+    with pytest.raises(StudyError, match="holds measured trials, and this run is simulated by"):
+        settle(twin, measured.info)
+    with pytest.raises(StudyError, match="Resume it with executor=twin and its gpu="):
+        settle(measured, twin.info)
+    other = dataclasses.replace(twin.info, simulated="the GPU twin of 1x NVIDIA L4")
+    with pytest.raises(StudyError, match="Resume it with the same gpu= and gpu_count="):
+        settle(twin, other)
