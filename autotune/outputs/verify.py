@@ -91,5 +91,6 @@ def of(
         step_time_cv=result.step_time_cv if ok else None,
         searched_samples_per_s=median or record.result.samples_per_s,
         searched_rounds=confirmed.rounds if median else 0,
+        searched_interval=confirmed.interval(record.number) if median else None,
         searched_peak_memory_gib=record.result.peak_memory_gib,
     )

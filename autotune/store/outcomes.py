@@ -157,6 +157,44 @@ class Verification:
     searched_rounds: int = 0
     """The confirmation rounds `searched_samples_per_s` is the median of; 0: the trial's own
     measurement (it was not confirmed)."""
+    searched_interval: tuple[float, float] | None = None
+    """The lowest and highest confirmation round's samples/s; None: not confirmed (or stored
+    before it was kept)."""
+
+    @property
+    def agreed(self) -> tuple[float, float]:
+        """The samples/s the long run agrees with the search within: the confirmation rounds'
+        range, at least `AGREED_WITHIN` of their median either side (rounds that close a
+        few steps apart say little of a long run's drift); for an unconfirmed trial (one
+        measurement, its noise unknown) its figure within `UNCONFIRMED_BAND`."""
+        s = self.searched_samples_per_s
+        if self.searched_rounds and self.searched_interval is not None:
+            low, high = self.searched_interval
+            return min(low, s * (1 - AGREED_WITHIN)), max(high, s * (1 + AGREED_WITHIN))
+        band = AGREED_WITHIN if self.searched_rounds else UNCONFIRMED_BAND
+        return s * (1 - band), s * (1 + band)
+
+    def verdict(self) -> str:
+        """What the long run's samples/s says of the search's figure, and what to do."""
+        if self.samples_per_s is None:
+            return ""
+        low, high = self.agreed
+        if self.searched_rounds and self.searched_interval is not None:
+            band = f"the confirmed rounds' range widened to {low:.1f}-{high:.1f}"
+        elif self.searched_rounds:  # stored before the rounds' range was kept
+            band = f"{low:.1f}-{high:.1f}, the confirmed median +-{AGREED_WITHIN:.0%}"
+        else:
+            band = f"{low:.1f}-{high:.1f}, the trial's one measurement +-{UNCONFIRMED_BAND:.0%}"
+        if low <= self.samples_per_s <= high:
+            return f"as searched: {self.samples_per_s:.1f} samples/s lies in {band}"
+        direction = "faster" if self.samples_per_s > high else "slower"
+        return (
+            f"not as searched: {self.samples_per_s:.1f} samples/s is {direction} than "
+            f"{band}. The machine's load changed between the search and this run, or the "
+            "trial's few steps were not representative of a long run (its warm-up, the data, "
+            "the allocator). Verify again on a quiet machine; if it stays off, search again "
+            "with more measure_steps= and compare the picks by this run's figures"
+        )
 
     @property
     def samples_per_s_ratio(self) -> float | None:
@@ -190,7 +228,7 @@ class Verification:
         )
         if self.fragmentation is not None:
             text += f", reserved/allocated {self.fragmentation:.2f} over the run"
-        return text
+        return f"{text}; {self.verdict()}"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {
@@ -203,7 +241,18 @@ class Verification:
     def from_json(cls, stored: dict[str, Any]) -> Verification:
         """From its study attr (the derived ratios stored beside are left out)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in stored.items() if k in names})
+        found = {k: v for k, v in stored.items() if k in names}
+        if found.get("searched_interval") is not None:
+            found["searched_interval"] = tuple(found["searched_interval"])
+        return cls(**found)
+
+
+AGREED_WITHIN = 0.05
+"""The least a verify run may land from a confirmed median, either side, and agree with it."""
+
+UNCONFIRMED_BAND = 0.10
+"""How far a verify run may land from an unconfirmed trial's one measurement and still agree
+with it: no rounds say how noisy that measurement was."""
 
 
 def _ratio(value: float | None, reference: float | None) -> float | None:
