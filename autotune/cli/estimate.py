@@ -8,6 +8,7 @@ free memory comes from NVML (or the OS), the parameter count from the catalogue.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import itertools
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from autotune.common import adapter
 from autotune.common.adapter import BASE_DTYPES
 from autotune.common.device import (
     GPU_MEMORY_MIB,
-    gpu_memory_bytes,
+    bare_name,
     peak_tflops,
 )
 from autotune.common.errors import AutotuneError, ConfigError
@@ -112,12 +113,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def named_gpu_memory_bytes(name: str) -> int | None:
+    """The memory of the GPU `gpu=` names, by a name of the built-in table or one the twin
+    models (its short name or NVML's), whatever the case, spaces and hyphens; never by a
+    piece of the name (`gpu=A100,H100` is no GPU). None for one not known."""
+    with contextlib.suppress(KeyError):
+        return twin.gpu(name).memory_bytes
+    return next(
+        (mib * 2**20 for piece, mib in GPU_MEMORY_MIB if bare_name(piece) == bare_name(name)),
+        None,
+    )
+
+
 def _device_and_budget(config: EstimateConfig) -> tuple[str, str, int]:
     """(`cuda` or `cpu`, the device's name, the memory to fit): `memory_budget=`, else a
     `gpu=`'s memory from the built-in table, else the free memory of the device in hand."""
     if config.gpu:  # a GPU elsewhere, from the built-in table: no NVML needed
         device, device_name = "cuda", config.gpu
-        free_bytes = gpu_memory_bytes(config.gpu) or 0
+        free_bytes = named_gpu_memory_bytes(config.gpu) or 0
     elif config.device == "cuda" and config.memory_budget:  # a GPU elsewhere, no NVML needed
         device, device_name, free_bytes = "cuda", "a GPU of memory_budget", 0
     else:
@@ -324,7 +337,7 @@ def check(
     compile backend names it offers), so no table answers for what the search refuses.
     ConfigError names every problem, in the search's words."""
     problems = []
-    if config.gpu and gpu_memory_bytes(config.gpu) is None and not config.memory_budget:
+    if config.gpu and named_gpu_memory_bytes(config.gpu) is None and not config.memory_budget:
         known = ", ".join(name for name, _ in GPU_MEMORY_MIB)
         problems.append(
             f"gpu={config.gpu}: not in the built-in table ({known}); give memory_budget= for it"

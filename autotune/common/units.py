@@ -28,3 +28,8 @@ def format_bytes_apart(a_bytes: float, b_bytes: float, digits: int = 2) -> tuple
         if shown[0] != shown[1] or a_bytes == b_bytes:
             return shown
     return f"{a_bytes:.0f} bytes", f"{b_bytes:.0f} bytes"
+
+
+def plural(count: int, word: str) -> str:
+    """`1 round`, `3 rounds`: a count with its noun."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"

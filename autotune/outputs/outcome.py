@@ -15,7 +15,7 @@ from autotune.common import trial
 from autotune.common.layout import WORKER_LOG, trial_dir
 from autotune.common.trial import Status
 from autotune.common.trial_settings import describe_params
-from autotune.common.units import format_gib
+from autotune.common.units import format_gib, plural
 from autotune.outputs.confirm import picks_to_confirm
 from autotune.outputs.launch import accelerate_command, launch_command
 from autotune.outputs.pareto import NOTHING_TO_RECOMMEND, Picks
@@ -130,7 +130,7 @@ def _print_confirmation(report: Reporter, snapshot: StudySnapshot) -> None:
     confirmed = snapshot.picks.confirmed
     if confirmed is not None:
         report.line(
-            f"confirmed: the baseline and the picks ran again {confirmed.rounds} times, "
+            f"confirmed: the baseline and the picks ran again {plural(confirmed.rounds, 'time')}, "
             f"interleaved, in {confirmed.wall_s:.0f} s; their figures below are medians "
             + escape("[lowest-highest round]")
         )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.common.trial import Status
-from autotune.common.units import format_gib
+from autotune.common.units import format_gib, plural
 
 if TYPE_CHECKING:  # records imports this module to build its snapshot
     from autotune.store.records import TrialRecord
@@ -239,7 +239,8 @@ class Picks:
         if self.confirmed is not None and self.is_confirmed(record):
             low, high = self.confirmed.interval(record.number) or (0.0, 0.0)
             notes.append(
-                f"confirmed: median of {self.confirmed.rounds} rounds, {low:.2f}-{high:.2f}"
+                f"confirmed: median of {plural(self.confirmed.rounds, 'round')}, "
+                f"{low:.2f}-{high:.2f}"
             )
             interval = self.speedup_interval(record)
             if speedup and (times := self.speedup(record)) is not None and interval is not None:

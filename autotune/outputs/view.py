@@ -21,7 +21,7 @@ from autotune.common import adapter, trial
 from autotune.common.layout import SEARCH_LOG
 from autotune.common.trial import Status, TrialResult
 from autotune.common.trial_settings import describe_params, effective_batch
-from autotune.common.units import format_bytes, format_gib
+from autotune.common.units import format_bytes, format_gib, plural
 from autotune.outputs.snapshot import trained_note
 from autotune.outputs.terminal import Reporter, console, shown_path
 from autotune.plan.plan import SearchPlan
@@ -67,6 +67,8 @@ class TerminalView(SearchObserver):
         self.task = None
         self.total = 0
         self.confirm_rounds = 0
+        self.searching = False
+        """Whether a search runs (`planned`): else `autotune confirm` or `verify`."""
         self.trainer_info: RunInfo | None = None
         self.best = 0.0
         self.running_params: dict[int, str] = {}
@@ -119,6 +121,7 @@ class TerminalView(SearchObserver):
         for line in expectations(plan):
             self.report.line(line, always=line.startswith("[yellow]warning"))
         self.confirm_rounds = plan.config.confirm_rounds
+        self.searching = True
         self.trainer_info = plan.info if plan.info.trainer is not None else None
         self.total = plan.config.n_trials
         self.steps = plan.trial_steps
@@ -232,10 +235,12 @@ class TerminalView(SearchObserver):
 
     def confirming(self, picks: int, rounds: int, expected_s: float) -> None:
         self.total, self.done = picks * rounds, 0
+        # A search's confirmation is its key's; `autotune confirm`'s, its own rounds=.
+        key = "confirm_rounds=0 skips this" if self.searching else "rounds= sets how many"
         self.report.line(
-            f"confirming: the baseline and the picks ({picks} trials) run again, {rounds} "
-            f"rounds interleaved: {self.total} runs, about {expected_s:.0f} s "
-            "(confirm_rounds=0 skips this)"
+            f"confirming: the baseline and the picks ({picks} trials) run again, "
+            f"{plural(rounds, 'round')} interleaved: {plural(self.total, 'run')}, about "
+            f"{expected_s:.0f} s ({key})"
         )
 
     def confirmed_run(self, round_number: int, record: TrialRecord, result: TrialResult) -> None:

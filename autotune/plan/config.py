@@ -215,6 +215,7 @@ class RunConfig(_ModelSettings):
     min_gain_per_minute: float = Field(
         0.001,
         ge=0,
+        allow_inf_nan=False,
         description="sampler=auto stops the search by itself when no untried setting is "
         "expected (by its model) to gain this share of samples/s per minute of its trial: "
         "0.001 breaks even on a training run of about 17 hours; 0 = run every trial",
@@ -242,7 +243,13 @@ class RunConfig(_ModelSettings):
         description="the device's dense 16-bit peak TFLOP/s, MFU's denominator, for devices "
         "not in the built-in table; null = look the device up",
     )
-    seed: int = Field(0, description="seed for the sampler, model init and synthetic data")
+    seed: int = Field(
+        0,
+        ge=0,
+        lt=2**31,
+        description="seed for the sampler, model init and synthetic data (0 to 2**31-1: "
+        "numpy takes one below 2**32, and each rank of a trial adds its rank)",
+    )
     quiet: bool = Field(False, description="print only errors and the paths written")
     study: StudyName | None = Field(
         None,

@@ -13,6 +13,7 @@ from typing import Any
 import optuna
 
 from autotune.common.trial import Status
+from autotune.common.units import plural
 
 VERIFICATION_PREFIX = "verification:"
 """Study: a trial's settings trained for many steps (`verify.Verification.to_json`), one attr
@@ -215,7 +216,7 @@ class Verification:
         if self.status != Status.OK.value:
             return f"trial {self.trial} over {self.steps} steps: {self.status} ({self.reason})"
         searched = (
-            f"its confirmed median of {self.searched_rounds} rounds, "
+            f"its confirmed median of {plural(self.searched_rounds, 'round')}, "
             f"{self.searched_samples_per_s:.1f}"
             if self.searched_rounds
             else f"the trial's {self.searched_samples_per_s:.1f}"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from autotune.common import adapter
 from autotune.common.trial import MEMORY_STATUSES, Status
 from autotune.common.trial_settings import MathChange, describe_params
-from autotune.common.units import format_gib
+from autotune.common.units import format_gib, plural
 from autotune.outputs.pareto import NOTHING_TO_RECOMMEND, Picks
 from autotune.outputs.report.charts import (
     Axis,
@@ -279,7 +279,7 @@ def _confirmation_text(picks: Picks) -> str:
         )
     confirmed = picks.confirmed
     return (
-        f"{confirmed.rounds} rounds, interleaved, each pick in a fresh trial process "
+        f"{plural(confirmed.rounds, 'round')}, interleaved, each pick in a fresh trial process "
         f"({confirmed.wall_s:.0f} s); figures are round medians, [lowest-highest] round"
     )
 

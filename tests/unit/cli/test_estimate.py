@@ -159,3 +159,15 @@ def test_knobs_and_settings_are_checked_together():
     assert "precision=fp64: expected one of" in message
     assert "seq_lenn: unknown key; did you mean seq_len?" in message
     assert "gradient_checkpointing=maybe: expected true or false" in message
+
+
+def test_gpu_names_a_gpu_whole_never_by_a_piece():
+    from autotune.cli.estimate import named_gpu_memory_bytes
+
+    h100 = named_gpu_memory_bytes("H100")
+    assert h100 == 81_559 * 2**20
+    assert named_gpu_memory_bytes("NVIDIA H100 80GB HBM3") == h100  # the twin's, NVML's name
+    assert named_gpu_memory_bytes("a100 80gb") == 81_920 * 2**20  # case, spaces and hyphens
+    assert named_gpu_memory_bytes("T4") == 15_360 * 2**20  # the table's, not the twin's
+    for piece in ("A100,H100", "xH100y", "H10", "NVIDIA"):
+        assert named_gpu_memory_bytes(piece) is None, piece

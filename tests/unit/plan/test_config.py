@@ -43,3 +43,20 @@ def test_twin_settings_are_for_executor_twin_and_name_a_gpu():
         with pytest.raises(ConfigError) as refused:
             load_config(["model=gpt2", *settings])
         assert problem in str(refused.value)
+
+
+def test_a_seed_numpy_cannot_take_and_an_infinite_gain_are_refused_at_the_start():
+    import pytest
+
+    from autotune.common.errors import ConfigError
+
+    assert load_config(["model=gpt2", f"seed={2**31 - 1}"]).seed == 2**31 - 1
+    for setting, problem in (
+        ("seed=-1", "seed=-1: expected greater than or equal to 0"),
+        (f"seed={2**32}", f"seed={2**32}: expected less than {2**31}"),
+        ("min_gain_per_minute=.inf", "min_gain_per_minute=inf: expected a finite number"),
+        ("min_gain_per_minute=nan", "min_gain_per_minute=nan: expected a finite number"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            load_config(["model=gpt2", setting])
+        assert problem in str(refused.value), setting
