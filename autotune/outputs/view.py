@@ -9,6 +9,7 @@ search.log, always) gets plain lines only, one when a trial starts and one when 
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 from typing import Any
@@ -68,6 +69,10 @@ class TerminalView(SearchObserver):
         self.total = 0
         self.confirm_rounds = 0
         self.searching = False
+        self.space_settings = math.inf
+        """At most the settings the space holds (an upper bound: the grid's product)."""
+        self.unsteady: str | None = None
+        """Why the baseline's pace is no pace to plan by; None: a steady one."""
         """Whether a search runs (`planned`): else `autotune confirm` or `verify`."""
         self.trainer_info: RunInfo | None = None
         self.best = 0.0
@@ -126,27 +131,37 @@ class TerminalView(SearchObserver):
         self.total = plan.config.n_trials
         self.steps = plan.trial_steps
         self.space_batch = space_batch(plan)
+        self.space_settings = math.prod(len(v) for v in plan.space.grid(plan.rules).values())
         self.floor = plan.compute_floor_s(plan.baseline)
         self.task = self.bar.add_task(
             "trials", total=self.total, completed=done_before, best="", eta=""
         )
 
-    def _slower_than_probed(self, baseline: TrialRecord) -> None:
-        """Said once, after the baseline: its steps computed at under SLOW_SHARE of the rate
-        the device's probe (or datasheet) promised."""
+    def _slower_than_probed(self, baseline: TrialRecord) -> str | None:
+        """After the baseline: where its steps computed at under SLOW_SHARE of the rate the
+        device's probe (or datasheet) promised, the note that says so; else None."""
         result = baseline.result
         if self.floor is None or not result.samples_per_s:
-            return
+            return None
         floor_s, rate = self.floor
         steps_s = self.steps * effective_batch(baseline.params) / result.samples_per_s
-        if floor_s < SLOW_SHARE * steps_s:
-            self.report.line(
-                f"[yellow]note:[/] the baseline computed at {floor_s / steps_s:.1%} of the "
-                f"{rate:.3g} TFLOP/s this device was probed at: slower than expected (other "
-                "processes on its cores, a throttled clock?); every time here is what it "
-                "measures now",
-                always=True,
-            )
+        if floor_s >= SLOW_SHARE * steps_s:
+            return None
+        return (
+            f"the baseline computed at {floor_s / steps_s:.1%} of the {rate:.3g} TFLOP/s this "
+            "device was probed at: slower than expected (other processes on its cores, a "
+            "throttled clock?); every time here is what it measures now"
+        )
+
+    def _unsteady(self, baseline: TrialRecord) -> str | None:
+        """Why the baseline's pace is no pace to plan the search by: its steps' CV past
+        UNSTEADY_CV (a slow spell), or slow against the probe; None for a steady one."""
+        cv = baseline.result.step_time_cv
+        if cv is not None and cv > UNSTEADY_CV:
+            return f"its steps varied by {cv:.0%} (step CV)"
+        if self._slower_than_probed(baseline) is not None:
+            return "it computed far below the rate this device was probed at"
+        return None
 
     def watching(self) -> contextlib.AbstractContextManager[Any]:
         return self.bar
@@ -216,19 +231,31 @@ class TerminalView(SearchObserver):
             if note:
                 self.report.line(f"[yellow]note:[/] {escape(note)}")
         self.records.append(record)
-        left = remaining_s(self.records, self.steps, self.space_batch, self.total - done)
-        self.bar.update(self.task, eta=_eta(left))
+        left = remaining_s(self.records, self.steps, self.space_batch, self._left(done))
+        measured = [r for r in self.records if r.status is Status.OK and r.result.samples_per_s]
         if record.baseline and record.status is Status.OK and record.result.wall_s:
+            self.unsteady = self._unsteady(record)
             self.report.line(
                 _pace(
                     record,
                     left[0] if left else None,
-                    self.total - done,
+                    self._left(done),
                     self.space_batch,
                     self.confirm_rounds,
+                    self.unsteady,
                 )
             )
-            self._slower_than_probed(record)
+            if (slow := self._slower_than_probed(record)) is not None:
+                self.report.line(f"[yellow]note:[/] {escape(slow)}", always=True)
+        # An unsteady baseline alone is no pace: the ETA waits for the next trial, and then
+        # follows the median of every trial's pace as they end.
+        unreliable = self.unsteady is not None and len(measured) < 2
+        self.bar.update(self.task, eta="ETA after the next trial" if unreliable else _eta(left))
+
+    def _left(self, done: int) -> int:
+        """The trials the search may still run: n_trials less those done, and never more than
+        the space holds settings (it measures each once)."""
+        return max(0, min(self.total, self.space_settings) - done)
 
     def ended(self, stopped: str) -> None:
         self.report.line(f"search ended: {stopped}")
@@ -316,9 +343,20 @@ def expectations(plan: SearchPlan) -> list[str]:
 
 
 def _pace(
-    baseline: TrialRecord, left_s: float | None, remaining: int, batch: float, confirm_rounds: int
+    baseline: TrialRecord,
+    left_s: float | None,
+    remaining: int,
+    batch: float,
+    confirm_rounds: int,
+    unsteady: str | None = None,
 ) -> str:
     wall_s = baseline.result.wall_s or 0.0
+    if unsteady is not None:
+        return (
+            f"the baseline took {wall_s:.1f} s, but {unsteady}: its pace is no measure of the "
+            f"{remaining} remaining trials' time, and the bar's ETA waits for the next trial "
+            "(then it follows the median pace of the trials as they end)"
+        )
     confirming = (
         (f", the confirmation about {_duration(wall_s * confirm_rounds * 4)} at most")
         if confirm_rounds
@@ -335,6 +373,9 @@ def _pace(
 
 PIPED_EVERY_S = 60.0
 """How often a running trial's progress is printed when the output is not a terminal."""
+UNSTEADY_CV = 0.5
+"""A baseline whose steps vary past this CV had a slow spell (the quick start's baseline once
+showed 107% on an idle machine, its steady CV a few percent): its pace is not extrapolated."""
 SLOW_SHARE = 0.02
 """A baseline computing at under this share of the device's probed rate is said to be slow:
 training reaches 5-50% of it (the quick start's baseline on an idle 2-core Xeon: 25%)."""

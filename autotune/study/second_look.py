@@ -71,6 +71,16 @@ def run(
         of = last.user_attrs[SECOND_LOOK_ATTR]
         attrs = {SECOND_LOOK_ATTR: of, RETRY_OF_ATTR: last.number}
         study.enqueue_trial(trials[of].params, user_attrs=attrs)
+        observer.looking_again(
+            f"the second look at trial {of}'s settings was cut off (trial {last.number}): "
+            "it runs again, one trial over n_trials"
+        )
+    else:  # an earlier search queued it, or left it to be queued again: one trial more
+        of = looks[-1].user_attrs[SECOND_LOOK_ATTR]
+        observer.looking_again(
+            f"the second look at trial {of}'s settings an earlier search began runs now, one "
+            "trial over n_trials"
+        )
     room = plan.config.model_copy(update={"n_trials": len(study.get_trials()) + 1})
     with observer.watching():
         run_queued(

@@ -4,6 +4,7 @@ through the public API. The parent's GPU paths (the CUDA space and its batch rul
 the estimate's skips, confirmation, the outputs) run as they would there, in seconds."""
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -17,6 +18,7 @@ from autotune.common.device import DeviceInfo
 from autotune.common.knobs import model_kwargs, training_args
 from autotune.common.trial import Status, stopped_reason
 from autotune.execute.simulated import SimulatedExecutor
+from autotune.outputs.view import TerminalView
 from autotune.plan.overrides import make_config
 from autotune.store.outcomes import Ending
 from autotune.store.records import SECOND_LOOK_ATTR
@@ -279,8 +281,18 @@ def test_a_second_look_cut_off_runs_when_the_search_is_resumed(tmp_path):
     device, config = busy_search(tmp_path, "cut")
     with pytest.raises(SearchInterrupted):
         api.run(config, executor=SimulatedExecutor(InterruptedLook()), device_info=device)
-    # Resumed with the same n_trials: nothing is left to search, the second look still runs.
-    result = api.run(config, executor=SimulatedExecutor(InterruptedLook()), device_info=device)
+    # Resumed with the same n_trials: nothing is left to search, the second look still runs,
+    # counted as one trial over n_trials.
+    view, lines = TerminalView(quiet=True), []
+    view.report.line = lambda markup, **_: lines.append(markup)
+    result = api.run(
+        config, executor=SimulatedExecutor(InterruptedLook()), device_info=device, observer=view
+    )
+    counts = [re.match(r"\[(\d+)/(\d+)\] trial", line) for line in lines]
+    assert [(int(c[1]), int(c[2])) for c in counts if c] == [(5, 5)], lines
+    assert any(
+        "second look at trial" in line and "one trial over n_trials" in line for line in lines
+    )
     looks = [
         t
         for t in optuna.load_study(

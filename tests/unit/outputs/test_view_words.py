@@ -31,3 +31,45 @@ def test_plural():
         "0 runs",
         "3 times",
     )
+
+
+def baseline(step_time_cv: float):
+    from autotune.common.trial import Status, TrialResult
+    from autotune.store.records import TrialRecord
+
+    result = TrialResult(
+        status=Status.OK, samples_per_s=23.0, wall_s=14.0, step_time_cv=step_time_cv
+    )
+    params = {"batch_size": 8, "grad_accum": 1}
+    return TrialRecord(number=0, params=params, result=result, baseline=True)
+
+
+def ended(view: TerminalView, record) -> list[str]:
+    lines: list[str] = []
+    view.report.line = lambda markup, **_: lines.append(markup)  # type: ignore[method-assign]
+    view.task = view.bar.add_task("trials", total=view.total, completed=0, best="", eta="")
+    view.trial_ended(record)
+    return lines
+
+
+def test_an_unsteady_baseline_s_pace_is_not_extrapolated_and_the_eta_waits():
+    view = TerminalView(quiet=False)
+    view.total, view.steps = 20, 13
+    _, pace = ended(view, baseline(step_time_cv=1.07))  # the quick start's slow spell
+    assert "the baseline took 14.0 s, but its steps varied by 107% (step CV)" in pace
+    assert "no measure of the 19 remaining trials' time" in pace and "take about" not in pace
+    assert view.bar.tasks[0].fields["eta"] == "ETA after the next trial"
+
+    steady = TerminalView(quiet=False)
+    steady.total, steady.steps = 20, 13
+    _, pace = ended(steady, baseline(step_time_cv=0.03))
+    assert "the 19 remaining trials (the space's median batch" in pace
+    assert steady.bar.tasks[0].fields["eta"].startswith("ETA ")
+
+
+def test_the_trials_left_are_never_more_than_the_space_holds():
+    view = TerminalView(quiet=False)
+    view.total, view.steps, view.space_settings = 1_000_000_000, 13, 16
+    _, pace = ended(view, baseline(step_time_cv=0.03))
+    assert "the 15 remaining trials" in pace
+    assert view._left(16) == 0 and view._left(20) == 0
