@@ -151,6 +151,8 @@ def run(
     prepare_inputs(plan, observer)
     with locked_study(plan) as (study, plan), stop_signals() as signals:
         done_before = trials_run(study)
+        if (beside := _other_studies(study, plan, done_before)) is not None:
+            observer.warned(beside)
         store_run_end(study, None)  # running: an earlier search's end no longer holds
         observer.planned(plan, done_before=done_before)
         this_run = _start_run(study, plan, "search", command, observer)
@@ -192,6 +194,25 @@ def run(
             snapshot, paths = _write_outputs(study, plan, _clocked(this_run, executor))
     words = f"{stopped.reason}; {looked}" if looked else stopped.reason
     return SearchResult(snapshot=snapshot, study_dir=plan.study_dir, paths=paths, stopped=words)
+
+
+def _other_studies(study: optuna.Study, plan: SearchPlan, done_before: int) -> str | None:
+    """For a new study made in a SQLite file that holds others (`storage=` naming another
+    study's study.db): that it now holds one more, in words; None otherwise (a server's
+    storage holds many studies by design)."""
+    if done_before or not plan.storage_url.startswith("sqlite"):
+        return None
+    names = [
+        s.study_name for s in study._storage.get_all_studies() if s.study_name != plan.study_name
+    ]
+    if not names:
+        return None
+    shown = ", ".join(sorted(names)[:5]) + (" ..." if len(names) > 5 else "")
+    return (
+        f"{safe_url(plan.storage_url)} holds study {shown} too: this search makes "
+        f"study={plan.study_name} beside it in the same file (its outputs in "
+        f"{plan.study_dir}). To resume that one, give its study= name"
+    )
 
 
 def _clocked(

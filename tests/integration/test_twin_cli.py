@@ -169,3 +169,16 @@ def test_a_twin_search_named_wrong_is_refused_before_anything_is_written(
     assert refused.returncode == 2
     assert problem in refused.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_search_naming_another_study_s_file_says_it_makes_a_second_study_there(tmp_path):
+    """Run on the twin for its speed: what is said is the storage's, whatever runs trials."""
+    settings = ["model=gpt2", "seq_len=128", "n_trials=3", "executor=twin", "gpu=L4"]
+    autotune("search", *settings, "study=a", cwd=tmp_path)
+    storage = f"storage=sqlite:///{tmp_path / 'reports' / 'a' / 'study.db'}"
+    second = autotune("search", *settings, "study=b", storage, cwd=tmp_path)
+    assert "holds study a too: this search makes study=b beside it in the same file" in (
+        second.stdout
+    )
+    resumed = autotune("search", *settings, "study=b", storage, cwd=tmp_path)
+    assert "beside it" not in resumed.stdout  # said once, when it is made
