@@ -134,6 +134,8 @@ def _print_confirmation(report: Reporter, snapshot: StudySnapshot) -> None:
             f"interleaved, in {confirmed.wall_s:.0f} s; their figures below are medians "
             + escape("[lowest-highest round]")
         )
+        if (unsteady := confirmed.unsteady()) is not None:
+            report.line(f"[yellow]warning:[/] {escape(unsteady)}", always=True)
     elif snapshot.front and picks_to_confirm(snapshot):
         report.line(
             "[yellow]not confirmed: each figure is one short measurement[/] "

@@ -38,6 +38,11 @@ def non_dominated(records: list[TrialRecord]) -> list[TrialRecord]:
     return [r for r in records if not any(beats(other, r) for other in records)]
 
 
+UNSTEADY_ROUNDS = 2.0
+"""A pick whose highest confirmation round is over this many times its lowest is said to be
+unsteady: rounds of one setting on a steady machine lie within a few percent."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Confirmed:
     """The picks measured again after the search (`autotune.outputs.confirm`): `rounds` rounds, each
@@ -64,6 +69,25 @@ class Confirmed:
     def interval(self, number: int) -> tuple[float, float] | None:
         values = self._measured(number)
         return (min(values), max(values)) if values else None
+
+    def unsteady(self) -> str | None:
+        """Where a pick's rounds lie over UNSTEADY_ROUNDS apart (the machine's load changed
+        while they ran): which, and what to do, in words; None where every pick held."""
+        apart = []
+        for number in sorted(self.samples_per_s):
+            found = self.interval(number)
+            if found is not None and found[0] > 0 and found[1] / found[0] > UNSTEADY_ROUNDS:
+                apart.append(
+                    f"trial {number}'s {found[1] / found[0]:.1f}x ({found[0]:.2f}-{found[1]:.2f})"
+                )
+        if not apart:
+            return None
+        return (
+            f"the confirmation's rounds disagree: highest over lowest round {', '.join(apart)}. "
+            "The machine's load changed while they ran: the medians stand, but a tie or a "
+            "speedup among these picks is not steady; confirm again on a quiet machine "
+            "(autotune confirm STUDY_DIR)"
+        )
 
     def median_peak_gib(self, number: int) -> float | None:
         values = [v for v in self.peak_memory_gib.get(number, ()) if v is not None]

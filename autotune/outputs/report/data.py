@@ -278,9 +278,11 @@ def _confirmation_text(picks: Picks) -> str:
             "added since: `autotune confirm` measures the picks again)"
         )
     confirmed = picks.confirmed
+    unsteady = confirmed.unsteady()
     return (
         f"{plural(confirmed.rounds, 'round')}, interleaved, each pick in a fresh trial process "
         f"({confirmed.wall_s:.0f} s); figures are round medians, [lowest-highest] round"
+        + ("" if unsteady is None else f"; {unsteady}")
     )
 
 

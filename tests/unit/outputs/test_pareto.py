@@ -328,3 +328,14 @@ def test_a_baseline_that_ran_out_of_memory_is_not_confirmed_nor_compared():
     feasible = [trial(1, 100, batch_size=4)]  # what `picks_to_confirm` passes: ok, in budget
     assert [r.number for r in candidates(feasible, 9.0, oom, changes_training_of(oom))] == [1]
     assert candidates([], 9.0, oom, changes_training_of(oom)) == []
+
+
+def test_rounds_of_one_pick_far_apart_are_said_to_be_unsteady():
+    steady = confirmation({0: (100, 110, 90), 2: (150, 180, 120)})
+    assert steady.unsteady() is None
+    apart = confirmation({0: (100, 110, 90), 5: (31.0, 5.65, 40.0)})  # 7.1x: the probe's case
+    said = apart.unsteady()
+    assert said.startswith(
+        "the confirmation's rounds disagree: highest over lowest round trial 5's 7.1x (5.65-40.00)"
+    )
+    assert "trial 0" not in said and "confirm again on a quiet machine" in said
