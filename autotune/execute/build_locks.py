@@ -14,6 +14,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from autotune.common.knob_values import ZERO_STAGES
+from autotune.common.knobs import value_of
+from autotune.common.trial import TrialSpec
+
 LOCK_NAME = "lock"
 """`torch.utils.cpp_extension`'s lock file in an extension's build folder."""
 
@@ -43,11 +47,20 @@ def locks_older_than(started_s: float, root: Path | None = None) -> list[Path]:
     return sorted(old)
 
 
+def builds_extensions(spec: TrialSpec) -> bool:
+    """Whether the trial may build one of torch's extensions: it trains under DeepSpeed
+    (ZeRO), whose kernels build on first use. A lock says nothing of another trial's wait."""
+    strategy = value_of(spec.params, "strategy", devices=spec.devices)
+    return strategy in ZERO_STAGES
+
+
 def describe(locks: list[Path]) -> str:
-    """Words for a timed-out trial's reason; empty when there is no lock."""
+    """Words for a timed-out trial's reason; empty when there is no lock. A path is shown
+    as repr() shows it: a control character in a folder's name (an escape sequence) reaches
+    the terminal as text, never as a command to it."""
     if not locks:
         return ""
-    shown = ", ".join(str(p) for p in locks)
+    shown = ", ".join(repr(str(p))[1:-1] for p in locks)
     return (
         f"; a lock of torch's extension builds older than this trial is still there ({shown}): "
         "a process killed while it built a kernel leaves it, and every later build of that "

@@ -150,7 +150,7 @@ class LocalTrial:
         wall_s = time.perf_counter() - self.started
         if verdict is not None:
             result = verdict
-            if result.status is Status.TIMEOUT:
+            if result.status is Status.TIMEOUT and build_locks.builds_extensions(s.spec):
                 stale = build_locks.locks_older_than(self.started_epoch_s)
                 result = dataclasses.replace(
                     result, reason=result.reason + build_locks.describe(stale)

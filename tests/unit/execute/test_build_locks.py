@@ -28,3 +28,17 @@ def test_locks_in_both_of_torchs_layouts_made_before_the_trial(tmp_path):
     assert build_locks.locks_older_than(started, tmp_path / "missing") == []
     assert build_locks.describe([]) == ""
     assert str(flat) in build_locks.describe([flat])
+
+
+def test_a_lock_is_named_only_for_a_trial_that_builds_and_its_path_as_text(tmp_path):
+    import dataclasses
+
+    from tests.unit.plan.test_data_parallel import spec
+
+    assert build_locks.builds_extensions(spec("zero2_offload"))
+    assert build_locks.builds_extensions(spec("zero3"))
+    assert not build_locks.builds_extensions(spec("ddp"))
+    assert not build_locks.builds_extensions(dataclasses.replace(spec("single"), devices=1))
+    planted = tmp_path / "\x1b[2Jcleared" / "lock"
+    said = build_locks.describe([planted])
+    assert "\x1b" not in said and "\\x1b[2Jcleared" in said
