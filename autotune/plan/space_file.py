@@ -24,6 +24,10 @@ from autotune.plan.space import (
     SpaceKnob,
 )
 
+PROBLEMS_SHOWN = 30
+"""The problems of a space file listed at most; the rest are counted (a generated file of
+200,000 bad choices would print 18 MB)."""
+
 
 def shipped_dir() -> Path:
     """The shipped spaces: inside the installed wheel, or the repo's top-level folder."""
@@ -214,9 +218,13 @@ def parse_space(
         for message in _condition_problems(knob, knobs):
             problem(f"knobs.{knob.name}", message)
     if problems:
-        raise SpaceError(
-            f"{len(problems)} problem(s) in {source}:\n" + "\n".join(f"  - {p}" for p in problems)
-        )
+        shown = [f"  - {p}" for p in problems[:PROBLEMS_SHOWN]]
+        if len(problems) > PROBLEMS_SHOWN:
+            shown.append(
+                f"  - ... and {len(problems) - PROBLEMS_SHOWN:,} more: fix these "
+                f"{PROBLEMS_SHOWN} and validate again"
+            )
+        raise SpaceError(f"{len(problems):,} problem(s) in {source}:\n" + "\n".join(shown))
     return SearchSpace(
         name=name,
         description=str(data.get("description", "")),
@@ -258,8 +266,12 @@ def _parse_knob(name: str, spec: Any, facts: SoftwareFacts) -> SpaceKnob:
         raise ValueError(f"expected {form}`choices: [...]` or a single value")
     choices = [normalise_value(name, v) for v in choices]
     errors = [f"{v!r} is not {kind.expected}" for v in choices if not _valid(kind, v)]
-    named = [known_name_problem(name, v, facts) for v in choices if _valid(kind, v)]
-    errors += [p for p in named if p]
+    for v in choices:
+        # A hint (the closest name) for as many as are shown: difflib on each of a generated
+        # file's 90,000 bad names took a minute.
+        hinted = len(errors) < PROBLEMS_SHOWN
+        if _valid(kind, v) and (problem := known_name_problem(name, v, facts, hint=hinted)):
+            errors.append(problem)
     if len(set(map(repr, choices))) != len(choices):
         errors.append(f"choices repeat a value: {choices}")
     if name == "batch_size" and not errors:
@@ -319,7 +331,9 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def known_name_problem(name: str, value: Any, facts: SoftwareFacts) -> str | None:
+def known_name_problem(
+    name: str, value: Any, facts: SoftwareFacts, *, hint: bool = True
+) -> str | None:
     """Why the installed packages refuse this value of knob `name` (an optimizer or compile
     backend they do not offer), with the closest name they accept; None when they take it or
     `facts` does not know. A space's choices and `autotune estimate optim=...` are checked
@@ -330,9 +344,9 @@ def known_name_problem(name: str, value: Any, facts: SoftwareFacts) -> str | Non
     allowed = set(known) | ({"off"} if name == "torch_compile" else set())
     if value in allowed:
         return None
-    close = difflib.get_close_matches(str(value), sorted(allowed), n=1)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    return f"{value!r} is not {KNOBS[name].expected} here{hint}"
+    close = difflib.get_close_matches(str(value), sorted(allowed), n=1) if hint else []
+    said = f"; did you mean {close[0]}?" if close else ""
+    return f"{value!r} is not {KNOBS[name].expected} here{said}"
 
 
 def _batch_rule_problems(choices: list[int], multiple_of: int | str, is_range: bool) -> list[str]:

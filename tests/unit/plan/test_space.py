@@ -271,3 +271,18 @@ def test_a_choice_that_is_a_list_and_a_range_too_long_are_refused_by_size_not_by
             name="t",
             source="t",
         )
+
+
+def test_a_file_of_many_bad_choices_lists_the_first_and_counts_the_rest():
+    facts = SoftwareFacts(optimizer_names=("adamw_torch", "adafactor"))
+    data = {"knobs": {"optim": {"choices": [f"bogus{i}" for i in range(5000)]}}}
+    with pytest.raises(SpaceError) as refused:
+        parse_space(data, name="big", source="big.yaml", facts=facts)
+    lines = str(refused.value).splitlines()
+    assert lines[0] == "5,000 problem(s) in big.yaml:"
+    assert len(lines) == 1 + 30 + 1
+    assert lines[1] == "  - big.yaml: 'bogus0' is not a TrainingArguments.optim name here"
+    assert lines[-1] == "  - ... and 4,970 more: fix these 30 and validate again"
+    close = {"knobs": {"optim": {"choices": ["adamw_troch"]}}}
+    with pytest.raises(SpaceError, match="did you mean adamw_torch"):
+        parse_space(close, name="close", source="close.yaml", facts=facts)
