@@ -180,5 +180,3 @@ def test_a_search_naming_another_study_s_file_says_it_makes_a_second_study_there
     assert "holds study a too: this search makes study=b beside it in the same file" in (
         second.stdout
     )
-    resumed = autotune("search", *settings, "study=b", storage, cwd=tmp_path)
-    assert "beside it" not in resumed.stdout  # said once, when it is made
