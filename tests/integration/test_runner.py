@@ -15,7 +15,7 @@ from autotune.execute.oom_killer import OomWitness, read_oom_kills
 from tests.conftest import FAKE_WORKER as FAKE
 
 
-def spec() -> TrialSpec:
+def spec(**params) -> TrialSpec:
     return TrialSpec(
         trial_number=0,
         model_name="tiny",
@@ -23,16 +23,16 @@ def spec() -> TrialSpec:
         task="sequence-classification",
         seq_len=16,
         device="cpu",
-        params={"batch_size": 8},
+        params={"batch_size": 8, **params},
         warmup_steps=1,
         measure_steps=2,
         seed=0,
     )
 
 
-def run(mode: str, tmp_path: Path, timeout_s: float = 30, rss_limit_bytes=None):
+def run(mode: str, tmp_path: Path, timeout_s: float = 30, rss_limit_bytes=None, **params):
     return launch_trial(
-        spec(),
+        spec(**params),
         tmp_path,
         timeout_s=timeout_s,
         launcher=CommandLauncher((sys.executable, FAKE, mode)),
@@ -271,10 +271,12 @@ def test_a_timeout_names_a_build_lock_older_than_the_trial(tmp_path, monkeypatch
     fresh.parent.mkdir()
     fresh.touch()
     os.utime(fresh, (time.time() + 3600, time.time() + 3600))
-    result = run("sleep", tmp_path / "trial", timeout_s=2)
+    result = run("sleep", tmp_path / "trial", timeout_s=2, strategy="zero2")
     assert result.status is Status.TIMEOUT
     assert f"older than this trial is still there ({stale})" in result.reason
     assert "remove it if no build is running" in result.reason
     assert "cpu_adam" not in result.reason
+    # A trial that builds no extension (no DeepSpeed) is not told of the lock.
+    assert "lock" not in run("sleep", tmp_path / "plain", timeout_s=2).reason
     stale.unlink()
-    assert "lock" not in run("sleep", tmp_path / "again", timeout_s=2).reason
+    assert "lock" not in run("sleep", tmp_path / "again", timeout_s=2, strategy="zero2").reason
