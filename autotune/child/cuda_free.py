@@ -9,22 +9,31 @@ Importing `transformers.trainer` did, on an H100 (torch 2.11, transformers 5.17,
 (`torchao.utils.is_sm_at_least_100`); that call initialises CUDA. bitsandbytes asks the same
 at import (`bitsandbytes.cuda_specs`), and the server imports it too: with peft installed
 (`peft=lora`), `transformers.trainer` imports peft, which imports bitsandbytes.
+With that answered, an H200 (the same software, 2026-12-04) showed the next one: the same
+torchao module asks `torch.utils._triton.has_triton()` at import, which reads the device's
+properties (`major >= 7`) through dynamo's device interface, and that initialises CUDA too.
 `tests/integration/test_parent_process.py` finds such calls on a CPU by pretending a GPU is
 there.
 
-`install` answers that one question from NVML while CUDA is uninitialised (the same answer,
-without a context), and records the first call that does initialise CUDA, so that
+`install` answers those two questions from NVML while CUDA is uninitialised (the same
+answers, without a context), and records the first call that does initialise CUDA, so that
 `refuse_fork` can name the import to blame instead of failing in the forked child.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.cuda
+import torch.utils._triton
+
+TRITON_MIN_MAJOR = 7
+"""torch's own test in `has_triton`: Triton runs on CUDA devices of compute capability 7.0 and
+later."""
 
 _first_init: str | None = None
 """Where CUDA was first initialised in this process (or in the process it was forked from)."""
@@ -41,6 +50,7 @@ def install() -> None:
         return
     torch.cuda._lazy_init = _watched(torch.cuda._lazy_init)
     torch.cuda.get_device_capability = _quiet_capability(torch.cuda.get_device_capability)
+    torch.utils._triton.has_triton = _quiet_has_triton(torch.utils._triton.has_triton)
 
 
 def first_init() -> str | None:
@@ -84,6 +94,32 @@ def _quiet_capability(capability: Callable[..., tuple[int, int]]) -> Callable[..
 
     quiet.__doc__ = capability.__doc__
     return quiet
+
+
+def _quiet_has_triton(has_triton: Callable[[], bool]) -> Callable[[], bool]:
+    """`has_triton` answered as torch answers it on a CUDA device (the Triton package is
+    there, device detection is on, and the current device, 0 before CUDA starts, is of compute
+    capability 7.0 or later), from NVML while CUDA is uninitialised; torch's own answer
+    otherwise. Cached as torch caches it: the device does not change."""
+
+    @functools.cache
+    def quiet() -> bool:
+        if not initialised() and torch.cuda.is_available() and _triton_detects_devices():
+            answer = nvml_capability(0)
+            if answer is not None and answer[0] >= TRITON_MIN_MAJOR:
+                return True
+        return has_triton()
+
+    quiet.__doc__ = has_triton.__doc__
+    return quiet
+
+
+def _triton_detects_devices() -> bool:
+    if not torch.utils._triton.has_triton_package():
+        return False
+    from torch._inductor.config import triton_disable_device_detection
+
+    return not triton_disable_device_detection
 
 
 def nvml_capability(index: int) -> tuple[int, int] | None:

@@ -111,6 +111,22 @@ def test_without_cuda_free_the_trainer_import_initialises_cuda_through_torchao()
     assert "transformers.trainer" in lines[2] and "torchao" in lines[2], lines
 
 
+def test_tritons_device_check_is_answered_without_initialising_cuda():
+    # The next culprit, on an H200 (torch 2.11, torchao 0.18), once the capability was
+    # answered: torchao's mx_formats kernels ask `has_triton()` at import, and torch reads the
+    # device's properties for it through dynamo's device interface. A CPU build has no Triton
+    # package: it is pretended here, as the GPU is.
+    triton = (
+        "import torch._dynamo.device_interface, torch._inductor.config  # before the pretence\n"
+        "torch.utils._triton.has_triton_package = lambda: True\n"
+    )
+    ask = "print(torch.utils._triton.has_triton()); print(len(calls))\n"
+    bare = _run(triton + ask)
+    assert bare[0] == "True" and int(bare[1]) > 0, bare  # torch's own answer starts CUDA
+    quiet = _run("from autotune.child import cuda_free\ncuda_free.install()\n" + triton + ask)
+    assert quiet == ["True", "0"], quiet
+
+
 CULPRIT = """
 import torch
 torch.cuda.get_device_properties(0)  # asks CUDA itself: initialises it
