@@ -6,8 +6,9 @@ of each knob's effect on throughput (`study/model.py`) and what each trial costs
 2. **The expert's guess, then the batch ladder** (`study/guess.py`): what the guides advise
    for the device, at the largest batch that fits, and its batch moved while that pays.
 3. **Model**: each trial then takes the untried setting with the highest expected gain over
-   the fastest feasible trial, times its chance to fit the memory budget (the same model of
-   log peak memory over the setting's estimate, out-of-memory trials counted past the budget)
+   the fastest feasible trial, times its chance to fit the memory limit a pick keeps under
+   (the budget less its headroom: the same model of log peak memory over the setting's
+   estimate, out-of-memory trials counted past the budget)
    and the guides' advice (a weight that fades as trials accumulate, after piBO), per second
    of its predicted wall time (`study/cost.py`) to a power that fades from 1 to 0 over the
    search (cost-cooling). It looks within a trust radius of the fastest trial: one knob away,
@@ -203,9 +204,9 @@ class EffectsSampler(optuna.samplers.BaseSampler):
     def _observed(
         self, records: list[TrialRecord], cost: TrialCost
     ) -> tuple[list[int], np.ndarray, list[bool]]:
-        """The settings measured, their log samples/s and whether each is feasible (ok within
-        the budget): the ok trials, and the trials that timed out, at the fastest pace they
-        could have had (`TrialCost.pace_bound`)."""
+        """The settings measured, their log samples/s and whether each is feasible (ok under
+        the memory limit, so that it could be recommended): the ok trials, and the trials
+        that timed out, at the fastest pace they could have had (`TrialCost.pace_bound`)."""
         observed, speeds, feasible = [], [], []
         for record in records:
             index = self.points.find(record.params)
@@ -270,7 +271,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         cost: TrialCost,
     ) -> list[int]:
         """Untried settings, most promising first: the model's expected gain over the fastest
-        feasible trial, times the chance the setting fits the memory budget, per predicted
+        feasible trial, times the chance the setting fits the memory limit, per predicted
         second of its trial raised to a weight that fades from 1 to 0 over the search
         (`cost_weight`); ties by the model's optimistic estimate. Compiled and fp8 settings
         wait for the last LOCAL_TRIALS trials (`refinements`), which change one knob of the
@@ -365,10 +366,12 @@ class EffectsSampler(optuna.samplers.BaseSampler):
 
     def within_budget(self, untried: list[int], records: list[TrialRecord]) -> list[int]:
         """The settings whose estimate, calibrated on the measured peaks
-        (`estimate.calibrated_gib`), stays within the memory budget (all of them where none
-        does): the pre-trial check allows `estimate_margin` over it, for an estimate not yet
-        calibrated; an out-of-memory trial costs a trial's start-up for nothing."""
-        budget = self.plan.info.memory_budget_gib
+        (`estimate.calibrated_gib`), stays within the memory limit a pick must keep under (the
+        budget less its headroom; all of them where none does): a trial past it may run, but
+        is never recommended; the pre-trial check allows `estimate_margin` over the budget,
+        for an estimate not yet calibrated; an out-of-memory trial costs a trial's start-up
+        for nothing."""
+        limit = self.plan.info.memory_limit_gib
         peaks = checks.measured_peaks(records)
         if not peaks:
             return untried
@@ -376,7 +379,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
             i
             for i in untried
             if self._raw_estimate(i) is None
-            or calibrated_gib(self.points.params[i], self._estimate(i), peaks) <= budget
+            or calibrated_gib(self.points.params[i], self._estimate(i), peaks) <= limit
         ]
         return within or untried
 
@@ -391,9 +394,10 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         return max(0.0, 1.0 - spent)
 
     def _fits(self, untried: list[int], records: list[TrialRecord]) -> np.ndarray:
-        """The chance that each setting's peak stays within the budget: the same model, of log
-        peak memory over the setting's estimate, fitted to the measured peaks and to the
-        out-of-memory trials (counted at OOM_OVER x the budget)."""
+        """The chance that each setting's peak stays within the memory limit a pick must keep
+        under (the budget less its headroom): the same model, of log peak memory over the
+        setting's estimate, fitted to the measured peaks and to the out-of-memory trials
+        (counted at OOM_OVER x the budget)."""
         budget = self.plan.info.memory_budget_gib
         observed, y = [], []
         for record in records:
@@ -412,11 +416,13 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         if not observed:
             return np.ones(len(untried))
         mean, sd = predict(self.points, observed, np.array(y), untried)
-        limit = np.log([budget / self._estimate(i) for i in untried])
+        pick_limit = self.plan.info.memory_limit_gib
+        limit = np.log([pick_limit / self._estimate(i) for i in untried])
         return normal_cdf((limit - mean) / sd)
 
     def _feasible(self, record: TrialRecord) -> bool:
-        return record.result.feasible(self.plan.info.memory_budget_gib)
+        """Whether the trial could be recommended: ok, under the memory limit."""
+        return record.result.feasible(self.plan.info.memory_limit_gib)
 
     def _index(self, record: TrialRecord) -> int:
         index = self.points.find(record.params)

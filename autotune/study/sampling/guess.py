@@ -5,7 +5,8 @@ the device in hand, taken from the knob catalogue's priors (`Knob.prior`, per de
 each with its source): on a CUDA GPU with bf16, bf16 with TF32 matmuls, fused AdamW,
 FlashAttention where installed (else SDPA), no checkpointing, no compile; on a CPU, bf16 where
 it has it, eager attention, fused AdamW. It runs at the largest batch whose estimate, corrected
-by the baseline's measured peak, fills at most `GUESS_FILL` of the memory budget, and whose
+by the baseline's measured peak, fills at most `GUESS_FILL` of the memory limit a pick must
+keep under (the budget less its headroom: a trial past it is never recommended), and whose
 trial would cost at most `GUESS_COST` baseline trials were it to train no faster a sample than
 the baseline. A knob without a prior keeps its HF default. Where no batch of that setting
 fits, the next most advised setting is taken (checkpointing first).
@@ -39,8 +40,11 @@ if TYPE_CHECKING:
     from autotune.study.sampling.points import Points
 
 GUESS_FILL = 0.85
-"""The share of the memory budget the guess's batch may fill by estimate: room for the
-estimate's error (7-8% low at large batches on the H100) and the allocator's fragmentation."""
+"""The share of the memory limit (the budget less its headroom) the guess's batch may fill by
+estimate: room for the estimate's error (7-8% low at large batches on the H100, 9% at batch
+240 in bf16 on the H200) and the allocator's fragmentation. Against the budget it filled past
+the limit: the H200's guess, bert-large at batch 240, measured 127.0 GiB against a limit of
+125.4, and the search recommended the baseline it was 9.2x."""
 GUESS_COST = 3.0
 """The most the guess may cost, in baseline trials, were it to train no faster a sample than
 the baseline (`TrialCost` fitted on the baseline; on a GPU its pace scaled by the precision's
@@ -94,7 +98,7 @@ def expert_guess(
         allowed, batch = affordable(params), _batch(params)
         return (not allowed, -batch if allowed else batch, value_of(params, "grad_accum"))
 
-    limit = plan.info.memory_budget_gib * GUESS_FILL
+    limit = plan.info.memory_limit_gib * GUESS_FILL
     lines = itertools.groupby(ranked, key=lambda i: _line_key(points.params[i], free))
     for _, line in itertools.islice(lines, LINES_LOOKED_AT):
         members = list(line)
@@ -164,7 +168,7 @@ def ladder_step(
     same = [j for j, name in enumerate(points.names) if name not in free]
     on_line = (points.levels[:, same] == points.levels[guess, same]).all(axis=1)
     line = {_batch(points.params[i]): int(i) for i in np.flatnonzero(on_line)}
-    budget = plan.info.memory_budget_gib
+    limit = plan.info.memory_limit_gib  # a rung past it is never recommended
     measured: dict[int, float | None] = {}
     """batch -> samples/s; None where it failed (out of memory, timeout, ...)."""
     for record in records:
@@ -173,7 +177,7 @@ def ladder_step(
         index = points.find(record.params)
         if index is None or line.get(_batch(points.params[index])) != index:
             continue
-        ok = record.result.feasible(budget) or record.status is Status.STOPPED  # a slower rung
+        ok = record.result.feasible(limit) or record.status is Status.STOPPED  # a slower rung
         measured[_batch(points.params[index])] = record.result.samples_per_s if ok else None
     if _batch(points.params[guess]) not in measured:
         return None
@@ -182,12 +186,12 @@ def ladder_step(
     peaks = measured_peaks(records)
 
     def first_running(candidates: list[int]) -> int | None:
-        """The first batch not measured that runs and fits the budget by its estimate
+        """The first batch not measured that runs and fits the memory limit by its estimate
         calibrated on the study's peaks."""
         for b in candidates:
             params = points.params[line[b]]
             estimate = plan.estimate_gib(params)
-            fits = estimate is None or calibrated_gib(params, estimate, peaks) <= budget
+            fits = estimate is None or calibrated_gib(params, estimate, peaks) <= limit
             if b not in measured and fits and runs(line[b]):
                 return line[b]
         return None

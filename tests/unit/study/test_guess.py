@@ -2,17 +2,20 @@
 the budget and that costs at most `GUESS_COST` baseline trials at the baseline's pace."""
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import optuna
 import pytest
 
+from autotune.common.device import DeviceInfo
 from autotune.common.trial import Status, TrialResult
 from autotune.plan.overrides import load_config
 from autotune.plan.plan import make_plan
 from autotune.store.records import BASELINE_ATTR, PARAMS_ATTR, TrialRecord, tell_result
 from autotune.study.sampling.effects import EffectsSampler
-from autotune.study.sampling.guess import GUESS_COST, expert_guess
+from autotune.study.sampling.guess import GUESS_COST, expert_guess, ladder_step
 from autotune.study.sampling.points import Points
 from tests.conftest import TINY_MODEL
 from tests.unit.study.test_effects import CPU
@@ -162,3 +165,44 @@ def test_the_baseline_is_found_where_the_space_file_makes_a_knob_it_leaves_out_i
     found = points.find(dict(plan.baseline))
     assert found is not None
     assert points.params[found] == {"precision": "fp32", "batch_size": 8}
+
+
+H200 = DeviceInfo.from_facts(
+    json.loads((Path(__file__).parents[2] / "fixtures" / "probe-h200-2026-12-04.json").read_text())
+)
+H200_ERROR = 126.959 / 115.698
+"""The H200's measured peak over its estimate at batch 240 in bf16+tf32 (2026-12-04)."""
+
+
+def test_on_the_h200_the_guess_and_its_ladder_stay_under_the_limit_a_pick_keeps_to(tmp_path):
+    """The H200's lease (benchmarks/results/2026-12-04-h200): the guess, bert-large at batch
+    240 in bf16+tf32, measured 126.96 GiB (estimate 115.70) and the ladder's batch 256 133.84
+    GiB: within the 139.29 GiB budget, past the 125.36 GiB a pick may reach (less the 10%
+    headroom), so the search recommended its baseline, 9.2x slower. Both now aim under the
+    limit, even at the estimate's error measured there."""
+    config = load_config(["model=bert-large-uncased", "seq_len=512", f"out={tmp_path}"])
+    plan = make_plan(config, H200)
+    assert plan.info.memory_limit_gib == pytest.approx(125.36, abs=0.01)
+    points = Points.of(plan, np.random.default_rng(0))
+    result = TrialResult(
+        status=Status.OK,
+        samples_per_s=38.89,
+        wall_s=24.95,
+        peak_memory_gib=10.2988,
+        estimate_gib=plan.estimate_gib(plan.baseline),
+    )
+    baseline = TrialRecord(number=0, params=dict(plan.baseline), result=result, baseline=True)
+    guess = expert_guess(points, plan, [baseline], lambda index: True)
+    params = points.params[guess]
+    assert params["precision"] == "bf16+tf32" and params["batch_size"] < 240
+    assert plan.estimate_gib(params) * H200_ERROR <= plan.info.memory_limit_gib
+    # The guess measured at that error: the ladder's next rung, if any, by its estimate
+    # calibrated on the guess's peak, stays under the limit too.
+    peak = plan.estimate_gib(params) * H200_ERROR
+    measured = dataclasses.replace(
+        result, samples_per_s=350.0, peak_memory_gib=peak, estimate_gib=plan.estimate_gib(params)
+    )
+    records = [baseline, TrialRecord(number=1, params=params, result=measured)]
+    rung = ladder_step(points, guess, plan, records, lambda index: True)
+    if rung is not None:
+        assert plan.estimate_gib(points.params[rung]) * H200_ERROR <= plan.info.memory_limit_gib
