@@ -39,9 +39,9 @@
 #       in a second), the headline search with its defaults for 2 minutes of trials, fidelity
 #       over 60 steps, a trial's cost in parts (trial_overhead.py), the guide's table,
 #       offload, 50 s of landscape, and on 2 GPUs or more the strategies on 2 of them;
-#       plan.txt, probe.json, search.txt, trials.csv, fidelity.json, overhead.txt,
-#       guide_table.md, offload.json, landscape.json, ranks_gpu.json and rest.tgz (the
-#       others). LEASE_STAGES picks stages (plan search follow-up offload landscape ranks).
+#       plan.txt, probe.json, search.txt, trials.csv, study.tgz, fidelity.json, overhead.txt,
+#       guide_table.md, offload.json, landscape.json, ranks_gpu.json (each as its stage ends)
+#       and rest.tgz (the others). LEASE_STAGES picks stages (plan search follow-up offload landscape ranks).
 #       A dry run on a CPU with the H100's facts, as CI runs it (exit 2 on a refusal):
 #         PROBE=tests/fixtures/probe-h100-2026-11-26.json LEASE_STAGES=plan OUT=/tmp/lease \
 #           bash benchmarks/gpu_checks.sh lease
@@ -81,6 +81,15 @@ if [ "$stage" = lease ]; then
   rest=$work/lease
   rm -rf "$rest" && mkdir -p "$OUT" "$rest/search" "$rest/follow-up" "$rest/offload" "$rest/landscape"
   stages=" ${LEASE_STAGES:-plan search follow-up offload landscape ranks} "
+  # Each stage's files reach $OUT as it ends: a lease cut short keeps what it measured (the
+  # H200's of 2026-12-04 was killed in its last stage, before a move at the end).
+  collect() {
+    for name in plan.txt search/probe.json search/search.txt search/trials.csv \
+      follow-up/fidelity.json follow-up/overhead.txt follow-up/guide_table.md \
+      offload/offload.json landscape/landscape.json ranks/ranks_gpu.json; do
+      mv "$rest/$name" "$OUT/" 2>/dev/null || true  # a stage may have written none
+    done
+  }
   # The headline search as users start it (`autotune search model=bert-large-uncased
   # seq_len=512`: its default space, batch rule and sampler), bounded to 2 minutes of trials
   # and without the confirmation's rounds: its trials, the time to 90% of its best, best /
@@ -96,17 +105,25 @@ if [ "$stage" = lease ]; then
     # shellcheck disable=SC2086  # a list of key=value words
     python3 benchmarks/lease_plan.py "$probe" "model=$model" "seq_len=$seq_len" $lease_args \
       2>&1 | tee "$rest/plan.txt" || { echo "plan refused"; plan_refused=2; }
+    collect
   fi
   if [[ $stages == *" search "* ]]; then
-    OUT=$rest/search SEARCH_WALL_S=${SEARCH_WALL_S:-180} SEARCH_ARGS=$lease_args \
+    OUT=$rest/search SEARCH_WALL_S=${SEARCH_WALL_S:-170} SEARCH_ARGS=$lease_args \
       bash "$0" search || echo "search stage exited with $?"
+    cp "$rest/search/study.tgz" "$OUT/" 2>/dev/null || true
+    collect
   fi
   if [[ $stages == *" follow-up "* ]]; then
-    OUT=$rest/follow-up FIDELITY_STEPS=60 FIDELITY_WALL_S=50 OVERHEAD_WALL_S=50 GUIDE_WALL_S=80 \
+    # Bounded so that the lease ends inside its 10 minutes: on the H200 (2026-12-04) 60
+    # steps of a batch-240 pick, 50 s and the guide's 80 s were too few, 50 s of overhead
+    # too many for its place.
+    OUT=$rest/follow-up FIDELITY_STEPS=30 FIDELITY_WALL_S=60 OVERHEAD_WALL_S=40 GUIDE_WALL_S=60 \
       bash "$0" follow-up "$rest/search/study.tgz" || echo "follow-up stage exited with $?"
+    collect
   fi
   if [[ $stages == *" offload "* ]]; then
-    OUT=$rest/offload OFFLOAD_WALL_S=100 bash "$0" offload || echo "offload stage exited with $?"
+    OUT=$rest/offload OFFLOAD_WALL_S=80 bash "$0" offload || echo "offload stage exited with $?"
+    collect
   fi
   if [[ $stages == *" landscape "* ]]; then
     OUT=$rest/landscape LANDSCAPE_WALL_S=${LANDSCAPE_WALL_S:-50} bash "$0" landscape \
@@ -119,6 +136,7 @@ if [ "$stage" = lease ]; then
         && cp benchmarks/twin/points.json autotune/twin/constants.json "$OUT/twin/" \
         || echo "twin re-fit exited with $?"
     fi
+    collect
   fi
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
   if [[ $stages == *" ranks "* ]] && [ "${gpus:-0}" -ge 2 ]; then
@@ -126,12 +144,8 @@ if [ "$stage" = lease ]; then
     mkdir -p "$rest/ranks"
     OUT=$rest/ranks DEVICES=2 RANKS_WALL_S=${RANKS_WALL_S:-120} bash "$0" ranks \
       || echo "ranks stage exited with $?"
+    collect
   fi
-  for name in plan.txt search/probe.json search/search.txt search/trials.csv \
-    follow-up/fidelity.json follow-up/overhead.txt follow-up/guide_table.md offload/offload.json \
-    landscape/landscape.json ranks/ranks_gpu.json; do
-    mv "$rest/$name" "$OUT/" 2>/dev/null || true  # a stage may have written none
-  done
   tar -czf "$OUT/rest.tgz" -C "$rest" .
   exit "${plan_refused:-0}"
 fi
