@@ -192,4 +192,7 @@ def _cpu_matmul_tflops(n: int = 1024, repeats: int = 5) -> float:
 
 
 if __name__ == "__main__":
+    from autotune.child import quiet_imports
+
+    quiet_imports.install()  # its imports of torchao log lines of nothing it probes
     print(json.dumps(_probe_here(device_only=DEVICE_ONLY in sys.argv[1:])))

@@ -3,6 +3,7 @@ $TMPDIR however it ends, and no import-time lines about nothing a trial does (to
 libraries, torch's pytree notices) in its log or on the search's terminal. Real CPU trials."""
 
 import enum
+import json
 import logging
 import os
 import re
@@ -161,3 +162,13 @@ def test_only_the_import_noise_is_dropped(monkeypatch, caplog):
         "Skipping import of cpp extensions due to incompatible torch version",
         enum_notice % Precision,
     ]
+
+
+def test_the_device_probe_run_alone_prints_none_of_its_imports_noise():
+    """`python -m autotune.child.probe` (what a search runs first, and what a GPU check runs
+    by hand) prints its facts, without the lines torchao's import logs."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune.child.probe"], capture_output=True, text=True, check=True
+    )
+    assert json.loads(proc.stdout)["cpu_name"]
+    assert not IMPORT_NOISE.search(proc.stderr), proc.stderr
