@@ -56,16 +56,15 @@ def front_table(snapshot: StudySnapshot) -> Table:
 def _columns(snapshot: StudySnapshot) -> tuple[str, ...]:
     peak = shared_mfu_peak(snapshot.front)  # one denominator for every trial, named
     mfu = f"MFU of {peak:g} TFLOP/s" if peak else "MFU"
-    # One kind of figure a column: the trials' own measurements, then (confirmed picks) the
-    # medians of the confirmation rounds.
+    # The trials' own samples/s, then (confirmed picks) the medians of the confirmation
+    # rounds; one speedup a trial: the confirmed one where the rounds measured it.
     confirmed = snapshot.picks.confirmed is not None
-    again = ("confirmed samples/s", "confirmed x baseline") if confirmed else ()
     return (
         "trial",
         "settings",
         "samples/s",
+        *(("confirmed samples/s",) if confirmed else ()),
         "x baseline",
-        *again,
         "peak GiB",
         mfu,
         "step CV",
@@ -77,13 +76,12 @@ def _row(snapshot: StudySnapshot, record: TrialRecord) -> tuple[str, ...]:
     picks, r = snapshot.picks, record.result
     marks = ((picks.recommended, " *"), (picks.saver, " m"))
     mark = "".join(m for pick, m in marks if pick is not None and pick.number == record.number)
-    measured = picks.measured_speedup(record)
     return (
         f"{record.number}{mark}",
         escape(describe_params(record.params)),
         f"{r.samples_per_s:.2f}",
-        "n/a" if measured is None else f"{measured:.2f}x",
-        *(_confirmed_cells(picks, record) if picks.confirmed is not None else ()),
+        *((_confirmed_figure(picks, record),) if picks.confirmed is not None else ()),
+        _speedup_cell(picks, record),
         format_gib(r.peak_memory_gib, 3).removesuffix(" GiB"),
         "n/a" if r.mfu is None else f"{r.mfu:.1%}",
         f"{r.step_time_cv:.0%}" + (" noisy" if snapshot.is_noisy(record) else ""),
@@ -91,22 +89,26 @@ def _row(snapshot: StudySnapshot, record: TrialRecord) -> tuple[str, ...]:
     )
 
 
-def _confirmed_cells(picks: Picks, record: TrialRecord) -> tuple[str, str]:
-    """The confirmed median samples/s and ratio to the baseline, each with its interval; "-"
-    for a trial not confirmed."""
+def _confirmed_figure(picks: Picks, record: TrialRecord) -> str:
+    """The confirmed median samples/s with its interval; "-" for a trial not confirmed."""
     confirmed = picks.confirmed
     assert confirmed is not None
     median, spread = confirmed.median(record.number), confirmed.interval(record.number)
     if median is None or spread is None:
-        return "-", "-"
-    figure = f"{median:.2f}" + escape(f" [{spread[0]:.2f}-{spread[1]:.2f}]")
+        return "-"
+    return f"{median:.2f}" + escape(f" [{spread[0]:.2f}-{spread[1]:.2f}]")
+
+
+def _speedup_cell(picks: Picks, record: TrialRecord) -> str:
+    """The trial's one speedup: confirmed, with its interval, where the rounds measured it;
+    else its own trial's, marked `(1 trial)` where confirmed ones stand beside it."""
     speedup, interval = picks.speedup(record), picks.speedup_interval(record)
-    if speedup is None or interval is None:
-        return figure, "-"
-    times = f"{speedup:.2f}x" + (
-        "" if record.baseline else escape(f" [{interval[0]:.2f}-{interval[1]:.2f}]")
-    )
-    return figure, times
+    if speedup is None:
+        return "n/a"
+    if interval is None:
+        return f"{speedup:.2f}x" + (" (1 trial)" if picks.confirmed is not None else "")
+    spread = "" if record.baseline else escape(f" [{interval[0]:.2f}-{interval[1]:.2f}]")
+    return f"{speedup:.2f}x{spread}"
 
 
 def _print_front(report: Reporter, snapshot: StudySnapshot) -> None:
@@ -117,11 +119,11 @@ def _print_front(report: Reporter, snapshot: StudySnapshot) -> None:
     console.print(front_table(snapshot))
     if snapshot.picks.confirmed is not None:
         report.line(
-            "samples/s and x baseline: each trial's own measurement (over the "
-            "baseline trial's); confirmed: the median "
+            "samples/s: each trial's own short measurement; confirmed samples/s: the median "
             + escape("[lowest-highest]")
-            + " of the confirmation rounds, and of "
-            "their round-by-round ratios to the baseline"
+            + " of the confirmation rounds; x baseline: the median of their round-by-round "
+            "ratios to the baseline where the rounds measured the trial, else its own trial's "
+            "(1 trial)"
         )
 
 
@@ -160,8 +162,7 @@ def _print_search(report: Reporter, snapshot: StudySnapshot) -> None:
             f"reference ({escape(reference_recipe(picks))}): {escape(picks.describe_reference())}"
         )
     if (found := snapshot.anytime()) is not None:
-        yardstick = picks.yardstick.result.samples_per_s if picks.yardstick is not None else None
-        report.line(f"found: {escape(found.describe(yardstick, picks.yardstick_name))}")
+        report.line(f"found: {escape(found.describe(picks.speedup_note(found.best)))}")
     if snapshot.info.simulated is not None and picks.recommended is not None:
         report.line(
             f"[yellow]simulated[/]: the pick is trial {picks.recommended.number} on "
@@ -254,9 +255,11 @@ def _shown_picks(picks: Picks) -> list[tuple[str, TrialRecord]]:
 def _print_why_and_how_to_run(
     report: Reporter, snapshot: StudySnapshot, record: TrialRecord
 ) -> None:
-    """Under the recommendation: why it is the one, its scaling efficiency on several
-    devices, and how to launch it as its trials ran."""
+    """Under the recommendation: why it is the one, what `autotune verify` found of it, its
+    scaling efficiency on several devices, and how to launch it as its trials ran."""
     report.line(f"  why: {escape(snapshot.picks.why)}")
+    if (verified := snapshot.verifications.get(record.number)) is not None:
+        report.line(f"  verified: {escape(verified.describe())}")
     if (efficiency := snapshot.scaling_efficiency(record)) is not None:
         report.line(
             f"  scaling efficiency {efficiency:.0%}: its samples/s over "

@@ -26,13 +26,23 @@ NOTHING_TO_RECOMMEND = 3
 None)."""
 
 
+ONE_TRIAL = "in one short trial"
+"""How a trial's own speedup is marked where a confirmed one may stand beside it."""
+
+SAME_MEMORY = 0.01
+"""Peaks within this share of each other count as the same memory on the front: a CPU's
+resident memory varies by a few MiB between runs of one setting, and a trial 3x slower is no
+memory saver for 0.3 MiB less."""
+
+
 def non_dominated(records: list[TrialRecord]) -> list[TrialRecord]:
-    """Trials no other trial beats on both samples/s (higher) and peak memory (lower)."""
+    """Trials no other trial beats on both samples/s (higher) and peak memory (lower, or
+    within `SAME_MEMORY` of it)."""
 
     def beats(a: TrialRecord, b: TrialRecord) -> bool:
         faster, smaller = a.result.samples_per_s, a.result.peak_memory_gib
         other_speed, other_memory = b.result.samples_per_s, b.result.peak_memory_gib
-        at_least = faster >= other_speed and smaller <= other_memory
+        at_least = faster >= other_speed and smaller <= other_memory * (1 + SAME_MEMORY)
         return at_least and (faster > other_speed or smaller < other_memory)
 
     return [r for r in records if not any(beats(other, r) for other in records)]
@@ -205,6 +215,19 @@ class Picks:
         mine, theirs = record.result.samples_per_s, yardstick.result.samples_per_s
         return mine / theirs if mine and theirs else None
 
+    def speedup_note(self, record: TrialRecord) -> str:
+        """The one speedup told of a trial beside its own samples/s: `one short trial;
+        confirmed 1.60x [1.47-1.99] the baseline` where the rounds measured it against the
+        yardstick, else `2.07x the baseline in one short trial`; "" without a figure."""
+        versus = self.yardstick_name
+        interval = self.speedup_interval(record)
+        if (times := self.speedup(record)) is None:
+            return ""
+        if interval is None:
+            return f"{times:.2f}x {versus} {ONE_TRIAL}"
+        low, high = interval
+        return f"one short trial; confirmed {times:.2f}x [{low:.2f}-{high:.2f}] {versus}"
+
     def speedup_interval(self, record: TrialRecord) -> tuple[float, float] | None:
         """The lowest and highest round's ratio to the yardstick; None unconfirmed."""
         yardstick = self.yardstick
@@ -272,7 +295,7 @@ class Picks:
             notes += [f"tied with trial {r.number}" for r in self.ties(record)]
         else:
             if speedup and (times := self.speedup(record)) is not None:
-                notes.append(f"{times:.2f}x {versus}")
+                notes.append(f"{times:.2f}x {versus} {ONE_TRIAL}")
             notes += [caveat] if (caveat := self.noise_caveat(record)) else []
         times_text = f" ({'; '.join(notes)})" if notes else ""
         memory = record.result.peak_memory_gib

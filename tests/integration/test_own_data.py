@@ -213,6 +213,11 @@ def test_the_users_trainer_is_what_each_trial_times(tmp_path, capsys):
         assert code == 0, out[-3000:]
         said = f"trainer={EXAMPLE}:make_trainer: runs {EXAMPLE} (sha256 {sha})"
         assert said in out and out.index(said) < out.index(then)
+    # `autotune report` prints what the verify found, under the recommendation, as the
+    # report's page does.
+    assert cli.main(["report", str(tmp_path / "mine")]) == 0
+    out = capsys.readouterr().out
+    assert "  verified: trial " in out and " over 4 steps: " in out, out[-3000:]
 
     script = (tmp_path / "mine" / "recommended.py").read_text()
     assert f"'factory': '{EXAMPLE}:make_trainer'" in script

@@ -31,6 +31,7 @@ from autotune.outputs.report.charts import (
 )
 from autotune.outputs.snapshot import StudySnapshot
 from autotune.plan import conditions
+from autotune.plan.run_info import RunInfo
 from autotune.store.outcomes import Ending
 from autotune.store.records import TrialRecord
 
@@ -177,6 +178,18 @@ def _empty(snapshot: StudySnapshot, *, n_ok: int, n_within: int, ranked: bool) -
     return {chart: empty[chart] for chart in CHARTS if chart in empty}
 
 
+def _parameters(info: RunInfo, records: list[TrialRecord], n_params: int | None) -> str:
+    """` (335.1M parameters)` after the model's name; where a `trainer=` factory trained
+    another model, the count is said to be that one's."""
+    if not n_params:
+        return ""
+    count = f"{n_params / 1e6:,.1f}M parameters"
+    trained = next((r.result.trained_model for r in records if r.result.trained_model), None)
+    if trained is None or trained in (info.model, info.model_config.get("model_type")):
+        return f" ({count})"
+    return f" (named; the trainer= factory's {trained} has {count})"
+
+
 def _summary(snapshot: StudySnapshot) -> dict[str, str]:
     """The study, how its search ended, the baseline and the best found; then the picks."""
     info, records, picks = snapshot.info, snapshot.records, snapshot.picks
@@ -185,7 +198,7 @@ def _summary(snapshot: StudySnapshot) -> dict[str, str]:
     search_s = snapshot.search_s
     summary = {} if snapshot.simulated_time is None else {"simulated": snapshot.simulated_time}
     summary |= {
-        "model": info.model + (f" ({n_params / 1e6:,.1f}M parameters)" if n_params else ""),
+        "model": info.model + _parameters(info, records, n_params),
         "task": info.task,
         "seq_len": str(info.seq_len)
         + ("" if (note := snapshot.trained_note()) is None else f" (named; {note})"),
@@ -215,8 +228,7 @@ def _summary(snapshot: StudySnapshot) -> dict[str, str]:
             "against it"
         )
     if (found := snapshot.anytime()) is not None:
-        yardstick = picks.yardstick.result.samples_per_s if picks.yardstick is not None else None
-        summary["found"] = found.describe(yardstick, picks.yardstick_name)
+        summary["found"] = found.describe(picks.speedup_note(found.best))
     return summary | _picks_summary(snapshot)
 
 

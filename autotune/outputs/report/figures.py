@@ -54,11 +54,14 @@ def error_bars(spread: list[float | None], color: str | None = None) -> dict[str
     return {"error_y": bars | ({"color": color} if color else {})}
 
 
-def _points_trace(name: str, points: list[Point], **style: object) -> go.Scatter:
+def _points_trace(
+    name: str, points: list[Point], at_confirmed: bool = False, **style: object
+) -> go.Scatter:
+    """`at_confirmed`: a confirmed point at its rounds' median, not its trial's figure."""
     return go.Scatter(
         name=name,
         x=[p.peak_memory_gib for p in points],
-        y=[p.samples_per_s for p in points],
+        y=[p.confirmed[0] if at_confirmed and p.confirmed else p.samples_per_s for p in points],
         text=[p.hover for p in points],
         hovertemplate="%{text}<extra></extra>",
         **style,
@@ -106,13 +109,16 @@ def _kind_traces(data: ReportData) -> list[go.Scatter]:
 
 
 def _mark_traces(data: ReportData) -> list[go.Scatter]:
-    """A trace per mark (`MARKS`) that some point has, drawn over the points."""
+    """A trace per mark (`MARKS`) that some point has, drawn over the points; a pick's mark
+    at its confirmed median where it has one (the figure it is picked on), the noise flag at
+    the trial's own figure (the one it flags)."""
     traces = []
     for label, flag, marker in MARKS:
         points = [p for p in data.points if getattr(p, flag)]
         if points:
             marker = {"line": {"width": 2}, "color": "#202124", **marker}
-            traces.append(_points_trace(label, points, mode="markers", marker=marker))
+            at_confirmed = flag != "noisy"
+            traces.append(_points_trace(label, points, at_confirmed, mode="markers", marker=marker))
     return traces
 
 
@@ -200,12 +206,24 @@ def parallel_caption(data: ReportData) -> str:
     return "Axes: " + ", ".join(named) + "." if named else ""
 
 
+OBJECTIVE_NAMES = {"samples_per_s": "samples/s", "peak_memory_gib": "peak memory"}
+"""The importance chart's legend: each objective in words."""
+
+
 def importance_figure(data: ReportData) -> go.Figure:
+    """The legend sits inside the plot, at the top right where the least important knobs'
+    bars are: at the right edge the upright tool bar covered its last letters
+    (`peak_memory_gi`)."""
     fig = go.Figure()
     for objective, values in data.importances.items():
-        fig.add_trace(go.Bar(name=objective, x=list(values), y=list(values.values())))
+        name = OBJECTIVE_NAMES.get(objective, objective)
+        fig.add_trace(go.Bar(name=name, x=list(values), y=list(values.values())))
     fig.update_layout(
-        title=HEADINGS["importance"], barmode="group", yaxis_title="importance", **LAYOUT
+        title=HEADINGS["importance"],
+        barmode="group",
+        yaxis_title="importance",
+        legend={"x": 0.98, "xanchor": "right", "y": 0.98, "yanchor": "top"},
+        **LAYOUT,
     )
     return fig
 

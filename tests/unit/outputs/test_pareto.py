@@ -9,6 +9,7 @@ import pytest
 from autotune.common.trial import Status, TrialResult
 from autotune.common.units import GIB
 from autotune.outputs.confirm import candidates, order
+from autotune.outputs.outcome import _speedup_cell
 from autotune.outputs.pareto import Confirmed, pick
 from autotune.outputs.snapshot import changes_training_of, read_snapshot
 from autotune.plan.run_info import RunInfo
@@ -339,3 +340,34 @@ def test_rounds_of_one_pick_far_apart_are_said_to_be_unsteady():
         "the confirmation's rounds disagree: highest over lowest round trial 5's 7.1x (5.65-40.00)"
     )
     assert "trial 0" not in said and "confirm again on a quiet machine" in said
+
+
+def test_one_speedup_a_trial_the_confirmed_one_where_the_rounds_measured_it():
+    """A trial's own figure and its confirmed one are never two speedups side by side: the
+    confirmed where it exists, else the trial's own, marked as one short trial's."""
+    records = [*THREE, trial(3, 104, memory=0.5, optim="adafactor")]  # not a pick
+    unconfirmed = picks_of(records)
+    assert unconfirmed.speedup_note(records[2]) == "1.43x the baseline in one short trial"
+    assert "1.43x the baseline in one short trial" in unconfirmed.describe(records[2])
+    rounds = {0: (100, 98, 101), 1: (110, 108, 111), 2: (120, 119, 122)}
+    confirmed = picks_of(records, confirmation(rounds, records_seen=4))
+    assert confirmed.is_confirmed(records[2]) and not confirmed.is_confirmed(records[3])
+    assert confirmed.speedup_note(records[2]) == (
+        "one short trial; confirmed 1.21x [1.20-1.21] the baseline"
+    )
+    assert "1.43x" not in confirmed.describe(records[2])
+    # Trial 3 was not measured again: its own figure, marked, in the line and the table.
+    assert confirmed.speedup_note(records[3]) == "1.04x the baseline in one short trial"
+    assert _speedup_cell(confirmed, records[3]) == "1.04x (1 trial)"
+    assert _speedup_cell(confirmed, records[2]) == "1.21x [1.20-1.21]"
+    assert _speedup_cell(confirmed, records[0]) == "1.00x"
+    assert _speedup_cell(unconfirmed, records[3]) == "1.04x"  # every figure is one trial's
+
+
+def test_a_trial_far_slower_for_a_few_kib_less_is_no_memory_saver():
+    """Peaks within 1% are the same memory (a CPU's resident memory varies by MiBs between
+    runs of one setting): a 3x slower trial stays off the front for 0.3 MiB less."""
+    study = study_with([(100, 0.5), (33, 0.5 - 0.3 / 1024), (40, 0.25)])
+    assert [r.number for r in pareto_front(study)] == [0, 2]
+    far = study_with([(100, 0.5), (33, 0.48)])  # 4% less: a real saving, on the front
+    assert [r.number for r in pareto_front(far)] == [0, 1]

@@ -385,3 +385,21 @@ def test_long_reasons_wrap_in_the_hover_and_the_table():
     assert "&lt;class 'OSError'&gt;" in wrapped[0]  # plotly would read <class ...> as a tag
     assert "".join(shown).replace(" ", "") == reason.replace(" ", "")  # nothing lost
     assert '<td class="reason">OSError: &lt;class' in render_html(data)  # wraps by its CSS
+
+
+def test_the_model_row_says_whose_parameters_a_factorys_trials_counted():
+    """A `trainer=` factory may train another model than `model=` names: its parameter count
+    is said to be the factory's model's, not given under the catalogue name."""
+    own = TrialResult(
+        status=Status.OK,
+        samples_per_s=100.0,
+        peak_memory_gib=1.0,
+        step_time_cv=0.02,
+        n_params=4_386_178,
+        trained_model="gpt2",
+        trained_seq_len=64,
+    )
+    data = build([({"batch_size": 8}, own)])
+    assert data.summary["model"] == "tiny (named; the trainer= factory's gpt2 has 4.4M parameters)"
+    named = dataclasses.replace(own, trained_model="bert")  # the named model's type
+    assert build([({"batch_size": 8}, named)]).summary["model"] == "tiny (4.4M parameters)"

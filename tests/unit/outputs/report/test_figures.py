@@ -1,6 +1,8 @@
 """The report's charts as figures: marks that stay visible where they fall on one trial, and
 parallel coordinates that stay readable with a dozen knobs."""
 
+import dataclasses
+
 from autotune.outputs.report.figures import figures
 from autotune.outputs.report.html import render_html
 from tests.unit.outputs.report.test_data import build, every_outcome
@@ -54,3 +56,26 @@ def test_parallel_coordinates_stay_readable_at_a_dozen_knobs():
     parcoords = dict(figures(data))["parallel"].data[0]
     assert parcoords.labelangle != 0  # 13 axes: titles tilted, not overlapping
     assert "Axes: bs: batch_size, ga: grad_accum, gc: gradient_checkpointing," in render_html(data)
+
+
+def test_a_confirmed_picks_mark_is_drawn_at_its_confirmed_median_beside_its_own_point():
+    """The star at the figure the pick is recommended on: drawn at the trial's own 250
+    samples/s with a confirmed median of 310 above it, it read as the slower trial."""
+    data = every_outcome()
+    points = [
+        dataclasses.replace(p, confirmed=(310.0, 300.0, 320.0)) if p.recommended else p
+        for p in data.points
+    ]
+    pareto = dict(figures(dataclasses.replace(data, points=points)))["pareto"]
+    traces = {t.name: t for t in pareto.data}
+    assert list(traces["recommended"].y) == [310.0]
+    assert 250.0 in traces["front"].y  # the trial's own measurement stays where it was
+    assert list(traces["noisy (step CV above noise_cv)"].y) == [250.0]  # the figure it flags
+    assert list(traces["confirmed: median [lowest-highest round]"].y) == [310.0]
+
+
+def test_the_importance_legend_names_each_objective_in_words_clear_of_the_tool_bar():
+    importance = dict(figures(every_outcome()))["importance"]
+    assert [t.name for t in importance.data] == ["samples/s", "peak memory"]
+    legend = importance.layout.legend
+    assert (legend.xanchor, legend.x) == ("right", 0.98)  # inside the plot, not at its edge
