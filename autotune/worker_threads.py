@@ -120,9 +120,9 @@ class _OneView(SearchObserver):
     def __init__(self, observer: SearchObserver) -> None:
         self.observer, self.lock = observer, threading.Lock()
 
-    def retried(self, number: int) -> None:
+    def retried(self, number: int, refused: str | None = None) -> None:
         with self.lock:
-            self.observer.retried(number)
+            self.observer.retried(number, refused)
 
     def trial_started(self, number: int, params: dict[str, Any]) -> None:
         with self.lock:

@@ -54,6 +54,7 @@ from autotune.store.records import (
     counts_toward_n_trials,
     is_recorded,
     record_of,
+    refused_of,
 )
 from autotune.store.storage_file import FileWatch
 from autotune.study.interrupts import SearchInterrupted, stop_signals
@@ -282,7 +283,7 @@ class _Watcher:
             retry_of = trial.user_attrs.get(RETRY_OF_ATTR)
             if retry_of is not None and retry_of not in self.retries:
                 self.retries.add(retry_of)
-                self.observer.retried(retry_of)
+                self.observer.retried(retry_of, refused_of(self.study, retry_of))
             if trial.state is TrialState.RUNNING and PARAMS_ATTR in trial.user_attrs:
                 folder = self.trial_dir(number)
                 if number not in self.started and (folder / SPEC_FILE).exists():

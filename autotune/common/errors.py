@@ -37,6 +37,11 @@ class StudyError(AutotuneError):
     """The study folder or storage cannot be used (missing, unreadable, incompatible)."""
 
 
+class UnsafePath(StudyError):
+    """A path autotune would write through is refused: a link planted at it, or a folder on
+    the way another user owns or may write into."""
+
+
 class OutputsNotWritten(StudyError):
     """Trials ran and are kept in the study's storage, but its outputs could not be written (a
     full disk): not a mistake in what was asked, so not exit 2."""

@@ -20,7 +20,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from autotune.common.errors import StudyError
+from autotune.common.errors import StudyError, UnsafePath
 
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 """A full disk, a full quota, or a file size limit (RLIMIT_FSIZE): said with the figures."""
@@ -136,7 +136,7 @@ def open_log(path: Path, *, append: bool = False, read: bool = False) -> int:
         return os.open(path, flags, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise StudyError(
+            raise UnsafePath(
                 f"{path} is a link: autotune does not write through links in a study folder "
                 "(someone may have planted it to have a file of yours overwritten). Remove it "
                 "and run again"
@@ -146,7 +146,7 @@ def open_log(path: Path, *, append: bool = False, read: bool = False) -> int:
 
 def _refuse_unsafe(path: Path, info: os.stat_result) -> None:
     if stat.S_ISLNK(info.st_mode):
-        raise StudyError(
+        raise UnsafePath(
             f"{path} is a link: autotune does not write through links in a study folder "
             "(someone may have planted it to have a file of yours overwritten). Remove it and "
             "run again"
@@ -154,13 +154,13 @@ def _refuse_unsafe(path: Path, info: os.stat_result) -> None:
     if not stat.S_ISDIR(info.st_mode):
         raise StudyError(f"cannot use {path} as a folder: it is not one")
     if info.st_uid != os.geteuid():
-        raise StudyError(
+        raise UnsafePath(
             f"{path} is owned by {_user(info.st_uid)}, not by this user "
             f"({_user(os.geteuid())}): its owner could replace what autotune writes and runs "
             "there. Use an out= folder of your own"
         )
     if info.st_mode & stat.S_IWOTH:
-        raise StudyError(
+        raise UnsafePath(
             f"{path} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}): any of "
             "them could plant a link there for autotune to write through. Run `chmod o-w "
             f"{path}`, or use an out= folder of your own"

@@ -166,8 +166,13 @@ class TerminalView(SearchObserver):
     def watching(self) -> contextlib.AbstractContextManager[Any]:
         return self.bar
 
-    def retried(self, number: int) -> None:
-        self.report.line(f"trial {number} was interrupted: its settings run again first")
+    def retried(self, number: int, refused: str | None = None) -> None:
+        if refused is not None:
+            self.report.line(
+                f"trial {number} was refused ({escape(refused)}): its settings run again first"
+            )
+        else:
+            self.report.line(f"trial {number} was interrupted: its settings run again first")
 
     def trial_started(self, number: int, params: dict[str, Any]) -> None:
         self.running_params[number] = f"trial {number}: {describe_params(params)}"

@@ -234,6 +234,13 @@ def is_interrupted(trial: FrozenTrial) -> bool:
 # --- How a search ended, and the trials it left interrupted --------------------------------
 INTERRUPTED_BY_ATTR = "interrupted_by"
 """Trial: the signal (`SIGTERM`) that stopped its search while it ran."""
+REFUSED_ATTR = "refused"
+"""Trial: why it was refused before it ran (a link planted in its folder); it runs again."""
+
+
+def refused_of(study: optuna.Study, number: int) -> str | None:
+    """Why trial `number` of `study` was refused; None where it was not."""
+    return study.get_trials(deepcopy=False)[number].user_attrs.get(REFUSED_ATTR)
 
 
 # --- What the search thinks is left to find --------------------------------------------------
@@ -254,11 +261,12 @@ def interrupted_records(trials: list[FrozenTrial]) -> list[TrialRecord]:
 
 def interrupted_record(trial: FrozenTrial, retry: int | None) -> TrialRecord:
     signal = trial.user_attrs.get(INTERRUPTED_BY_ATTR)
-    reason = (
-        f"the search was interrupted ({signal}) while it ran"
-        if signal
-        else "its search process ended while it ran (killed, or lost its heartbeat)"
-    )
+    if (refused := trial.user_attrs.get(REFUSED_ATTR)) is not None:
+        reason = f"refused before it ran: {refused}"
+    elif signal:
+        reason = f"the search was interrupted ({signal}) while it ran"
+    else:
+        reason = "its search process ended while it ran (killed, or lost its heartbeat)"
     if retry is not None:
         reason += f"; trial {retry} runs its settings again"
     return TrialRecord(

@@ -20,6 +20,7 @@ import optuna
 import psutil
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.common.errors import UnsafePath
 from autotune.common.layout import set_aside_result, trial_dir
 from autotune.common.trial import MEMORY_STATUSES, Progress, Status, TrialResult
 from autotune.execute.base import TrialExecutor
@@ -32,6 +33,7 @@ from autotune.store.records import (
     OWNER_ATTR,
     PARAMS_ATTR,
     REFERENCE_ATTR,
+    REFUSED_ATTR,
     RETRY_OF_ATTR,
     SECOND_LOOK_ATTR,
     VERSIONS_ATTR,
@@ -213,7 +215,7 @@ class _Loop:
             raise self.watch.error(sum(is_recorded(t) for t in trials))
         trials, retried = recover(self.study, self.plan.study_dir, self.baseline)
         for number in retried:
-            self.observer.retried(number)
+            self.observer.retried(number, trials[number].user_attrs.get(REFUSED_ATTR))
         self.done = sum(counts_toward_n_trials(t) for t in trials)
         if self.told is not None:
             for trial in trials:
@@ -398,6 +400,16 @@ class _Loop:
                 on_progress=progress,
                 stop_below=stop_below,
             )
+        except UnsafePath as exc:
+            # A link planted in the trial's folder (or a folder others may write into): the
+            # search stops on it; its trial is said to be refused, not interrupted, and runs
+            # again once the folder is safe (a later run queues it as it does an interrupted
+            # one).
+            with contextlib.suppress(Exception):
+                trial.set_user_attr(REFUSED_ATTR, str(exc))
+            with contextlib.suppress(ValueError):
+                self.study.tell(trial, state=TrialState.FAIL)
+            raise
         except BaseException as exc:
             # Ctrl-C or a bug in the parent: the trial ends FAIL without a result, which is
             # how a later run of the study recognises it as interrupted (its executor has

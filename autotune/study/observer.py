@@ -29,8 +29,9 @@ class SearchObserver:
     def ended(self, stopped: str) -> None:
         """The loop ended normally; `stopped` says why."""
 
-    def retried(self, number: int) -> None:
-        """Trial `number` was interrupted earlier: its settings run again first."""
+    def retried(self, number: int, refused: str | None = None) -> None:
+        """Trial `number` was interrupted earlier, or `refused` (a link planted in its
+        folder: why): its settings run again first."""
 
     def trial_started(self, number: int, params: dict[str, Any]) -> None:
         """A worker is starting on these settings."""

@@ -6,9 +6,11 @@ executor by the stand-in worker."""
 import os
 from pathlib import Path
 
+import optuna
 import pytest
 
 from autotune import cli
+from autotune.store.records import interrupted_records
 from tests.conftest import TINY_MODEL, fake_executor
 
 pytestmark = pytest.mark.slow
@@ -21,7 +23,7 @@ knobs:
 """
 
 
-def search(tmp_path: Path, capsys) -> tuple[int, str]:
+def search(tmp_path: Path, capsys, stream: str = "err") -> tuple[int, str]:
     """The command line in this process, its trials run by the stand-in worker through the
     real executor (which makes the trial folders and opens their logs): exit code, stderr."""
     space = tmp_path / "space.yaml"
@@ -40,7 +42,7 @@ def search(tmp_path: Path, capsys) -> tuple[int, str]:
     ]
     capsys.readouterr()
     code = cli.main(argv, executor=fake_executor("ok"))
-    return code, " ".join(capsys.readouterr().err.split())
+    return code, " ".join(getattr(capsys.readouterr(), stream).split())
 
 
 @pytest.fixture
@@ -59,6 +61,17 @@ def test_a_link_planted_at_a_trials_log_is_refused_and_its_target_left_alone(
     code, err = search(tmp_path, capsys)
     assert code == 2, err
     assert f"{trial / 'worker.log'} is a link" in err
+    assert victim.read_text() == "precious\n"
+    # The refused trial is said to be refused, not interrupted, and once the link is gone a
+    # later run trains its settings.
+    storage = f"sqlite:///{tmp_path / 'out' / 's' / 'study.db'}"
+    trials = optuna.load_study(study_name="s", storage=storage).get_trials()
+    (record,) = interrupted_records(trials)
+    assert record.result.reason.startswith(f"refused before it ran: {trial / 'worker.log'}")
+    (trial / "worker.log").unlink()
+    code, out = search(tmp_path, capsys, stream="out")
+    assert code == 0, out
+    assert "trial 0 was refused (" in out and "interrupted" not in out, out
     assert victim.read_text() == "precious\n"
 
 
