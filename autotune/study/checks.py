@@ -128,14 +128,17 @@ def over_time_by_pace(
 
 
 def measured_peaks(records: list[TrialRecord]) -> list[Measured]:
-    """The ok trials' peaks beside their estimates: what `estimate.calibrated_gib` corrects an
-    estimate by."""
+    """The peaks of the ok trials, and of those stopped early (the peak is reached in the
+    first steps: the optimizer's states, the activations of a step), beside their estimates:
+    what `estimate.calibrated_gib` corrects an estimate by."""
     return [
         Measured(
             params=r.params, estimate_gib=r.result.estimate_gib, peak_gib=r.result.peak_memory_gib
         )
         for r in records
-        if r.status is Status.OK and r.result.estimate_gib and r.result.peak_memory_gib
+        if r.status in (Status.OK, Status.STOPPED)
+        and r.result.estimate_gib
+        and r.result.peak_memory_gib
     ]
 
 

@@ -58,7 +58,7 @@ def run(
         return None  # a study gets one
     if not looks:
         records = load_records(study)
-        record = to_look_at(records, plan.info.memory_budget_gib) if may_start else None
+        record = to_look_at(records, plan.info.memory_limit_gib) if may_start else None
         if record is None:
             return None
         baseline = next(r for r in records if r.baseline)
@@ -119,20 +119,22 @@ def outcome(trials: list[FrozenTrial]) -> str:
         figure = f"{record.result.samples_per_s:.2f} samples/s"
         return (
             f"trial {of}'s settings ran again to the end as trial {done.number}, at {figure} "
-            "(no other trial after the baseline had ended ok within the budget)"
+            "(no other trial after the baseline had ended ok under the memory limit)"
         )
     # Its reason (a traceback's tail, perhaps) is in trials.csv: these words are one line.
     return f"trial {of}'s settings ran again as trial {done.number}: {record.status.value}"
 
 
-def to_look_at(records: list[TrialRecord], budget_gib: float) -> TrialRecord | None:
+def to_look_at(records: list[TrialRecord], limit_gib: float) -> TrialRecord | None:
     """The stopped trial to run again: the fastest by what it measured, when the baseline
     ended feasible and no other trial did (out of memory, crashed or stopped; at least one
-    stopped), leaving out one that trained the baseline's own settings."""
+    stopped), leaving out one that trained the baseline's own settings. Feasible, and the
+    stopped trial's peak so far, are under the memory limit a pick keeps to (the budget less
+    its headroom): a trial past it would run again to the end and never be recommended."""
     baseline = next((r for r in records if r.baseline), None)
-    if baseline is None or not baseline.result.feasible(budget_gib):
+    if baseline is None or not baseline.result.feasible(limit_gib):
         return None
-    if any(r.result.feasible(budget_gib) for r in records if not r.baseline):
+    if any(r.result.feasible(limit_gib) for r in records if not r.baseline):
         return None
     stopped = [
         r
@@ -140,6 +142,7 @@ def to_look_at(records: list[TrialRecord], budget_gib: float) -> TrialRecord | N
         if r.status is Status.STOPPED
         and not same_training_settings(r.params, baseline.params)
         and r.result.samples_per_s is not None
+        and (r.result.peak_memory_gib or 0.0) <= limit_gib
     ]
     return max(stopped, key=lambda r: r.result.samples_per_s, default=None)
 
@@ -153,7 +156,7 @@ def why(record: TrialRecord, baseline: TrialRecord) -> str:
     """What the user hears before the second look runs."""
     share = record.result.samples_per_s / baseline.result.samples_per_s
     return (
-        "no trial after the baseline ended ok within the memory budget, and the fastest that "
+        "no trial after the baseline ended ok under the memory limit, and the fastest that "
         "stopped early against it "
         f"(trial {record.number}) ran at {share:.2f} of its pace: the machine may have been "
         f"busier than when the baseline ran. Trial {record.number}'s settings run once more, "

@@ -84,7 +84,7 @@ def test_a_look_cut_off_twice_runs_when_the_search_is_resumed_and_counts_toward_
     (look,) = [t for t in looks(study) if t.state.is_finished() and t.values]
     assert said == (
         f"trial {stopped.number}'s settings ran again to the end as trial {look.number}, at "
-        "30.00 samples/s (no other trial after the baseline had ended ok within the budget)"
+        "30.00 samples/s (no other trial after the baseline had ended ok under the memory limit)"
     )
     assert [s.stop_below_samples_per_s for s in busy.ran] == [None], "to its end"
     # Trials that run out of memory since (at smaller batches than it) skip nothing of it.

@@ -404,7 +404,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
             if self.points.find(record.params) is None:
                 continue
             result = record.result
-            if result.status is Status.OK and result.peak_memory_gib:
+            if result.status in MEASURED and result.peak_memory_gib:
                 peak = result.peak_memory_gib
             elif result.status in OUT_OF_MEMORY:
                 peak = max(result.peak_memory_gib or 0.0, budget) * OOM_OVER
