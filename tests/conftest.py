@@ -21,6 +21,16 @@ def pytest_cmdline_main(config):
         config.option.numprocesses = 0
 
 
+LONGEST_FIRST = ("tests/integration/test_readme_examples.py::test_the_readme_and_docs_examples",)
+"""Tests that run for many minutes alone (every docs example verbatim, in reading order):
+collected first, so that one test process starts on them while the other takes the rest; last
+in file order they would run alone at the end, the other process idle."""
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))
+
+
 TINY_MODEL = "google/bert_uncased_L-2_H-128_A-2"
 FAKE_WORKER = str(Path(__file__).parent / "fakes" / "worker.py")
 """A stand-in worker: `python FAKE_WORKER MODE SPEC RESULT` behaves as MODE says."""
