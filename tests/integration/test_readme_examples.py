@@ -273,7 +273,7 @@ def run_command(example: Example, command: str, cwd: Path, env: dict) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1200,  # under the other test process's load an example took past 600 s
         check=False,
     )
     expect_success(example, command, proc)
@@ -298,7 +298,7 @@ def run_python_block(example: Example, code: str, cwd: Path, env: dict) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1200,  # under the other test process's load an example took past 600 s
         check=False,
     )
     expect_success(example, f"python {script.name}", proc)

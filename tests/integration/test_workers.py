@@ -97,7 +97,7 @@ class Watch(SearchObserver):
     def trial_started(self, number, params):
         self.started.append(number)
 
-    def retried(self, number):
+    def retried(self, number, refused=None):
         self.retries.append(number)
 
     def worker_failed(self, index, how, log_tail):
