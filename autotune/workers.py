@@ -50,11 +50,11 @@ from autotune.plan.plan import SearchPlan
 from autotune.store.outcomes import Ending, Stop
 from autotune.store.records import (
     PARAMS_ATTR,
+    REFUSED_ATTR,
     RETRY_OF_ATTR,
     counts_toward_n_trials,
     is_recorded,
     record_of,
-    refused_of,
 )
 from autotune.store.storage_file import FileWatch
 from autotune.study.interrupts import SearchInterrupted, stop_signals
@@ -278,12 +278,13 @@ class _Watcher:
         self.failed: set[int] = set()
 
     def look(self) -> None:
-        for trial in self.study.get_trials(deepcopy=False):
+        trials = self.study.get_trials(deepcopy=False)
+        for trial in trials:
             number = trial.number
             retry_of = trial.user_attrs.get(RETRY_OF_ATTR)
             if retry_of is not None and retry_of not in self.retries:
                 self.retries.add(retry_of)
-                self.observer.retried(retry_of, refused_of(self.study, retry_of))
+                self.observer.retried(retry_of, trials[retry_of].user_attrs.get(REFUSED_ATTR))
             if trial.state is TrialState.RUNNING and PARAMS_ATTR in trial.user_attrs:
                 folder = self.trial_dir(number)
                 if number not in self.started and (folder / SPEC_FILE).exists():

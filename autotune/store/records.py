@@ -238,11 +238,6 @@ REFUSED_ATTR = "refused"
 """Trial: why it was refused before it ran (a link planted in its folder); it runs again."""
 
 
-def refused_of(study: optuna.Study, number: int) -> str | None:
-    """Why trial `number` of `study` was refused; None where it was not."""
-    return study.get_trials(deepcopy=False)[number].user_attrs.get(REFUSED_ATTR)
-
-
 # --- What the search thinks is left to find --------------------------------------------------
 
 
