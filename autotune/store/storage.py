@@ -10,6 +10,9 @@ storage a search opens is safe for that (`benchmarks/storages.py` measured the c
   was handed to two processes and results were overwritten.
 - PostgreSQL (several hosts): row locks make those steps atomic; a connect timeout and a ping
   before reusing a pooled connection (idle through a long trial) are added.
+- Stop signals: a Ctrl-C, SIGTERM or SIGHUP arriving during a storage call is raised when the
+  call returns (`storage_shield`): raised inside SQLAlchemy's commit it kept SQLite's write
+  lock held.
 - Heartbeats: each running trial's search records one every `stale_after / 6` seconds; a
   RUNNING trial whose last one is older than `stale_after` is stale (its search died or its
   host was lost) and any other search fails it. The clock is the database server's.
@@ -26,13 +29,13 @@ from pathlib import Path
 
 import optuna
 import sqlalchemy.exc
-from optuna.storages import RDBStorage
 
 from autotune.common.errors import StudyError, first_line
 from autotune.common.layout import STUDY_DB
 from autotune.common.urls import safe_url
 from autotune.store import storage_file
 from autotune.store.storage_outage import RetryingRDBStorage, outage_retry_s
+from autotune.store.storage_shield import ShieldedRDBStorage
 
 SQLITE_BUSY_TIMEOUT_S = 30
 """How long a SQLite writer waits for another's transaction (they last milliseconds; a viewer
@@ -116,7 +119,7 @@ def _storage(url: str, shown: str, options: dict) -> optuna.storages.RDBStorage:
     retry_s = None if url.startswith("sqlite") else outage_retry_s()
     with warnings.catch_warnings():  # heartbeats: "experimental" since Optuna 2.9
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        kind = RDBStorage if retry_s is None else RetryingRDBStorage
+        kind = ShieldedRDBStorage if retry_s is None else RetryingRDBStorage
         storage = kind(url, **options)
     storage.shown = shown
     if retry_s is not None:

@@ -22,6 +22,7 @@ import optuna
 import sqlalchemy.exc
 
 from autotune.common.errors import ConfigError, StudyError, first_line
+from autotune.store.storage_shield import ShieldedRDBStorage
 
 OUTAGE_RETRY_S = 60.0
 """How long a search waits in all for a database server that does not answer, unless
@@ -81,10 +82,10 @@ def is_disconnect(exc: BaseException) -> bool:
     return False
 
 
-class RetryingRDBStorage(optuna.storages.RDBStorage):
+class RetryingRDBStorage(ShieldedRDBStorage):
     """Optuna's RDB storage whose calls wait out a server outage (a server, not SQLite: a
     file has no outage to wait for). `shown` names the server in messages (credentials
-    masked)."""
+    masked). Each try is shielded from stop signals, the pauses between them are not."""
 
     shown: str = "storage"
     retry_s: float = OUTAGE_RETRY_S
@@ -136,7 +137,7 @@ class RetryingRDBStorage(optuna.storages.RDBStorage):
 
 
 def _retrying(name: str) -> Callable[..., Any]:
-    method = getattr(optuna.storages.RDBStorage, name)
+    method = getattr(ShieldedRDBStorage, name)
 
     @functools.wraps(method)
     def call(self: RetryingRDBStorage, *args: Any, **kwargs: Any) -> Any:

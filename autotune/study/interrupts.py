@@ -2,7 +2,9 @@
 (Slurm, Kubernetes, systemd), `timeout` and a closed terminal send. All three end a search the
 same way: the running trial is stopped and recorded as interrupted, every output is written,
 then `SearchInterrupted` (a KeyboardInterrupt) goes on; the command line exits 128 + the
-signal's number (130, 143, 129), as a shell reports a process ended by that signal.
+signal's number (130, 143, 129), as a shell reports a process ended by that signal. A signal
+that arrives during a call to the study's storage is raised once the call has returned
+(`autotune.store.storage_shield`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+
+from autotune.store import storage_shield
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -52,8 +56,10 @@ class StopSignals:
             # user may press Ctrl-C twice): a second exception would cut the outputs short.
             return
         self.received = signum
-        if not self._deferring:
-            self.raised = True
+        if self._deferring:
+            return
+        self.raised = True
+        if not storage_shield.hold(SearchInterrupted(signum)):  # else: once the call returns
             raise SearchInterrupted(signum)
 
     @contextlib.contextmanager
