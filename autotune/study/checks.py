@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from autotune.common.knobs import KNOBS, value_of
 from autotune.common.trial import OUT_OF_MEMORY, Status
 from autotune.common.trial_settings import at_least_as_hungry, conflict
 from autotune.plan.estimate import Measured, calibrated_gib
@@ -37,8 +38,16 @@ Check = Callable[[dict[str, Any], list[TrialRecord], float | None], Skip | None]
 
 
 def settings_key(params: dict[str, Any]) -> str:
-    """Equal for equal settings, whatever the order of the keys."""
-    return json.dumps(params, sort_keys=True)
+    """Equal for settings that train alike, whatever the order of the keys: each knob they
+    leave out counts at what training then does (`knobs.value_of`), so the baseline, which
+    sets no `dataloader_num_workers`, is the same as a proposal of its settings with
+    `dataloader_num_workers=0`. The one comparison of settings: already measured, running
+    elsewhere, the sampler's points, the guess's lines."""
+    filled = dict(params)
+    for name in KNOBS:
+        if name not in filled and (value := value_of(params, name)) is not None:
+            filled[name] = value
+    return json.dumps(filled, sort_keys=True)
 
 
 def already_measured(

@@ -5,6 +5,7 @@ from autotune.common.trial import Status, TrialResult
 from autotune.common.trial_settings import baseline_params
 from autotune.store.records import TrialRecord
 from autotune.study.checks import (
+    already_measured,
     as_hungry_as_an_oom,
     cannot_run_together,
     over_budget_by_estimate,
@@ -15,6 +16,19 @@ from tests.unit.stand_ins import OOM
 
 def record(number, params, status):
     return TrialRecord(number=number, params=params, result=TrialResult(status=status))
+
+
+def test_settings_measured_with_a_knob_left_out_are_measured_at_its_value():
+    """The baseline leaves `dataloader_num_workers` (and compile, ...) out: the same settings
+    with them at what training then does were measured by it."""
+    records = [record(0, baseline_params("adamw_torch_fused", None), Status.OK)]
+    filled = {
+        **baseline_params("adamw_torch_fused", None),
+        "dataloader_num_workers": 0,
+        "torch_compile": "off",
+    }
+    assert already_measured(filled, records).repeat_of.number == 0
+    assert already_measured({**filled, "dataloader_num_workers": 2}, records) is None
 
 
 def test_a_config_as_hungry_as_an_oom_is_skipped_naming_that_trial():

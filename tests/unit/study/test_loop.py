@@ -18,6 +18,28 @@ def test_settings_another_process_is_running_are_not_run_again():
     assert not is_interrupted(study.trials[mine.number])
 
 
+def test_the_baseline_running_elsewhere_is_the_guess_that_fills_its_left_out_knobs():
+    """Two workers on PostgreSQL: the second asked while the baseline ran and got the guess,
+    which in an fp32-only space is the baseline's settings with `dataloader_num_workers=0`
+    filled in; the baseline leaves that knob out, and it trains with 0."""
+    from autotune.common.trial_settings import baseline_params
+    from autotune.store.records import PARAMS_ATTR
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    baseline = study.ask()
+    baseline.set_user_attr(PARAMS_ATTR, baseline_params("adamw_torch_fused", None))
+    guess = study.ask()
+    same = not_to_run(
+        study,
+        guess,
+        {**baseline_params("adamw_torch_fused", None), "dataloader_num_workers": 0},
+        10,
+    )
+    assert same is not None and same.reason == "trial 0 was running these settings"
+    other = {**baseline_params("adamw_torch_fused", None), "dataloader_num_workers": 2}
+    assert not_to_run(study, guess, other, 10) is None
+
+
 def test_of_two_retries_queued_at_once_the_earlier_runs_whichever_is_asked_first():
     from autotune.store.records import PARAMS_ATTR, RETRY_OF_ATTR
 
