@@ -99,6 +99,15 @@ def is_compiled(params: dict[str, Any]) -> bool:
     return value_of(params, "torch_compile") != "off"
 
 
+NAMING_FIELDS = (
+    "activation_checkpointing", "activation_checkpointing_kwargs", "gradient_checkpointing",
+    "gradient_checkpointing_kwargs", "train_sampling_strategy", "tf32",
+)  # fmt: skip
+"""The installed `TrainingArguments` fields `training_args` asks about (which name a release
+has); the others it names as they are. A study stores those of them installed
+(`RunInfo.training_fields`), so that its outputs derive each trial's arguments as it trained."""
+
+
 # transformers 5.23 renamed gradient_checkpointing to activation_checkpointing (the old name
 # warns); older 5.x releases have only the old one. The worker passes the installed fields.
 def _checkpointing_field(fields: Collection[str], suffix: str = "") -> str:

@@ -4,6 +4,7 @@ folder's tables, the report, the exports and the confirmation share."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from typing import Any
 import optuna
 
 from autotune.common.errors import StudyError
-from autotune.common.knobs import KNOBS, is_compiled
+from autotune.common.knobs import KNOBS, is_compiled, training_args
 from autotune.common.trial import Status
 from autotune.common.trial_settings import MathChange, math_changes
 from autotune.outputs.pareto import Confirmed, Picks, non_dominated, pick
@@ -245,6 +246,33 @@ def changes_training_of(baseline: TrialRecord | None) -> Callable[[TrialRecord],
     )
 
 
+def _as_trained(info: RunInfo, record: TrialRecord) -> TrialRecord:
+    """The record with its `TrainingArguments` kwargs as its settings give them (the knobs' one
+    mapping, `knobs.training_args`): what the exports write. A set the trial recorded (the
+    worker's, the twin's) must be that; another is refused, naming the trial (changed outside
+    autotune: what the exports would write is not what was measured). A trial measured under
+    other versions, or a study that stores no fields to name them by, keeps what it recorded."""
+    recorded = record.result.training_args
+    if info.training_fields is None or conditions.other_versions(record.versions, info.versions):
+        return record
+    derived = training_args(record.params, device=info.device, fields=info.training_fields)
+    derived = json.loads(json.dumps(derived))  # as a record stores it: lists, not tuples
+    if not recorded:
+        return dataclasses.replace(
+            record, result=dataclasses.replace(record.result, training_args=derived)
+        )
+    if recorded != derived:
+        differ = sorted(
+            k for k in recorded.keys() | derived.keys() if recorded.get(k) != derived.get(k)
+        )
+        raise StudyError(
+            f"trial {record.number}'s recorded TrainingArguments are not what its settings "
+            f"give (they differ in {', '.join(map(repr, differ))}): the study was changed "
+            "outside autotune; rerun the search into another out= or study="
+        )
+    return record
+
+
 def read_snapshot(study: optuna.Study) -> StudySnapshot:
     """Read the study once and decode it."""
     info = run_info(study)
@@ -252,7 +280,7 @@ def read_snapshot(study: optuna.Study) -> StudySnapshot:
         trials = study.get_trials(deepcopy=False)
     except json.JSONDecodeError as exc:  # optuna's storage decodes each attribute itself
         raise StudyError(damaged(f"study={study.study_name}", exc)) from exc
-    records = [record_of(t) for t in trials if is_recorded(t)]
+    records = [_as_trained(info, record_of(t)) for t in trials if is_recorded(t)]
     # Only trials measured under the study's versions are compared (`autotune.plan.conditions`).
     same = [r for r in records if conditions.other_versions(r.versions, info.versions) is None]
     # The front as Optuna's best_trials defines it (COMPLETE, feasible, non-dominated), from

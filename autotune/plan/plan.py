@@ -16,7 +16,7 @@ from typing import Any
 from autotune.common.cluster import Cluster
 from autotune.common.device import DeviceInfo, cpu_reserve_bytes
 from autotune.common.errors import AutotuneError, ConfigError
-from autotune.common.knobs import value_of
+from autotune.common.knobs import NAMING_FIELDS, value_of
 from autotune.common.layout import DATA_CACHE, study_db_url
 from autotune.common.models import ModelSpec, catalogue_parameter_counts, resolve_model
 from autotune.common.output_files import check_owner
@@ -497,7 +497,14 @@ def _run_info(
         versions=conditions.installed_versions(device_info),
         gpu_link=_gpu_link(device, device_info, slots),
         simulated=_simulated(config, device_info),
+        training_fields=_training_fields(device_info),
     )
+
+
+def _training_fields(device_info: DeviceInfo) -> tuple[str, ...] | None:
+    """The installed fields the knobs' arguments are named by; None where none were read."""
+    installed = set(device_info.training_argument_fields)
+    return tuple(f for f in NAMING_FIELDS if f in installed) if installed else None
 
 
 def _simulated(config: RunConfig, device_info: DeviceInfo) -> str | None:

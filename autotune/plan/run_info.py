@@ -66,6 +66,11 @@ class RunInfo:
     simulated: str | None = None
     """What answered the trials where none was measured (`executor=twin`): `the GPU twin of
     1x NVIDIA H100 80GB HBM3`; None: every figure was measured."""
+    training_fields: tuple[str, ...] | None = None
+    """Of the `TrainingArguments` fields that decide how the knobs' arguments are named
+    (`knobs.NAMING_FIELDS`), those the installed transformers has: the outputs derive each
+    trial's arguments with them (`snapshot.read_snapshot`). None in studies made before they
+    were stored, or where the probe did not read the fields."""
 
     def stored(self) -> dict[str, Any]:
         """As the study stores it: a field of `STORED_WHEN_SET` only when set, so that a study
@@ -121,10 +126,12 @@ class RunInfo:
                 f"autotune ({__version__}) does not know: {', '.join(unknown)}. Open it with "
                 "the autotune that made it (or a later one), or start another study"
             )
+        if stored.get("training_fields") is not None:
+            stored["training_fields"] = tuple(stored["training_fields"])  # a JSON list
         return cls(**stored)
 
 
-STORED_WHEN_SET = ("gpu_link", "simulated")
+STORED_WHEN_SET = ("gpu_link", "simulated", "training_fields")
 
 
 def batch_mode(effective_batch_size: int | None) -> str:

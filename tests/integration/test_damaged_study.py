@@ -11,18 +11,19 @@ import optuna
 import pytest
 
 from autotune import api
-from autotune.common.device import DeviceInfo
 from autotune.execute.simulated import SimulatedExecutor
+from autotune.plan import software_cache
 from autotune.plan.overrides import make_config
 from autotune.store.records import RESULT_ATTR
+from autotune.twin import answer as twin_answer
 from autotune.twin.answer import TwinAnswer
-
-H100 = Path(__file__).resolve().parents[1] / "fixtures" / "probe-h100-2026-11-26.json"
 
 
 @pytest.fixture
 def study_dir(tmp_path):
-    device = DeviceInfo.from_facts(json.loads(H100.read_text()))
+    # As `executor=twin gpu=H100` runs: the H100 with this host's software (its transformers'
+    # TrainingArguments fields among them).
+    device = twin_answer.device_info("H100", software_cache.probe_device())
     settings = {"model": "bert-large-uncased", "seq_len": 512, "n_trials": 3, "confirm_rounds": 0}
     config = make_config({**settings, "out": str(tmp_path), "study": "s", "quiet": True})
     api.run(config, executor=SimulatedExecutor(TwinAnswer("H100", seed=0)), device_info=device)
@@ -69,3 +70,19 @@ def test_a_result_changed_outside_autotune_is_named_with_its_trial(study_dir):
     assert proc.returncode == 2, proc.stderr
     assert "a trial's stored attribute is not JSON" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_training_arguments_changed_outside_autotune_are_not_exported(study_dir):
+    """The exports write each trial's TrainingArguments as its settings give them; a recorded
+    set that is not that (here one that would point the user's training at a file of the
+    writer's choosing) is refused, naming the trial and the argument."""
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}")
+    stored = study.trials[1].user_attrs[RESULT_ATTR]
+    assert stored["training_args"]["per_device_train_batch_size"]  # the twin records them
+    planted = stored["training_args"] | {"deepspeed": "/tmp/theirs.json"}
+    set_result(study_dir, 1, json.dumps(stored | {"training_args": planted}))
+    for command in (("report", str(study_dir)), ("export", str(study_dir), "format=json")):
+        proc = cli(*command)
+        assert proc.returncode == 2, proc.stderr
+        assert "trial 1's recorded TrainingArguments are not what its settings give" in proc.stderr
+        assert "'deepspeed'" in proc.stderr and "Traceback" not in proc.stderr

@@ -61,6 +61,7 @@ def run_info(text: str) -> RunInfo:
         "versions": {"torch": text, "transformers": text, "autotune": text},
         "gpu_link": text,
         "simulated": text,
+        "training_fields": ("tf32", text),
     }
     return RunInfo(**{f.name: values[f.name] for f in dataclasses.fields(RunInfo)})
 
