@@ -24,7 +24,13 @@ import sys
 import time
 from pathlib import Path
 
+from autotune.common.knobs import training_args
 from autotune.common.trial import Progress, Stage, write_progress
+from autotune.plan.software_cache import software_facts
+
+# As the worker records them: the knobs' arguments, named by the installed transformers' fields
+# (the probe's cached facts, as the parent has them: no transformers import here).
+FIELDS = software_facts().training_argument_fields or ()
 
 mode, spec_path, result_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 if mode.startswith("sequence:"):
@@ -61,7 +67,7 @@ def write_ok_result():
         measured_steps=spec["measure_steps"],
         build_s=0.1,
         train_s=0.2,
-        training_args={"per_device_train_batch_size": batch},
+        training_args=training_args(spec["params"], device=spec["device"], fields=FIELDS),
         cpu_threads=len(os.sched_getaffinity(0)),
     )
 
