@@ -3,7 +3,9 @@ folder recommended.json with recommended.py (`script.py`) and the configs that l
 devices its trial used (`launch.py`).
 
 The worker trains with `knobs.training_args(...)` and records the kwargs it used in its result;
-these renderers write those recorded kwargs. So what is recommended is exactly what was measured.
+these renderers write those kwargs, which the study's read checks against the same mapping (a
+simulated trial, which trains nothing, gets them from it: `snapshot.read_snapshot`). So what is
+recommended is exactly what was measured.
 """
 
 from __future__ import annotations

@@ -268,7 +268,8 @@ def _as_trained(info: RunInfo, record: TrialRecord) -> TrialRecord:
         raise StudyError(
             f"trial {record.number}'s recorded TrainingArguments are not what its settings "
             f"give (they differ in {', '.join(map(repr, differ))}): the study was changed "
-            "outside autotune; rerun the search into another out= or study="
+            "outside autotune, or recorded by another autotune of the same version; rerun "
+            "the search into another out= or study="
         )
     return record
 
