@@ -13,7 +13,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from autotune.common.layout import TRIAL_TEMP_PREFIX, socket_folder_prefix
+from autotune.common.layout import TRIAL_TEMP_PREFIX
+from autotune.common.socket_folders import SOCKET_FOLDER_CHARS, short_folder
 
 
 def _user_name() -> str:
@@ -22,22 +23,6 @@ def _user_name() -> str:
         return re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
     except (KeyError, OSError):
         return f"uid_{os.getuid()}"
-
-
-def _short_folder(system: str) -> str | None:
-    """A new folder for sockets under the system's temp folder, or /tmp, or /var/tmp: the
-    first whose path leaves room for a socket's name; None where none does."""
-    for base in dict.fromkeys((system, "/tmp", "/var/tmp")):
-        if len(base) + len("/autotune-mp-XXXXXXXX") <= SOCKET_FOLDER_CHARS and os.access(
-            base, os.W_OK
-        ):
-            return tempfile.mkdtemp(dir=base, prefix=socket_folder_prefix(os.getpid()))
-    return None
-
-
-SOCKET_FOLDER_CHARS = 80
-"""The longest folder multiprocessing's sockets go in: an AF_UNIX path holds 107 bytes, and a
-socket's own name (`/listener-XXXXXXXX`) takes 18 of them."""
 
 
 @contextlib.contextmanager
@@ -55,7 +40,7 @@ def temporary_files_in(trial_dir: Path) -> Iterator[None]:
     # parent: forked from the fork server, the search's own `pymp-*` folder in $TMPDIR. Its
     # sockets (a DataLoader worker hands tensors over one) need a path of at most 107 bytes:
     # a deep study folder gets a short folder of the system's instead, removed as well.
-    sockets = folder if len(folder) <= SOCKET_FOLDER_CHARS else _short_folder(system) or folder
+    sockets = folder if len(folder) <= SOCKET_FOLDER_CHARS else short_folder(system) or folder
     config = multiprocessing.current_process()._config
     before = tempfile.tempdir, os.environ.get("TMPDIR"), config.get("tempdir")
     # torch.compile's cache stays where it was (torch derives it from the temp folder): a

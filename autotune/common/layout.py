@@ -56,11 +56,14 @@ TRIAL_TEMP_PREFIX = "tmp-"
 after a kill by the search)."""
 
 
-def socket_folder_prefix(worker_pid: int) -> str:
-    """The folder a worker whose trial folder is too deep for an AF_UNIX path keeps its
-    multiprocessing sockets in, under the system's temp folder: named by the worker's pid, so
-    the search removes it after a kill."""
-    return f"autotune-mp-{worker_pid}-"
+SOCKET_FOLDER_PREFIX = "autotune-mp-"
+
+
+def socket_folder_prefix(pid: int) -> str:
+    """The folder of a process's multiprocessing sockets under the system's temp folder,
+    named by its pid: a worker's whose trial folder is too deep for an AF_UNIX path (the
+    search removes it after a kill), the search's own (`socket_folders.claim`)."""
+    return f"{SOCKET_FOLDER_PREFIX}{pid}-"
 
 
 def trial_dir(study_dir: Path, number: int) -> Path:

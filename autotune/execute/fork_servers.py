@@ -17,6 +17,7 @@ import subprocess
 import threading
 from multiprocessing import connection, forkserver, resource_tracker, spawn, util
 
+from autotune.common import socket_folders
 from autotune.common.placement import Placement
 
 SERVER_ENVIRONMENT = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
@@ -45,6 +46,7 @@ class PlacedForkServer(forkserver.ForkServer):
             cmd = "from multiprocessing.forkserver import main; main(%d, %d, %r, **%r)"
             data = spawn.get_preparation_data("ignore")
             data = {k: v for k, v in data.items() if k in ("main_path", "sys_path")}
+            socket_folders.claim()  # the listener's folder: removed even after a kill -9
             with socket.socket(socket.AF_UNIX) as listener:
                 address = connection.arbitrary_address("AF_UNIX")
                 listener.bind(address)

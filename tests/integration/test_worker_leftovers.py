@@ -2,15 +2,21 @@
 $TMPDIR however it ends, and no import-time lines about nothing a trial does (torchao's kernel
 libraries, torch's pytree notices) in its log or on the search's terminal. Real CPU trials."""
 
+import contextlib
 import enum
 import json
 import logging
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from autotune.child import quiet_imports
@@ -21,7 +27,7 @@ from autotune.execute.local import launch_trial
 from tests.conftest import TINY_MODEL
 
 pytestmark = pytest.mark.slow
-LEFTOVER = re.compile(r"autotune-trainer-|pymp-")
+LEFTOVER = re.compile(r"autotune-trainer-|pymp-|autotune-mp-")
 IMPORT_NOISE = re.compile(r"_pytree|Failed to load")
 
 
@@ -172,3 +178,41 @@ def test_the_device_probe_run_alone_prints_none_of_its_imports_noise():
     )
     assert json.loads(proc.stdout)["cpu_name"]
     assert not IMPORT_NOISE.search(proc.stderr), proc.stderr
+
+
+def test_the_socket_folder_of_a_search_killed_with_sigkill_is_removed_by_the_next_one(
+    tmp_path, request
+):
+    """kill -9 of a search runs none of its exit code: its fork server's socket folder stays
+    in $TMPDIR (once a `pymp-*` nothing removed), until the next search starts its own."""
+    # A short $TMPDIR: room for the sockets' paths in it (a deep one would send them to /tmp).
+    system_tmp = Path(tempfile.mkdtemp(prefix="tmpdir-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(system_tmp, ignore_errors=True))
+    env = {**os.environ, "TMPDIR": str(system_tmp)}
+    command = [sys.executable, "-m", "autotune", "search", f"model={TINY_MODEL}", "seq_len=16",
+               "n_trials=1", "warmup_steps=1", "measure_steps=100000", "force=true",
+               "confirm_rounds=0", f"out={tmp_path / 'out'}", "study=s"]  # fmt: skip
+    search = subprocess.Popen(
+        command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        progress = tmp_path / "out" / "s" / "trials" / "0000" / "progress.json"
+        while not progress.exists():  # its trial, forked from its fork server, trains
+            assert search.poll() is None, search.stderr.read()
+            time.sleep(0.2)
+        started = psutil.Process(search.pid).children(recursive=True)  # its trial's too
+    finally:
+        os.killpg(search.pid, signal.SIGKILL)
+        search.wait()
+    for process in started:  # as an OOM killer or a node's hard stop ends every one
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(started, timeout=60)
+    # The search's and its trial's (whose trial folder is too deep for a socket's path).
+    left = leftovers(system_tmp)
+    assert left and all(name.startswith("autotune-mp-") for name in left), left
+    # What the next search does as it starts its fork server:
+    claim = "from autotune.common import socket_folders; print(socket_folders.claim())"
+    mine = subprocess.run([sys.executable, "-c", claim], env=env, capture_output=True, text=True)
+    assert mine.returncode == 0, mine.stderr
+    assert leftovers(system_tmp) == []  # the dead one's removed, and the new one's at its exit

@@ -18,7 +18,8 @@ def test_a_trials_temporary_files_and_sockets_live_in_folders_removed_with_it(
     import os
     import tempfile
 
-    from autotune.child.temp_files import SOCKET_FOLDER_CHARS, temporary_files_in
+    from autotune.child.temp_files import temporary_files_in
+    from autotune.common.socket_folders import SOCKET_FOLDER_CHARS
 
     trial_dir = tmp_path.joinpath(*["deeper-folder"] * depth)
     trial_dir.mkdir(parents=True)
