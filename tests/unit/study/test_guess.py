@@ -206,3 +206,71 @@ def test_on_the_h200_the_guess_and_its_ladder_stay_under_the_limit_a_pick_keeps_
     rung = ladder_step(points, guess, plan, records, lambda index: True)
     if rung is not None:
         assert plan.estimate_gib(points.params[rung]) * H200_ERROR <= plan.info.memory_limit_gib
+
+
+def _h200_guess(tmp_path):
+    """The H200 plan, its points, the baseline's record and the guess's index."""
+    config = load_config(["model=bert-large-uncased", "seq_len=512", f"out={tmp_path}"])
+    plan = make_plan(config, H200)
+    points = Points.of(plan, np.random.default_rng(0))
+    result = TrialResult(
+        status=Status.OK,
+        samples_per_s=38.89,
+        wall_s=24.95,
+        peak_memory_gib=10.2988,
+        estimate_gib=plan.estimate_gib(plan.baseline),
+    )
+    baseline = TrialRecord(number=0, params=dict(plan.baseline), result=result, baseline=True)
+    return plan, points, baseline, expert_guess(points, plan, [baseline], lambda index: True)
+
+
+def _line(points, guess):
+    """batch -> index of the guess's settings at each batch size."""
+    others = {k: v for k, v in points.params[guess].items() if k != "batch_size"}
+    return {
+        p["batch_size"]: i
+        for i, p in enumerate(points.params)
+        if {k: v for k, v in p.items() if k != "batch_size"} == others
+    }
+
+
+def test_a_guess_that_trained_past_the_limit_steps_down_to_the_largest_batch_its_peak_fits(
+    tmp_path,
+):
+    """The H200's guess at batch 240 measured 1.3% past the limit a pick keeps to (126.96
+    against 125.36 GiB): half its batch would give up half the samples a step for 1.3% of
+    memory. The next rung is the largest batch whose estimate, shifted by what the guess
+    measured over its own, fits."""
+    plan, points, baseline, guess = _h200_guess(tmp_path)
+    params = points.params[guess]
+    limit = plan.info.memory_limit_gib
+    estimate = plan.estimate_gib(params)
+    over = TrialResult(
+        status=Status.OK,
+        samples_per_s=350.0,
+        wall_s=30.0,
+        peak_memory_gib=limit * 1.013,
+        estimate_gib=estimate,
+    )
+    records = [baseline, TrialRecord(number=1, params=params, result=over)]
+    rung = ladder_step(points, guess, plan, records, lambda index: True)
+    line = _line(points, guess)
+    shift = limit * 1.013 - estimate
+    fitting = [
+        b
+        for b, i in line.items()
+        if b < params["batch_size"] and plan.estimate_gib(points.params[i]) + shift <= limit
+    ]
+    assert rung is not None and points.params[rung]["batch_size"] == max(fitting)
+    assert max(fitting) > params["batch_size"] / 2
+
+
+def test_a_guess_out_of_memory_halves_its_batch(tmp_path):
+    """Out of memory there is no peak to calibrate on: the ladder halves below it."""
+    plan, points, baseline, guess = _h200_guess(tmp_path)
+    params = points.params[guess]
+    oom = TrialResult(status=Status.OOM)
+    records = [baseline, TrialRecord(number=1, params=params, result=oom)]
+    rung = ladder_step(points, guess, plan, records, lambda index: True)
+    assert rung is not None
+    assert points.params[rung]["batch_size"] <= params["batch_size"] / 2
