@@ -45,7 +45,7 @@ from autotune.plan import conditions, factories, software_cache, user_data
 from autotune.plan.config import RunConfig, WorkerConfig
 from autotune.plan.factory_trust import describe
 from autotune.plan.overrides import make_config
-from autotune.plan.plan import SearchPlan, make_plan
+from autotune.plan.plan import SearchPlan, check_before_probe, make_plan
 from autotune.search_result import SearchResult
 from autotune.store.outcomes import (
     Ending,
@@ -133,6 +133,7 @@ def run(
     processes of this host) on the device `device_info` describes (default: probed), which
     together may simulate another machine (`autotune.execute.simulated`)."""
     observer, executor = observer or SearchObserver(), _executor(executor, config)
+    check_before_probe(config)
     cluster = None
     if config.executor == "twin" and device_info is None:
         with observer.busy("reading the installed software's facts"):

@@ -8,6 +8,7 @@ with the model and the space are reported together.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -331,6 +332,33 @@ def make_plan(
     )
 
 
+def check_before_probe(config: RunConfig) -> None:
+    """Refuse, before the device probe (seconds to a minute), what needs no device facts: a
+    model that cannot be found and an out= this user cannot make a study folder in, every
+    problem named at once (a ConfigError). `make_plan` checks the rest."""
+    problems: list[str] = []
+    _model_and_task(config, problems)
+    problems += out_problems(config.out)
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def out_problems(out: Path) -> list[str]:
+    """Why a study folder cannot be made inside `out` (none: it can): the nearest part of it
+    that exists must be a folder this user may write into."""
+    existing = Path(os.path.abspath(out.expanduser()))
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return [f"out={out}: {existing} is not a folder, so no study folder can be made in it"]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [
+            f"out={out}: {existing} is not writable by this user, so no study folder can be "
+            "made in it; use an out= folder of your own"
+        ]
+    return []
+
+
 def _model_and_task(config: RunConfig, problems: list[str]) -> tuple[ModelSpec | None, str | None]:
     """The model `model=` names and the task it trains at; Nones, the problem added, when the
     model cannot be found."""
@@ -396,6 +424,7 @@ def _study_folder(
     """The study's name and folder (inside `out=`, and this user's), problems added."""
     study_name = config.study or default_study_name(model.name, device, config.seq_len)
     study_dir = (config.out / study_name).resolve()
+    problems += out_problems(config.out)
     if not study_dir.is_relative_to(config.out.resolve()):
         problems.append(f"study={study_name}: {study_dir} lies outside out={config.out}")
     try:  # before anything (the data cache first) is written into it

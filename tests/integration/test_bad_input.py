@@ -29,7 +29,9 @@ def test_an_out_that_is_a_file_is_one_error(tmp_path, capsys):
     blocker = tmp_path / "reports"
     blocker.write_text("")
     assert search(f"out={blocker}") == 2
-    assert f"cannot create the study folder {blocker / 's'}" in error_of(capsys)
+    assert error_of(capsys) == (
+        f"error: out={blocker}: {blocker} is not a folder, so no study folder can be made in it\n"
+    )
 
 
 def test_an_out_that_cannot_be_created_is_one_error(capsys):

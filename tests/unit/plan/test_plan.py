@@ -93,3 +93,43 @@ def test_workers_settings_are_checked_with_the_others():
         "  - stale_after=2s: at least 3s: heartbeats come once a second at most",
     ]
     assert heartbeat_interval_s(60) == 10 and heartbeat_interval_s(3) == 1
+
+
+def test_a_missing_model_and_an_out_under_a_file_are_refused_before_the_device_is_probed(
+    tmp_path, monkeypatch
+):
+    """Both need no device facts: they are named together, before the probe's seconds."""
+    from autotune import api
+    from autotune.plan import software_cache
+
+    def probe():
+        raise AssertionError("probed before refusing")
+
+    monkeypatch.setattr(software_cache, "probe_device", probe)
+    (tmp_path / "file").write_text("")
+    config = load_config(["model=no-such-model", f"out={tmp_path / 'file' / 'reports'}"])
+    with pytest.raises(ConfigError) as refused:
+        api.run(config)
+    problems = str(refused.value).splitlines()
+    assert problems[0].startswith("model=no-such-model: not in the catalogue")
+    assert problems[1] == (
+        f"out={tmp_path / 'file' / 'reports'}: {tmp_path / 'file'} is not a folder, so no "
+        "study folder can be made in it"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written
+
+
+def test_an_out_this_user_cannot_write_into_is_refused_naming_the_folder(tmp_path, monkeypatch):
+    import os
+
+    from autotune.plan.plan import out_problems
+
+    readable = tmp_path / "shared"
+    readable.mkdir()
+    # As root every folder is writable: the refusal is read from os.access, as a user meets it.
+    monkeypatch.setattr(os, "access", lambda path, mode: os.fspath(path) != str(readable))
+    assert out_problems(readable / "a" / "b") == [
+        f"out={readable / 'a' / 'b'}: {readable} is not writable by this user, so no study "
+        "folder can be made in it; use an out= folder of your own"
+    ]
+    assert out_problems(tmp_path / "mine") == []

@@ -63,9 +63,13 @@ def test_a_bad_storage_is_one_error_and_leaves_no_study_folder(tmp_path, storage
 
 
 def test_an_out_folder_that_cannot_hold_a_study_is_one_error(tmp_path):
+    """The plan refuses such an out= (`out_problems`); one replaced by a file after it was
+    planned is refused when the study folder is made."""
     blocker = tmp_path / "a-file"
-    blocker.write_text("")
+    blocker.mkdir()
     plan = plan_for(blocker, "study=s")
+    blocker.rmdir()
+    blocker.write_text("")
     with pytest.raises(StudyError, match="cannot create the study folder"), locked_study(plan):
         pass
 
