@@ -149,11 +149,21 @@ def test_eta_waits_for_a_step_after_the_first():
     assert measure.eta_s([40.0], total_steps=10) is None  # the first step holds the compile
 
 
-def test_eta_is_steps_left_times_the_median_step_after_the_first():
-    # The first step ends at 40 s (compiling), then 1 s steps and one 5 s hiccup.
+def test_eta_is_steps_left_times_the_mean_step_after_the_first():
+    # The first step ends at 40 s (compiling), then 1 s steps and one 5 s stall: the steps left
+    # take their sum, stalls included.
     ends = [40.0, 41.0, 42.0, 47.0, 48.0]
-    assert measure.eta_s(ends, total_steps=10) == pytest.approx(5 * 1.0)
+    assert measure.eta_s(ends, total_steps=10) == pytest.approx(5 * 2.0)
     assert measure.eta_s([40.0, 42.0], total_steps=4) == pytest.approx(2 * 2.0)
+
+
+def test_a_long_run_whose_pace_drifts_is_paced_by_its_recent_steps():
+    """A 2,000-step verify on a machine whose load rose at step 700: 0.1 s steps, then 0.3 s.
+    The median of all its steps promised a third of the time left."""
+    ends = [10.0]
+    for step in range(1, 1000):
+        ends.append(ends[-1] + (0.1 if step < 700 else 0.3))
+    assert measure.eta_s(ends, total_steps=2000) == pytest.approx(1000 * 0.3)
 
 
 def test_eta_is_zero_at_the_last_step():
