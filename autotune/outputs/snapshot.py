@@ -29,7 +29,7 @@ from autotune.store.records import (
     record_of,
     run_info,
 )
-from autotune.store.storage import damaged
+from autotune.store.storage import damaged, storage_url_of, where_stored
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -280,8 +280,11 @@ def read_snapshot(study: optuna.Study) -> StudySnapshot:
     try:
         trials = study.get_trials(deepcopy=False)
     except json.JSONDecodeError as exc:  # optuna's storage decodes each attribute itself
-        raise StudyError(damaged(f"study={study.study_name}", exc)) from exc
-    records = [_as_trained(info, record_of(t)) for t in trials if is_recorded(t)]
+        raise StudyError(damaged(f"study={study.study_name}", exc, storage_url_of(study))) from exc
+    try:
+        records = [_as_trained(info, record_of(t)) for t in trials if is_recorded(t)]
+    except StudyError as exc:  # which trial, and in which study
+        raise StudyError(f"study={study.study_name} in {where_stored(study)}: {exc}") from None
     # Only trials measured under the study's versions are compared (`autotune.plan.conditions`).
     same = [r for r in records if conditions.other_versions(r.versions, info.versions) is None]
     # The front as Optuna's best_trials defines it (COMPLETE, feasible, non-dominated), from

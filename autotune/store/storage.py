@@ -206,15 +206,97 @@ def load_study_dir(study_dir: Path, storage_url: str | None, name: str | None) -
     try:
         return load_named(open_storage(_read_only(storage_url), shown=shown), name, shown)
     except json.JSONDecodeError as exc:  # optuna decodes each stored attribute itself
-        raise StudyError(damaged(shown, exc)) from exc
+        raise StudyError(damaged(shown, exc, storage_url)) from exc
 
 
-def damaged(shown: str, exc: json.JSONDecodeError) -> str:
-    """What a study whose storage holds an attribute that is not JSON is told."""
-    return (
-        f"{shown}: a trial's stored attribute is not JSON ({exc}): the study was changed "
-        "outside autotune; rerun the search into another out= or study="
+def damaged(shown: str, exc: json.JSONDecodeError, storage_url: str | None = None) -> str:
+    """What a study whose storage holds an attribute that is not JSON is told: where it is
+    (`undecodable`) when `storage_url` can be read for it."""
+    places = undecodable(storage_url) if storage_url else []
+    where = (
+        f"{', '.join(places[:5])}{f' and {len(places) - 5} more' if len(places) > 5 else ''}"
+        if places
+        else "a trial's stored attribute"
     )
+    verb = "are" if len(places) > 1 else "is"
+    return (
+        f"{shown}: {where} {verb} not JSON ({exc}): the study was changed outside autotune; "
+        "rerun the search into another out= or study="
+    )
+
+
+_ATTRIBUTE_TABLES = (
+    # (Optuna's table, how its rows are named) in Optuna's RDB schema
+    (
+        "trial_user_attributes",
+        "select s.study_name, t.number, a.key, a.value_json from trial_user_attributes a "
+        "join trials t on a.trial_id = t.trial_id join studies s on t.study_id = s.study_id",
+    ),
+    (
+        "trial_system_attributes",
+        "select s.study_name, t.number, a.key, a.value_json from trial_system_attributes a "
+        "join trials t on a.trial_id = t.trial_id join studies s on t.study_id = s.study_id",
+    ),
+    (
+        "study_user_attributes",
+        "select s.study_name, null, a.key, a.value_json from study_user_attributes a "
+        "join studies s on a.study_id = s.study_id",
+    ),
+    (
+        "study_system_attributes",
+        "select s.study_name, null, a.key, a.value_json from study_system_attributes a "
+        "join studies s on a.study_id = s.study_id",
+    ),
+)
+
+
+def undecodable(storage_url: str) -> list[str]:
+    """The attributes of an RDB storage that are not JSON, each as `study S trial N's KEY`
+    (or `study S's KEY`), read from Optuna's tables directly: Optuna decodes them all at once
+    and names none. [] where the storage cannot be read so."""
+    try:
+        engine = sqlalchemy.create_engine(_read_only(storage_url))
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError, StudyError):
+        return []
+    places: list[str] = []
+    try:
+        with engine.connect() as connection:
+            for _, query in _ATTRIBUTE_TABLES:
+                for study, number, key, value in connection.execute(sqlalchemy.text(query)):
+                    try:
+                        json.loads(value)
+                    except (TypeError, ValueError):
+                        whose = (
+                            f"study {study} trial {number}'s"
+                            if number is not None
+                            else (f"study {study}'s")
+                        )
+                        places.append(f"{whose} {key!r}")
+    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error):
+        return []
+    finally:
+        engine.dispose()
+    return places
+
+
+def where_stored(study: optuna.Study) -> str:
+    """Where `study` lives, for a message: its SQLite file, else its storage's URL with any
+    password masked."""
+    url = storage_url_of(study)
+    if url is None:
+        return "its storage"
+    parsed = sqlalchemy.engine.make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        return parsed.database.removeprefix("file:")  # the read-only URI form's file, too
+    return safe_url(url)
+
+
+def storage_url_of(study: optuna.Study) -> str | None:
+    """The URL of the RDB storage `study` was loaded from; None for another storage. (Optuna
+    keeps it on the RDBStorage its cache wraps: no public accessor.)"""
+    storage = getattr(study._storage, "_backend", study._storage)
+    url = getattr(storage, "url", None)
+    return url if isinstance(url, str) else None
 
 
 def load_named(
