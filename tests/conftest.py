@@ -1,5 +1,7 @@
+import atexit
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -9,7 +11,9 @@ import pytest
 # Tests never reach the model hub: names outside the catalogue fail fast instead of retrying.
 os.environ["HF_HUB_OFFLINE"] = "1"
 # Tests never read or write the user's cache of software facts (autotune.plan.software_cache).
+# Each test process has its own, removed when it exits (nothing left in $TMPDIR).
 os.environ["AUTOTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotune-test-cache-")
+atexit.register(shutil.rmtree, os.environ["AUTOTUNE_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)
