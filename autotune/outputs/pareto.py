@@ -372,7 +372,11 @@ def pick(
             r for r in (fastest, same, saver, baseline, reference) if r and r.status is Status.OK
         ]
         if all(confirmed.covers(r) for r in picked):
-            speed = functools.partial(_confirmed_speed, confirmed)
+            yardstick = next(
+                (r for r in (baseline, reference) if r is not None and r.status is Status.OK),
+                None,
+            )  # as Picks.yardstick: what the speedups are told against
+            speed = functools.partial(_confirmed_speed, confirmed, yardstick)
             covered = [r for r in fitting if confirmed.covers(r)]
             fastest, same = fastest_of(covered, speed)
             recommended, why = _choose(fastest, same, speed, min_gain, confirmed)
@@ -406,8 +410,20 @@ def _saver(
     return min(close, key=lambda r: r.result.peak_memory_gib)
 
 
-def _confirmed_speed(confirmed: Confirmed, record: TrialRecord) -> float:
-    return confirmed.median(record.number) or 0.0
+def _confirmed_speed(
+    confirmed: Confirmed, yardstick: TrialRecord | None, record: TrialRecord
+) -> float:
+    """A trial's confirmed figure for ranking the picks: the yardstick's median times the
+    trial's speedup over it (the median of their round-by-round ratios: the speedup every
+    output shows), so that a drift in the machine's load during the rounds ranks no trial
+    above one its speedup puts ahead; its own median where the rounds did not measure the
+    yardstick beside it."""
+    own = confirmed.median(record.number) or 0.0
+    if yardstick is None or yardstick.number == record.number:
+        return own
+    ratio = confirmed.ratio(record.number, yardstick.number)
+    base = confirmed.median(yardstick.number)
+    return ratio[0] * base if ratio and base else own
 
 
 def _choose(
