@@ -48,18 +48,24 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def refused_by_report_and_export(study_dir: Path, says: str) -> None:
+    """`report` and `export` each end in the one line that starts with `says`, exit 2."""
+    for command in (("report", str(study_dir)), ("export", str(study_dir), "format=json")):
+        proc = cli(*command)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(says), proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
 def test_a_result_of_a_later_schema_is_named_with_its_trial(study_dir):
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}")
     stored = {**study.trials[1].user_attrs[RESULT_ATTR], "schema_version": 2}
     set_result(study_dir, 1, json.dumps(stored))
-    for command in (("report", str(study_dir)), ("export", str(study_dir), "format=json")):
-        proc = cli(*command)
-        assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.startswith(
-            f"error: study=s in {study_dir / 'study.db'}: trial 1 was recorded by a later "
-            "autotune (result schema 2"
-        )
-        assert "Traceback" not in proc.stderr
+    refused_by_report_and_export(
+        study_dir,
+        f"error: study=s in {study_dir / 'study.db'}: trial 1 was recorded by a later autotune "
+        "(result schema 2",
+    )
 
 
 def test_a_result_changed_outside_autotune_is_named_with_its_trial(study_dir):
@@ -71,15 +77,12 @@ def test_a_result_changed_outside_autotune_is_named_with_its_trial(study_dir):
     )
     assert "Traceback" not in proc.stderr
     set_result(study_dir, 1, "{not json")
-    for command in (("report", str(study_dir)), ("export", str(study_dir), "format=json")):
-        proc = cli(*command)
-        assert proc.returncode == 2, proc.stderr
-        # Optuna decodes every attribute at once; the study file says which one is not JSON.
-        assert proc.stderr.startswith(
-            f"error: sqlite:///{study_dir.resolve() / 'study.db'}: study s trial 1's 'result' is "
-            "not JSON ("
-        ), proc.stderr
-        assert "Traceback" not in proc.stderr
+    # Optuna decodes every attribute at once; the study file says which one is not JSON.
+    refused_by_report_and_export(
+        study_dir,
+        f"error: sqlite:///{study_dir.resolve() / 'study.db'}: study s trial 1's 'result' is "
+        "not JSON (",
+    )
 
 
 def test_training_arguments_changed_outside_autotune_are_not_exported(study_dir):

@@ -174,40 +174,6 @@ H200_ERROR = 126.959 / 115.698
 """The H200's measured peak over its estimate at batch 240 in bf16+tf32 (2026-12-04)."""
 
 
-def test_on_the_h200_the_guess_and_its_ladder_stay_under_the_limit_a_pick_keeps_to(tmp_path):
-    """The H200's lease (benchmarks/results/2026-12-04-h200): the guess, bert-large at batch
-    240 in bf16+tf32, measured 126.96 GiB (estimate 115.70) and the ladder's batch 256 133.84
-    GiB: within the 139.29 GiB budget, past the 125.36 GiB a pick may reach (less the 10%
-    headroom), so the search recommended its baseline, 9.2x slower. Both now aim under the
-    limit, even at the estimate's error measured there."""
-    config = load_config(["model=bert-large-uncased", "seq_len=512", f"out={tmp_path}"])
-    plan = make_plan(config, H200)
-    assert plan.info.memory_limit_gib == pytest.approx(125.36, abs=0.01)
-    points = Points.of(plan, np.random.default_rng(0))
-    result = TrialResult(
-        status=Status.OK,
-        samples_per_s=38.89,
-        wall_s=24.95,
-        peak_memory_gib=10.2988,
-        estimate_gib=plan.estimate_gib(plan.baseline),
-    )
-    baseline = TrialRecord(number=0, params=dict(plan.baseline), result=result, baseline=True)
-    guess = expert_guess(points, plan, [baseline], lambda index: True)
-    params = points.params[guess]
-    assert params["precision"] == "bf16+tf32" and params["batch_size"] < 240
-    assert plan.estimate_gib(params) * H200_ERROR <= plan.info.memory_limit_gib
-    # The guess measured at that error: the ladder's next rung, if any, by its estimate
-    # calibrated on the guess's peak, stays under the limit too.
-    peak = plan.estimate_gib(params) * H200_ERROR
-    measured = dataclasses.replace(
-        result, samples_per_s=350.0, peak_memory_gib=peak, estimate_gib=plan.estimate_gib(params)
-    )
-    records = [baseline, TrialRecord(number=1, params=params, result=measured)]
-    rung = ladder_step(points, guess, plan, records, lambda index: True)
-    if rung is not None:
-        assert plan.estimate_gib(points.params[rung]) * H200_ERROR <= plan.info.memory_limit_gib
-
-
 def _h200_guess(tmp_path):
     """The H200 plan, its points, the baseline's record and the guess's index."""
     config = load_config(["model=bert-large-uncased", "seq_len=512", f"out={tmp_path}"])
@@ -232,6 +198,32 @@ def _line(points, guess):
         for i, p in enumerate(points.params)
         if {k: v for k, v in p.items() if k != "batch_size"} == others
     }
+
+
+def test_on_the_h200_the_guess_and_its_ladder_stay_under_the_limit_a_pick_keeps_to(tmp_path):
+    """The H200's lease (benchmarks/results/2026-12-04-h200): the guess, bert-large at batch
+    240 in bf16+tf32, measured 126.96 GiB (estimate 115.70) and the ladder's batch 256 133.84
+    GiB: within the 139.29 GiB budget, past the 125.36 GiB a pick may reach (less the 10%
+    headroom), so the search recommended its baseline, 9.2x slower. Both now aim under the
+    limit, even at the estimate's error measured there."""
+    plan, points, baseline, guess = _h200_guess(tmp_path)
+    assert plan.info.memory_limit_gib == pytest.approx(125.36, abs=0.01)
+    params = points.params[guess]
+    assert params["precision"] == "bf16+tf32" and params["batch_size"] < 240
+    assert plan.estimate_gib(params) * H200_ERROR <= plan.info.memory_limit_gib
+    # The guess measured at that error: the ladder's next rung, if any, by its estimate
+    # calibrated on the guess's peak, stays under the limit too.
+    peak = plan.estimate_gib(params) * H200_ERROR
+    measured = dataclasses.replace(
+        baseline.result,
+        samples_per_s=350.0,
+        peak_memory_gib=peak,
+        estimate_gib=plan.estimate_gib(params),
+    )
+    records = [baseline, TrialRecord(number=1, params=params, result=measured)]
+    rung = ladder_step(points, guess, plan, records, lambda index: True)
+    if rung is not None:
+        assert plan.estimate_gib(points.params[rung]) * H200_ERROR <= plan.info.memory_limit_gib
 
 
 def test_a_guess_that_trained_past_the_limit_steps_down_to_the_largest_batch_its_peak_fits(
