@@ -60,9 +60,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config, knobs = parse(args.overrides)
+    model = model_and_gpu(config)  # before the software facts' seconds
     with console.status("reading the model types and optimizer names transformers accepts"):
         facts = software_cache.software_facts()  # cached per user: no torch in this process
-    model, task = check(config, knobs, facts)
+    task = check(config, knobs, facts, model)
     device, device_name, budget = _device_and_budget(config)
     parameters = catalogue_parameter_counts().get(model.name)
     devices = config.devices_per_trial
@@ -329,13 +330,10 @@ def parse(overrides: list[str]) -> tuple[EstimateConfig, dict[str, Any]]:
     return make_config(values, EstimateConfig, problems), knobs
 
 
-def check(
-    config: EstimateConfig, knobs: dict[str, Any], facts: SoftwareFacts
-) -> tuple[ModelSpec, str]:
-    """The model and its task, once the checks `autotune search` runs before any trial pass
-    (seq_len within the model's, a model type and head transformers builds, optimizer and
-    compile backend names it offers), so no table answers for what the search refuses.
-    ConfigError names every problem, in the search's words."""
+def model_and_gpu(config: EstimateConfig) -> ModelSpec:
+    """The model, once the checks that need no software facts pass (reading those takes
+    seconds the first time): the model can be found, `gpu=` is known and asked for a GPU.
+    ConfigError names every problem."""
     problems = []
     if config.gpu and named_gpu_memory_bytes(config.gpu) is None and not config.memory_budget:
         known = ", ".join(name for name, _ in GPU_MEMORY_MIB)
@@ -344,6 +342,25 @@ def check(
         )
     if config.gpu and config.device == "cpu":
         problems.append(f"gpu={config.gpu} with device=cpu: a GPU plan is for device=cuda")
+    model = None
+    try:
+        model = resolve_model(config.model)
+    except AutotuneError as exc:
+        problems.append(str(exc))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    assert model is not None
+    return model
+
+
+def check(
+    config: EstimateConfig, knobs: dict[str, Any], facts: SoftwareFacts, model: ModelSpec
+) -> str:
+    """The model's task, once the checks `autotune search` runs before any trial pass
+    (seq_len within the model's, a model type and head transformers builds, optimizer and
+    compile backend names it offers), so no table answers for what the search refuses.
+    ConfigError names every problem, in the search's words."""
+    problems = []
     for key, value in knobs.items():
         if problem := known_name_problem(key, value, facts):
             problems.append(f"{key}: {problem}")
@@ -352,18 +369,11 @@ def check(
                 f"{key}={value} without peft=lora: it sets the frozen base an adapter trains "
                 "on; add peft=lora"
             )
-    model = task = None
-    try:
-        model = resolve_model(config.model)
-    except AutotuneError as exc:
-        problems.append(str(exc))
-    if model is not None:
-        task = model.default_task if config.task == "auto" else config.task
-        problems += input_problems(model, task, config.seq_len, facts)
+    task = model.default_task if config.task == "auto" else config.task
+    problems += input_problems(model, task, config.seq_len, facts)
     if problems:
         raise ConfigError("\n".join(problems))
-    assert model is not None and task is not None
-    return model, task
+    return task
 
 
 def _states(

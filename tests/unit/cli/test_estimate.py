@@ -86,6 +86,24 @@ def test_every_refusal_is_named_at_once(run_estimate) -> None:
     ]
 
 
+def test_a_missing_model_and_an_unknown_gpu_are_refused_before_the_software_facts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reading the installed packages' facts takes seconds the first time (10 s here): what
+    needs none of them is refused first, every such problem at once."""
+
+    def facts():
+        raise AssertionError("the software facts were read first")
+
+    monkeypatch.setattr(software_cache, "software_facts", facts)
+    settings = ["model=no-such-model", "gpu=xH100y"]
+    with pytest.raises(ConfigError) as refused:
+        estimate_cli.run(argparse.Namespace(overrides=settings))
+    first, second = str(refused.value).splitlines()
+    assert first.startswith("gpu=xH100y: not in the built-in table (")
+    assert second.startswith("model=no-such-model: not in the catalogue")
+
+
 def test_names_the_installed_packages_offer_still_get_their_table(
     run_estimate, capsys: pytest.CaptureFixture[str]
 ) -> None:
