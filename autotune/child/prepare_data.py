@@ -48,19 +48,26 @@ def prepare(
     spec: DataSpec, cache_dir: Path, on_progress: Callable[[str], None] = lambda text: None
 ) -> Path:
     """The tokenized dataset's folder in `cache_dir`, built unless it is there already;
-    `on_progress` hears how far tokenizing is, about once a second."""
+    `on_progress` hears how far tokenizing is, about once a second.
+
+    What `datasets` writes on the way (a local file's Arrow copy, each step's cache file) goes
+    to a scratch folder in `cache_dir`, removed at the end: never into the user's data folder
+    (a `save_to_disk` folder gets its `map` cache files beside its own) nor into the HF
+    datasets cache in their home (a copy of every file given)."""
     target = cache_dir / spec.fingerprint()
     if (target / READY).is_file():
         return target
     import datasets
 
     datasets.disable_progress_bars()  # the search shows its own progress
-    on_progress(f"loading data={spec.data}")
-    tokenized, pad_token_id = tokenize(load(spec), spec, on_progress)
-    on_progress(f"saving {len(tokenized)} tokenized rows")
+    made = [p for p in (cache_dir, *cache_dir.parents) if not p.exists()]  # innermost first
     cache_dir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=cache_dir, prefix=".loading-"))
     building = Path(tempfile.mkdtemp(dir=cache_dir, prefix=".building-"))
     try:
+        on_progress(f"loading data={spec.data}")
+        tokenized, pad_token_id = tokenize(load(spec, scratch), spec, on_progress, scratch)
+        on_progress(f"saving {len(tokenized)} tokenized rows")
         tokenized.save_to_disk(str(building))
         summary = {
             "rows": len(tokenized),
@@ -75,14 +82,24 @@ def prepare(
             shutil.rmtree(target, ignore_errors=True)
         with contextlib.suppress(OSError):  # another process put the same entry there first
             os.rename(building, target)
+    except BaseException:
+        # Data that cannot be used leaves no folder of its making (a new study's among them).
+        shutil.rmtree(building, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+        for folder in made:
+            with contextlib.suppress(OSError):  # one another process uses is left
+                folder.rmdir()
+        raise
     finally:
         shutil.rmtree(building, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     return target
 
 
-def load(spec: DataSpec) -> Any:
+def load(spec: DataSpec, scratch: Path | None = None) -> Any:
     """The split of the data as a `datasets.Dataset`, its values checked (`data_checks`), or
-    a DataError naming the problem."""
+    a DataError naming the problem. A local file's Arrow copy goes to `scratch` (default: the
+    HF datasets cache); a hub dataset's download to the HF cache, as any of its users expects."""
     import datasets
 
     kind, files = source_format(spec.data)
@@ -93,7 +110,8 @@ def load(spec: DataSpec) -> Any:
         elif kind == "hub":
             loaded = datasets.load_dataset(spec.data)
         else:
-            loaded = datasets.load_dataset(kind, data_files=files)
+            cache = {"cache_dir": str(scratch)} if scratch is not None else {}
+            loaded = datasets.load_dataset(kind, data_files=files, **cache)
     except Exception as exc:  # datasets raises many kinds; each means "unusable"
         # Its message names no line ("An error occurred while generating the dataset").
         where = data_checks.first_bad_json_line(files) if kind == "json" else None
@@ -160,15 +178,20 @@ def _values(dataset: Any, column: str) -> Iterable[Any]:
 
 
 def tokenize(
-    dataset: Any, spec: DataSpec, on_progress: Callable[[str], None] = lambda text: None
+    dataset: Any,
+    spec: DataSpec,
+    on_progress: Callable[[str], None] = lambda text: None,
+    scratch: Path | None = None,
 ) -> tuple[Any, int]:
     """Token ids of each row (`rows.encode`: truncated at seq_len, no padding: trials pad per
-    batch), the label column when there is one, and the id trials pad with."""
+    batch), the label column when there is one, and the id trials pad with. The steps' cache
+    files go to `scratch` (default: beside the dataset's own files, as `datasets` does)."""
     kind, column = layout(dataset, spec)
+    into = {"cache_file_name": str(scratch / "tokenized.arrow")} if scratch is not None else {}
     if kind == rows.TOKENS:  # tokenized already: padded with 0 unless a
         kept = [c for c in dataset.column_names if c in KEPT_COLUMNS]  # tokenizer says else
         dataset = dataset.select_columns(kept)
-        truncated = dataset.map(lambda row: _with_length(row["input_ids"][: spec.seq_len]))
+        truncated = dataset.map(lambda row: _with_length(row["input_ids"][: spec.seq_len]), **into)
         try:
             return truncated, _pad_token_id(load_tokenizer(spec.tokenizer))
         except DataError:
@@ -203,7 +226,7 @@ def tokenize(
         return {**encoded, LENGTH_COLUMN: [len(ids) for ids in encoded["input_ids"]]}
 
     dropped = [c for c in dataset.column_names if c not in ("label", "labels")]
-    tokenized = dataset.map(encode, batched=True, with_indices=True, remove_columns=dropped)
+    tokenized = dataset.map(encode, batched=True, with_indices=True, remove_columns=dropped, **into)
     data_checks.check_real_tokens(
         spec.data, tokenized.data.column("input_ids"), tokenizer.all_special_ids
     )

@@ -110,3 +110,35 @@ def test_a_second_preparation_racing_the_first_leaves_its_entry_alone(
     monkeypatch.undo()
     assert (folder / READY).stat().st_mtime_ns == stamp, "the finished entry was kept"
     assert sorted(p.name for p in tmp_path.iterdir()) == [folder.name], "no build left behind"
+
+
+def test_preparing_writes_nothing_outside_the_study_s_cache(corpus, tmp_path, monkeypatch):
+    """`datasets` writes a local file's Arrow copy into the HF datasets cache in the user's
+    home, and a step's cache file beside the files of a `save_to_disk` folder, the user's
+    own data. Both go to a scratch folder in the study's cache, removed once it is ready."""
+    data, tokenizer = corpus
+    home_cache = tmp_path / "hf-datasets"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", home_cache)
+    saved = tmp_path / "saved"
+    datasets.load_dataset("json", data_files=str(data), cache_dir=str(tmp_path / "making"))[
+        "train"
+    ].save_to_disk(str(saved))
+    given = sorted(p.name for p in saved.iterdir())
+    for source in (data, saved):
+        cache = tmp_path / f"cache-{source.name}"
+        folder = prepare(DataSpec(data=str(source), tokenizer=str(tokenizer), seq_len=32), cache)
+        assert [p.name for p in cache.iterdir()] == [folder.name], "no scratch left behind"
+        assert len(datasets.load_from_disk(str(folder))) == 300
+    assert sorted(p.name for p in saved.iterdir()) == given, "the user's folder was written"
+    assert not home_cache.exists(), "the HF datasets cache was written"
+
+
+def test_data_that_cannot_be_used_leaves_no_folder_of_its_making(tmp_path):
+    """A new study's folder does not exist yet when its data is prepared: a refusal leaves
+    none behind."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "one row"}\n{not json\n')
+    cache = tmp_path / "out" / "study" / "data"
+    with pytest.raises(DataError):
+        prepare(DataSpec(data=str(bad), tokenizer="unused", seq_len=16), cache)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
