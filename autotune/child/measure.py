@@ -260,8 +260,8 @@ class StepTimer(TrainerCallback):
         return [later - earlier for earlier, later in itertools.pairwise(ends)]
 
 
-ETA_WINDOW_STEPS = 50
-"""The recent steps an ETA is paced by: a long run's pace drifts as the machine's load does."""
+ETA_WINDOW_S = 60.0
+"""The recent past an ETA is paced by: a long run's pace drifts as the machine's load does."""
 
 
 def eta_s(step_end_s: list[float], total_steps: int) -> float | None:
@@ -269,15 +269,20 @@ def eta_s(step_end_s: list[float], total_steps: int) -> float | None:
 
     The first step runs from the start of training and holds what is paid once (compiling, the
     allocator's first growth, lazy initialisation): it would make the estimate many times too
-    long, so only the steps after it count. The pace is the mean of the last
-    `ETA_WINDOW_STEPS` of them: the mean, as the steps left take their sum (the stalls that
-    recur included, which a median leaves out), and the last ones, as the pace of a long run
-    drifts with the machine's load (a 2,000-step verify paced by the median of all its steps
-    promised 125 s for what took about 315 s). None until a step after the first has ended.
+    long, so only the steps after it count. The pace is the mean of those that ended in the
+    last `ETA_WINDOW_S` (at least the last one): the mean, as the steps left take their sum
+    (the stalls that recur included, which a median leaves out), and the last minute's, as
+    the pace of a long run drifts with the machine's load, and a minute holds many steps of
+    any model (a 1,500-step verify whose machine was loaded 40 s in, paced by the median of
+    all its steps, promised 14 s for what took 48 s). None until a step after the first has
+    ended.
     """
     if len(step_end_s) < 2:
         return None
-    recent = step_end_s[-(ETA_WINDOW_STEPS + 1) :]  # the first one ends the first step
+    since = step_end_s[-1] - ETA_WINDOW_S
+    recent = [t for t in step_end_s if t >= since]  # the first one ends the first step
+    if len(recent) < 2:
+        recent = step_end_s[-2:]
     typical_s = (recent[-1] - recent[0]) / (len(recent) - 1)
     return (total_steps - len(step_end_s)) * typical_s
 

@@ -157,7 +157,7 @@ def test_eta_is_steps_left_times_the_mean_step_after_the_first():
     assert measure.eta_s([40.0, 42.0], total_steps=4) == pytest.approx(2 * 2.0)
 
 
-def test_a_long_run_whose_pace_drifts_is_paced_by_its_recent_steps():
+def test_a_long_run_whose_pace_drifts_is_paced_by_its_last_minute():
     """A 2,000-step verify on a machine whose load rose at step 700: 0.1 s steps, then 0.3 s.
     The median of all its steps promised a third of the time left."""
     ends = [10.0]
@@ -223,3 +223,9 @@ def test_a_trial_stops_after_its_first_timed_steps_when_even_the_fastest_is_too_
             "stopped after 3 timed steps: at most 32.00 samples/s, under the 40.00 of the "
             "early stop (half the fastest trial's so far)"
         )
+
+
+def test_steps_slower_than_the_window_are_paced_by_the_last_one():
+    # 90 s steps: the last minute holds one step end; the pace is the last step's.
+    ends = [100.0, 190.0, 280.0, 400.0]
+    assert measure.eta_s(ends, total_steps=6) == pytest.approx(2 * 120.0)
