@@ -64,6 +64,7 @@ def prepare(
     cache_dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=cache_dir, prefix=".loading-"))
     building = Path(tempfile.mkdtemp(dir=cache_dir, prefix=".building-"))
+    ready = False
     try:
         on_progress(f"loading data={spec.data}")
         tokenized, pad_token_id = tokenize(load(spec, scratch), spec, on_progress, scratch)
@@ -82,17 +83,14 @@ def prepare(
             shutil.rmtree(target, ignore_errors=True)
         with contextlib.suppress(OSError):  # another process put the same entry there first
             os.rename(building, target)
-    except BaseException:
-        # Data that cannot be used leaves no folder of its making (a new study's among them).
-        shutil.rmtree(building, ignore_errors=True)
-        shutil.rmtree(scratch, ignore_errors=True)
-        for folder in made:
-            with contextlib.suppress(OSError):  # one another process uses is left
-                folder.rmdir()
-        raise
+        ready = True
     finally:
         shutil.rmtree(building, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
+        # Data that cannot be used leaves no folder of its making (a new study's among them).
+        for folder in made if not ready else ():
+            with contextlib.suppress(OSError):  # one another process uses is left
+                folder.rmdir()
     return target
 
 

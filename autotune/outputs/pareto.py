@@ -184,12 +184,8 @@ class Picks:
 
     @property
     def yardstick(self) -> TrialRecord | None:
-        """What speedups are told against: the baseline where it measured, else the reference
-        where it did; None: neither has a figure."""
-        for record in (self.baseline, self.reference):
-            if record is not None and record.status is Status.OK:
-                return record
-        return None
+        """What speedups are told against (`_yardstick`)."""
+        return _yardstick(self.baseline, self.reference)
 
     @property
     def yardstick_name(self) -> str:
@@ -372,11 +368,7 @@ def pick(
             r for r in (fastest, same, saver, baseline, reference) if r and r.status is Status.OK
         ]
         if all(confirmed.covers(r) for r in picked):
-            yardstick = next(
-                (r for r in (baseline, reference) if r is not None and r.status is Status.OK),
-                None,
-            )  # as Picks.yardstick: what the speedups are told against
-            speed = functools.partial(_confirmed_speed, confirmed, yardstick)
+            speed = functools.partial(_confirmed_speed, confirmed, _yardstick(baseline, reference))
             covered = [r for r in fitting if confirmed.covers(r)]
             fastest, same = fastest_of(covered, speed)
             recommended, why = _choose(fastest, same, speed, min_gain, confirmed)
@@ -408,6 +400,12 @@ def _saver(
         return None
     close = [r for r in records if speed(r) >= (1 - SAVER_WITHIN) * speed(recommended)]
     return min(close, key=lambda r: r.result.peak_memory_gib)
+
+
+def _yardstick(baseline: TrialRecord | None, reference: TrialRecord | None) -> TrialRecord | None:
+    """What speedups are told against: the baseline where it measured, else the reference
+    where it did; None: neither has a figure."""
+    return next((r for r in (baseline, reference) if r is not None and r.status is Status.OK), None)
 
 
 def _confirmed_speed(

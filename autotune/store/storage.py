@@ -225,28 +225,15 @@ def damaged(shown: str, exc: json.JSONDecodeError, storage_url: str | None = Non
     )
 
 
-_ATTRIBUTE_TABLES = (
-    # (Optuna's table, how its rows are named) in Optuna's RDB schema
-    (
-        "trial_user_attributes",
-        "select s.study_name, t.number, a.key, a.value_json from trial_user_attributes a "
-        "join trials t on a.trial_id = t.trial_id join studies s on t.study_id = s.study_id",
-    ),
-    (
-        "trial_system_attributes",
-        "select s.study_name, t.number, a.key, a.value_json from trial_system_attributes a "
-        "join trials t on a.trial_id = t.trial_id join studies s on t.study_id = s.study_id",
-    ),
-    (
-        "study_user_attributes",
-        "select s.study_name, null, a.key, a.value_json from study_user_attributes a "
-        "join studies s on a.study_id = s.study_id",
-    ),
-    (
-        "study_system_attributes",
-        "select s.study_name, null, a.key, a.value_json from study_system_attributes a "
-        "join studies s on a.study_id = s.study_id",
-    ),
+_TRIALS_OF = "join trials t on a.trial_id = t.trial_id join studies s on t.study_id = s.study_id"
+_STUDIES_OF = "join studies s on a.study_id = s.study_id"
+_ATTRIBUTE_QUERIES = (
+    # Optuna's RDB schema: each attribute table, its rows named by study (and trial number)
+    f"select s.study_name, t.number, a.key, a.value_json from trial_user_attributes a {_TRIALS_OF}",
+    f"select s.study_name, t.number, a.key, a.value_json from trial_system_attributes a "
+    f"{_TRIALS_OF}",
+    f"select s.study_name, null, a.key, a.value_json from study_user_attributes a {_STUDIES_OF}",
+    f"select s.study_name, null, a.key, a.value_json from study_system_attributes a {_STUDIES_OF}",
 )
 
 
@@ -255,23 +242,19 @@ def undecodable(storage_url: str) -> list[str]:
     (or `study S's KEY`), read from Optuna's tables directly: Optuna decodes them all at once
     and names none. [] where the storage cannot be read so."""
     try:
-        engine = sqlalchemy.create_engine(_read_only(storage_url))
+        engine = sqlalchemy.create_engine(_with_driver(_read_only(storage_url)))
     except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError, StudyError):
         return []
     places: list[str] = []
     try:
         with engine.connect() as connection:
-            for _, query in _ATTRIBUTE_TABLES:
+            for query in _ATTRIBUTE_QUERIES:
                 for study, number, key, value in connection.execute(sqlalchemy.text(query)):
                     try:
                         json.loads(value)
                     except (TypeError, ValueError):
-                        whose = (
-                            f"study {study} trial {number}'s"
-                            if number is not None
-                            else (f"study {study}'s")
-                        )
-                        places.append(f"{whose} {key!r}")
+                        trial = f" trial {number}" if number is not None else ""
+                        places.append(f"study {study}{trial}'s {key!r}")
     except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error):
         return []
     finally:

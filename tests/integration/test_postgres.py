@@ -95,3 +95,21 @@ def test_a_missing_driver_says_which_extra_to_install(monkeypatch):
     with pytest.raises(StudyError, match=r'pip install "autotune\[postgres\]"') as raised:
         open_storage("postgresql://autotune:s3cret@127.0.0.1:5432/studies")
     assert "postgresql://autotune:***@127.0.0.1:5432/studies" in str(raised.value)
+
+
+def test_an_attribute_that_is_not_json_is_named_on_postgresql_too(postgres_server_url):
+    """Optuna's tables are read directly on PostgreSQL as on SQLite, from the URL a user has
+    (`postgresql://`, given the driver the storage uses): the damaged attribute is named."""
+    from autotune.store.storage import undecodable
+
+    with postgres_database(postgres_server_url) as url:
+        bare = url.replace("postgresql+psycopg://", "postgresql://", 1)
+        study = optuna.create_study(storage=open_storage(bare), study_name="s")
+        study.ask().set_user_attr("result", {"status": "ok"})
+        engine = sqlalchemy.create_engine(url)
+        with engine.begin() as connection:
+            connection.execute(
+                sqlalchemy.text("UPDATE trial_user_attributes SET value_json = '{not json'")
+            )
+        engine.dispose()
+        assert undecodable(bare) == ["study s trial 0's 'result'"]
